@@ -1,0 +1,67 @@
+"""`mtplxd` / `python -m mtplxd`: parse arguments and run the daemon in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import trio
+
+from mtplxd import POWERED_BY, __version__
+from mtplxd.config import ConfigError, load_config
+from mtplxd.daemon import Daemon
+from mtplxd.instance import AlreadyRunning, InstanceLock
+from mtplxd.logs import setup_logging
+from mtplxd.paths import Paths
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CONFIG = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mtplxd", description=f"The mtplx daemon. {POWERED_BY}.",
+        epilog="Usually started by `mtplxctl start` or the login service, not by hand.")
+    parser.add_argument("--version", action="version", version=f"mtplxd {__version__} — {POWERED_BY}")
+    parser.add_argument("--host", help="HTTP bind address (config key host)")
+    parser.add_argument("--port", type=int, help="HTTP port (config key port; 0 picks a free one)")
+    parser.add_argument("--model", help="model to load at start (config key model)")
+    parser.add_argument("--depth", type=int, help="default MTP depth (config key depth)")
+    parser.add_argument("--no-model", action="store_true", help="start without loading a model")
+    parser.add_argument("--log-stderr", action="store_true", help="also log to stderr")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    paths = Paths.from_env()
+    try:
+        config = load_config(paths.config_file)
+        for key in ("host", "port", "model", "depth"):
+            if getattr(args, key) is not None:
+                config.override(key, getattr(args, key))
+    except ConfigError as exc:
+        print(f"mtplxd: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    paths.ensure()
+    lock = InstanceLock(paths.lock_file, paths.pid_file)
+    try:
+        lock.acquire()
+    except AlreadyRunning as exc:
+        print(f"mtplxd: {exc}; stop it with `mtplxctl stop`", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        setup_logging(paths.log_file, config.log_level, to_stderr=args.log_stderr)
+        daemon = Daemon(config, paths, load_model=not args.no_model)
+        trio.run(daemon.run)
+    except OSError as exc:
+        print(f"mtplxd: cannot start: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        lock.release()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

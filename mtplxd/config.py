@@ -1,0 +1,212 @@
+"""User settings: one typed table of documented keys, read from `config.toml`.
+
+Precedence, lowest to highest: the default, `config.toml`, the environment (`MTPLX_<KEY>` in
+upper case), and for one run the command line. Every effective value remembers where it came
+from, so `mtplxctl config get` and `status` can say why a value is what it is.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import tomli_w
+
+from mtplxd.atomic import write_atomic
+
+
+class ConfigError(ValueError):
+    """A setting is unknown or has a value of the wrong kind; the message names the key."""
+
+
+def _as_int(low: int, high: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool):
+            raise ValueError("expected an integer")
+        number = int(value)
+        if not low <= number <= high:
+            raise ValueError(f"must be between {low} and {high}")
+        return number
+
+    return parse
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in {"1", "true", "yes", "on"}:
+        return True
+    if text in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError("expected true or false")
+
+
+def _as_choice(*choices: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def _as_optional_str(value: Any) -> str | None:
+    text = str(value).strip()
+    return text or None
+
+
+def _as_str(value: Any) -> str:
+    return str(value)
+
+
+def _as_memory_limit(value: Any) -> str | float:
+    """`auto`, `max`, or a number of GiB."""
+    if isinstance(value, str) and value.strip().lower() in {"auto", "max"}:
+        return value.strip().lower()
+    number = float(value)
+    if number <= 0:
+        raise ValueError("must be auto, max or a positive number of GiB")
+    return number
+
+
+def _as_str_list(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return list(value)
+    raise ValueError("expected a list of strings (or a comma-separated string)")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One documented configuration key."""
+
+    name: str
+    default: Any
+    parse: Callable[[Any], Any]
+    doc: str
+
+
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in [
+        Setting("model", None, _as_optional_str,
+                "Model to load at start: a served id, a Hub repo, or a local folder. "
+                "Empty means the embedded demo model."),
+        Setting("host", "127.0.0.1", _as_str, "HTTP bind address. Non-loopback needs an API key."),
+        Setting("port", 8000, _as_int(0, 65535), "HTTP port (0 picks a free port)."),
+        Setting("depth", 3, _as_int(0, 8), "Default MTP draft depth; 0 decodes plain AR."),
+        Setting("memory_limit", "auto", _as_memory_limit,
+                "Memory limit: auto, max, or GiB."),
+        Setting("fan_mode", "auto", _as_choice("auto", "max", "smart"),
+                "Fan control: auto never touches fans; max and smart take manual control."),
+        Setting("fan_idle_minutes", 5, _as_int(1, 1440),
+                "In smart mode, minutes without requests before fans return to automatic."),
+        Setting("cors_origins", [], _as_str_list,
+                "Origins allowed to call the HTTP API from a browser (same-origin when empty)."),
+        Setting("session_bank_ssd", True, _as_bool,
+                "Keep conversation prefixes on disk so they survive a restart."),
+        Setting("shutdown_grace_seconds", 10, _as_int(0, 600),
+                "How long SIGTERM waits for in-flight requests before stopping."),
+        Setting("log_level", "info", _as_choice("debug", "info", "warning", "error"),
+                "Daemon log level."),
+    ]
+}
+
+
+def env_name(key: str) -> str:
+    """The environment variable that overrides `key`."""
+    return "MTPLX_" + key.upper()
+
+
+@dataclass
+class Config:
+    """Effective settings and where each came from (default, file, env or cli)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def override(self, key: str, value: Any, source: str = "cli") -> None:
+        """Set `key` for this run only (for example from a command-line flag)."""
+        self.values[key] = parse_value(key, value)
+        self.sources[key] = source
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {
+            key: {"value": self.values[key], "source": self.sources[key]} for key in SETTINGS
+        }
+
+
+def parse_value(key: str, value: Any) -> Any:
+    """Validate `value` for `key`; raise ConfigError naming the key on failure."""
+    setting = SETTINGS.get(key)
+    if setting is None:
+        raise ConfigError(f"unknown setting {key!r}; known: {', '.join(sorted(SETTINGS))}")
+    try:
+        return setting.parse(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid value {value!r} for {key!r}: {exc}") from None
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """The raw table in `config.toml` ({} when the file does not exist)."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+
+
+def load_config(path: Path, environ: dict[str, str] | None = None) -> Config:
+    """Merge defaults, `path` and the environment into a validated Config."""
+    environ = os.environ if environ is None else environ
+    config = Config()
+    raw = read_file(path)
+    for key in raw:
+        if key not in SETTINGS:
+            raise ConfigError(f"{path}: unknown setting {key!r}; known: {', '.join(sorted(SETTINGS))}")
+    for key, setting in SETTINGS.items():
+        if env_name(key) in environ:
+            value, source = environ[env_name(key)], "env"
+        elif key in raw:
+            value, source = raw[key], "file"
+        else:
+            config.values[key], config.sources[key] = setting.default, "default"
+            continue
+        try:
+            config.values[key] = setting.parse(value)
+        except (TypeError, ValueError) as exc:
+            where = env_name(key) if source == "env" else f"{path}"
+            raise ConfigError(f"{where}: invalid value {value!r} for {key!r}: {exc}") from None
+        config.sources[key] = source
+    return config
+
+
+def set_in_file(path: Path, key: str, value: Any) -> Any:
+    """Validate and persist one key in `config.toml` (atomic, other keys kept); return the value.
+
+    An empty string removes the key, so the default applies again.
+    """
+    if key not in SETTINGS:
+        raise ConfigError(f"unknown setting {key!r}; known: {', '.join(sorted(SETTINGS))}")
+    raw = read_file(path)
+    parsed = None if value == "" else parse_value(key, value)
+    if parsed is None:
+        raw.pop(key, None)
+    else:
+        raw[key] = parsed
+    write_atomic(path, tomli_w.dumps(raw).encode())
+    return parsed

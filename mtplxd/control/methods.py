@@ -1,0 +1,156 @@
+"""The daemon's own control methods: daemon.*, model.*, config.*, logs.*.
+
+Handlers stay thin: validate params, ask the one service that knows, return plain JSON.
+Subsystems (fans, models, service, ...) register their own namespaces next to these.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from mtplxd import POWERED_BY, __version__
+from mtplxd.config import SETTINGS, ConfigError, load_config, set_in_file
+from mtplxd.control.protocol import PROTOCOL_VERSION, app_error, invalid_params
+from mtplxd.control.registry import MethodRegistry, Notify
+from mtplxd.logs import tail
+from mtplxd.runtime import EMBEDDED_MODEL_ID, ModelLoadFailed
+
+if TYPE_CHECKING:
+    from mtplxd.daemon import Daemon
+
+# Settings the running daemon cannot change under its feet.
+RESTART_KEYS = {"host", "port", "log_level", "cors_origins"}
+DEMO_HINT = ("mtplx-tiny-coder is a small demo model shipped with mtplx; for real work pull a "
+             "Qwen MTP model: `mtplxctl models list --available`, then "
+             "`mtplxctl models pull REPO` and `mtplxctl start --model REPO`")
+MAX_LOG_LINES = 10_000
+
+
+def register_daemon_methods(registry: MethodRegistry, daemon: "Daemon") -> None:
+    """Add daemon.*, model.*, config.* and logs.* to `registry`."""
+
+    async def daemon_status(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """Everything `mtplxctl status` shows."""
+        return status_snapshot(daemon)
+
+    async def daemon_shutdown(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """Stop the daemon cleanly (drains in-flight requests for a bounded time)."""
+        daemon.request_shutdown("control")
+        return {"stopping": True, "pid": os.getpid()}
+
+    async def daemon_methods(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """The methods this daemon answers."""
+        return {"methods": {name: registry.get(name).doc for name in registry.names()}}
+
+    async def model_load(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """Load a model (a local folder, a pulled repo, or empty for the configured/default one)."""
+        spec = _optional_str(params, "model") or daemon.config.model
+        depth = params.get("depth")
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= 16):
+            raise invalid_params("depth must be an integer from 0 to 16")
+        await notify("model.progress", {"phase": "loading", "model": spec or EMBEDDED_MODEL_ID})
+        try:
+            info = await daemon.runtime.load(spec, depth)
+        except ModelLoadFailed as exc:
+            raise app_error("model_load_failed", str(exc)) from None
+        await notify("model.progress", {"phase": "loaded", "model": info["id"]})
+        return model_snapshot(daemon)
+
+    async def model_unload(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """Unload the model; the API answers 503 until one is loaded again."""
+        return {"unloaded": await daemon.runtime.unload()}
+
+    async def config_get(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """Effective settings with their source; `key` narrows to one."""
+        current = load_config(daemon.paths.config_file)
+        table = current.to_dict()
+        key = _optional_str(params, "key")
+        if key is None:
+            return {"settings": table, "file": str(daemon.paths.config_file)}
+        if key not in table:
+            raise app_error("unknown_setting", f"unknown setting {key!r}; known: {', '.join(sorted(SETTINGS))}")
+        return {"settings": {key: table[key]}, "file": str(daemon.paths.config_file)}
+
+    async def config_set(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """Persist one setting in config.toml (an empty value removes it)."""
+        key = _optional_str(params, "key")
+        if key is None or "value" not in params:
+            raise invalid_params("config.set needs `key` and `value`")
+        try:
+            value = set_in_file(daemon.paths.config_file, key, params["value"])
+        except ConfigError as exc:
+            raise app_error("invalid_config", str(exc)) from None
+        return {"key": key, "value": value, "restart_required": key in RESTART_KEYS}
+
+    async def logs_tail(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """The last `lines` lines of the daemon log."""
+        lines = params.get("lines", 100)
+        if isinstance(lines, bool) or not isinstance(lines, int) or not 0 <= lines <= MAX_LOG_LINES:
+            raise invalid_params(f"lines must be an integer from 0 to {MAX_LOG_LINES}")
+        return {"file": str(daemon.paths.log_file), "lines": tail(daemon.paths.log_file, lines)}
+
+    registry.add("daemon.status", daemon_status)
+    registry.add("daemon.shutdown", daemon_shutdown)
+    registry.add("daemon.methods", daemon_methods)
+    registry.add("model.load", model_load)
+    registry.add("model.unload", model_unload)
+    registry.add("config.get", config_get)
+    registry.add("config.set", config_set)
+    registry.add("logs.tail", logs_tail)
+
+
+def _optional_str(params: dict[str, Any], key: str) -> str | None:
+    value = params.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise invalid_params(f"{key} must be a string")
+    return value
+
+
+def model_snapshot(daemon: "Daemon") -> dict[str, Any] | None:
+    """The model part of status: None when nothing is loaded or loading."""
+    runtime = daemon.runtime
+    if runtime.state == "none":
+        return None
+    snapshot: dict[str, Any] = {"state": runtime.state, "error": runtime.error}
+    info = runtime.info()
+    if info is not None:
+        snapshot.update(info)
+        snapshot["max_output_tokens"] = min(info.get("context_length") or 32768, 32768)
+        template = getattr(runtime.model.tokenizer, "chat_template", None) or ""
+        snapshot["reasoning"] = "<think>" in template
+        snapshot["demo"] = info.get("id") == EMBEDDED_MODEL_ID
+        if snapshot["demo"]:
+            snapshot["hint"] = DEMO_HINT
+    return snapshot
+
+
+def status_snapshot(daemon: "Daemon") -> dict[str, Any]:
+    """The full `daemon.status` answer."""
+    process = psutil.Process()
+    vm = psutil.virtual_memory()
+    return {
+        "protocol": PROTOCOL_VERSION,
+        "version": __version__,
+        "powered_by": POWERED_BY,
+        "pid": os.getpid(),
+        "started_at": daemon.started_at,
+        "uptime_seconds": round(time.time() - daemon.started_at, 3),
+        "home": str(daemon.paths.home),
+        "socket": str(daemon.paths.socket),
+        "socket_fallback": daemon.paths.socket_is_fallback,
+        "supervisor": daemon.supervisor,
+        "http": daemon.http_status(),
+        "model": model_snapshot(daemon),
+        "requests": {"active": daemon.runtime.active_requests},
+        "memory": {
+            "rss_bytes": process.memory_info().rss,
+            "system_total_bytes": vm.total,
+            "system_available_bytes": vm.available,
+        },
+    }

@@ -1,0 +1,150 @@
+"""The control socket: a Unix stream server speaking newline-delimited JSON-RPC 2.0.
+
+Every connection is checked against the peer's uid first; a stranger gets one error line and a
+closed connection. Bad input (malformed JSON, unknown methods, oversized lines, a peer that
+vanishes mid-request) costs that connection at most, never the daemon.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+from pathlib import Path
+
+import trio
+
+from mtplxd.control import protocol
+from mtplxd.control.peercred import is_allowed, peer_uid
+from mtplxd.control.protocol import Request, RpcError
+from mtplxd.control.registry import MethodRegistry
+
+log = logging.getLogger(__name__)
+
+
+async def bind_control_socket(path: Path) -> trio.socket.SocketType:
+    """Bind and listen on `path` with mode 0600.
+
+    The caller holds the single-instance lock, so a socket file already at `path` belongs to a
+    dead daemon and is removed.
+    """
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # The umask makes the socket 0600 from birth; the chmod below is belt and braces.
+    old_umask = os.umask(0o177)
+    try:
+        await sock.bind(os.fspath(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    return sock
+
+
+async def serve_control(
+    path: Path,
+    registry: MethodRegistry,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept control connections until cancelled; removes the socket file on the way out."""
+    listener = await bind_control_socket(path)
+    own_uid = os.getuid()
+    try:
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                try:
+                    conn, _ = await listener.accept()
+                except OSError as exc:
+                    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        log.warning("control accept failed (%s); backing off", exc)
+                        await trio.sleep(0.1)
+                        continue
+                    raise
+                nursery.start_soon(_serve_connection, trio.SocketStream(conn), registry, own_uid)
+    finally:
+        listener.close()
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+async def _serve_connection(stream: trio.SocketStream, registry: MethodRegistry, own_uid: int) -> None:
+    async with stream:
+        try:
+            uid = peer_uid(stream.socket)
+        except OSError as exc:
+            log.warning("control: cannot read peer credentials (%s); closing", exc)
+            return
+        try:
+            if not is_allowed(uid, own_uid):
+                log.warning("control: refused a connection from uid %d", uid)
+                error = RpcError(protocol.APP_ERROR, f"uid {uid} may not control this daemon "
+                                 f"(owned by uid {own_uid})", "permission_denied")
+                await stream.send_all(protocol.error_message(None, error))
+                return
+            await _request_loop(stream, registry)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return  # the peer went away; nothing to answer
+
+
+async def _request_loop(stream: trio.SocketStream, registry: MethodRegistry) -> None:
+    buffer = bytearray()
+    while True:
+        newline = buffer.find(b"\n")
+        if newline < 0:
+            if len(buffer) > protocol.MAX_MESSAGE_BYTES:
+                error = RpcError(protocol.INVALID_REQUEST,
+                                 f"message larger than {protocol.MAX_MESSAGE_BYTES} bytes",
+                                 "message_too_large")
+                await stream.send_all(protocol.error_message(None, error))
+                return
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                return
+            buffer += chunk
+            continue
+        line = bytes(buffer[:newline])
+        del buffer[: newline + 1]
+        if line.strip():
+            await _handle_line(stream, registry, line)
+
+
+async def _handle_line(stream: trio.SocketStream, registry: MethodRegistry, line: bytes) -> None:
+    try:
+        request = protocol.parse_request(line)
+    except RpcError as error:
+        await stream.send_all(protocol.error_message(None, error))
+        return
+    reply = await _dispatch(stream, registry, request)
+    if request.id is not None:
+        await stream.send_all(reply)
+
+
+async def _dispatch(stream: trio.SocketStream, registry: MethodRegistry, request: Request) -> bytes:
+    method = registry.get(request.method)
+    if method is None:
+        error = RpcError(protocol.METHOD_NOT_FOUND, f"unknown method {request.method!r}",
+                         "method_not_found", {"methods": registry.names()})
+        return protocol.error_message(request.id, error)
+
+    async def notify(name: str, params: dict) -> None:
+        await stream.send_all(protocol.notification_message(name, params))
+
+    try:
+        result = await method.handler(request.params, notify)
+    except RpcError as error:
+        return protocol.error_message(request.id, error)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        raise
+    except Exception as exc:  # a bug in one method must not take the daemon down
+        log.exception("control method %s failed", request.method)
+        error = RpcError(protocol.INTERNAL_ERROR, f"{request.method} failed: {exc}", "internal_error")
+        return protocol.error_message(request.id, error)
+    return protocol.result_message(request.id, result)

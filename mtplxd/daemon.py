@@ -1,0 +1,130 @@
+"""The daemon: one trio process whose nursery owns every service.
+
+Order at start: take the single-instance lock (before binding anything), set up logging, bind
+the control socket, serve HTTP, report ready, then load the configured model in the
+background. SIGTERM/SIGINT (what launchd and systemd send) drain in-flight requests for
+`shutdown_grace_seconds`, then every service is cancelled and cleans up after itself.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import time
+from functools import partial
+from typing import Any
+
+import hypercorn.config
+import hypercorn.trio
+import trio
+
+from mtplxd import POWERED_BY, __version__
+from mtplxd.api.app import create_app
+from mtplxd.config import Config
+from mtplxd.control.methods import register_daemon_methods
+from mtplxd.control.registry import MethodRegistry
+from mtplxd.control.server import serve_control
+from mtplxd.paths import Paths
+from mtplxd.runtime import ModelLoadFailed, Runtime
+from mtplxd.supervisor import detect_supervisor, sd_notify
+
+log = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    """True for loopback bind addresses (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Daemon:
+    """The running daemon's state, shared by the control methods and the HTTP app."""
+
+    def __init__(self, config: Config, paths: Paths, load_model: bool = True) -> None:
+        self.config = config
+        self.paths = paths
+        self.load_model_at_start = load_model
+        self.started_at = time.time()
+        self.supervisor = detect_supervisor()
+        self.runtime = Runtime(paths.models_dir, config.depth)
+        self.registry = MethodRegistry()
+        self.http_binds: list[str] = []
+        self._shutdown = trio.Event()
+        register_daemon_methods(self.registry, self)
+
+    def request_shutdown(self, why: str) -> None:
+        if not self._shutdown.is_set():
+            log.info("shutdown requested (%s)", why)
+            self._shutdown.set()
+
+    def http_status(self) -> dict[str, Any]:
+        host, port = self.config.host, self.config.port
+        if self.http_binds:
+            # hypercorn reports what it bound, with the real port when port 0 was asked for.
+            port = int(self.http_binds[0].rsplit(":", 1)[1])
+        shown = f"[{host}]" if ":" in host else host
+        return {
+            "host": host,
+            "port": port,
+            "base_url": f"http://{shown}:{port}/v1",
+            "binds": self.http_binds,
+            "key_required": not is_loopback(host),
+            "key_env": "MTPLX_API_KEY",
+        }
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until shutdown is requested, then drain and stop every service."""
+        self.runtime.start()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_signals)
+                await nursery.start(serve_control, self.paths.socket, self.registry)
+                self.http_binds = await nursery.start(partial(
+                    hypercorn.trio.serve, create_app(self.runtime, self.config),
+                    self._hypercorn_config(), shutdown_trigger=self._shutdown.wait))
+                log.info("mtplxd %s ready: control %s, http %s", __version__, self.paths.socket,
+                         ", ".join(self.http_binds))
+                sd_notify("READY=1")
+                task_status.started()
+                if self.load_model_at_start:
+                    nursery.start_soon(self._load_initial_model)
+                await self._shutdown.wait()
+                sd_notify("STOPPING=1")
+                with trio.move_on_after(self.config.shutdown_grace_seconds):
+                    await self.runtime.wait_idle()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.runtime.stop()
+            log.info("mtplxd stopped")
+
+    def _hypercorn_config(self) -> hypercorn.config.Config:
+        config = hypercorn.config.Config()
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        config.bind = [f"{host}:{self.config.port}"]
+        config.graceful_timeout = float(self.config.shutdown_grace_seconds)
+        config.accesslog = None
+        config.errorlog = logging.getLogger("hypercorn.error")
+        config.server_names = []
+        return config
+
+    async def _watch_signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                self.request_shutdown(signal.Signals(signum).name)
+
+    async def _load_initial_model(self) -> None:
+        try:
+            await self.runtime.load(self.config.model)
+        except ModelLoadFailed as exc:
+            # The control plane and API stay up: `mtplxctl status` shows the error and the API
+            # answers 503 until a model is loaded.
+            log.warning("no model loaded at start: %s", exc)
+
+
+def banner() -> str:
+    return f"mtplxd {__version__} — {POWERED_BY}"

@@ -1,0 +1,132 @@
+"""The engine's public data types: what the daemon sends in and what it gets back.
+
+Plain dataclasses, no MLX, so the API and control layers can import them cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+class ModelLoadError(Exception):
+    """A checkpoint was refused or could not be loaded; the message says what to do."""
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens. Temperature 0 means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)  # stop strings (not included in output)
+    stop_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def greedy(self) -> bool:
+        """True when tokens are picked by argmax."""
+        return self.temperature <= 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """True when any context-dependent penalty changes the logits."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+
+@dataclass
+class GenerationRequest:
+    """One completion: prompt token ids, sampling, and the MTP depth (0 = plain AR)."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    depth: int | None = None  # None = the model's configured depth; 0 = plain AR
+
+
+@dataclass
+class TokenDelta:
+    """Tokens committed in one step and the text they completed (may be "" mid-character)."""
+
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class GenerationStats:
+    """What one request lived: sizes, speculative acceptance and timings."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    depth: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by_depth: list[int] = field(default_factory=list)
+    accepted_by_depth: list[int] = field(default_factory=list)
+    mean_accepted_length: float = 1.0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    prefill_tokens_per_second: float = 0.0
+    decode_tokens_per_second: float = 0.0
+    ttft_seconds: float = 0.0
+    finish_reason: str = "length"
+    cycles: int = 0
+
+    def to_dict(self) -> dict:
+        """A JSON-ready copy."""
+        return asdict(self)
+
+
+@dataclass
+class GenerationResult:
+    """The last item a generation yields."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    stats: GenerationStats
+
+
+@dataclass
+class ModelInfo:
+    """What is loaded and how it will be served."""
+
+    id: str
+    path: str
+    family: str
+    mode: str  # "mtp" | "ar"
+    ar_reason: str | None
+    depth: int
+    context_length: int
+    quantization: str | None
+    vocab_size: int
+    weights_bytes: int
+
+    def to_dict(self) -> dict:
+        """A JSON-ready copy."""
+        return asdict(self)
+
+
+@dataclass
+class CheckpointReport:
+    """What a checkpoint folder is, read from config.json and safetensors headers only."""
+
+    path: str
+    model_type: str
+    family: str | None  # registry family, or None when served AR
+    mode: str  # "mtp" | "ar" | "refused"
+    reason: str | None  # why AR / why refused
+    quantization: str | None
+    has_mtp_tensors: bool
+    weights_bytes: int
+    context_length: int | None
+
+    def to_dict(self) -> dict:
+        """A JSON-ready copy."""
+        return asdict(self)

@@ -1,0 +1,211 @@
+"""The trio side of the engine: one model-owner thread, reached only through this object.
+
+All MLX work runs on the engine's ModelOwner thread (MLX streams are per thread). Trio code
+submits work there and gets tokens back through a memory channel; cancelling the trio side (a
+client that disconnects) sets the flag the engine checks between decode cycles.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import trio
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_MODEL_DIR = Path(__file__).parent / "models" / "embedded"
+EMBEDDED_MODEL_ID = "mtplx-tiny-coder"
+
+
+class ModelNotLoaded(Exception):
+    """Generation was asked for while no model is loaded."""
+
+
+class ModelLoadFailed(Exception):
+    """The model could not be resolved or loaded; the message says what to do."""
+
+
+@dataclass
+class _Failure:
+    error: BaseException
+
+
+def embedded_model_available() -> bool:
+    """True when the package ships the embedded demo model's weights."""
+    return (EMBEDDED_MODEL_DIR / "config.json").is_file()
+
+
+def resolve_model(spec: str | None, models_dir: Path) -> tuple[Path, str]:
+    """Map a model spec (None, a local folder, or a pulled repo id) to (folder, served id)."""
+    if not spec:
+        if not embedded_model_available():
+            raise ModelLoadFailed("no model configured and the embedded model is not installed; "
+                                  "run `mtplxctl start --model PATH_OR_REPO`")
+        return EMBEDDED_MODEL_DIR, EMBEDDED_MODEL_ID
+    if spec == EMBEDDED_MODEL_ID:
+        return resolve_model(None, models_dir)
+    candidate = Path(spec).expanduser()
+    if candidate.is_dir():
+        return candidate.resolve(), candidate.resolve().name
+    try:
+        from mtplxd.models.store import resolve_pulled
+    except ImportError:
+        resolve_pulled = None
+    if resolve_pulled is not None:
+        pulled = resolve_pulled(spec, models_dir)
+        if pulled is not None:
+            return pulled
+    raise ModelLoadFailed(f"model {spec!r} is neither a local folder nor a pulled model; "
+                          f"pull it with `mtplxctl models pull {spec}` or pass a folder path")
+
+
+class Runtime:
+    """Owns the model-owner thread and the loaded model's lifecycle."""
+
+    def __init__(self, models_dir: Path, default_depth: int) -> None:
+        from mtplxd.engine.owner import ModelOwner
+
+        self.models_dir = models_dir
+        self.default_depth = default_depth
+        self.owner = ModelOwner()
+        self.model: Any = None  # mtplxd.engine.LoadedModel once loaded
+        self.state = "none"  # none | loading | loaded | failed
+        self.error: str | None = None
+        self.loaded_at: float | None = None
+        self.active_requests = 0
+        self._load_lock = trio.Lock()
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def start(self) -> None:
+        self.owner.start()
+
+    def stop(self) -> None:
+        self.owner.stop()
+
+    async def _on_owner(self, fn: Callable[[], Any]) -> Any:
+        future = self.owner.submit(fn)
+        return await trio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+
+    def info(self) -> dict[str, Any] | None:
+        """The loaded model's facts (None when no model is loaded)."""
+        return self.model.info.to_dict() if self.model is not None else None
+
+    async def load(self, spec: str | None, depth: int | None = None) -> dict[str, Any]:
+        """Resolve and load `spec`, replacing any loaded model; returns the model's info."""
+        from mtplxd.engine import load_model
+
+        async with self._load_lock:
+            path, model_id = resolve_model(spec, self.models_dir)
+            self.state, self.error = "loading", None
+            log.info("loading model %s from %s", model_id, path)
+            previous, self.model = self.model, None
+            del previous
+            started = time.monotonic()
+            try:
+                model = await self._on_owner(lambda: load_model(
+                    path, model_id=model_id, depth=self.default_depth if depth is None else depth))
+            except Exception as exc:
+                self.state, self.error = "failed", str(exc)
+                log.error("model load failed: %s", exc)
+                raise ModelLoadFailed(str(exc)) from exc
+            self.model, self.state, self.loaded_at = model, "loaded", time.time()
+            log.info("loaded %s in %.1fs (%s)", model_id, time.monotonic() - started, model.info.mode)
+            return model.info.to_dict()
+
+    async def unload(self) -> bool:
+        """Drop the loaded model; returns whether one was loaded."""
+        async with self._load_lock:
+            was_loaded = self.model is not None
+            self.model, self.state, self.error, self.loaded_at = None, "none", None, None
+            if was_loaded:
+                await self._on_owner(_release_mlx_memory)
+            return was_loaded
+
+    def require_model(self) -> Any:
+        if self.model is None:
+            raise ModelNotLoaded(f"no model is loaded (state: {self.state})")
+        return self.model
+
+    @asynccontextmanager
+    async def generate(self, request: Any) -> AsyncIterator[AsyncIterator[Any]]:
+        """Run one generation on the owner thread; yields an async iterator of engine items.
+
+        Leaving the `async with` early (a disconnect, a cancel) tells the engine to stop at
+        its next cycle.
+        """
+        model = self.require_model()
+        send, receive = trio.open_memory_channel(math.inf)
+        stop = threading.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def deliver(item: Any) -> bool:
+            try:
+                trio.from_thread.run_sync(send.send_nowait, item, trio_token=token)
+                return True
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.RunFinishedError):
+                stop.set()
+                return False
+
+        def work() -> None:
+            try:
+                for item in model.generate(request, stop.is_set):
+                    if not deliver(item):
+                        return
+            except BaseException as exc:  # the trio side re-raises it
+                deliver(_Failure(exc))
+            finally:
+                try:
+                    trio.from_thread.run_sync(send.close, trio_token=token)
+                except trio.RunFinishedError:
+                    pass
+
+        self._begin()
+        try:
+            self.owner.submit(work)
+            async with receive:
+                yield _unwrap(receive)
+        finally:
+            stop.set()
+            self._end()
+
+    async def run_on_model(self, fn: Callable[[Any], Any]) -> Any:
+        """Run `fn(model)` on the owner thread (prompt scoring, token counting)."""
+        model = self.require_model()
+        return await self._on_owner(lambda: fn(model))
+
+    def _begin(self) -> None:
+        self.active_requests += 1
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+
+    def _end(self) -> None:
+        self.active_requests -= 1
+        if self.active_requests == 0:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no generation is in flight."""
+        await self._idle.wait()
+
+
+async def _unwrap(receive: trio.MemoryReceiveChannel) -> AsyncIterator[Any]:
+    async for item in receive:
+        if isinstance(item, _Failure):
+            raise item.error
+        yield item
+
+
+def _release_mlx_memory() -> None:
+    import gc
+
+    import mlx.core as mx
+
+    gc.collect()
+    mx.clear_cache()
