@@ -1,0 +1,71 @@
+"""Codex CLI: a Responses-API provider, selected as the default, with hosted tools off.
+
+File: `$CODEX_HOME/config.toml` (default `~/.codex`). Owned entries: top-level `model`,
+`model_provider`, `web_search`, `model_context_window`; `features.image_generation`; the
+table `model_providers.mtplx`. Codex sends its hosted `web_search` and `image_generation`
+tools by default, which a local model cannot run, so both are switched off here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from .base import Facts, as_int, dig, env_path, home
+from .merge import Entry, FilePlan
+from .target import PROVIDER_ID, AgentTarget
+
+name = "codex"
+title = "Codex CLI"
+binary = "codex"
+
+
+def config_dir(env: Mapping[str, str]) -> Path:
+    """`$CODEX_HOME`, default `~/.codex`."""
+    return env_path(env, "CODEX_HOME") or home(env) / ".codex"
+
+
+def provider_entry(target: AgentTarget) -> dict[str, Any]:
+    """The `[model_providers.mtplx]` table."""
+    entry: dict[str, Any] = {"name": "mtplx (local)", "base_url": target.base_url, "wire_api": "responses"}
+    if target.api_key_env:
+        entry["env_key"] = target.api_key_env
+    return entry
+
+
+def plans(target: AgentTarget, env: Mapping[str, str]) -> list[FilePlan]:
+    """config.toml: top-level selection keys first (TOML wants them above tables), then tables."""
+    return [
+        FilePlan(
+            config_dir(env) / "config.toml",
+            "toml",
+            (
+                Entry(("model",), target.model_id),
+                Entry(("model_provider",), PROVIDER_ID),
+                Entry(("model_context_window",), target.context_window),
+                Entry(("web_search",), "disabled"),
+                Entry(("features", "image_generation"), False),
+                Entry(("model_providers", PROVIDER_ID), provider_entry(target)),
+            ),
+        )
+    ]
+
+
+def facts(docs: list[Any], target_hint: AgentTarget | None = None) -> Facts:
+    """Endpoint, model and context window as the installed config.toml states them."""
+    data = docs[0].data()
+    provider = dig(data, "model_providers", PROVIDER_ID) or {}
+    selected = data.get("model_provider") == PROVIDER_ID
+    return Facts(
+        base_url=provider.get("base_url"),
+        model_id=data.get("model") if selected else None,
+        context_window=as_int(data.get("model_context_window")),
+        max_output_tokens=None,  # Codex sends no output cap
+        selected=selected,
+        key_env=provider.get("env_key"),
+    )
+
+
+def notes(target: AgentTarget) -> list[str]:
+    """The launch hint."""
+    return ["run `codex` (it now uses the local model by default)"]

@@ -1,0 +1,182 @@
+"""Safe merge: apply an agent's owned entries to one config file, and take them away again.
+
+An install touches only the entries (key paths) an agent owns. For each it records what the
+file held there before (the exact source text) and which parent objects it had to create, so
+that uninstall restores the file to what it was. An entry the user has changed since install
+is theirs: uninstall leaves it. Nothing is written when nothing would change; an existing file
+is backed up before it is rewritten; a file that does not parse is refused untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import files
+from .errors import ConfigParseError, SyntaxProblem
+from .jsonc import MISSING as JSON_MISSING, JsoncDocument
+from .tomldoc import MISSING as TOML_MISSING, TomlDocument
+from .yamlblocks import MISSING as YAML_MISSING, YamlDocument
+
+FORMATS = {"jsonc": JsoncDocument, "toml": TomlDocument, "yaml": YamlDocument}
+_MISSING = (JSON_MISSING, TOML_MISSING, YAML_MISSING)
+_PRISTINE_EMPTY = ("", "{}")
+
+
+def is_missing(value: Any) -> bool:
+    """True for the "no such key" marker of any document format."""
+    return any(value is marker for marker in _MISSING)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One key path an agent owns in a file, and the value it sets there."""
+
+    key: tuple[str, ...]
+    value: Any
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """The entries an agent wants in one file of a given format."""
+
+    path: Path
+    fmt: str
+    entries: tuple[Entry, ...]
+
+
+@dataclass
+class FileResult:
+    """What an install or uninstall did (or, in a dry run, would do) to one file."""
+
+    path: Path
+    action: str  # "created", "updated", "unchanged", "deleted", "missing"
+    backup: Path | None = None
+    kept: list[str] = field(default_factory=list)
+    text: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready summary (without the file text)."""
+        return {
+            "path": str(self.path),
+            "action": self.action,
+            "backup": str(self.backup) if self.backup else None,
+            "kept_user_changes": self.kept,
+        }
+
+
+def load(path: Path, fmt: str) -> tuple[Any, str | None]:
+    """Parse `path` as `fmt`; return (document, original text or None when absent).
+
+    Raises ConfigParseError naming the file when it does not parse.
+    """
+    cls = FORMATS[fmt]
+    text = files.read_text(path)
+    try:
+        return (cls(text) if text is not None else cls.empty()), text
+    except SyntaxProblem as exc:
+        raise ConfigParseError(str(path), cls.fmt, str(exc)) from None
+
+
+def _revert(doc: Any, entry: dict[str, Any], kept: list[str]) -> None:
+    """Undo one recorded entry in `doc` unless the user changed it since."""
+    key = tuple(entry["key"])
+    current = doc.get(key)
+    if is_missing(current):
+        pass
+    elif current != entry["value"]:
+        kept.append(".".join(key))
+        return
+    elif entry["previous"] is not None:
+        doc.set(key, None, raw=entry["previous"])
+    else:
+        doc.remove(key)
+    for parent in reversed([tuple(p) for p in entry.get("created_parents", [])]):
+        if doc.get(parent) == {}:
+            doc.remove(parent)
+
+
+def _trailing(text: str) -> str:
+    """The whitespace a file ends with."""
+    return text[len(text.rstrip()):]
+
+
+def _edit_error(path: Path, fmt: str, exc: SyntaxProblem) -> ConfigParseError:
+    return ConfigParseError(str(path), FORMATS[fmt].fmt, str(exc))
+
+
+def install_file(plan: FilePlan, prior: dict[str, Any] | None, dry_run: bool = False) -> tuple[FileResult, dict[str, Any]]:
+    """Merge `plan` into its file; return what happened and the record to keep for uninstall.
+
+    `prior` is this file's record from an earlier install (None the first time): entries still
+    holding the value written then keep their original `previous`, so repeated installs never
+    lose what the user had before the first one.
+    """
+    doc, original = load(plan.path, plan.fmt)
+    prior_entries = {tuple(e["key"]): e for e in (prior or {}).get("entries", [])}
+    wanted = {entry.key for entry in plan.entries}
+    kept: list[str] = []
+    try:
+        for key, old in prior_entries.items():
+            if key not in wanted:
+                _revert(doc, old, kept)
+        entries = []
+        for entry in plan.entries:
+            current = doc.get(entry.key)
+            old = prior_entries.get(entry.key)
+            still_ours = old is not None and not is_missing(current) and current == old["value"]
+            previous = old["previous"] if still_ours else doc.raw(entry.key)
+            created = old.get("created_parents", []) if still_ours else []
+            if is_missing(current) or current != entry.value:
+                created = created + [list(p) for p in doc.set(entry.key, entry.value)]
+            entries.append({"key": list(entry.key), "value": entry.value, "previous": previous,
+                            "created_parents": created})
+    except SyntaxProblem as exc:
+        raise _edit_error(plan.path, plan.fmt, exc) from None
+    record = {
+        "path": str(plan.path),
+        "format": plan.fmt,
+        "created_file": prior["created_file"] if prior else original is None,
+        "created_dirs": prior["created_dirs"] if prior else [str(d) for d in files.missing_dirs(files.real_path(plan.path))],
+        "entries": entries,
+        # tomlkit can leave a blank line behind where it separated a removed table.
+        "trailing": prior.get("trailing", "") if prior else _trailing(original or ""),
+    }
+    text = doc.dumps()
+    if original is not None and text == original:
+        return FileResult(plan.path, "unchanged", text=text), record
+    action = "created" if original is None else "updated"
+    saved = None if dry_run else files.write_config(plan.path, text, existed=original is not None)
+    return FileResult(plan.path, action, backup=saved, kept=kept, text=text), record
+
+
+def uninstall_file(record: dict[str, Any], dry_run: bool = False) -> FileResult:
+    """Remove what `record` says an install added to its file, restoring what was there.
+
+    A file that install created and that holds nothing else afterwards is deleted, with the
+    directories install created for it when they are empty.
+    """
+    path, fmt = Path(record["path"]), record["format"]
+    doc, original = load(path, fmt)
+    if original is None:
+        return FileResult(path, "missing")
+    kept: list[str] = []
+    try:
+        for entry in reversed(record["entries"]):
+            _revert(doc, entry, kept)
+    except SyntaxProblem as exc:
+        raise _edit_error(path, fmt, exc) from None
+    text = doc.dumps()
+    if text.strip() and "trailing" in record:
+        text = text.rstrip() + record["trailing"]
+    if record["created_file"] and doc.data() == {}:
+        if dry_run:
+            return FileResult(path, "deleted", kept=kept, text="")
+        saved = files.delete_config(path, keep_backup=text.strip() not in _PRISTINE_EMPTY)
+        files.remove_empty_dirs([Path(d) for d in record.get("created_dirs", [])])
+        return FileResult(path, "deleted", backup=saved, kept=kept, text="")
+    if text == original:
+        return FileResult(path, "unchanged", kept=kept, text=text)
+    saved = None if dry_run else files.write_config(path, text, existed=True)
+    return FileResult(path, "updated", backup=saved, kept=kept, text=text)

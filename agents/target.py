@@ -1,0 +1,55 @@
+"""What an agent's config must point at: the daemon's endpoint and the model it serves."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import AgentConfigError
+
+PROVIDER_ID = "mtplx"
+
+
+class NoModelLoaded(AgentConfigError):
+    """The daemon serves no model, so there is no model id or limit to write."""
+
+
+@dataclass(frozen=True)
+class AgentTarget:
+    """The facts every writer needs, taken from the daemon's `daemon.status`.
+
+    `api_key_env` is the name of the environment variable holding the API key when the daemon
+    requires one, else None; writers reference it and never copy the key itself.
+    """
+
+    base_url: str
+    model_id: str
+    context_window: int
+    max_output_tokens: int
+    reasoning: bool = False
+    api_key_env: str | None = None
+
+    @classmethod
+    def from_status(cls, status: dict[str, Any]) -> "AgentTarget":
+        """Build the target from a `daemon.status` result; NoModelLoaded when none is served."""
+        http = status.get("http") or {}
+        model = status.get("model")
+        if not model or not model.get("id"):
+            raise NoModelLoaded("the daemon serves no model yet; load one with `mtplxctl start --model <id>` first")
+        return cls(
+            base_url=str(http["base_url"]).rstrip("/"),
+            model_id=str(model["id"]),
+            context_window=int(model["context_length"]),
+            max_output_tokens=int(model["max_output_tokens"]),
+            reasoning=bool(model.get("reasoning", False)),
+            api_key_env=(http.get("key_env") or "MTPLX_API_KEY") if http.get("key_required") else None,
+        )
+
+    @property
+    def server_root(self) -> str:
+        """The base URL without its `/v1` suffix (what Anthropic clients expect)."""
+        return self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready copy, kept in the install record."""
+        return asdict(self)
