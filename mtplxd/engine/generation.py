@@ -1,0 +1,166 @@
+"""One request from prompt to result: prefill, decode cycles, stops, streaming text, stats.
+
+The decode strategy (AR or speculative) only yields committed token lists; this module
+decides when to stop (EOS, stop ids, stop strings, max_tokens, cancellation), turns tokens
+into UTF-8-safe text deltas and fills in the stats.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any, Callable, Iterator
+
+import mlx.core as mx
+
+from mtplxd.engine.autoregressive import ar_cycles
+from mtplxd.engine.detokenize import TextStream
+from mtplxd.engine.interface import (
+    GenerationRequest, GenerationResult, GenerationStats, TokenDelta,
+)
+from mtplxd.engine.mtp_head import MTPHead
+from mtplxd.engine.sampling import TARGET, TokenHistory, pick, position_key
+from mtplxd.engine.speculative import SpeculativeDecoder
+from mtplxd.engine.trunk import PREFILL_CHUNK, Trunk
+
+
+class _Finish:
+    """Where the request stands: committed tokens, text so far, and the finish reason."""
+
+    def __init__(self, tokenizer, request: GenerationRequest) -> None:
+        params = request.sampling
+        self.max_tokens = params.max_tokens
+        self.stop_ids = set(tokenizer.eos_token_ids) | set(params.stop_token_ids)
+        self.stream = TextStream(tokenizer, params.stop)
+        self.token_ids: list[int] = []
+        self.generated = 0  # tokens the model produced, a final stop token included
+        self.reason: str | None = None
+
+    def take(self, tokens: list[int]) -> TokenDelta | None:
+        """Commit tokens in order until a stop; return the delta to stream (None if empty)."""
+        accepted: list[int] = []
+        text = ""
+        for token in tokens:
+            if self.reason is not None:
+                break
+            self.generated += 1
+            if token in self.stop_ids:
+                self.reason = "stop"
+                break
+            accepted.append(token)
+            self.token_ids.append(token)
+            text += self.stream.add(token)
+            if self.stream.stopped:
+                self.reason = "stop"
+            elif self.generated >= self.max_tokens:
+                self.reason = "length"
+        if self.reason == "length" or (self.reason == "stop" and not self.stream.stopped):
+            text += self.stream.finish()
+        if not accepted and not text:
+            return None
+        return TokenDelta(token_ids=accepted, text=text)
+
+
+def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationRequest,
+             depth: int, vocab_size: int,
+             should_stop: Callable[[], bool]) -> Iterator[TokenDelta | GenerationResult]:
+    """Run one request; yield TokenDeltas, then exactly one GenerationResult.
+
+    depth 0 (or no head) decodes plain AR; depth K >= 1 runs the speculative loop. The
+    caller validated depth. should_stop() is checked before prefill and between cycles.
+    """
+    params = request.sampling
+    prompt = list(request.prompt_ids)
+    if not prompt:
+        raise ValueError("empty prompt: at least one prompt token is needed")
+    seed = params.seed if params.seed is not None else secrets.randbits(63)
+    depth = depth if head is not None else 0
+    stats = GenerationStats(prompt_tokens=len(prompt), depth=depth)
+    finish = _Finish(tokenizer, request)
+    start = time.perf_counter()
+    if params.max_tokens <= 0 or should_stop():
+        reason = "length" if params.max_tokens <= 0 else "cancelled"
+        yield _result(finish, stats, reason, start, start, start)
+        return
+
+    cache = trunk.make_cache()
+    history = TokenHistory(vocab_size, prompt)
+    hiddens, last_logits = trunk.prefill(prompt, cache)
+    counts, seen = history.rows(None, 1)
+    keys = None if params.greedy else [position_key(seed, len(prompt), TARGET)]
+    first = pick(last_logits[None], params, counts, seen, keys).item()
+    history.append([first])
+    prefill_done = time.perf_counter()
+    stats.ttft_seconds = prefill_done - start
+    delta = finish.take([first])
+    if delta is not None:
+        yield delta
+
+    decoder = None
+    if depth > 0:
+        decoder = SpeculativeDecoder(trunk, head, cache, params, history, seed, depth)
+        cycles = decoder.cycles(hiddens, prompt, first)
+    else:
+        cycles = ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
+    del hiddens
+    reason = finish.reason
+    while reason is None:
+        if should_stop():
+            reason = "cancelled"
+            break
+        delta = finish.take(next(cycles))
+        if delta is not None:
+            yield delta
+        reason = finish.reason
+    cycles.close()
+    if reason == "cancelled":
+        tail = finish.stream.finish()
+        if tail:
+            yield TokenDelta(token_ids=[], text=tail)
+    end = time.perf_counter()
+    if decoder is not None:
+        acc = decoder.stats
+        stats.drafted_by_depth, stats.accepted_by_depth = acc.drafted_by_depth, acc.accepted_by_depth
+        stats.drafted, stats.accepted = sum(acc.drafted_by_depth), sum(acc.accepted_by_depth)
+        stats.cycles = acc.cycles
+        stats.mean_accepted_length = acc.committed / acc.cycles if acc.cycles else 0.0
+    else:
+        stats.cycles = max(finish.generated - 1, 0)
+    yield _result(finish, stats, reason, start, prefill_done, end)
+    mx.clear_cache()
+
+
+def _result(finish: _Finish, stats: GenerationStats, reason: str, start: float,
+            prefill_done: float, end: float) -> GenerationResult:
+    stats.finish_reason = reason
+    stats.completion_tokens = finish.generated
+    stats.prefill_seconds = prefill_done - start
+    stats.decode_seconds = end - prefill_done
+    if stats.prefill_seconds > 0:
+        stats.prefill_tokens_per_second = stats.prompt_tokens / stats.prefill_seconds
+    decoded = max(finish.generated - 1, 0)  # the first token comes from the prefill forward
+    if stats.decode_seconds > 0 and decoded:
+        stats.decode_tokens_per_second = decoded / stats.decode_seconds
+    return GenerationResult(text=finish.stream.text, token_ids=list(finish.token_ids),
+                            finish_reason=reason, stats=stats)
+
+
+def score(trunk: Trunk, prompt_ids: list[int]) -> list[float | None]:
+    """log p(token_i | tokens_<i) for every prompt token; the first is None."""
+    cache = trunk.make_cache()
+    out: list[float | None] = [None]
+    previous_row: Any = None
+    for start in range(0, len(prompt_ids), PREFILL_CHUNK):
+        chunk = prompt_ids[start:start + PREFILL_CHUNK]
+        _, logits = trunk.forward(mx.array(chunk)[None], cache, all_logits=True)
+        logits = logits[0].astype(mx.float32)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if previous_row is None:  # the first token has no prefix to be scored against
+            rows, targets = logprobs[:-1], chunk[1:]
+        else:
+            rows, targets = mx.concatenate([previous_row, logprobs[:-1]]), chunk
+        if targets:
+            picked = mx.take_along_axis(rows, mx.array(targets)[:, None], axis=-1)[:, 0]
+            out.extend(picked.tolist())
+        previous_row = logprobs[-1:]
+    return out

@@ -1,0 +1,239 @@
+"""Checkpoint inspection and loading: the trunk through mlx-lm, the MTP head kept beside it.
+
+mlx-lm's `sanitize` drops every `mtp.*` tensor (or, for dense qwen3, would fail on them), so
+the loader subclasses the family's mlx-lm `Model`: the subclass owns an `mtp` MTPHead, pulls
+the `mtp.*` tensors out before the original sanitize runs, shifts their zero-centred norms
+when the family's trunk norms get shifted, and hands them back. mlx-lm's own quantize and
+strict `load_weights` then cover trunk and head alike (MLX-quantized heads included).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+from mtplxd.engine.interface import CheckpointReport, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_BITS = (4, 8)
+DEFAULT_DEPTH = 3
+MAX_DEPTH = 8
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{path} has no config.json; point at a Hugging Face-format model folder")
+    try:
+        return json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from exc
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors shards mlx-lm would load (`model*.safetensors`), sorted."""
+    return sorted(path.glob("model*.safetensors"))
+
+
+def safetensors_names(file: Path) -> list[str]:
+    """Tensor names in one safetensors file, read from its header only."""
+    with open(file, "rb") as handle:
+        (size,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(size))
+    return [name for name in header if name != "__metadata__"]
+
+
+def mtp_layer_count(config: dict[str, Any]) -> int:
+    """MTP layers declared by the config (`mtp_num_hidden_layers` or `num_nextn_predict_layers`)."""
+    text = config.get("text_config") or {}
+    for source in (config, text):
+        for key in ("mtp_num_hidden_layers", "num_nextn_predict_layers"):
+            if source.get(key):
+                return int(source[key])
+    return 0
+
+
+def quantization_label(config: dict[str, Any]) -> str | None:
+    """"4bit"/"8bit"/... for MLX-quantized checkpoints, the method name for others, else None."""
+    quant = config.get("quantization")
+    if quant:
+        mode = quant.get("mode", "affine")
+        return f"{quant.get('bits')}bit" + ("" if mode == "affine" else f"-{mode}")
+    qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    if qc:
+        return str(qc.get("quant_method", "unknown"))
+    return None
+
+
+def quantization_refusal(config: dict[str, Any]) -> str | None:
+    """Why this checkpoint's quantization cannot be served, or None when it can."""
+    quant = config.get("quantization")
+    if quant:
+        specs = [("the model", quant)] + [
+            (name, spec) for name, spec in quant.items() if isinstance(spec, dict)
+        ]
+        for where, spec in specs:
+            bits, mode = spec.get("bits"), spec.get("mode", "affine")
+            if mode != "affine" or bits not in SUPPORTED_BITS:
+                return (f"{bits}-bit {mode} quantization ({where}) is not supported; mtplx serves "
+                        f"MLX affine 4-bit and 8-bit weights or unquantized bf16/fp16/fp32. "
+                        f"Re-convert with `mlx_lm.convert --hf-path ORIGINAL -q --q-bits 4`.")
+        return None
+    qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    if qc:
+        method = qc.get("quant_method", "unknown")
+        bits = qc.get("bits") or qc.get("num_bits") or "unknown"
+        return (f"{method} quantization ({bits}-bit) is not supported; mtplx serves MLX affine "
+                f"4-bit and 8-bit weights. Convert with `mlx_lm.convert --hf-path ORIGINAL -q`.")
+    return None
+
+
+def refusal_reason(path: Path, config: dict[str, Any]) -> str | None:
+    """Why the checkpoint is refused outright (bundled code, quantization, no weights)."""
+    if config.get("auto_map") or config.get("model_file"):
+        return ("the checkpoint ships its own Python code (auto_map); mtplx never runs repository "
+                "code. Use a checkpoint of a model type mlx-lm supports natively.")
+    if "model_type" not in config:
+        return "config.json has no model_type"
+    reason = quantization_refusal(config)
+    if reason:
+        return reason
+    if not weight_files(path):
+        return f"no model*.safetensors weights in {path}; download the full checkpoint"
+    return None
+
+
+def _mlx_lm_supports(model_type: str) -> bool:
+    from mlx_lm.utils import _get_classes
+
+    try:
+        _get_classes({"model_type": model_type})
+    except ValueError:
+        return False
+    return True
+
+
+def inspect_checkpoint(path: str | os.PathLike) -> CheckpointReport:
+    """Describe a checkpoint folder from config.json and safetensors headers (no weights read).
+
+    mode is "mtp" (a registered family with its MTP tensors), "ar" (served plain
+    autoregressive; reason says why) or "refused" (reason says what to do).
+    """
+    from mtplxd.engine.families import get_family
+
+    path = Path(path)
+    config = _read_config(path)
+    files = weight_files(path)
+    weights_bytes = sum(f.stat().st_size for f in files)
+    names = [n for f in files for n in safetensors_names(f)]
+    has_mtp = any(n.startswith("mtp.") for n in names)
+    model_type = config.get("model_type", "")
+    text = config.get("text_config") or {}
+    context = config.get("max_position_embeddings") or text.get("max_position_embeddings")
+    spec = get_family(model_type)
+    mode, reason = mtp_mode(config, spec is not None, has_mtp)
+    refused = refusal_reason(path, config)
+    if refused is None and not _mlx_lm_supports(model_type):
+        refused = f"model type {model_type!r} is not supported by mlx-lm {_mlx_lm_version()}"
+    if refused is not None:
+        mode, reason = "refused", refused
+    return CheckpointReport(
+        path=str(path), model_type=model_type, family=model_type if spec else None, mode=mode,
+        reason=reason, quantization=quantization_label(config), has_mtp_tensors=has_mtp,
+        weights_bytes=weights_bytes, context_length=context,
+    )
+
+
+def mtp_mode(config: dict[str, Any], registered: bool, has_mtp_tensors: bool) -> tuple[str, str | None]:
+    """("mtp", None) or ("ar", why) for a loadable checkpoint."""
+    model_type = config.get("model_type")
+    if not registered:
+        return "ar", f"model type {model_type!r} has no MTP support in mtplx; serving plain autoregressive"
+    layers = mtp_layer_count(config)
+    if not has_mtp_tensors:
+        return "ar", ("the checkpoint has no mtp.* tensors (mlx-lm conversions drop them); "
+                      "serving plain autoregressive. Use the original HF weights or a conversion "
+                      "that keeps the MTP head.")
+    if layers == 0:
+        return "ar", "config.json declares no MTP layers (mtp_num_hidden_layers); serving plain autoregressive"
+    if layers != 1:
+        return "ar", f"{layers} MTP layers are not supported (mtplx uses exactly 1); serving plain autoregressive"
+    return "mtp", None
+
+
+def _mlx_lm_version() -> str:
+    import mlx_lm
+
+    return getattr(mlx_lm, "__version__", "?")
+
+
+def _model_classes_with_mtp(spec, config: dict[str, Any]):
+    """mlx-lm's (Model, ModelArgs) for `config`, the Model subclassed to own an MTP head."""
+    from mlx_lm.utils import _get_classes
+
+    from mtplxd.engine.mtp_head import MTPHead, is_mtp_norm
+
+    base_class, args_class = _get_classes(config)
+
+    class ModelWithMTP(base_class):  # type: ignore[misc, valid-type]
+        def __init__(self, args: Any) -> None:
+            super().__init__(args)
+            text_args = spec.text_args(args)
+            self.mtp = MTPHead(text_args.hidden_size, text_args.rms_norm_eps,
+                               spec.build_mtp_layer(text_args))
+
+        def sanitize(self, weights: dict) -> dict:
+            mtp = {k: v for k, v in weights.items() if k.startswith("mtp.")}
+            shift = spec.norm_shift(weights)
+            trunk = super().sanitize({k: v for k, v in weights.items() if not k.startswith("mtp.")})
+            mtp = spec.sanitize_mtp(mtp)
+            if shift:
+                mtp = {k: (v + 1.0 if is_mtp_norm(k) else v) for k, v in mtp.items()}
+            trunk.update(mtp)
+            return trunk
+
+    return lambda config: (ModelWithMTP, args_class)
+
+
+def load_checkpoint(path: Path, *, with_mtp: bool):
+    """Load (model, config, tokenizer) from a folder that `refusal_reason` accepted.
+
+    With `with_mtp`, the returned model has an `.mtp` MTPHead loaded strictly from the
+    checkpoint's `mtp.*` tensors; without it, those tensors are dropped before mlx-lm sees them.
+    """
+    from mlx_lm.utils import _get_classes, load_config, load_model, load_tokenizer
+
+    from mtplxd.engine.families import get_family
+
+    config = load_config(path)
+    spec = get_family(config["model_type"])
+    if with_mtp:
+        getter = _model_classes_with_mtp(spec, config)
+    else:
+        getter = _drop_mtp_classes(config)
+    try:
+        model, config = load_model(path, get_model_classes=getter)
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        raise ModelLoadError(f"could not load {path}: {exc}") from exc
+    return model, config, tokenizer
+
+
+def _drop_mtp_classes(config: dict[str, Any]):
+    """mlx-lm's classes, with `mtp.*` tensors removed before the model's own sanitize."""
+    from mlx_lm.utils import _get_classes
+
+    base_class, args_class = _get_classes(config)
+
+    class ModelWithoutMTP(base_class):  # type: ignore[misc, valid-type]
+        def sanitize(self, weights: dict) -> dict:
+            weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
+            parent = getattr(super(), "sanitize", None)
+            return parent(weights) if parent else weights
+
+    return lambda config: (ModelWithoutMTP, args_class)

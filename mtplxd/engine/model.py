@@ -1,0 +1,91 @@
+"""A loaded model and how to serve it: `load_model` and `LoadedModel`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Iterator
+
+from mtplxd.engine.families import get_family
+from mtplxd.engine.generation import generate as run_generation
+from mtplxd.engine.generation import score as run_score
+from mtplxd.engine.interface import (
+    GenerationRequest, GenerationResult, ModelInfo, ModelLoadError, TokenDelta,
+)
+from mtplxd.engine.loader import (
+    DEFAULT_DEPTH, MAX_DEPTH, inspect_checkpoint, load_checkpoint,
+)
+from mtplxd.engine.trunk import Trunk
+
+
+class LoadedModel:
+    """A model on the owner thread: weights, tokenizer, MTP head (when served MTP) and info."""
+
+    def __init__(self, model, tokenizer, info: ModelInfo, trunk: Trunk) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.info = info
+        self.trunk = trunk
+        self.head = getattr(model, "mtp", None) if info.mode == "mtp" else None
+
+    def resolve_depth(self, requested: int | None) -> int:
+        """The depth a request runs at: its own, else the model's; always 0 when served AR."""
+        depth = self.info.depth if requested is None else requested
+        if depth < 0 or depth > MAX_DEPTH:
+            raise ValueError(f"mtp depth must be between 0 and {MAX_DEPTH}, got {depth}")
+        return depth if self.head is not None else 0
+
+    def generate(self, request: GenerationRequest,
+                 should_stop: Callable[[], bool] = lambda: False
+                 ) -> Iterator[TokenDelta | GenerationResult]:
+        """Yield TokenDeltas as tokens commit, then one GenerationResult (owner thread only).
+
+        should_stop() is checked between decode cycles; True ends the request with
+        finish_reason "cancelled".
+        """
+        depth = self.resolve_depth(request.depth)
+        return run_generation(self.trunk, self.head, self.tokenizer, request, depth,
+                              self.info.vocab_size, should_stop)
+
+    def score(self, prompt_ids: list[int]) -> list[float | None]:
+        """Log-probability of each prompt token given its prefix; the first is None."""
+        return run_score(self.trunk, list(prompt_ids))
+
+
+def load_model(path: str | os.PathLike, *, model_id: str | None = None,
+               depth: int | None = None) -> LoadedModel:
+    """Load an HF-format folder for serving (owner thread only).
+
+    Registered families with MTP tensors are served MTP at `depth` (default 3); anything else
+    mlx-lm loads is served AR with `info.ar_reason` saying why. Raises ModelLoadError for
+    refused checkpoints (auto_map, unsupported quantization, missing files).
+    """
+    path = Path(path).expanduser().resolve()
+    if not path.is_dir():
+        raise ModelLoadError(f"{path} is not a folder; pass a Hugging Face-format model folder")
+    report = inspect_checkpoint(path)
+    if report.mode == "refused":
+        raise ModelLoadError(f"{path.name}: {report.reason}")
+    if depth is not None and not 0 <= depth <= MAX_DEPTH:
+        raise ModelLoadError(f"mtp depth must be between 0 and {MAX_DEPTH}, got {depth}")
+    with_mtp = report.mode == "mtp"
+    model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp)
+    spec = get_family(report.model_type)
+    trunk = Trunk(model, spec)
+    text_config = config.get("text_config") or {}
+    info = ModelInfo(
+        id=model_id or path.name,
+        path=str(path),
+        family=report.model_type,
+        mode=report.mode,
+        ar_reason=report.reason if report.mode == "ar" else None,
+        depth=(DEFAULT_DEPTH if depth is None else depth) if with_mtp else 0,
+        context_length=int(report.context_length or 0),
+        quantization=report.quantization,
+        vocab_size=int(config.get("vocab_size") or text_config.get("vocab_size")),
+        weights_bytes=report.weights_bytes,
+    )
+    return LoadedModel(model, tokenizer, info, trunk)
+
+
+

@@ -1,0 +1,135 @@
+"""Turning logits into a distribution, and picking tokens from it with explicit keys.
+
+One definition serves the AR path, the MTP drafts (q) and the verify rows (p):
+  1. penalties on the raw logits (float32), from the token history of that exact position:
+     repetition (HF rule: divide positive logits, multiply negative ones) over prompt and
+     output tokens; presence and frequency (OpenAI rule: subtract) over output tokens only;
+  2. log-softmax, then the filters on the untempered log-probabilities in mlx-lm's order:
+     top-p, min-p, top-k (filtered entries become -inf);
+  3. divide by the temperature. p = softmax of the result.
+Temperature 0 is argmax of the penalised logits (first index on ties, as `mx.argmax`).
+
+Random draws never touch MLX's global random state: every draw takes a key derived from
+(seed, absolute position, purpose), so a seeded request gives the same output whatever the
+cycle boundaries are.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mtplxd.engine.interface import SamplingParams
+
+# Purposes of a random draw; each gets its own key stream.
+DRAFT, ACCEPT, RESIDUAL, TARGET = 1, 2, 3, 4
+_NEG_INF = float("-inf")
+
+
+def position_key(seed: int, position: int, purpose: int) -> mx.array:
+    """A PRNG key that depends only on (seed, absolute position, purpose)."""
+    mixed = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + purpose * 0x94D049BB133111EB)
+    return mx.random.key(mixed % (1 << 63))
+
+
+class TokenHistory:
+    """Per-request token counts that the penalties read (kept on the device).
+
+    `seen` marks prompt and output tokens (repetition penalty); `counts` counts output tokens
+    (presence and frequency penalties).
+    """
+
+    def __init__(self, vocab_size: int, prompt_ids: list[int]) -> None:
+        self.vocab_size = vocab_size
+        self.counts = mx.zeros((vocab_size,), dtype=mx.float32)
+        seen = mx.zeros((vocab_size,), dtype=mx.float32)
+        if prompt_ids:
+            seen = seen.at[mx.array(prompt_ids)].add(1.0)
+        self.seen = seen
+
+    def append(self, token_ids: list[int]) -> None:
+        """Record committed output tokens."""
+        if not token_ids:
+            return
+        idx = mx.array(token_ids)
+        self.counts = self.counts.at[idx].add(1.0)
+        self.seen = self.seen.at[idx].add(1.0)
+
+    def rows(self, extra: mx.array | None, n_rows: int) -> tuple[mx.array, mx.array]:
+        """(counts, seen) for n_rows positions: row i also holds extra[:i] (drafts so far)."""
+        counts = mx.broadcast_to(self.counts, (n_rows, self.vocab_size))
+        seen = mx.broadcast_to(self.seen, (n_rows, self.vocab_size))
+        if extra is not None and n_rows > 1:
+            onehot = (extra[:n_rows - 1, None] == mx.arange(self.vocab_size)[None]).astype(mx.float32)
+            cum = mx.concatenate([mx.zeros((1, self.vocab_size)), mx.cumsum(onehot, axis=0)], axis=0)
+            counts = counts + cum
+            seen = seen + cum
+        return counts, seen
+
+
+def apply_penalties(logits: mx.array, params: SamplingParams, counts: mx.array,
+                    seen: mx.array) -> mx.array:
+    """Penalised float32 logits (rows x V); a no-op without penalties."""
+    logits = logits.astype(mx.float32)
+    if not params.has_penalties:
+        return logits
+    if params.repetition_penalty != 1.0:
+        rp = params.repetition_penalty
+        penalised = mx.where(logits > 0, logits / rp, logits * rp)
+        logits = mx.where(seen > 0, penalised, logits)
+    if params.frequency_penalty != 0.0:
+        logits = logits - params.frequency_penalty * counts
+    if params.presence_penalty != 0.0:
+        logits = logits - params.presence_penalty * (counts > 0).astype(mx.float32)
+    return logits
+
+
+def _top_p(logprobs: mx.array, top_p: float) -> mx.array:
+    order = mx.argsort(-logprobs, axis=-1)
+    sorted_lp = mx.take_along_axis(logprobs, order, axis=-1)
+    probs = mx.exp(sorted_lp)
+    before = mx.cumsum(probs, axis=-1) - probs
+    keep_sorted = before < top_p
+    keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
+    return mx.where(keep, logprobs, _NEG_INF)
+
+
+def _min_p(logprobs: mx.array, min_p: float) -> mx.array:
+    threshold = mx.max(logprobs, axis=-1, keepdims=True) + mx.log(mx.array(min_p, mx.float32))
+    return mx.where(logprobs >= threshold, logprobs, _NEG_INF)
+
+
+def _top_k(logprobs: mx.array, top_k: int) -> mx.array:
+    if top_k >= logprobs.shape[-1]:
+        return logprobs
+    kth = mx.sort(logprobs, axis=-1)[..., -top_k][..., None]
+    # Ties at the k-th value are all kept: deterministic and identical on every path.
+    return mx.where(logprobs >= kth, logprobs, _NEG_INF)
+
+
+def scaled_logits(penalised: mx.array, params: SamplingParams) -> mx.array:
+    """Filtered, tempered log-weights: p = softmax(result). Requires temperature > 0."""
+    logprobs = penalised - mx.logsumexp(penalised, axis=-1, keepdims=True)
+    if 0.0 < params.top_p < 1.0:
+        logprobs = _top_p(logprobs, params.top_p)
+    if params.min_p > 0.0:
+        logprobs = _min_p(logprobs, params.min_p)
+    if params.top_k > 0:
+        logprobs = _top_k(logprobs, params.top_k)
+    return logprobs / params.temperature
+
+
+def probabilities(logits: mx.array, params: SamplingParams, counts: mx.array,
+                  seen: mx.array) -> mx.array:
+    """The exact float32 sampling distribution for each row of raw logits (temperature > 0)."""
+    return mx.softmax(scaled_logits(apply_penalties(logits, params, counts, seen), params), axis=-1)
+
+
+def pick(logits: mx.array, params: SamplingParams, counts: mx.array, seen: mx.array,
+         keys: list[mx.array] | None) -> mx.array:
+    """One token per row: argmax at temperature 0, else a keyed categorical draw."""
+    penalised = apply_penalties(logits, params, counts, seen)
+    if params.greedy:
+        return mx.argmax(penalised, axis=-1)
+    weights = scaled_logits(penalised, params)
+    assert keys is not None and len(keys) == weights.shape[0]
+    return mx.stack([mx.random.categorical(weights[i], key=keys[i]) for i in range(len(keys))])

@@ -1,0 +1,193 @@
+"""Exact speculative decoding with the model's own MTP head (batch 1).
+
+Cycle (reference engine.md 2.5; n = number of tokens in the trunk cache, x_n = the last
+committed token, not yet fed):
+  draft   the head runs over PENDING pairs (h_j, x_{j+1}) with true trunk hiddens, gives d_1;
+          then K-1 chained steps feed (g, d_i) back and give d_2..d_K (q_i = their
+          distributions when sampling).
+  verify  one trunk forward over [x_n, d_1..d_K] (always K+1 rows: a fixed shape per depth).
+  accept  temperature 0: d_i accepted while it equals the argmax of p_i; the first mismatch
+          emits that argmax, a full accept emits the bonus argmax of row K+1.
+          temperature > 0 (Leviathan/Chen): accept d_i with probability min(1, p_i/q_i) in
+          float32; at the first rejection emit a draw from norm(max(0, p_i - q_i)); on a full
+          accept emit a bonus draw from p_{K+1}. Penalties use each position's own history.
+  commit  every trunk cache entry is rolled back with `trim(K - a)` (the cache protocol, so
+          hybrid rollback caches work too); the head's cache drops its K-1 chained entries;
+          PENDING becomes the a+1 verified rows with their true hiddens.
+
+Shapes per cycle: the verify is always (1, K+1); chained draft steps are (1, 1); the head's
+first step sees a+1 in 1..K+1 rows (K+1 shapes). Prefill chunks are PREFILL_CHUNK long, bar
+the last. So a request at depth K compiles at most K+3 distinct shapes after prefill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import mlx.core as mx
+
+from mtplxd.engine.interface import SamplingParams
+from mtplxd.engine.mtp_head import MTPHead
+from mtplxd.engine.sampling import (
+    ACCEPT, DRAFT, RESIDUAL, TARGET, TokenHistory, apply_penalties, pick, position_key, scaled_logits,
+)
+from mtplxd.engine.trunk import PREFILL_CHUNK, Trunk
+
+
+@dataclass
+class AcceptanceStats:
+    """Drafted and accepted counts by draft position (index i = position i+1)."""
+
+    depth: int
+    drafted_by_depth: list[int] = field(default_factory=list)
+    accepted_by_depth: list[int] = field(default_factory=list)
+    cycles: int = 0
+    committed: int = 0
+
+    def __post_init__(self) -> None:
+        self.drafted_by_depth = [0] * self.depth
+        self.accepted_by_depth = [0] * self.depth
+
+    def record(self, accepted: int, committed: int) -> None:
+        """Count one cycle that accepted `accepted` drafts and committed `committed` tokens."""
+        self.cycles += 1
+        self.committed += committed
+        for i in range(self.depth):
+            self.drafted_by_depth[i] += 1
+            if i < accepted:
+                self.accepted_by_depth[i] += 1
+
+
+def acceptance_probability(p_draft: mx.array, q_draft: mx.array) -> mx.array:
+    """min(1, p/q) for each draft, float32 (q > 0 because the draft was drawn from q)."""
+    p32, q32 = p_draft.astype(mx.float32), q_draft.astype(mx.float32)
+    return mx.minimum(mx.array(1.0, mx.float32), p32 / q32)
+
+
+def residual_distribution(p: mx.array, q: mx.array) -> mx.array:
+    """norm(max(0, p - q)) per row; rows whose residual vanished fall back to p."""
+    residual = mx.maximum(p - q, 0.0)
+    total = mx.sum(residual, axis=-1, keepdims=True)
+    return mx.where(total > 0, residual / mx.where(total > 0, total, 1.0), p)
+
+
+def _draw(probs: mx.array, key: mx.array) -> mx.array:
+    logw = mx.where(probs > 0, mx.log(mx.maximum(probs, 1e-38)), float("-inf"))
+    return mx.random.categorical(logw, key=key)
+
+
+class SpeculativeDecoder:
+    """The state of one request's speculative decode: trunk and head caches plus PENDING."""
+
+    def __init__(self, trunk: Trunk, head: MTPHead, cache: list[Any], params: SamplingParams,
+                 history: TokenHistory, seed: int, depth: int) -> None:
+        self.trunk, self.head, self.cache = trunk, head, cache
+        self.params, self.history, self.seed, self.depth = params, history, seed, depth
+        self.head_cache = head.make_cache()
+        self.stats = AcceptanceStats(depth)
+        for entry in cache:
+            if not (hasattr(entry, "trim") and entry.is_trimmable()):
+                raise ValueError(f"speculative decoding needs trimmable caches, got {type(entry).__name__}")
+
+    def cycles(self, prompt_hiddens: list[mx.array], prompt_ids: list[int],
+               first_token: int) -> Iterator[list[int]]:
+        """Yield the tokens committed by each cycle, forever (the caller stops iterating).
+
+        `prompt_hiddens` are the trunk's post-norm hiddens over the prompt (prefill chunks)
+        and `first_token` the token sampled from the last prompt row (already committed).
+        """
+        n = len(prompt_ids)
+        pending_h = mx.concatenate(prompt_hiddens, axis=1)
+        pending_tokens = prompt_ids[1:] + [first_token]
+        token = first_token
+        while True:
+            accepted, committed, hidden = self._cycle(n, token, pending_h, pending_tokens)
+            self.stats.record(accepted, len(committed))
+            self.history.append(committed)
+            pending_h, pending_tokens = hidden, committed
+            n += len(committed)
+            token = committed[-1]
+            yield committed
+
+    def _first_draft_hidden(self, pending_h: mx.array, pending_tokens: list[int]) -> mx.array:
+        """Run the head over PENDING (in prefill-sized chunks); return the last g (1,1,H)."""
+        g = None
+        for start in range(0, len(pending_tokens), PREFILL_CHUNK):
+            tokens = mx.array(pending_tokens[start:start + PREFILL_CHUNK])[None]
+            g = self.head(pending_h[:, start:start + PREFILL_CHUNK], self.trunk.embed(tokens), self.head_cache)
+        return g[:, -1:, :]
+
+    def _draft(self, n: int, pending_h: mx.array, pending_tokens: list[int]):
+        """K chained drafts (lazy arrays) and, when sampling, their distributions q."""
+        params = self.params
+        g = self._first_draft_hidden(pending_h, pending_tokens)
+        drafts: list[mx.array] = []
+        q_rows: list[mx.array] = []
+        counts, seen = self.history.counts[None], self.history.seen[None]
+        for i in range(1, self.depth + 1):
+            logits = self.trunk.lm_head(g)[0]
+            if params.greedy:
+                d = mx.argmax(apply_penalties(logits, params, counts, seen), axis=-1)
+            else:
+                weights = scaled_logits(apply_penalties(logits, params, counts, seen), params)
+                d = mx.random.categorical(weights, key=position_key(self.seed, n + i, DRAFT))
+                q_rows.append(mx.softmax(weights, axis=-1)[0])
+            drafts.append(d[0])
+            if params.has_penalties:
+                onehot = (mx.arange(counts.shape[-1]) == d[:, None]).astype(mx.float32)
+                counts, seen = counts + onehot, seen + onehot
+            if i < self.depth:
+                g = self.head(g, self.trunk.embed(d[None]), self.head_cache)
+        return mx.stack(drafts), q_rows
+
+    def _cycle(self, n: int, token: int, pending_h: mx.array,
+               pending_tokens: list[int]) -> tuple[int, list[int], mx.array]:
+        params, K = self.params, self.depth
+        head_offset = self.head_cache[0].offset + len(pending_tokens)
+        drafts, q_rows = self._draft(n, pending_h, pending_tokens)
+
+        block = mx.concatenate([mx.array([token], dtype=drafts.dtype), drafts])[None]
+        hidden, logits = self.trunk.forward(block, self.cache, all_logits=True)
+        counts, seen = self.history.rows(drafts, K + 1)
+        penalised = apply_penalties(logits[0], params, counts, seen)
+
+        if params.greedy:
+            targets = mx.argmax(penalised, axis=-1)
+            mx.eval(targets, drafts, hidden)
+            draft_list, target_list = drafts.tolist(), targets.tolist()
+            accepted = 0
+            while accepted < K and draft_list[accepted] == target_list[accepted]:
+                accepted += 1
+            correction = target_list[accepted]
+        else:
+            accepted, correction, draft_list = self._accept_sampled(n, penalised, drafts, q_rows, hidden)
+
+        for entry in self.cache:
+            entry.trim(K - accepted)
+        for entry in self.head_cache:
+            entry.trim(entry.offset - head_offset)
+        committed = draft_list[:accepted] + [correction]
+        return accepted, committed, hidden[:, :accepted + 1]
+
+    def _accept_sampled(self, n: int, penalised: mx.array, drafts: mx.array,
+                        q_rows: list[mx.array], hidden: mx.array) -> tuple[int, int, list[int]]:
+        """Leviathan/Chen acceptance over the K drafts; one host sync for the whole cycle."""
+        K = self.depth
+        p = mx.softmax(scaled_logits(penalised, self.params), axis=-1)  # (K+1, V) float32
+        q = mx.stack(q_rows)  # (K, V)
+        rows = mx.arange(K)
+        ratio = acceptance_probability(p[rows, drafts], q[rows, drafts])
+        uniforms = mx.stack([mx.random.uniform(key=position_key(self.seed, n + 1 + i, ACCEPT))
+                             for i in range(K)])
+        accept = uniforms < ratio
+        residual = residual_distribution(p[:K], q)
+        corrections = mx.stack([_draw(residual[i], position_key(self.seed, n + 1 + i, RESIDUAL))
+                                for i in range(K)]
+                               + [_draw(p[K], position_key(self.seed, n + 1 + K, TARGET))])
+        mx.eval(accept, corrections, drafts, hidden)
+        accept_list, correction_list = accept.tolist(), corrections.tolist()
+        accepted = 0
+        while accepted < K and accept_list[accepted]:
+            accepted += 1
+        return accepted, correction_list[accepted], drafts.tolist()

@@ -1,0 +1,75 @@
+"""The target model's forward, giving post-norm hidden states as well as logits.
+
+For registered families the text model is split into its body (embeddings, layers, final
+norm: the post-norm hidden h that the MTP head reads) and its lm_head. For any other
+mlx-lm model the whole `model(tokens, cache)` call is used and no hidden is available.
+The AR path and the speculative path call the same functions, in the same prefill chunks,
+so their numerics match (bitwise on the CPU backend).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mtplxd.engine.families import FamilySpec, default_make_cache
+
+PREFILL_CHUNK = 512  # tokens per prefill forward; fixed so every path splits prompts alike
+
+
+class Trunk:
+    """Forward passes over the target model with a cache the caller owns."""
+
+    def __init__(self, model: nn.Module, spec: FamilySpec | None) -> None:
+        self.model = model
+        self.spec = spec
+        self.text = spec.text_model(model) if spec is not None else None
+
+    @property
+    def has_hidden(self) -> bool:
+        """True when forward() can return post-norm hidden states (MTP-capable)."""
+        return self.text is not None
+
+    def make_cache(self) -> list[Any]:
+        """A fresh trunk cache (every entry must support `trim(n)` for speculation)."""
+        make = self.spec.make_cache if self.spec is not None else default_make_cache
+        return make(self.model)
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """Input embeddings of (B, L) tokens (shared with the MTP head)."""
+        return self.text.model.embed_tokens(tokens)
+
+    def lm_head(self, hidden: mx.array) -> mx.array:
+        """Logits from post-norm hidden states."""
+        if getattr(self.text.args, "tie_word_embeddings", False) or not hasattr(self.text, "lm_head"):
+            return self.text.model.embed_tokens.as_linear(hidden)
+        return self.text.lm_head(hidden)
+
+    def forward(self, tokens: mx.array, cache: list[Any], *,
+                all_logits: bool) -> tuple[mx.array | None, mx.array]:
+        """Run (1, L) tokens; return (hidden (1,L,H) or None, logits (1,L',V)).
+
+        L' is L when `all_logits`, else 1 (the last position: prefill never materialises
+        a (L, vocab) matrix it does not need).
+        """
+        if self.text is None:
+            logits = self.model(tokens, cache=cache)
+            return None, logits if all_logits else logits[:, -1:, :]
+        hidden = self.text.model(tokens, cache)
+        rows = hidden if all_logits else hidden[:, -1:, :]
+        return hidden, self.lm_head(rows)
+
+    def prefill(self, prompt_ids: list[int], cache: list[Any]) -> tuple[list[mx.array], mx.array]:
+        """Feed the prompt in PREFILL_CHUNK pieces; return (hidden chunks, last-row logits (V,))."""
+        hiddens: list[mx.array] = []
+        logits = None
+        for start in range(0, len(prompt_ids), PREFILL_CHUNK):
+            chunk = mx.array(prompt_ids[start:start + PREFILL_CHUNK])[None]
+            hidden, logits = self.forward(chunk, cache, all_logits=False)
+            if hidden is not None:
+                hiddens.append(hidden)
+            mx.eval(logits, hidden if hidden is not None else logits)
+        assert logits is not None, "empty prompt"
+        return hiddens, logits[0, -1]
