@@ -36,6 +36,9 @@ class AgentTarget:
         model = status.get("model")
         if not model or not model.get("id"):
             raise NoModelLoaded("the daemon serves no model yet; load one with `mtplxctl start --model <id>` first")
+        if model.get("state", "loaded") != "loaded" or not model.get("context_length"):
+            raise NoModelLoaded(f"the model is {model.get('state', 'not ready')}, not loaded; "
+                                "wait for `mtplxctl status` to show it loaded, then run this again")
         return cls(
             base_url=str(http["base_url"]).rstrip("/"),
             model_id=str(model["id"]),
