@@ -1,0 +1,50 @@
+"""Fixtures of the agents tests: a temp HOME and MTPLX_HOME per test, and daemon targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mtplxctl.agents.target import AgentTarget
+
+STATUS = {
+    "http": {"base_url": "http://127.0.0.1:8000/v1", "key_required": False, "key_env": "MTPLX_API_KEY"},
+    "model": {"id": "mtplx-tiny-coder", "state": "loaded", "context_length": 32768,
+              "max_output_tokens": 8192, "reasoning": True},
+}
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own HOME and MTPLX_HOME, and no agent location overrides."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("MTPLX_HOME", str(tmp_path / "mtplx"))
+    for name in ("XDG_CONFIG_HOME", "OPENCODE_CONFIG", "PI_CODING_AGENT_DIR", "HERMES_HOME", "CODEX_HOME",
+                 "CLAUDE_CONFIG_DIR", "MTPLX_SOCKET", "MTPLX_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    return home
+
+
+@pytest.fixture
+def env(isolated_home: Path) -> dict[str, str]:
+    """The environment mapping the writers resolve locations from."""
+    return {"HOME": str(isolated_home), "PATH": ""}
+
+
+@pytest.fixture
+def mtplx_home(tmp_path: Path) -> Path:
+    return tmp_path / "mtplx"
+
+
+@pytest.fixture
+def target() -> AgentTarget:
+    return AgentTarget.from_status(STATUS)
+
+
+@pytest.fixture
+def keyed_target() -> AgentTarget:
+    status = {**STATUS, "http": {**STATUS["http"], "key_required": True}}
+    return AgentTarget.from_status(status)
