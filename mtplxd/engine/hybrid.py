@@ -360,6 +360,34 @@ def _mlp_tensors(f: _TensorFactory, p: str, t: dict[str, Any], family: str) -> N
     f.linear(f"{m}.shared_expert_gate.weight", 1, H)
 
 
+_RESIDUAL_OUTPUTS = re.compile(
+    r"(self_attn\.o_proj|linear_attn\.out_proj|down_proj|experts\.down_proj)(\.weight)?$"
+)
+DRAFT_FRIENDLY_RESIDUAL_SCALE = 0.15
+
+
+def _make_draft_friendly(tensors: dict[str, mx.array], text: dict[str, Any], family: str) -> None:
+    """Make the random model predictable enough that MTP drafts are often accepted.
+
+    Every layer's contribution to the residual stream is scaled down, so the trunk is
+    close to a bigram model (h_t ~ final_norm(embed(x_t))). The MTP head is set to compute
+    the same thing from the token it is given: fc passes the normed embedding through,
+    pre_fc_norm_embedding is 1 and mtp.norm equals the trunk's final norm. Drafts then match
+    the trunk's greedy choice except where the (small) context-dependent part of the trunk
+    tips the argmax: a mix of partial and full accepts, as the exactness tests need.
+    """
+    body = "model" if family == "qwen3_next" else "model.language_model"
+    for name in list(tensors):
+        if _RESIDUAL_OUTPUTS.search(name):
+            tensors[name] = tensors[name] * DRAFT_FRIENDLY_RESIDUAL_SCALE
+    if "mtp.fc.weight" in tensors:
+        H = text["hidden_size"]
+        dtype = tensors["mtp.fc.weight"].dtype
+        tensors["mtp.fc.weight"] = mx.concatenate([mx.eye(H), mx.zeros((H, H))], axis=1).astype(dtype)
+        tensors["mtp.pre_fc_norm_embedding.weight"] = mx.zeros((H,), dtype=dtype)
+        tensors["mtp.norm.weight"] = tensors[f"{body}.norm.weight"]
+
+
 def _hf_tensors(family: str, text: dict[str, Any], seed: int, with_mtp: bool, logit_scale: float) -> dict[str, mx.array]:
     """All tensors of a tiny checkpoint, in the real HF checkpoints' names and layouts."""
     dtype = getattr(mx, {"bfloat16": "bfloat16", "float16": "float16"}.get(text["torch_dtype"], "float32"))
@@ -442,6 +470,7 @@ def write_tiny_hybrid_checkpoint(
     with_mtp: bool = True,
     quantize_bits: int | None = None,
     logit_scale: float = 4.0,
+    draft_friendly: bool = False,
     **overrides: Any,
 ) -> Path:
     """Write a tiny random-weight checkpoint of a hybrid family into ``dest``; return ``dest``.
@@ -458,6 +487,9 @@ def write_tiny_hybrid_checkpoint(
     quantization with group size 32, ``"quantization"`` in config.json, MTP under ``mtp.*``
     already converted (norms shifted). ``overrides`` replace text-config keys (e.g.
     ``num_hidden_layers=8``, ``torch_dtype="bfloat16"``, ``tie_word_embeddings=True``).
+    ``draft_friendly`` shapes the random weights so that MTP drafts are often accepted
+    (see ``_make_draft_friendly``); plain random heads are almost never right, which would
+    leave the partial- and full-accept paths of the speculative loop untested.
     Tokenizer files come from ``tiny.write_tiny_tokenizer``. Same seed, same bytes.
     """
     from mtplxd.engine.tiny import EOS_TOKEN, PAD_TOKEN, _token_id, write_tiny_tokenizer
@@ -470,6 +502,8 @@ def write_tiny_hybrid_checkpoint(
     text = config.get("text_config", config)
     check_layer_types(text)
     tensors = _hf_tensors(family, text, seed, with_mtp, logit_scale)
+    if draft_friendly:
+        _make_draft_friendly(tensors, text, family)
     metadata = {"format": "pt"}
     if quantize_bits is not None:
         tensors = _mlx_quantized_tensors(config, tensors, quantize_bits, group_size=32)
