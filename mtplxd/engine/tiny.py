@@ -187,30 +187,66 @@ def _build_mlx_model(config: dict[str, Any]) -> nn.Module:
     return model_class(args_class.from_dict(config))
 
 
-def _scale_logits(model: nn.Module, weights: dict[str, mx.array], logit_scale: float) -> None:
-    """Sharpen the random model's distributions (plain random weights give near-flat ones)."""
-    key = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
-    if logit_scale != 1.0:
-        weights[key] = weights[key] * logit_scale
+def _sharpen(weights: dict[str, mx.array], logit_scale: float, embed_scale: float) -> None:
+    """Scale lm_head (peakier next-token distributions) and embeddings (a stronger pull of
+    the current token on the next one, which makes the model's continuations predictable
+    enough for an MTP head to be right part of the time)."""
+    head_key = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
+    weights[head_key] = weights[head_key] * logit_scale
+    weights["model.embed_tokens.weight"] = weights["model.embed_tokens.weight"] * embed_scale
+
+
+def fit_mtp_head(text_model: nn.Module, head: nn.Module, *, seed: int = 0,
+                 residual_scale: float = 0.1) -> None:
+    """Fit the head's `fc` by least squares so its drafts agree with the trunk part of the time.
+
+    On random token sequences, `fc(concat[norm_e(embed(x_{t+1})), norm_h(h_t)])` is fitted to
+    the trunk's own h_{t+1}; the MTP layer's residual branches are scaled by
+    `residual_scale` so the fitted map dominates. `text_model` has `.model` (returning
+    post-norm hiddens, with `.embed_tokens`). Takes well under a second at tiny sizes, and
+    gives tests and benchmarks a head with a realistic mix of accepted and rejected drafts.
+    """
+    import numpy as np
+
+    vocab = text_model.model.embed_tokens.weight.shape[0]
+    tokens = mx.random.randint(0, vocab, (32, 64), key=mx.random.key(seed + 7919))
+    hidden = text_model.model(tokens)
+    features = mx.concatenate([
+        head.pre_fc_norm_embedding(text_model.model.embed_tokens(tokens[:, 1:])),
+        head.pre_fc_norm_hidden(hidden[:, :-1]),
+    ], axis=-1)
+    x = np.array(features.reshape(-1, features.shape[-1]).astype(mx.float32), dtype=np.float64)
+    y = np.array(hidden[:, 1:].reshape(-1, hidden.shape[-1]).astype(mx.float32), dtype=np.float64)
+    # Normal equations (a small ridge keeps them well posed): far cheaper than lstsq's SVD.
+    gram = x.T @ x + 1e-3 * np.eye(x.shape[1])
+    solution = np.linalg.solve(gram, x.T @ y)
+    head.fc.weight = mx.array(solution.T.astype(np.float32))
+    layer = head.layers[0]
+    layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * residual_scale
+    layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * residual_scale
 
 
 def write_tiny_checkpoint(dest: Path, family: str = "qwen3", *, seed: int = 0,
                           with_mtp: bool = True, quantize_bits: int | None = None,
-                          logit_scale: float = 4.0, **overrides: Any) -> Path:
+                          logit_scale: float = 4.0, embed_scale: float = 4.0,
+                          fit_mtp: bool = True, **overrides: Any) -> Path:
     """Write a tiny random-weight HF-format checkpoint of `family` into `dest`; return `dest`.
 
     Families: "qwen3" (with an `mtp.*` head unless `with_mtp=False`), "llama" (no MTP: the
     AR-fallback path), and the hybrid families, delegated to `mtplxd.engine.hybrid`.
     `quantize_bits` writes MLX affine-quantized weights (group size 32) for trunk and head,
     with `"quantization"` in config.json as mlx-lm's converter does. `overrides` replace
-    config.json keys (e.g. `hidden_size=128`). `logit_scale` multiplies the lm_head so
-    that sampling distributions are neither flat nor one-hot. Same seed, same bytes.
+    config.json keys (e.g. `hidden_size=128`). `logit_scale` and `embed_scale` shape the
+    random model (see `_sharpen`; embed_scale=1 gives a plain random trunk whose drafts are
+    accepted far less often). `fit_mtp` least-squares fits the head (`fit_mtp_head`);
+    without it the head is random and nearly every draft is rejected. Same seed, same bytes.
     """
     dest = Path(dest)
     if family in HYBRID_FAMILIES:
         hybrid = importlib.import_module("mtplxd.engine.hybrid")
         return hybrid.write_tiny_hybrid_checkpoint(
-            dest, family, seed=seed, with_mtp=with_mtp, quantize_bits=quantize_bits, **overrides
+            dest, family, seed=seed, with_mtp=with_mtp, quantize_bits=quantize_bits,
+            logit_scale=logit_scale, **overrides,
         )
     if family not in DENSE_FAMILIES:
         raise ValueError(f"unknown tiny family {family!r}; choose one of "
@@ -224,13 +260,15 @@ def write_tiny_checkpoint(dest: Path, family: str = "qwen3", *, seed: int = 0,
     if with_mtp and family == "qwen3":
         model.mtp = build_mtp_head_for(config)
     weights = dict(tree_flatten(model.parameters()))
-    _scale_logits(model, weights, logit_scale)
+    _sharpen(weights, logit_scale, embed_scale)
     model.load_weights(list(weights.items()))
+    if with_mtp and family == "qwen3" and fit_mtp:
+        fit_mtp_head(model, model.mtp, seed=seed)
     if quantize_bits is not None:
         group_size = 32
         nn.quantize(model, group_size=group_size, bits=quantize_bits)
         config["quantization"] = {"group_size": group_size, "bits": quantize_bits}
-        weights = dict(tree_flatten(model.parameters()))
+    weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     (dest / "generation_config.json").write_text(json.dumps(

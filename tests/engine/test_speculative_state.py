@@ -1,0 +1,61 @@
+"""The speculative loop's committed state: trunk and head caches hold exactly the history."""
+
+import mlx.core as mx
+import pytest
+
+from mtplxd.engine import SamplingParams
+from mtplxd.engine.sampling import TokenHistory, pick
+from mtplxd.engine.speculative import SpeculativeDecoder
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("depth", [1, 3])
+def test_caches_match_a_fresh_run_over_the_committed_history(tiny_qwen3, depth, temperature):
+    model = tiny_qwen3
+    trunk, head = model.trunk, model.head
+    prompt = model.tokenizer.encode("def add(a, b):\n    ret")
+    params = SamplingParams(temperature=temperature, top_k=5)
+    cache = trunk.make_cache()
+    history = TokenHistory(model.info.vocab_size, prompt)
+    hiddens, logits = trunk.prefill(prompt, cache)
+    first = pick(logits[None], SamplingParams(), None, None, None).item()
+    decoder = SpeculativeDecoder(trunk, head, cache, params, history, seed=3, depth=depth)
+    committed = [first]
+    pending = 0
+    cycles = decoder.cycles(hiddens, prompt, first)
+    for _ in range(8):
+        block = next(cycles)
+        committed += block
+        pending = len(block)
+        n = len(prompt) + len(committed) - 1  # the last committed token is not fed yet
+        assert cache[0].offset == n
+        assert decoder.head_cache[0].offset + pending == n
+    cycles.close()
+
+    # A fresh trunk forward over everything fed so far, and a fresh head over its pairs.
+    sequence = prompt + committed
+    fed = mx.array(sequence[:n])[None]
+    fresh_cache = trunk.make_cache()
+    hidden, _ = trunk.forward(fed, fresh_cache, all_logits=False)
+    for layer, fresh_layer in zip(cache, fresh_cache):
+        assert mx.allclose(layer.keys[..., :n, :], fresh_layer.keys[..., :n, :], atol=1e-5)
+        assert mx.allclose(layer.values[..., :n, :], fresh_layer.values[..., :n, :], atol=1e-5)
+    m = decoder.head_cache[0].offset
+    fresh_head = head.make_cache()
+    head(hidden[:, :m], trunk.embed(mx.array(sequence[1:m + 1])[None]), fresh_head)
+    ours, fresh = decoder.head_cache[0], fresh_head[0]
+    assert mx.allclose(ours.keys[..., :m, :], fresh.keys[..., :m, :], atol=1e-4)
+    assert mx.allclose(ours.values[..., :m, :], fresh.values[..., :m, :], atol=1e-4)
+
+
+def test_decoder_refuses_untrimmable_caches(tiny_qwen3):
+    class Untrimmable:
+        def is_trimmable(self):
+            return False
+
+        def trim(self, n):
+            return 0
+
+    with pytest.raises(ValueError, match="trimmable"):
+        SpeculativeDecoder(tiny_qwen3.trunk, tiny_qwen3.head, [Untrimmable()], SamplingParams(),
+                           TokenHistory(10, []), seed=0, depth=2)
