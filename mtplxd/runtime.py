@@ -100,10 +100,10 @@ class Runtime:
 
     async def load(self, spec: str | None, depth: int | None = None) -> dict[str, Any]:
         """Resolve and load `spec`, replacing any loaded model; returns the model's info."""
-        from mtplxd.engine import load_model
-
         async with self._load_lock:
             path, model_id = resolve_model(spec, self.models_dir)
+            from mtplxd.engine import load_model
+
             self.state, self.error = "loading", None
             log.info("loading model %s from %s", model_id, path)
             previous, self.model = self.model, None

@@ -1,0 +1,68 @@
+"""The mtplxctl command line: one argparse parser, one module per command group.
+
+Each module in mtplxctl/commands/ exposes `register(subparsers)`, which adds its commands and
+sets `func(args) -> exit code` on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from mtplxd import POWERED_BY, __version__
+from mtplxctl.client import DaemonNotRunning
+from mtplxctl.output import EXIT_ERROR, EXIT_USAGE, fail, not_running
+
+# Command groups, in the order `mtplxctl --help` lists them. A module that is not there yet is
+# skipped, so a group can land on its own.
+COMMAND_MODULES = [
+    "daemon",   # start, stop, restart, status, logs
+    "config",   # config get|set
+    "models",   # models list|pull|check|update|rm
+    "agents",   # agents install|uninstall|status
+    "doctor",
+    "service",  # service install|uninstall|status
+    "fans",     # fans auto|max|smart|status
+    "key",      # key show|rotate
+    "bench",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mtplxctl",
+        description="Control the mtplx daemon: a local LLM service for coding agents.",
+        epilog=f"{POWERED_BY}. Exit codes: 0 ok, 1 error, 2 usage, 3 daemon not running.",
+    )
+    parser.add_argument("--version", action="version", version=f"mtplxctl {__version__} — {POWERED_BY}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"mtplxctl.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"mtplxctl.commands.{name}":
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except DaemonNotRunning:
+        return not_running(getattr(args, "json", False))
+    except KeyboardInterrupt:
+        return fail("interrupted", code=130)
+    except BrokenPipeError:
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""start, stop, restart, status, logs: the daemon's lifecycle from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from mtplxd.instance import lock_is_held, read_pid
+from mtplxd.paths import Paths
+from mtplxctl.client import ControlClient, DaemonNotRunning
+from mtplxctl.output import (EXIT_ERROR, EXIT_OK, console, err_console, fail,
+                             human_bytes, human_duration, not_running, print_json)
+
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    start = subparsers.add_parser("start", help="start the daemon (if needed) and load the model")
+    _add_start_args(start)
+    start.set_defaults(func=cmd_start)
+
+    stop = subparsers.add_parser("stop", help="stop the daemon cleanly")
+    stop.add_argument("--json", action="store_true", help="machine-readable output")
+    stop.set_defaults(func=cmd_stop)
+
+    restart = subparsers.add_parser("restart", help="stop, then start again")
+    _add_start_args(restart)
+    restart.set_defaults(func=cmd_restart)
+
+    status = subparsers.add_parser("status", help="daemon, model, endpoints and memory")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=cmd_status)
+
+    logs = subparsers.add_parser("logs", help="show the daemon log")
+    logs.add_argument("-n", "--lines", type=int, default=50, help="lines to show (default 50)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    logs.set_defaults(func=cmd_logs)
+
+
+def _add_start_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="model to load: a local folder, a pulled repo, or an id")
+    parser.add_argument("--host", help="HTTP bind address for this run (default from config)")
+    parser.add_argument("--port", type=int, help="HTTP port for this run (default from config)")
+    parser.add_argument("--depth", type=int, help="MTP depth for this model (0 = plain AR)")
+    parser.add_argument("--foreground", action="store_true",
+                        help="run the daemon in this terminal instead of in the background")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+# ---------------------------------------------------------------- start
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    paths = Paths.from_env()
+    client = ControlClient(paths.socket)
+    if args.foreground:
+        if client.is_running():
+            return fail("mtplxd is already running", "stop it first with `mtplxctl stop`")
+        os.execv(sys.executable, [sys.executable, "-m", "mtplxd", "--log-stderr", *_daemon_flags(args)])
+
+    if not client.is_running():
+        error = _launch(paths, args)
+        if error is not None:
+            return error
+    elif args.host or args.port is not None:
+        status = client.call("daemon.status")
+        http = status["http"]
+        if (args.host and args.host != http["host"]) or (args.port is not None and args.port != http["port"]):
+            err_console.print("[yellow]mtplxd is already running on "
+                              f"{http['host']}:{http['port']}; --host/--port apply at the next "
+                              "`mtplxctl restart`[/]")
+
+    if args.model or args.depth is not None:
+        _load_model(client, args.model, args.depth)
+    status = _wait_for_model(client)
+    return _report_started(status, args.json)
+
+
+def _daemon_flags(args: argparse.Namespace) -> list[str]:
+    flags: list[str] = []
+    if args.host:
+        flags += ["--host", args.host]
+    if args.port is not None:
+        flags += ["--port", str(args.port)]
+    if args.model or args.depth is not None:
+        # mtplxctl loads it over the socket, with progress, once the daemon answers.
+        flags.append("--no-model")
+    return flags
+
+
+def _launch(paths: Paths, args: argparse.Namespace) -> int | None:
+    """Start the daemon: through the service manager when installed, else detached."""
+    manager = _installed_service_manager()
+    if manager is not None:
+        if args.host or args.port is not None:
+            return fail("the login service runs mtplxd with the saved configuration",
+                        "use `mtplxctl config set host|port VALUE`, then `mtplxctl restart`")
+        manager.start()
+        process = None
+    else:
+        paths.ensure()
+        out = open(paths.logs_dir / "mtplxd.out", "ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mtplxd", *_daemon_flags(args)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, close_fds=True)
+        out.close()
+    return _wait_until_up(paths, process)
+
+
+def _installed_service_manager() -> Any:
+    try:
+        from mtplxctl.launchd import service_manager
+    except ImportError:
+        return None
+    manager = service_manager()
+    return manager if manager is not None and manager.is_installed() else None
+
+
+def _wait_until_up(paths: Paths, process: subprocess.Popen | None) -> int | None:
+    client = ControlClient(paths.socket)
+    deadline = time.monotonic() + START_TIMEOUT
+    with console.status("starting mtplxd…", spinner="dots"):
+        while time.monotonic() < deadline:
+            if client.is_running():
+                return None
+            if process is not None and process.poll() is not None:
+                return fail(f"mtplxd exited at start (code {process.returncode}): "
+                            f"{_last_output(paths)}", "see `mtplxctl logs`")
+            time.sleep(0.1)
+    return fail(f"mtplxd did not answer on {paths.socket} within {START_TIMEOUT:.0f}s",
+                "see `mtplxctl logs`")
+
+
+def _last_output(paths: Paths) -> str:
+    try:
+        lines = (paths.logs_dir / "mtplxd.out").read_text(errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return "no output"
+    return lines[-1] if lines else "no output"
+
+
+def _load_model(client: ControlClient, model: str | None, depth: int | None) -> None:
+    params: dict[str, Any] = {}
+    if model:
+        params["model"] = model
+    if depth is not None:
+        params["depth"] = depth
+    with console.status(f"loading {model or 'the configured model'}…", spinner="dots"):
+        client.call("model.load", params, timeout=None)
+
+
+def _wait_for_model(client: ControlClient) -> dict[str, Any]:
+    """Wait while the daemon is still loading its model at start; return the final status."""
+    status = client.call("daemon.status")
+    if (status.get("model") or {}).get("state") == "loading":
+        with console.status("loading model…", spinner="dots"):
+            while (status.get("model") or {}).get("state") == "loading":
+                time.sleep(0.2)
+                status = client.call("daemon.status")
+    return status
+
+
+def _report_started(status: dict[str, Any], as_json: bool) -> int:
+    model = status.get("model")
+    if as_json:
+        print_json(status)
+    else:
+        console.print(f"mtplxd running (pid {status['pid']}) — API [bold]{status['http']['base_url']}[/]")
+        if model and model.get("state") == "loaded":
+            console.print(f"model [bold]{model['id']}[/] ({_mode_text(model)})")
+            if model.get("hint"):
+                console.print(f"[dim]{model['hint']}[/]")
+        elif model and model.get("state") == "failed":
+            err_console.print(f"[red]model failed to load:[/] {model.get('error')}")
+        else:
+            console.print("no model loaded — load one with `mtplxctl start --model PATH_OR_REPO`")
+    if model and model.get("state") == "failed":
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _mode_text(model: dict[str, Any]) -> str:
+    if model.get("mode") == "mtp":
+        return f"MTP depth {model.get('depth')}"
+    return f"AR: {model.get('ar_reason') or 'no MTP head'}"
+
+
+# ---------------------------------------------------------------- stop / restart
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    paths = Paths.from_env()
+    client = ControlClient(paths.socket)
+    if not client.is_running():
+        return not_running(args.json)
+    manager = _installed_service_manager()
+    pid = client.call("daemon.status")["pid"]
+    if manager is not None:
+        # bootout / systemctl stop send SIGTERM and do not count as a crash, so KeepAlive and
+        # Restart=on-failure leave the daemon down.
+        manager.stop()
+    else:
+        try:
+            client.call("daemon.shutdown")
+        except DaemonNotRunning:
+            pass
+    stopped = _wait_stopped(paths, pid)
+    if args.json:
+        print_json({"stopped": stopped, "pid": pid})
+    elif stopped:
+        console.print(f"mtplxd stopped (pid {pid})")
+    if not stopped:
+        return fail(f"mtplxd (pid {pid}) did not stop within {STOP_TIMEOUT:.0f}s",
+                    f"check `mtplxctl logs`; `kill {pid}` sends SIGTERM")
+    return EXIT_OK
+
+
+def _wait_stopped(paths: Paths, pid: int) -> bool:
+    deadline = time.monotonic() + STOP_TIMEOUT
+    with console.status("stopping mtplxd…", spinner="dots"):
+        while time.monotonic() < deadline:
+            if not lock_is_held(paths.lock_file) and not _pid_alive(pid):
+                return True
+            time.sleep(0.1)
+    return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone.
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        return waited == 0
+    except ChildProcessError:
+        return True
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    paths = Paths.from_env()
+    if ControlClient(paths.socket).is_running():
+        code = cmd_stop(argparse.Namespace(json=False))
+        if code != EXIT_OK:
+            return code
+    return cmd_start(args)
+
+
+# ---------------------------------------------------------------- status
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    paths = Paths.from_env()
+    try:
+        status = ControlClient(paths.socket).call("daemon.status")
+    except DaemonNotRunning:
+        return not_running(args.json)
+    if args.json:
+        print_json({"running": True, **status})
+        return EXIT_OK
+    console.print(status_table(status))
+    return EXIT_OK
+
+
+def status_table(status: dict[str, Any]) -> Table:
+    """The human view of `daemon.status`."""
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("daemon", f"running, pid {status['pid']}, up {human_duration(status['uptime_seconds'])}"
+                  f" (mtplxd {status['version']})")
+    table.add_row("supervisor", status.get("supervisor") or "none (started by hand)")
+    socket_text = status["socket"] + (" (short fallback path)" if status.get("socket_fallback") else "")
+    table.add_row("socket", socket_text)
+    http = status["http"]
+    table.add_row("API", http["base_url"] + ("  (API key required)" if http.get("key_required") else ""))
+    model = status.get("model")
+    if not model:
+        table.add_row("model", "none loaded — `mtplxctl start --model PATH_OR_REPO`")
+    elif model.get("state") == "loaded":
+        table.add_row("model", f"{model['id']} — {_mode_text(model)}")
+        table.add_row("context", f"{model.get('context_length')} tokens")
+        if model.get("demo"):
+            table.add_row("note", model.get("hint", ""))
+    else:
+        table.add_row("model", f"{model.get('state')}: {model.get('error') or ''}")
+    memory = status.get("memory", {})
+    table.add_row("memory", f"daemon {human_bytes(memory.get('rss_bytes'))}, system "
+                  f"{human_bytes(memory.get('system_available_bytes'))} free of "
+                  f"{human_bytes(memory.get('system_total_bytes'))}")
+    table.add_row("requests", f"{status.get('requests', {}).get('active', 0)} in flight")
+    for key, label in (("guard", "memory guard"), ("session_bank", "session bank"), ("fans", "fans")):
+        if status.get(key):
+            table.add_row(label, _one_line(status[key]))
+    table.add_row("", f"[dim]{status['powered_by']}[/]")
+    return table
+
+
+def _one_line(section: Any) -> str:
+    if isinstance(section, dict):
+        return ", ".join(f"{k} {v}" for k, v in section.items() if not isinstance(v, (dict, list)))
+    return str(section)
+
+
+# ---------------------------------------------------------------- logs
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    log_file = Paths.from_env().log_file
+    if not log_file.exists():
+        return fail(f"no log yet at {log_file}", "start the daemon with `mtplxctl start`")
+    _print_tail(log_file, args.lines)
+    if args.follow:
+        try:
+            _follow(log_file)
+        except KeyboardInterrupt:
+            pass
+    return EXIT_OK
+
+
+def _print_tail(log_file: Path, lines: int) -> None:
+    from mtplxd.logs import tail
+
+    for line in tail(log_file, lines):
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _follow(log_file: Path) -> None:
+    """Print lines as they are appended, across rotation (the file is reopened when replaced)."""
+    handle = open(log_file, "r", encoding="utf-8", errors="replace")
+    handle.seek(0, os.SEEK_END)
+    inode = os.fstat(handle.fileno()).st_ino
+    while True:
+        line = handle.readline()
+        if line:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            continue
+        time.sleep(0.2)
+        try:
+            if os.stat(log_file).st_ino != inode:
+                handle.close()
+                handle = open(log_file, "r", encoding="utf-8", errors="replace")
+                inode = os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,63 @@
+"""How mtplxctl talks to people and scripts: rich for humans, JSON for `--json`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_RUNNING = 3
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def print_json(data: Any) -> None:
+    """One JSON document on stdout."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str, hint: str | None = None, code: int = EXIT_ERROR) -> int:
+    """Print an error (and what to do next) on stderr; return the exit code."""
+    err_console.print(f"[bold red]error:[/] {message}")
+    if hint:
+        err_console.print(f"[dim]→ {hint}[/]")
+    return code
+
+
+def not_running(as_json: bool = False) -> int:
+    """The standard answer when no daemon is up (exit code 3)."""
+    if as_json:
+        print_json({"running": False})
+        return EXIT_NOT_RUNNING
+    return fail("mtplxd is not running", "start it with `mtplxctl start`", EXIT_NOT_RUNNING)
+
+
+def human_bytes(count: float | None) -> str:
+    if count is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
+def human_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m {secs}s"
+    return f"{secs}s"

@@ -1,0 +1,30 @@
+"""Test isolation shared by every area: each test gets its own MTPLX_HOME and HOME.
+
+A daemon started by a test (see the `daemon` fixture in tests/control/conftest.py) therefore
+never touches the user's ~/.mtplx, and agent configs are written under a throwaway HOME.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh HOME and MTPLX_HOME for each test, with no stray MTPLX_* settings."""
+    root = tmp_path_factory.mktemp("home")
+    home = root / "user"
+    mtplx_home = root / "mtplx"
+    home.mkdir()
+    for name in list(os.environ):
+        if name.startswith("MTPLX_") or name in {"XDG_CONFIG_HOME", "CODEX_HOME", "HERMES_HOME",
+                                                 "PI_CODING_AGENT_DIR", "OPENCODE_CONFIG",
+                                                 "NOTIFY_SOCKET", "INVOCATION_ID", "XPC_SERVICE_NAME"}:
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("MTPLX_HOME", str(mtplx_home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return mtplx_home
