@@ -68,8 +68,9 @@ def conflicts(target: AgentTarget, docs: list[Any]) -> str | None:
     if not target.api_key_env:
         return None
     existing = docs[0].data().get("custom_providers")
-    mine = [p for p in existing or [] if isinstance(p, dict) and p.get("name") == PROVIDER_ID]
-    if existing and (len(existing) != 1 or not mine):
+    only_mine = isinstance(existing, list) and len(existing) == 1 and isinstance(existing[0], dict) \
+        and existing[0].get("name") == PROVIDER_ID
+    if existing is not None and not only_mine:
         return (
             "config.yaml already has custom_providers of yours; add this entry to that list yourself, "
             f"then set model.provider to custom:{PROVIDER_ID}: name: {PROVIDER_ID}, base_url: {target.base_url}, "

@@ -9,6 +9,8 @@ is backed up before it is rewritten; a file that does not parse is refused untou
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,35 @@ def _revert(doc: Any, entry: dict[str, Any], kept: list[str]) -> None:
             doc.remove(parent)
 
 
+def _shape(text: str | None) -> dict[str, Any] | None:
+    """The original's whitespace runs and hash: enough to restore its spacing, not its content."""
+    if text is None:
+        return None
+    return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "spaces": re.findall(r"\s+", text),
+            "lead": text[:1].isspace(), "trail": text[-1:].isspace()}
+
+
+def _heal_whitespace(text: str, shape: dict[str, Any] | None) -> str:
+    """`text` with the original's spacing when that rebuilds the original exactly.
+
+    tomlkit can leave a blank line where it had separated a removed key or table; when the
+    words of the text are the original's, the original's whitespace (checked by hash) wins.
+    """
+    if not shape:
+        return text
+    words = re.split(r"\s+", text.strip())
+    spaces = shape["spaces"]
+    lead = spaces[0] if shape["lead"] and spaces else ""
+    trail = spaces[-1] if shape["trail"] and spaces else ""
+    inner = spaces[int(shape["lead"]): len(spaces) - int(shape["trail"])]
+    if len(inner) != len(words) - 1:
+        return text
+    candidate = lead + "".join(w + s for w, s in zip(words, inner + [""])) + trail
+    if hashlib.sha256(candidate.encode()).hexdigest() == shape["sha256"]:
+        return candidate
+    return text
+
+
 def _trailing(text: str) -> str:
     """The whitespace a file ends with."""
     return text[len(text.rstrip()):]
@@ -114,6 +145,8 @@ def install_file(plan: FilePlan, prior: dict[str, Any] | None, dry_run: bool = F
     lose what the user had before the first one.
     """
     doc, original = load(plan.path, plan.fmt)
+    # A file holding no settings (blank, comments only, `{}`) is given back as it was.
+    empty_original = original if original is not None and doc.data() == {} else None
     prior_entries = {tuple(e["key"]): e for e in (prior or {}).get("entries", [])}
     wanted = {entry.key for entry in plan.entries}
     kept: list[str] = []
@@ -125,6 +158,10 @@ def install_file(plan: FilePlan, prior: dict[str, Any] | None, dry_run: bool = F
         for entry in plan.entries:
             current = doc.get(entry.key)
             old = prior_entries.get(entry.key)
+            if not is_missing(current) and isinstance(current, dict) != isinstance(entry.value, dict):
+                kinds = ("a table/object", "a plain value")
+                raise SyntaxProblem(f"{'.'.join(entry.key)} holds {kinds[not isinstance(current, dict)]} where mtplx "
+                                    f"writes {kinds[not isinstance(entry.value, dict)]}; is not an object as expected")
             still_ours = old is not None and not is_missing(current) and current == old["value"]
             previous = old["previous"] if still_ours else doc.raw(entry.key)
             created = old.get("created_parents", []) if still_ours else []
@@ -142,6 +179,8 @@ def install_file(plan: FilePlan, prior: dict[str, Any] | None, dry_run: bool = F
         "entries": entries,
         # tomlkit can leave a blank line behind where it separated a removed table.
         "trailing": prior.get("trailing", "") if prior else _trailing(original or ""),
+        "empty_original": prior.get("empty_original") if prior else empty_original,
+        "original_shape": prior.get("original_shape") if prior else _shape(original),
     }
     text = doc.dumps()
     if original is not None and text == original:
@@ -168,8 +207,11 @@ def uninstall_file(record: dict[str, Any], dry_run: bool = False) -> FileResult:
     except SyntaxProblem as exc:
         raise _edit_error(path, fmt, exc) from None
     text = doc.dumps()
-    if text.strip() and "trailing" in record:
+    if "trailing" in record:
         text = text.rstrip() + record["trailing"]
+    if doc.data() == {} and record.get("empty_original") is not None:
+        text = record["empty_original"]
+    text = _heal_whitespace(text, record.get("original_shape"))
     if record["created_file"] and doc.data() == {}:
         if dry_run:
             return FileResult(path, "deleted", kept=kept, text="")

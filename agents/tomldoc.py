@@ -65,7 +65,10 @@ class TomlDocument:
         value = self.get(path)
         if value is MISSING:
             return None
-        return tomlkit.dumps({"value": value})
+        if isinstance(value, dict):
+            return tomlkit.dumps({"value": value})
+        # A plain value keeps its own spelling (multi-line arrays, quotes, number format).
+        return "value = " + self._container(path[:-1]).item(path[-1]).as_string()
 
     def data(self) -> dict:
         """The whole document as plain Python data."""
@@ -81,8 +84,10 @@ class TomlDocument:
         Returns the parent tables it created, shallowest first. Raises SyntaxProblem when a
         parent on the path is not a table.
         """
+        restored = None
         if raw is not None:
-            value = tomlkit.parse(raw).unwrap()["value"]
+            restored = tomlkit.parse(raw)["value"]
+            value = _plain(restored)
         node: Any = self.doc
         created: list[tuple[str, ...]] = []
         for depth, key in enumerate(path[:-1]):
@@ -95,7 +100,7 @@ class TomlDocument:
                 raise SyntaxProblem(f"{'.'.join(path[: depth + 1])} is not a table")
             node = node[key]
         key = path[-1]
-        item = _table_for(value, False) if isinstance(value, dict) else value
+        item = _table_for(value, False) if isinstance(value, dict) else (value if restored is None else restored)
         if isinstance(item, Table) and key not in node:
             item.add(tomlkit.nl())
         node[key] = item

@@ -18,6 +18,7 @@ import yaml
 from .errors import SyntaxProblem
 
 MISSING = object()
+_EMPTY_FLOW = re.compile(r"^\{\}[ \t]*(#.*)?\n?$")
 _KEY_LINE = re.compile(r"""^(?P<key>[A-Za-z_][\w.-]*|"[^"\n]*"|'[^'\n]*')[ \t]*:(?:[ \t]|$)""")
 
 
@@ -59,6 +60,10 @@ class YamlDocument:
         for i, line in enumerate(lines):
             if not line.strip() or line[0] in " \t#" or line.rstrip() in ("---", "..."):
                 continue
+            if starts and (line.startswith("- ") or line.rstrip() == "-"):
+                continue  # a block sequence may sit at its key's own indentation
+            if not self._data and _EMPTY_FLOW.match(line):
+                continue  # `{}`: an empty mapping written in flow style
             match = _KEY_LINE.match(line)
             if not match:
                 raise SyntaxProblem(
@@ -128,8 +133,11 @@ class YamlDocument:
                 block += "\n"
             new_text = "".join(lines[:start]) + block + "".join(lines[end:])
         else:
-            sep = "" if not self.text or self.text.endswith("\n") else "\n"
-            new_text = self.text + sep + block
+            base = self.text
+            if not self._data:
+                base = "".join(line for line in lines if not _EMPTY_FLOW.match(line))
+            sep = "" if not base or base.endswith("\n") else "\n"
+            new_text = base + sep + block
         self._apply(new_text, {**self._data, key: value})
         return []
 
