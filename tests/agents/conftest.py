@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,12 @@ def env(isolated_home: Path) -> dict[str, str]:
 @pytest.fixture
 def mtplx_home(tmp_path: Path) -> Path:
     return tmp_path / "mtplx"
+
+
+@pytest.fixture
+def status() -> dict:
+    """A fresh copy of a keyless daemon's `daemon.status` (the parts agents read)."""
+    return copy.deepcopy(STATUS)
 
 
 @pytest.fixture
