@@ -30,7 +30,7 @@ import mlx.core as mx
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.mtp_head import MTPHead
 from mtplxd.engine.sampling import (
-    ACCEPT, DRAFT, RESIDUAL, TARGET, TokenHistory, apply_penalties, pick, position_key, scaled_logits,
+    ACCEPT, DRAFT, RESIDUAL, TokenHistory, apply_penalties, pick, position_key, scaled_logits,
 )
 from mtplxd.engine.trunk import PREFILL_CHUNK, Trunk
 
@@ -73,8 +73,9 @@ def residual_distribution(p: mx.array, q: mx.array) -> mx.array:
 
 
 def _draw(probs: mx.array, key: mx.array) -> mx.array:
+    """One categorical draw per row of a (rows, V) probability matrix."""
     logw = mx.where(probs > 0, mx.log(mx.maximum(probs, 1e-38)), float("-inf"))
-    return mx.random.categorical(logw, key=key)
+    return mx.random.categorical(logw, axis=-1, key=key)
 
 
 class SpeculativeDecoder:
@@ -178,13 +179,13 @@ class SpeculativeDecoder:
         q = mx.stack(q_rows)  # (K, V)
         rows = mx.arange(K)
         ratio = acceptance_probability(p[rows, drafts], q[rows, drafts])
-        uniforms = mx.stack([mx.random.uniform(key=position_key(self.seed, n + 1 + i, ACCEPT))
-                             for i in range(K)])
+        # One key per cycle and purpose, derived from the cycle's absolute start position:
+        # a given seed replays the same cycles, so the output is reproducible.
+        uniforms = mx.random.uniform(shape=(K,), key=position_key(self.seed, n + 1, ACCEPT))
         accept = uniforms < ratio
-        residual = residual_distribution(p[:K], q)
-        corrections = mx.stack([_draw(residual[i], position_key(self.seed, n + 1 + i, RESIDUAL))
-                                for i in range(K)]
-                               + [_draw(p[K], position_key(self.seed, n + 1 + K, TARGET))])
+        # Row i < K: the residual at a rejection of d_{i+1}; row K: the bonus, drawn from p.
+        fallback = mx.concatenate([residual_distribution(p[:K], q), p[K:]], axis=0)
+        corrections = _draw(fallback, position_key(self.seed, n + 1, RESIDUAL))
         mx.eval(accept, corrections, drafts, hidden)
         accept_list, correction_list = accept.tolist(), corrections.tolist()
         accepted = 0

@@ -1,0 +1,131 @@
+"""Exactness gates (b) and (c): sampled MTP output follows the target distribution exactly.
+
+The joint distribution of the first three generated tokens of a tiny model is enumerated
+exactly (one uncached forward per prefix), then compared by a chi-square test with the
+tokens that MTP speculative decoding samples over many seeds. The same test must reject a
+deliberately wrong sampler (the residual taken as p instead of norm(max(0, p - q))).
+"""
+
+import math
+from collections import Counter
+
+import mlx.core as mx
+import pytest
+
+import mtplxd.engine.speculative as speculative
+from mtplxd.engine import GenerationRequest, SamplingParams
+from mtplxd.engine.sampling import probabilities
+
+N_TOKENS = 3
+EOS = "eos"
+
+
+def exact_joint(model, prompt, params):
+    """{token tuple: probability} of the first N_TOKENS tokens (paths ending at EOS kept short).
+
+    Level by level: all live prefixes of one length go through one batched, uncached forward.
+    """
+    eos_ids = set(model.tokenizer.eos_token_ids)
+    joint = {}
+    live = {(): 1.0}
+    for _ in range(N_TOKENS):
+        prefixes = list(live)
+        batch = mx.array([prompt + list(prefix) for prefix in prefixes])
+        p = probabilities(model.model(batch)[:, -1], params, None, None)
+        p = p.tolist()
+        grown = {}
+        for prefix, row in zip(prefixes, p):
+            for token, pt in enumerate(row):
+                if pt <= 0:
+                    continue
+                prob = live[prefix] * pt
+                if token in eos_ids:
+                    joint[prefix + (EOS,)] = joint.get(prefix + (EOS,), 0.0) + prob
+                else:
+                    grown[prefix + (token,)] = prob
+        live = grown
+    joint.update(live)
+    return joint
+
+
+def sampled_counts(model, prompt, params, depth, n):
+    counts = Counter()
+    for seed in range(n):
+        sampling = SamplingParams(temperature=params.temperature, top_p=params.top_p,
+                                  top_k=params.top_k, seed=seed, max_tokens=N_TOKENS)
+        result = list(model.generate(GenerationRequest(prompt, sampling, depth=depth)))[-1]
+        key = tuple(result.token_ids) + ((EOS,) if result.finish_reason == "stop" else ())
+        counts[key] += 1
+    return counts
+
+
+def chi_square_p_value(joint, counts, n):
+    """Pearson chi-square over cells with expected count >= 5 (the rest merged into one)."""
+    stat, cells, rest_expected, rest_observed = 0.0, 0, 0.0, 0
+    for key, prob in joint.items():
+        expected = prob * n
+        if expected >= 5:
+            stat += (counts.get(key, 0) - expected) ** 2 / expected
+            cells += 1
+        else:
+            rest_expected += expected
+            rest_observed += counts.get(key, 0)
+    rest_observed += sum(c for k, c in counts.items() if k not in joint)  # impossible outcomes
+    if rest_expected > 0:
+        stat += (rest_observed - rest_expected) ** 2 / max(rest_expected, 1e-9)
+        cells += 1
+    elif rest_observed:
+        return 0.0
+    dof = cells - 1
+    # Wilson-Hilferty: the cube root of chi2/dof is close to normal.
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+CONFIGS = [
+    pytest.param(SamplingParams(temperature=0.6, top_p=0.5), 2, id="T0.6-top_p0.5-depth2"),
+    pytest.param(SamplingParams(temperature=1.0, top_k=4), 1, id="T1.0-top_k4-depth1"),
+]
+N_SAMPLES = 600
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny_qwen3):
+    return tiny_qwen3.tokenizer.encode("def add(a, b):\n    ret")
+
+
+@pytest.mark.parametrize(("params", "depth"), CONFIGS)
+def test_sampled_mtp_matches_the_exact_target_distribution(tiny_qwen3, prompt, params, depth):
+    joint = exact_joint(tiny_qwen3, prompt, params)
+    assert math.isclose(sum(joint.values()), 1.0, abs_tol=1e-4)
+    counts = sampled_counts(tiny_qwen3, prompt, params, depth, N_SAMPLES)
+    assert chi_square_p_value(joint, counts, N_SAMPLES) > 1e-3
+
+
+@pytest.mark.parametrize(("params", "depth"), CONFIGS)
+def test_a_wrong_residual_fails_the_same_test(tiny_qwen3, prompt, params, depth, monkeypatch):
+    monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
+    joint = exact_joint(tiny_qwen3, prompt, params)
+    counts = sampled_counts(tiny_qwen3, prompt, params, depth, N_SAMPLES)
+    assert chi_square_p_value(joint, counts, N_SAMPLES) < 1e-3
+
+
+def test_same_seed_same_sampled_mtp_output(tiny_qwen3, prompt):
+    def run(seed, depth):
+        sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=seed, max_tokens=40)
+        return list(tiny_qwen3.generate(GenerationRequest(prompt, sampling, depth=depth)))[-1].token_ids
+
+    assert run(5, 3) == run(5, 3)
+    assert run(5, 3) != run(6, 3)
+    assert run(7, 2) == run(7, 2)
+
+
+def test_accept_and_residual_rules_reproduce_p_exactly():
+    """One draft from q: P(emit x) = q(x) min(1, p/q)(x) + P(reject) residual(x) = p(x)."""
+    p = mx.array([[0.5, 0.3, 0.2, 0.0], [0.1, 0.1, 0.1, 0.7]])
+    q = mx.array([[0.2, 0.2, 0.2, 0.4], [0.7, 0.1, 0.1, 0.1]])
+    accept = speculative.acceptance_probability(p, q)
+    reject = 1.0 - mx.sum(q * accept, axis=-1, keepdims=True)
+    emitted = q * accept + reject * speculative.residual_distribution(p, q)
+    assert mx.allclose(emitted, p, atol=1e-6)
+    assert mx.allclose(speculative.residual_distribution(p, p), p)  # nothing to correct: falls back to p
