@@ -160,8 +160,9 @@ def install_file(plan: FilePlan, prior: dict[str, Any] | None, dry_run: bool = F
             old = prior_entries.get(entry.key)
             if not is_missing(current) and isinstance(current, dict) != isinstance(entry.value, dict):
                 kinds = ("a table/object", "a plain value")
-                raise SyntaxProblem(f"{'.'.join(entry.key)} holds {kinds[not isinstance(current, dict)]} where mtplx "
-                                    f"writes {kinds[not isinstance(entry.value, dict)]}; is not an object as expected")
+                raise SyntaxProblem(
+                    f"{'.'.join(entry.key)} holds {kinds[not isinstance(current, dict)]} where mtplx writes "
+                    f"{kinds[not isinstance(entry.value, dict)]}; rename or remove that setting first")
             still_ours = old is not None and not is_missing(current) and current == old["value"]
             previous = old["previous"] if still_ours else doc.raw(entry.key)
             created = old.get("created_parents", []) if still_ours else []
@@ -178,7 +179,7 @@ def install_file(plan: FilePlan, prior: dict[str, Any] | None, dry_run: bool = F
         "created_dirs": prior["created_dirs"] if prior else [str(d) for d in files.missing_dirs(files.real_path(plan.path))],
         "entries": entries,
         # tomlkit can leave a blank line behind where it separated a removed table.
-        "trailing": prior.get("trailing", "") if prior else _trailing(original or ""),
+        "trailing": prior.get("trailing") if prior else (None if original is None else _trailing(original)),
         "empty_original": prior.get("empty_original") if prior else empty_original,
         "original_shape": prior.get("original_shape") if prior else _shape(original),
     }
@@ -207,7 +208,7 @@ def uninstall_file(record: dict[str, Any], dry_run: bool = False) -> FileResult:
     except SyntaxProblem as exc:
         raise _edit_error(path, fmt, exc) from None
     text = doc.dumps()
-    if "trailing" in record:
+    if record.get("trailing") is not None:
         text = text.rstrip() + record["trailing"]
     if doc.data() == {} and record.get("empty_original") is not None:
         text = record["empty_original"]

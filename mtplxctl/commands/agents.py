@@ -16,7 +16,7 @@ from mtplxctl.agents.errors import AgentConfigError
 from mtplxctl.agents.files import read_text
 from mtplxctl.agents.manager import AgentResult
 from mtplxctl.agents.target import AgentTarget
-from mtplxctl.client import ControlClient
+from mtplxctl.client import ControlClient, ControlError
 from mtplxctl.output import EXIT_ERROR, EXIT_OK, console, fail, print_json
 
 CHOICES = [*manager.AGENTS, "all"]
@@ -62,6 +62,8 @@ def cmd_agents(args: argparse.Namespace) -> int:
                        for n in manager.resolve_names(args.names, False, env, home)]
     except AgentConfigError as exc:
         return fail(str(exc))
+    except ControlError as exc:
+        return fail(f"the daemon answered: {exc.message}", "see `mtplxctl status` and `mtplxctl logs`")
     report(results, args.json, args.dry_run)
     return EXIT_ERROR if any(r.status == "error" for r in results) else EXIT_OK
 

@@ -13,7 +13,7 @@ from mtplxd.paths import Paths
 from mtplxctl.agents.checks import FAIL, OK, WARN, Check, check_agent
 from mtplxctl.agents.errors import AgentConfigError
 from mtplxctl.agents.record import load_record
-from mtplxctl.client import ControlClient, DaemonNotRunning
+from mtplxctl.client import ControlClient, ControlError, DaemonNotRunning
 from mtplxctl.output import EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_OK, console, fail, print_json
 
 _STYLE = {OK: "[green]ok[/]", WARN: "[yellow]warn[/]", FAIL: "[red]fail[/]"}
@@ -61,6 +61,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         status = ControlClient.from_env(timeout=10).call("daemon.status")
     except DaemonNotRunning:
         status = None
+    except ControlError as exc:
+        return fail(f"the daemon answered daemon.status with an error: {exc.message}", "see `mtplxctl logs`")
     try:
         records = load_record(Paths.from_env().home)
     except AgentConfigError as exc:

@@ -75,8 +75,8 @@ def _round_trip(agent: str, text: str, target: AgentTarget, exact: bool = True) 
         result = manager.install_agent(agent, target, env, Path(tmp) / "mtplx")
         if result.status == "error":
             # Only a user value of the wrong type where mtplx needs an object may stop it.
-            assert "is not an object" in result.error or "is not a table" in result.error or \
-                "custom_providers" in result.error, result.error
+            assert any(reason in result.error for reason in
+                       ("is not an object", "is not a table", "where mtplx writes", "custom_providers")), result.error
             assert path.read_text() == text
             return
         manager.uninstall_agent(agent, Path(tmp) / "mtplx")

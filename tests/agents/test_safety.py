@@ -201,3 +201,14 @@ def test_target_from_status_needs_a_loaded_model():
     status["model"] = {"id": "x", "state": "loading"}
     with pytest.raises(NoModelLoaded, match="loading"):
         AgentTarget.from_status(status)
+
+
+def test_a_created_file_the_user_added_to_is_kept_on_uninstall(env, mtplx_home, target, isolated_home):
+    manager.install_agent("claude", target, env, mtplx_home)
+    path = isolated_home / ".claude/settings.json"
+    data = json.loads(path.read_text())
+    data["theme"] = "dark"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    result = manager.uninstall_agent("claude", mtplx_home)
+    assert result.files[0].action == "updated"
+    assert path.read_text() == '{\n  "theme": "dark"\n}\n'
