@@ -30,7 +30,8 @@ class _Finish:
     def __init__(self, tokenizer, request: GenerationRequest) -> None:
         params = request.sampling
         self.max_tokens = params.max_tokens
-        self.stop_ids = set(tokenizer.eos_token_ids) | set(params.stop_token_ids)
+        eos = set() if params.ignore_eos else set(tokenizer.eos_token_ids)
+        self.stop_ids = eos | set(params.stop_token_ids)
         self.stream = TextStream(tokenizer, params.stop)
         self.token_ids: list[int] = []
         self.generated = 0  # tokens the model produced, a final stop token included

@@ -27,6 +27,7 @@ class SamplingParams:
     max_tokens: int = 256
     stop: list[str] = field(default_factory=list)  # stop strings (not included in output)
     stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False  # benchmarks: decode max_tokens whatever the model says
 
     @property
     def greedy(self) -> bool:

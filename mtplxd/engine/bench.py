@@ -1,0 +1,194 @@
+"""AR against MTP on the same prompts, interleaved: decode speed, ratio, acceptance by depth.
+
+    python -m mtplxd.engine.bench --model PATH [--depth 3] [--max-tokens 128]
+        [--repeats 3] [--temperatures 0,0.6] [--json-out FILE]
+
+For every temperature, each repeat runs every prompt twice back to back, AR then MTP, so
+slow drifts of the machine (thermals, other load) hit both alike. Figures are medians over
+runs. At temperature 0 the bench also checks that MTP produced exactly the AR tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mtplxd.engine.interface import GenerationRequest, GenerationResult, SamplingParams
+
+PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain what a KV cache is in two sentences.",
+    "def parse_args(argv):\n    \"\"\"Parse command line arguments.\"\"\"\n",
+    "Refactor this loop into a list comprehension: for x in xs: if x > 0: out.append(x * 2)",
+)
+
+
+@dataclass
+class RunSet:
+    """Results of one mode (AR or MTP) at one temperature."""
+
+    decode_tps: list[float] = field(default_factory=list)
+    prefill_tps: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+    drafted_by_depth: list[int] = field(default_factory=list)
+    accepted_by_depth: list[int] = field(default_factory=list)
+    committed: int = 0
+    cycles: int = 0
+    tokens: list[list[int]] = field(default_factory=list)
+
+    def add(self, result: GenerationResult) -> None:
+        """Fold one request's stats in."""
+        stats = result.stats
+        self.decode_tps.append(stats.decode_tokens_per_second)
+        self.prefill_tps.append(stats.prefill_tokens_per_second)
+        self.ttft.append(stats.ttft_seconds)
+        self.tokens.append(result.token_ids)
+        if stats.drafted_by_depth:
+            if not self.drafted_by_depth:
+                self.drafted_by_depth = [0] * len(stats.drafted_by_depth)
+                self.accepted_by_depth = [0] * len(stats.drafted_by_depth)
+            for i, (d, a) in enumerate(zip(stats.drafted_by_depth, stats.accepted_by_depth)):
+                self.drafted_by_depth[i] += d
+                self.accepted_by_depth[i] += a
+            self.cycles += stats.cycles
+            self.committed += round(stats.mean_accepted_length * stats.cycles)
+
+    def summary(self) -> dict[str, Any]:
+        """Medians and acceptance totals, JSON-ready."""
+        acceptance = [a / d if d else 0.0 for a, d in zip(self.accepted_by_depth, self.drafted_by_depth)]
+        return {
+            "runs": len(self.decode_tps),
+            "decode_tokens_per_second_median": statistics.median(self.decode_tps) if self.decode_tps else 0.0,
+            "decode_tokens_per_second_all": [round(x, 2) for x in self.decode_tps],
+            "prefill_tokens_per_second_median": statistics.median(self.prefill_tps) if self.prefill_tps else 0.0,
+            "ttft_seconds_median": statistics.median(self.ttft) if self.ttft else 0.0,
+            "acceptance_by_depth": [round(x, 4) for x in acceptance],
+            "drafted_by_depth": self.drafted_by_depth,
+            "accepted_by_depth": self.accepted_by_depth,
+            "mean_accepted_length": self.committed / self.cycles if self.cycles else 1.0,
+        }
+
+
+def _prompt_ids(tokenizer, text: str) -> list[int]:
+    if getattr(tokenizer, "has_chat_template", False):
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                             add_generation_prompt=True)
+    return tokenizer.encode(text)
+
+
+def _run(model, ids: list[int], temperature: float, depth: int, max_tokens: int, seed: int) -> GenerationResult:
+    # ignore_eos: every run decodes max_tokens, so speeds compare like for like.
+    sampling = SamplingParams(temperature=temperature, top_p=0.95 if temperature > 0 else 1.0,
+                              seed=seed, max_tokens=max_tokens, ignore_eos=True)
+    result = None
+    for item in model.generate(GenerationRequest(ids, sampling, depth=depth)):
+        result = item
+    assert isinstance(result, GenerationResult)
+    return result
+
+
+def run_bench(model, *, depth: int, max_tokens: int, repeats: int,
+              temperatures: list[float], prompts: tuple[str, ...] = PROMPTS) -> dict[str, Any]:
+    """Run AR and MTP interleaved on every prompt; return the JSON-ready report."""
+    prompt_ids = [_prompt_ids(model.tokenizer, p) for p in prompts]
+    _run(model, prompt_ids[0], 0.0, 0, 8, 0)  # warm-up: first-call costs stay out of the figures
+    _run(model, prompt_ids[0], 0.0, depth, 8, 0)
+    report: dict[str, Any] = {"temperatures": {}}
+    for temperature in temperatures:
+        ar, mtp = RunSet(), RunSet()
+        for repeat in range(repeats):
+            for index, ids in enumerate(prompt_ids):
+                seed = 1000 * repeat + index
+                ar.add(_run(model, ids, temperature, 0, max_tokens, seed))
+                mtp.add(_run(model, ids, temperature, depth, max_tokens, seed))
+        ar_summary, mtp_summary = ar.summary(), mtp.summary()
+        ar_tps = ar_summary["decode_tokens_per_second_median"]
+        entry = {
+            "ar": ar_summary,
+            "mtp": mtp_summary,
+            "speedup": mtp_summary["decode_tokens_per_second_median"] / ar_tps if ar_tps else 0.0,
+        }
+        if temperature == 0:
+            entry["greedy_identical"] = ar.tokens == mtp.tokens
+        report["temperatures"][str(temperature)] = entry
+    return report
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    info = report["model"]
+    table = Table(title=f"{info['id']} ({info['family']}, {info['quantization'] or 'float'}) "
+                        f"depth {report['depth']}, {report['max_tokens']} tokens x "
+                        f"{report['runs_per_mode']} runs, device {report['device']}")
+    for column in ("T", "AR tok/s", "MTP tok/s", "speedup", "acceptance by depth",
+                   "tokens/cycle", "greedy identical"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for temperature, entry in report["temperatures"].items():
+        table.add_row(
+            temperature,
+            f"{entry['ar']['decode_tokens_per_second_median']:.1f}",
+            f"{entry['mtp']['decode_tokens_per_second_median']:.1f}",
+            f"{entry['speedup']:.2f}x",
+            "/".join(f"{a:.0%}" for a in entry["mtp"]["acceptance_by_depth"]),
+            f"{entry['mtp']['mean_accepted_length']:.2f}",
+            {True: "yes", False: "NO"}.get(entry.get("greedy_identical"), "-"),
+        )
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="HF-format model folder")
+    parser.add_argument("--depth", type=int, default=None, help="MTP depth (default: the model's)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="passes over the prompt set")
+    parser.add_argument("--temperatures", default="0,0.6", help="comma-separated, e.g. 0,0.6")
+    parser.add_argument("--json-out", type=Path, default=None, help="write the report here")
+    args = parser.parse_args(argv)
+
+    import mlx.core as mx
+
+    from mtplxd.engine.model import load_model
+
+    started = time.perf_counter()
+    model = load_model(args.model)
+    load_seconds = time.perf_counter() - started
+    if model.info.mode != "mtp":
+        print(f"{model.info.id} is served AR ({model.info.ar_reason}); nothing to compare", file=sys.stderr)
+        return 2
+    depth = model.info.depth if args.depth is None else args.depth
+    temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
+    report = run_bench(model, depth=depth, max_tokens=args.max_tokens, repeats=args.repeats,
+                       temperatures=temperatures)
+    report.update({
+        "model": model.info.to_dict(),
+        "depth": depth,
+        "max_tokens": args.max_tokens,
+        "runs_per_mode": args.repeats * len(PROMPTS),
+        "load_seconds": load_seconds,
+        "device": str(mx.default_device()),
+        "mlx_version": mx.__version__,
+        "platform": platform.platform(),
+        "command": " ".join(["python -m mtplxd.engine.bench"] + (argv if argv is not None else sys.argv[1:])),
+    })
+    _print_table(report)
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(report, indent=2))
+        print(f"saved {args.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

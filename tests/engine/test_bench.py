@@ -1,0 +1,27 @@
+"""The bench runs AR and MTP interleaved and writes its JSON report."""
+
+import json
+
+from mtplxd.engine.bench import main
+
+
+def test_bench_writes_report_with_speeds_ratio_and_acceptance(tiny_model_factory, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    status = main(["--model", str(tiny_model_factory("qwen3")), "--repeats", "1", "--max-tokens", "12",
+                   "--depth", "2", "--json-out", str(out)])
+    assert status == 0
+    report = json.loads(out.read_text())
+    assert set(report["temperatures"]) == {"0.0", "0.6"}
+    greedy = report["temperatures"]["0.0"]
+    assert greedy["greedy_identical"] is True
+    assert greedy["ar"]["runs"] == greedy["mtp"]["runs"] == 4
+    assert greedy["ar"]["decode_tokens_per_second_median"] > 0
+    assert greedy["speedup"] > 0
+    assert len(greedy["mtp"]["acceptance_by_depth"]) == 2
+    assert report["depth"] == 2 and report["model"]["family"] == "qwen3"
+    printed = capsys.readouterr().out
+    assert "depth 2" in printed and "saved" in printed
+
+
+def test_bench_refuses_an_ar_only_model(tiny_model_factory):
+    assert main(["--model", str(tiny_model_factory("llama")), "--repeats", "1"]) == 2
