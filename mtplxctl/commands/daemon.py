@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from rich.table import Table
 
 from mtplxd.instance import lock_is_held, read_pid
@@ -201,8 +202,21 @@ def cmd_stop(args: argparse.Namespace) -> int:
     client = ControlClient(paths.socket)
     if not client.is_running():
         return not_running(args.json)
-    manager = _installed_service_manager()
+    pid, stopped = _stop_daemon(paths, client)
+    if args.json:
+        print_json({"stopped": stopped, "pid": pid})
+    elif stopped:
+        console.print(f"mtplxd stopped (pid {pid})")
+    if not stopped:
+        return fail(f"mtplxd (pid {pid}) did not stop within {STOP_TIMEOUT:.0f}s",
+                    f"check `mtplxctl logs`; `kill {pid}` sends SIGTERM")
+    return EXIT_OK
+
+
+def _stop_daemon(paths: Paths, client: ControlClient) -> tuple[int, bool]:
+    """Ask the running daemon to stop; return (its pid, whether it stopped in time)."""
     pid = client.call("daemon.status")["pid"]
+    manager = _installed_service_manager()
     if manager is not None:
         # bootout / systemctl stop send SIGTERM and do not count as a crash, so KeepAlive and
         # Restart=on-failure leave the daemon down.
@@ -212,15 +226,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
             client.call("daemon.shutdown")
         except DaemonNotRunning:
             pass
-    stopped = _wait_stopped(paths, pid)
-    if args.json:
-        print_json({"stopped": stopped, "pid": pid})
-    elif stopped:
-        console.print(f"mtplxd stopped (pid {pid})")
-    if not stopped:
-        return fail(f"mtplxd (pid {pid}) did not stop within {STOP_TIMEOUT:.0f}s",
-                    f"check `mtplxctl logs`; `kill {pid}` sends SIGTERM")
-    return EXIT_OK
+    return pid, _wait_stopped(paths, pid)
 
 
 def _wait_stopped(paths: Paths, pid: int) -> bool:
@@ -234,26 +240,21 @@ def _wait_stopped(paths: Paths, pid: int) -> bool:
 
 
 def _pid_alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie (exited, not yet reaped by its parent) counts as gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    # A zombie child of ours counts as gone.
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-        return waited == 0
-    except ChildProcessError:
-        return True
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
     paths = Paths.from_env()
-    if ControlClient(paths.socket).is_running():
-        code = cmd_stop(argparse.Namespace(json=False))
-        if code != EXIT_OK:
-            return code
+    client = ControlClient(paths.socket)
+    if client.is_running():
+        pid, stopped = _stop_daemon(paths, client)
+        if not stopped:
+            return fail(f"mtplxd (pid {pid}) did not stop within {STOP_TIMEOUT:.0f}s",
+                        "check `mtplxctl logs`")
     return cmd_start(args)
 
 

@@ -1,0 +1,132 @@
+"""The daemon's lifecycle, driven as a user drives it: mtplxctl subprocesses, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import time
+
+from mtplxd.instance import lock_is_held
+from mtplxd.paths import Paths
+
+from support.daemon import run_ctl, start_daemon
+
+
+def _wait_gone(pid: int, timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_start_status_stop_round_trip_through_mtplxctl():
+    started = run_ctl("start", "--port", "0", "--json")
+    assert started.returncode == 0, started.stderr
+    status = json.loads(started.stdout)
+    pid = status["pid"]
+    assert status["http"]["base_url"].startswith("http://127.0.0.1:")
+
+    shown = run_ctl("status", "--json")
+    assert shown.returncode == 0
+    assert json.loads(shown.stdout)["pid"] == pid
+
+    human = run_ctl("status")
+    assert "running, pid" in human.stdout and "Powered by MTPLX" in human.stdout
+
+    stopped = run_ctl("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert _wait_gone(pid)
+    paths = Paths.from_env()
+    assert not paths.socket.exists() and not paths.pid_file.exists()
+
+    after = run_ctl("status")
+    assert after.returncode == 3
+    assert "not running" in after.stderr
+
+
+def test_status_without_daemon_exits_3_with_json_answer():
+    result = run_ctl("status", "--json")
+    assert result.returncode == 3
+    assert json.loads(result.stdout) == {"running": False}
+
+
+def test_second_daemon_exits_at_once_naming_the_running_pid(daemon):
+    import subprocess
+    import sys
+
+    second = subprocess.run([sys.executable, "-m", "mtplxd", "--no-model"], capture_output=True,
+                            text=True, timeout=30, env={**os.environ, "MTPLX_PORT": "0"})
+    assert second.returncode == 1
+    assert f"already running (pid {daemon.pid})" in second.stderr
+    assert daemon.client.is_running()
+
+
+def test_start_when_running_reuses_the_daemon(daemon):
+    result = run_ctl("start", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["pid"] == daemon.pid
+
+
+def test_sigterm_and_sigint_shut_down_cleanly(tmp_path):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        running = start_daemon("--no-model")
+        assert running.stop(sig) == 0
+        assert not running.paths.socket.exists()
+        assert not running.paths.pid_file.exists()
+        assert not lock_is_held(running.paths.lock_file)
+
+
+def test_kill_9_leaves_nothing_that_blocks_the_next_start():
+    first = start_daemon("--no-model")
+    first.process.kill()
+    first.process.wait(10)
+    assert first.paths.socket.exists()  # the dead daemon's socket is still there ...
+    second = start_daemon("--no-model")  # ... and the next start replaces it
+    try:
+        assert second.client.call("daemon.status")["pid"] == second.pid
+    finally:
+        assert second.stop() == 0
+
+
+def test_run_directory_is_0700_and_socket_is_0600(daemon):
+    run_mode = stat.S_IMODE(os.stat(daemon.paths.run_dir).st_mode)
+    sock_mode = stat.S_IMODE(os.stat(daemon.paths.socket).st_mode)
+    assert run_mode == 0o700
+    assert sock_mode == 0o600
+    assert stat.S_ISSOCK(os.stat(daemon.paths.socket).st_mode)
+
+
+def test_long_home_falls_back_to_a_short_socket_path(tmp_path, monkeypatch):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    monkeypatch.setenv("MTPLX_HOME", str(deep))
+    running = start_daemon("--no-model")
+    try:
+        status = running.client.call("daemon.status")
+        assert status["socket_fallback"] is True
+        assert status["socket"].startswith(f"/tmp/mtplx-{os.getuid()}/")
+        assert stat.S_IMODE(os.stat(os.path.dirname(status["socket"])).st_mode) == 0o700
+        shown = run_ctl("status")
+        assert "short fallback path" in shown.stdout
+    finally:
+        assert running.stop() == 0
+
+
+def test_logs_shows_the_daemon_log(daemon):
+    result = run_ctl("logs", "-n", "20")
+    assert result.returncode == 0
+    assert "ready: control" in result.stdout
+
+
+def test_restart_gives_a_new_pid(daemon):
+    result = run_ctl("restart", "--port", "0", "--json")
+    assert result.returncode == 0, result.stderr
+    new_pid = json.loads(result.stdout)["pid"]
+    assert new_pid != daemon.pid
+    assert daemon.process.wait(10) == 0
+    assert run_ctl("stop").returncode == 0
