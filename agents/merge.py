@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import files
-from .errors import ConfigParseError, SyntaxProblem
+from .errors import AgentConfigError, ConfigParseError, SyntaxProblem
 from .jsonc import MISSING as JSON_MISSING, JsoncDocument
 from .tomldoc import MISSING as TOML_MISSING, TomlDocument
 from .yamlblocks import MISSING as YAML_MISSING, YamlDocument
@@ -133,6 +133,15 @@ def _trailing(text: str) -> str:
     return text[len(text.rstrip()):]
 
 
+def _type_clash(doc: Any, current: Any, value: Any) -> bool:
+    """True when a TOML table would replace a plain value or the other way round.
+
+    JSONC and YAML restore a replaced value from its exact text, whatever its type; tomlkit
+    cannot put a table back where a plain value stood (or the reverse) without moving it.
+    """
+    return isinstance(doc, TomlDocument) and not is_missing(current) and isinstance(current, dict) != isinstance(value, dict)
+
+
 def _edit_error(path: Path, fmt: str, exc: SyntaxProblem) -> ConfigParseError:
     return ConfigParseError(str(path), FORMATS[fmt].fmt, str(exc))
 
@@ -158,11 +167,12 @@ def install_file(plan: FilePlan, prior: dict[str, Any] | None, dry_run: bool = F
         for entry in plan.entries:
             current = doc.get(entry.key)
             old = prior_entries.get(entry.key)
-            if not is_missing(current) and isinstance(current, dict) != isinstance(entry.value, dict):
-                kinds = ("a table/object", "a plain value")
-                raise SyntaxProblem(
-                    f"{'.'.join(entry.key)} holds {kinds[not isinstance(current, dict)]} where mtplx writes "
-                    f"{kinds[not isinstance(entry.value, dict)]}; rename or remove that setting first")
+            if _type_clash(doc, current, entry.value):
+                kinds = ("a table", "a plain value")
+                raise AgentConfigError(
+                    f"{plan.path}: {'.'.join(entry.key)} holds {kinds[not isinstance(current, dict)]} where mtplx "
+                    f"writes {kinds[not isinstance(entry.value, dict)]}; mtplxctl left the file untouched. "
+                    "Rename or remove that setting, then run the command again.")
             still_ours = old is not None and not is_missing(current) and current == old["value"]
             previous = old["previous"] if still_ours else doc.raw(entry.key)
             created = old.get("created_parents", []) if still_ours else []

@@ -212,3 +212,23 @@ def test_a_created_file_the_user_added_to_is_kept_on_uninstall(env, mtplx_home, 
     result = manager.uninstall_agent("claude", mtplx_home)
     assert result.files[0].action == "updated"
     assert path.read_text() == '{\n  "theme": "dark"\n}\n'
+
+
+def test_hermes_string_model_setting_is_replaced_and_restored(env, mtplx_home, target, isolated_home):
+    path = isolated_home / ".hermes/config.yaml"
+    path.parent.mkdir()
+    original = "# mine\nmodel: anthropic/claude-opus-4   # set by `hermes config set model`\n"
+    path.write_text(original)
+    assert manager.install_agent("hermes", target, env, mtplx_home).status == "installed"
+    assert yaml.safe_load(path.read_text())["model"]["default"] == "mtplx-tiny-coder"
+    manager.uninstall_agent("hermes", mtplx_home)
+    assert path.read_text() == original
+
+
+def test_codex_table_where_a_plain_value_goes_is_refused(env, mtplx_home, target, isolated_home):
+    path = isolated_home / ".codex/config.toml"
+    path.parent.mkdir()
+    path.write_text("[web_search]\nmode = 1\n")
+    result = manager.install_agent("codex", target, env, mtplx_home)
+    assert result.status == "error" and "web_search holds a table" in result.error
+    assert path.read_text() == "[web_search]\nmode = 1\n"
