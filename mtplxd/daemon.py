@@ -25,6 +25,8 @@ from mtplxd.config import Config
 from mtplxd.control.methods import register_daemon_methods
 from mtplxd.control.registry import MethodRegistry
 from mtplxd.control.server import serve_control
+from mtplxd.fans.controller import build_controller
+from mtplxd.fans.methods import register_fan_methods
 from mtplxd.paths import Paths
 from mtplxd.runtime import ModelLoadFailed, Runtime
 from mtplxd.supervisor import detect_supervisor, sd_notify
@@ -56,6 +58,9 @@ class Daemon:
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()
         register_daemon_methods(self.registry, self)
+        self.fans = build_controller(config, paths)
+        register_fan_methods(self.registry, self.fans)
+        self.runtime.activity.append(self.fans.on_activity)
 
     def request_shutdown(self, why: str) -> None:
         if not self._shutdown.is_set():
@@ -83,6 +88,9 @@ class Daemon:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_signals)
+                # Before binding anything: restore a lease a dead daemon left, apply fan_mode.
+                # Its task restores the fans when the nursery is cancelled at shutdown.
+                await nursery.start(self.fans.run)
                 await nursery.start(serve_control, self.paths.socket, self.registry)
                 self.http_binds = await nursery.start(partial(
                     hypercorn.trio.serve, create_app(self.runtime, self.config),

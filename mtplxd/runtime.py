@@ -80,6 +80,8 @@ class Runtime:
         self.error: str | None = None
         self.loaded_at: float | None = None
         self.active_requests = 0
+        # Called with the in-flight count whenever a generation starts or ends (fans, ...).
+        self.activity: list[Callable[[int], None]] = []
         self._load_lock = trio.Lock()
         self._idle = trio.Event()
         self._idle.set()
@@ -184,11 +186,17 @@ class Runtime:
     def _begin(self) -> None:
         self.active_requests += 1
         self._idle = trio.Event() if self._idle.is_set() else self._idle
+        self._report_activity()
 
     def _end(self) -> None:
         self.active_requests -= 1
         if self.active_requests == 0:
             self._idle.set()
+        self._report_activity()
+
+    def _report_activity(self) -> None:
+        for callback in self.activity:
+            callback(self.active_requests)
 
     async def wait_idle(self) -> None:
         """Return once no generation is in flight."""

@@ -148,6 +148,7 @@ def status_snapshot(daemon: "Daemon") -> dict[str, Any]:
         "http": daemon.http_status(),
         "model": model_snapshot(daemon),
         "requests": {"active": daemon.runtime.active_requests},
+        "fans": daemon.fans.snapshot() if getattr(daemon, "fans", None) else None,
         "memory": {
             "rss_bytes": process.memory_info().rss,
             "system_total_bytes": vm.total,
