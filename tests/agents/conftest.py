@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -17,27 +18,24 @@ STATUS = {
 
 
 @pytest.fixture(autouse=True)
-def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own HOME and MTPLX_HOME, and no agent location overrides."""
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("MTPLX_HOME", str(tmp_path / "mtplx"))
+def user_home(isolated_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's own HOME (tests/conftest.py makes it), with no agent location override left."""
     for name in ("XDG_CONFIG_HOME", "OPENCODE_CONFIG", "PI_CODING_AGENT_DIR", "HERMES_HOME", "CODEX_HOME",
-                 "CLAUDE_CONFIG_DIR", "MTPLX_SOCKET", "MTPLX_API_KEY"):
+                 "CLAUDE_CONFIG_DIR"):
         monkeypatch.delenv(name, raising=False)
-    return home
+    return Path(os.environ["HOME"])
 
 
 @pytest.fixture
-def env(isolated_home: Path) -> dict[str, str]:
+def env(user_home: Path) -> dict[str, str]:
     """The environment mapping the writers resolve locations from."""
-    return {"HOME": str(isolated_home), "PATH": ""}
+    return {"HOME": str(user_home), "PATH": ""}
 
 
 @pytest.fixture
-def mtplx_home(tmp_path: Path) -> Path:
-    return tmp_path / "mtplx"
+def mtplx_home(isolated_home: Path) -> Path:
+    """The test's own MTPLX_HOME, where the install record lives."""
+    return Path(os.environ["MTPLX_HOME"])
 
 
 @pytest.fixture

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 import tomllib
 from pathlib import Path
@@ -13,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mtplxctl.cli import main
-from mtplxctl.client import ControlClient, DaemonNotRunning
+from support.daemon import start_daemon
 
 
 def _run(capsys, *argv: str) -> tuple[int, str]:
@@ -21,10 +18,10 @@ def _run(capsys, *argv: str) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
-def test_install_without_a_daemon_exits_3(capsys, isolated_home):
+def test_install_without_a_daemon_exits_3(capsys, user_home):
     code, _ = _run(capsys, "agents", "install", "opencode")
     assert code == 3
-    assert not (isolated_home / ".config").exists()
+    assert not (user_home / ".config").exists()
 
 
 def test_unknown_agent_is_an_error(capsys):
@@ -43,44 +40,31 @@ def test_doctor_without_a_daemon_exits_3(capsys):
 
 
 @pytest.fixture
-def daemon(tmp_path, isolated_home):
-    """A real mtplxd on a free port serving a tiny random-weight model."""
+def daemon(tmp_path):
+    """A real mtplxd on a free port serving a tiny random-weight model; yields its status."""
     from mtplxd.engine.tiny import write_tiny_checkpoint
 
-    model = write_tiny_checkpoint(tmp_path / "tiny-coder")
-    log = open(tmp_path / "mtplxd.out", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "mtplxd", "--port", "0", "--model", str(model)],
-                            env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
-    client = ControlClient.from_env(timeout=5)
-    deadline = time.monotonic() + 60
-    status = None
-    while time.monotonic() < deadline:
-        try:
-            status = client.call("daemon.status")
-            if (status.get("model") or {}).get("state") == "loaded":
-                break
-        except DaemonNotRunning:
-            pass
-        assert proc.poll() is None, (tmp_path / "mtplxd.out").read_text()
-        time.sleep(0.2)
-    assert status and status["model"]["state"] == "loaded", status
-    yield status
+    running = start_daemon("--model", str(write_tiny_checkpoint(tmp_path / "tiny-coder")))
     try:
-        client.call("daemon.shutdown")
-    except Exception:
-        proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
+        deadline = time.monotonic() + 60
+        status = running.client.call("daemon.status")
+        while (status.get("model") or {}).get("state") != "loaded" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status = running.client.call("daemon.status")
+        assert status["model"]["state"] == "loaded", status
+        yield status
+    finally:
+        running.stop()
 
 
-def test_install_doctor_uninstall_against_the_live_daemon(capsys, daemon, isolated_home):
-    codex = isolated_home / ".codex/config.toml"
+def test_install_doctor_uninstall_against_the_live_daemon(capsys, daemon, user_home):
+    codex = user_home / ".codex/config.toml"
     codex.parent.mkdir()
     codex.write_text('# mine\nmodel = "gpt-5"\n')
 
     code, out = _run(capsys, "agents", "install", "opencode", "codex", "--dry-run", "--json")
     assert code == 0 and json.loads(out)["dry_run"] is True
-    assert codex.read_text() == '# mine\nmodel = "gpt-5"\n' and not (isolated_home / ".config").exists()
+    assert codex.read_text() == '# mine\nmodel = "gpt-5"\n' and not (user_home / ".config").exists()
 
     code, out = _run(capsys, "agents", "install", "opencode", "codex", "--json")
     assert code == 0, out
@@ -102,4 +86,4 @@ def test_install_doctor_uninstall_against_the_live_daemon(capsys, daemon, isolat
     code, out = _run(capsys, "agents", "uninstall", "all", "--json")
     assert code == 0
     assert codex.read_text() == '# mine\nmodel = "gpt-5"\n'
-    assert not (isolated_home / ".config").exists()
+    assert not (user_home / ".config").exists()

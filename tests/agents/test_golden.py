@@ -49,8 +49,8 @@ def _place_inputs(agent: str, home: Path) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("agent", list(LAYOUT))
-def test_install_over_user_config_matches_golden_and_uninstall_restores_it(agent, env, mtplx_home, target, isolated_home):
-    placed = _place_inputs(agent, isolated_home)
+def test_install_over_user_config_matches_golden_and_uninstall_restores_it(agent, env, mtplx_home, target, user_home):
+    placed = _place_inputs(agent, user_home)
     result = manager.install_agent(agent, target, env, mtplx_home)
     assert result.status == "installed", result.error
     for name, path in placed.items():
@@ -64,8 +64,8 @@ def test_install_over_user_config_matches_golden_and_uninstall_restores_it(agent
         assert path.read_text() == (GOLDEN / agent / f"{name}.in").read_text()
 
 
-def test_opencode_round_trip_values(env, mtplx_home, target, isolated_home):
-    path = _place_inputs("opencode", isolated_home)["opencode.jsonc"]
+def test_opencode_round_trip_values(env, mtplx_home, target, user_home):
+    path = _place_inputs("opencode", user_home)["opencode.jsonc"]
     manager.install_agent("opencode", target, env, mtplx_home)
     data = _parse(path)
     provider = data["provider"]["mtplx"]
@@ -81,8 +81,8 @@ def test_opencode_round_trip_values(env, mtplx_home, target, isolated_home):
     assert "// the usual default" in path.read_text() and "/* a hosted provider I also use */" in path.read_text()
 
 
-def test_pi_round_trip_values(env, mtplx_home, target, isolated_home):
-    placed = _place_inputs("pi", isolated_home)
+def test_pi_round_trip_values(env, mtplx_home, target, user_home):
+    placed = _place_inputs("pi", user_home)
     manager.install_agent("pi", target, env, mtplx_home)
     models = _parse(placed["models.json"])
     provider = models["providers"]["mtplx"]
@@ -96,8 +96,8 @@ def test_pi_round_trip_values(env, mtplx_home, target, isolated_home):
     assert settings == {"theme": "dark", "defaultProvider": "mtplx", "defaultModel": "mtplx-tiny-coder"}
 
 
-def test_hermes_round_trip_values(env, mtplx_home, target, isolated_home):
-    path = _place_inputs("hermes", isolated_home)["config.yaml"]
+def test_hermes_round_trip_values(env, mtplx_home, target, user_home):
+    path = _place_inputs("hermes", user_home)["config.yaml"]
     manager.install_agent("hermes", target, env, mtplx_home)
     data = _parse(path)
     assert data["model"] == {
@@ -108,8 +108,8 @@ def test_hermes_round_trip_values(env, mtplx_home, target, isolated_home):
     assert "  backend: local  # run commands here\n" in path.read_text()
 
 
-def test_codex_round_trip_values(env, mtplx_home, target, isolated_home):
-    path = _place_inputs("codex", isolated_home)["config.toml"]
+def test_codex_round_trip_values(env, mtplx_home, target, user_home):
+    path = _place_inputs("codex", user_home)["config.toml"]
     manager.install_agent("codex", target, env, mtplx_home)
     data = _parse(path)
     assert data["model"] == "mtplx-tiny-coder" and data["model_provider"] == "mtplx"
@@ -122,8 +122,8 @@ def test_codex_round_trip_values(env, mtplx_home, target, isolated_home):
     assert data["approval_policy"] == "on-request" and data["mcp_servers"]["docs"]["command"] == "docs-mcp"
 
 
-def test_claude_round_trip_values(env, mtplx_home, target, isolated_home):
-    path = _place_inputs("claude", isolated_home)["settings.json"]
+def test_claude_round_trip_values(env, mtplx_home, target, user_home):
+    path = _place_inputs("claude", user_home)["settings.json"]
     manager.install_agent("claude", target, env, mtplx_home)
     data = json.loads(path.read_text())
     assert data["env"]["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8000"  # root, no /v1

@@ -31,9 +31,9 @@ def _mode(path: Path) -> int:
 
 
 @pytest.mark.parametrize("agent", list(BROKEN))
-def test_unparseable_file_is_refused_untouched_with_a_clear_message(agent, env, mtplx_home, target, isolated_home):
+def test_unparseable_file_is_refused_untouched_with_a_clear_message(agent, env, mtplx_home, target, user_home):
     rel, text = BROKEN[agent]
-    path = isolated_home / rel
+    path = user_home / rel
     path.parent.mkdir(parents=True)
     path.write_text(text)
     result = manager.install_agent(agent, target, env, mtplx_home)
@@ -50,8 +50,8 @@ def test_jsonc_parse_error_names_line_and_column():
         JsoncDocument('{\n  "a": 1\n  "b": 2\n}')
 
 
-def test_reinstall_with_nothing_to_change_writes_nothing(env, mtplx_home, target, isolated_home):
-    path = isolated_home / ".codex/config.toml"
+def test_reinstall_with_nothing_to_change_writes_nothing(env, mtplx_home, target, user_home):
+    path = user_home / ".codex/config.toml"
     path.parent.mkdir()
     path.write_text('approval_policy = "never"\n')
     first = manager.install_agent("codex", target, env, mtplx_home)
@@ -62,8 +62,8 @@ def test_reinstall_with_nothing_to_change_writes_nothing(env, mtplx_home, target
     assert (path.stat().st_mtime_ns, sorted(p.name for p in path.parent.iterdir())) == before
 
 
-def test_backup_holds_the_original_and_keeps_its_mode(env, mtplx_home, target, isolated_home):
-    path = isolated_home / ".hermes/config.yaml"
+def test_backup_holds_the_original_and_keeps_its_mode(env, mtplx_home, target, user_home):
+    path = user_home / ".hermes/config.yaml"
     path.parent.mkdir()
     path.write_text("terminal:\n  backend: local\n")
     path.chmod(0o640)
@@ -74,21 +74,21 @@ def test_backup_holds_the_original_and_keeps_its_mode(env, mtplx_home, target, i
     assert _mode(path) == 0o640  # rewritten with the original permissions
 
 
-def test_new_files_are_0600_in_0700_dirs_and_the_record_is_0600(env, mtplx_home, target, isolated_home):
+def test_new_files_are_0600_in_0700_dirs_and_the_record_is_0600(env, mtplx_home, target, user_home):
     manager.install_agent("pi", target, env, mtplx_home)
     for name in ("models.json", "settings.json"):
-        assert _mode(isolated_home / ".pi/agent" / name) == 0o600
-    assert _mode(isolated_home / ".pi") == 0o700
+        assert _mode(user_home / ".pi/agent" / name) == 0o600
+    assert _mode(user_home / ".pi") == 0o700
     assert _mode(record_path(mtplx_home)) == 0o600
     manager.uninstall_agent("pi", mtplx_home)
-    assert not (isolated_home / ".pi").exists()  # created files and dirs go away again
+    assert not (user_home / ".pi").exists()  # created files and dirs go away again
 
 
-def test_symlinked_config_is_written_through_the_link(env, mtplx_home, target, isolated_home):
-    real = isolated_home / "dotfiles/opencode.json"
+def test_symlinked_config_is_written_through_the_link(env, mtplx_home, target, user_home):
+    real = user_home / "dotfiles/opencode.json"
     real.parent.mkdir()
     real.write_text('{"theme": "x"}\n')
-    link = isolated_home / ".config/opencode/opencode.json"
+    link = user_home / ".config/opencode/opencode.json"
     link.parent.mkdir(parents=True)
     link.symlink_to(real)
     manager.install_agent("opencode", target, env, mtplx_home)
@@ -104,19 +104,19 @@ def test_symlinked_config_is_written_through_the_link(env, mtplx_home, target, i
     ("codex", "CODEX_HOME", "config.toml"),
     ("claude", "CLAUDE_CONFIG_DIR", "settings.json"),
 ])
-def test_location_overrides_are_respected(agent, variable, rel, env, mtplx_home, target, tmp_path, isolated_home):
+def test_location_overrides_are_respected(agent, variable, rel, env, mtplx_home, target, tmp_path, user_home):
     place = tmp_path / "elsewhere" / ("mtplx.json" if variable == "OPENCODE_CONFIG" else "")
     env = {**env, variable: str(place)}
     manager.install_agent(agent, target, env, mtplx_home)
     written = place / rel if rel else place
     assert written.is_file()
-    assert not any(isolated_home.rglob("*.json")) and not any(isolated_home.rglob("*.toml"))
+    assert not any(user_home.rglob("*.json")) and not any(user_home.rglob("*.toml"))
     manager.uninstall_agent(agent, mtplx_home)  # the record remembers where, without the variable
     assert not written.exists()
 
 
-def test_opencode_writes_the_jsonc_file_that_exists(env, mtplx_home, target, isolated_home):
-    directory = isolated_home / ".config/opencode"
+def test_opencode_writes_the_jsonc_file_that_exists(env, mtplx_home, target, user_home):
+    directory = user_home / ".config/opencode"
     directory.mkdir(parents=True)
     (directory / "opencode.jsonc").write_text("{\n  // mine\n}\n")
     manager.install_agent("opencode", target, env, mtplx_home)
@@ -124,31 +124,31 @@ def test_opencode_writes_the_jsonc_file_that_exists(env, mtplx_home, target, iso
     assert "// mine" in (directory / "opencode.jsonc").read_text()
 
 
-def test_keyed_daemon_is_referenced_from_the_environment_never_pasted(env, mtplx_home, keyed_target, isolated_home):
+def test_keyed_daemon_is_referenced_from_the_environment_never_pasted(env, mtplx_home, keyed_target, user_home):
     secret = "sk-this-must-not-appear"
     env = {**env, "MTPLX_API_KEY": secret}
     for agent in manager.AGENTS:
         assert manager.install_agent(agent, keyed_target, env, mtplx_home).status == "installed"
-    for path in isolated_home.rglob("*"):
+    for path in user_home.rglob("*"):
         if path.is_file():
             assert secret not in path.read_text()
-    opencode = json.loads((isolated_home / ".config/opencode/opencode.json").read_text())
+    opencode = json.loads((user_home / ".config/opencode/opencode.json").read_text())
     assert opencode["provider"]["mtplx"]["options"]["apiKey"] == "{env:MTPLX_API_KEY}"
-    codex = tomllib.loads((isolated_home / ".codex/config.toml").read_text())
+    codex = tomllib.loads((user_home / ".codex/config.toml").read_text())
     assert codex["model_providers"]["mtplx"]["env_key"] == "MTPLX_API_KEY"
-    pi = json.loads((isolated_home / ".pi/agent/models.json").read_text())
+    pi = json.loads((user_home / ".pi/agent/models.json").read_text())
     assert pi["providers"]["mtplx"]["apiKey"] == "!printenv MTPLX_API_KEY"
-    hermes = yaml.safe_load((isolated_home / ".hermes/config.yaml").read_text())
+    hermes = yaml.safe_load((user_home / ".hermes/config.yaml").read_text())
     assert hermes["model"]["provider"] == "custom:mtplx"
     assert hermes["custom_providers"] == [{"name": "mtplx", "base_url": "http://127.0.0.1:8000/v1",
                                            "key_env": "MTPLX_API_KEY", "api_mode": "chat_completions",
                                            "models": {"mtplx-tiny-coder": {"context_length": 32768}}}]
-    claude = json.loads((isolated_home / ".claude/settings.json").read_text())
+    claude = json.loads((user_home / ".claude/settings.json").read_text())
     assert claude["apiKeyHelper"] == "printenv MTPLX_API_KEY" and "ANTHROPIC_AUTH_TOKEN" not in claude["env"]
 
 
-def test_hermes_with_a_key_refuses_to_take_over_the_users_custom_providers(env, mtplx_home, keyed_target, isolated_home):
-    path = isolated_home / ".hermes/config.yaml"
+def test_hermes_with_a_key_refuses_to_take_over_the_users_custom_providers(env, mtplx_home, keyed_target, user_home):
+    path = user_home / ".hermes/config.yaml"
     path.parent.mkdir()
     path.write_text("custom_providers:\n  - name: work\n    base_url: https://gpu.example/v1\n")
     result = manager.install_agent("hermes", keyed_target, env, mtplx_home)
@@ -156,8 +156,8 @@ def test_hermes_with_a_key_refuses_to_take_over_the_users_custom_providers(env, 
     assert path.read_text() == "custom_providers:\n  - name: work\n    base_url: https://gpu.example/v1\n"
 
 
-def test_uninstall_leaves_an_entry_the_user_changed_after_install(env, mtplx_home, target, isolated_home):
-    path = isolated_home / ".pi/agent/settings.json"
+def test_uninstall_leaves_an_entry_the_user_changed_after_install(env, mtplx_home, target, user_home):
+    path = user_home / ".pi/agent/settings.json"
     path.parent.mkdir(parents=True)
     path.write_text('{"defaultProvider": "anthropic", "defaultModel": "claude"}\n')
     manager.install_agent("pi", target, env, mtplx_home)
@@ -168,8 +168,8 @@ def test_uninstall_leaves_an_entry_the_user_changed_after_install(env, mtplx_hom
     assert json.loads(path.read_text()) == {"defaultProvider": "anthropic", "defaultModel": "other"}
 
 
-def test_reinstall_for_a_new_model_keeps_the_users_original_for_uninstall(env, mtplx_home, target, isolated_home):
-    path = isolated_home / ".codex/config.toml"
+def test_reinstall_for_a_new_model_keeps_the_users_original_for_uninstall(env, mtplx_home, target, user_home):
+    path = user_home / ".codex/config.toml"
     path.parent.mkdir()
     original = 'model = "gpt-5"  # mine\n'
     path.write_text(original)
@@ -181,15 +181,15 @@ def test_reinstall_for_a_new_model_keeps_the_users_original_for_uninstall(env, m
     assert path.read_text() == original
 
 
-def test_dry_run_writes_nothing_and_keeps_no_record(env, mtplx_home, target, isolated_home):
+def test_dry_run_writes_nothing_and_keeps_no_record(env, mtplx_home, target, user_home):
     result = manager.install_agent("opencode", target, env, mtplx_home, dry_run=True)
     assert result.files[0].action == "created" and '"mtplx"' in result.files[0].text
-    assert not (isolated_home / ".config").exists() and not record_path(mtplx_home).exists()
+    assert not (user_home / ".config").exists() and not record_path(mtplx_home).exists()
 
 
-def test_install_all_picks_the_agents_found_here_and_leaves_claude_to_be_named(env, mtplx_home, isolated_home):
-    (isolated_home / ".codex").mkdir()
-    (isolated_home / ".claude").mkdir()
+def test_install_all_picks_the_agents_found_here_and_leaves_claude_to_be_named(env, mtplx_home, user_home):
+    (user_home / ".codex").mkdir()
+    (user_home / ".claude").mkdir()
     assert manager.resolve_names(["all"], True, env, mtplx_home) == ["codex"]
     assert manager.resolve_names(["all"], False, env, mtplx_home) == list(manager.AGENTS)
 
@@ -203,9 +203,9 @@ def test_target_from_status_needs_a_loaded_model():
         AgentTarget.from_status(status)
 
 
-def test_a_created_file_the_user_added_to_is_kept_on_uninstall(env, mtplx_home, target, isolated_home):
+def test_a_created_file_the_user_added_to_is_kept_on_uninstall(env, mtplx_home, target, user_home):
     manager.install_agent("claude", target, env, mtplx_home)
-    path = isolated_home / ".claude/settings.json"
+    path = user_home / ".claude/settings.json"
     data = json.loads(path.read_text())
     data["theme"] = "dark"
     path.write_text(json.dumps(data, indent=2) + "\n")
@@ -214,8 +214,8 @@ def test_a_created_file_the_user_added_to_is_kept_on_uninstall(env, mtplx_home, 
     assert path.read_text() == '{\n  "theme": "dark"\n}\n'
 
 
-def test_hermes_string_model_setting_is_replaced_and_restored(env, mtplx_home, target, isolated_home):
-    path = isolated_home / ".hermes/config.yaml"
+def test_hermes_string_model_setting_is_replaced_and_restored(env, mtplx_home, target, user_home):
+    path = user_home / ".hermes/config.yaml"
     path.parent.mkdir()
     original = "# mine\nmodel: anthropic/claude-opus-4   # set by `hermes config set model`\n"
     path.write_text(original)
@@ -225,8 +225,8 @@ def test_hermes_string_model_setting_is_replaced_and_restored(env, mtplx_home, t
     assert path.read_text() == original
 
 
-def test_codex_table_where_a_plain_value_goes_is_refused(env, mtplx_home, target, isolated_home):
-    path = isolated_home / ".codex/config.toml"
+def test_codex_table_where_a_plain_value_goes_is_refused(env, mtplx_home, target, user_home):
+    path = user_home / ".codex/config.toml"
     path.parent.mkdir()
     path.write_text("[web_search]\nmode = 1\n")
     result = manager.install_agent("codex", target, env, mtplx_home)
