@@ -104,6 +104,7 @@ async def _request_loop(stream: trio.SocketStream, registry: MethodRegistry) -> 
                                  f"message larger than {protocol.MAX_MESSAGE_BYTES} bytes",
                                  "message_too_large")
                 await stream.send_all(protocol.error_message(None, error))
+                await _discard_input(stream)
                 return
             chunk = await stream.receive_some(65536)
             if not chunk:
@@ -114,6 +115,14 @@ async def _request_loop(stream: trio.SocketStream, registry: MethodRegistry) -> 
         del buffer[: newline + 1]
         if line.strip():
             await _handle_line(stream, registry, line)
+
+
+async def _discard_input(stream: trio.SocketStream, seconds: float = 1.0) -> None:
+    """Read and drop what the peer is still sending, briefly, so closing does not reset the
+    connection before the peer has read our error."""
+    with trio.move_on_after(seconds):
+        while await stream.receive_some(65536):
+            pass
 
 
 async def _handle_line(stream: trio.SocketStream, registry: MethodRegistry, line: bytes) -> None:

@@ -1,0 +1,65 @@
+"""config.toml: typed keys, environment overrides, errors that name the key, atomic writes."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import tomllib
+
+from mtplxd.config import ConfigError, load_config, set_in_file
+from mtplxd.paths import Paths
+
+
+def test_defaults_then_file_then_environment(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('port = 9000\ndepth = 2\n')
+    config = load_config(path, environ={"MTPLX_DEPTH": "4"})
+    assert (config.port, config.sources["port"]) == (9000, "file")
+    assert (config.depth, config.sources["depth"]) == (4, "env")
+    assert (config.host, config.sources["host"]) == ("127.0.0.1", "default")
+
+
+@pytest.mark.parametrize("text, named", [
+    ("port = 'eighty'\n", "'port'"),
+    ("depth = 99\n", "'depth'"),
+    ("fan_mode = 'loud'\n", "'fan_mode'"),
+    ("colour = 'blue'\n", "'colour'"),
+    ("port = \n", "not valid TOML"),
+])
+def test_invalid_file_names_the_key(tmp_path, text, named):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=named):
+        load_config(path, environ={})
+
+
+def test_invalid_environment_value_names_the_variable(tmp_path):
+    with pytest.raises(ConfigError, match="MTPLX_PORT"):
+        load_config(tmp_path / "none.toml", environ={"MTPLX_PORT": "-1"})
+
+
+def test_set_keeps_other_keys_and_the_file_mode(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('host = "127.0.0.1"\nmodel = "/models/x"\n')
+    os.chmod(path, 0o600)
+    set_in_file(path, "port", "8123")
+    assert tomllib.loads(path.read_text()) == {"host": "127.0.0.1", "model": "/models/x", "port": 8123}
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    set_in_file(path, "model", "")
+    assert "model" not in tomllib.loads(path.read_text())
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_daemon_refuses_to_start_on_an_invalid_config():
+    import subprocess
+    import sys
+
+    paths = Paths.from_env()
+    paths.home.mkdir(parents=True, exist_ok=True)
+    paths.config_file.write_text("depth = 'deep'\n")
+    result = subprocess.run([sys.executable, "-m", "mtplxd", "--no-model"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert "'depth'" in result.stderr
