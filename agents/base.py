@@ -37,7 +37,7 @@ class Agent(Protocol):
     def plans(self, target: AgentTarget, env: Mapping[str, str]) -> list[FilePlan]:
         """The files and entries to write for `target`, at locations resolved from `env`."""
 
-    def facts(self, docs: list[Any], target_hint: AgentTarget | None = None) -> Facts:
+    def facts(self, docs: list[Any]) -> Facts:
         """Read back the installed entries from the documents of `plans` (same order)."""
 
     def notes(self, target: AgentTarget) -> list[str]:

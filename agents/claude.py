@@ -44,7 +44,7 @@ def plans(target: AgentTarget, env: Mapping[str, str]) -> list[FilePlan]:
     return [FilePlan(config_dir(env) / "settings.json", "jsonc", tuple(entries))]
 
 
-def facts(docs: list[Any], target_hint: AgentTarget | None = None) -> Facts:
+def facts(docs: list[Any]) -> Facts:
     """Endpoint, model and output cap as the installed settings.json states them."""
     data = docs[0].data()
     env_block = data.get("env") if isinstance(data.get("env"), dict) else {}

@@ -51,7 +51,7 @@ def plans(target: AgentTarget, env: Mapping[str, str]) -> list[FilePlan]:
     ]
 
 
-def facts(docs: list[Any], target_hint: AgentTarget | None = None) -> Facts:
+def facts(docs: list[Any]) -> Facts:
     """Endpoint, model and context window as the installed config.toml states them."""
     data = docs[0].data()
     provider = dig(data, "model_providers", PROVIDER_ID) or {}

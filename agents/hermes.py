@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from .base import Facts, as_int, dig, env_path, home
+from .base import Facts, as_int, env_path, home
 from .merge import Entry, FilePlan
 from .target import PROVIDER_ID, AgentTarget
 
@@ -79,7 +79,7 @@ def conflicts(target: AgentTarget, docs: list[Any]) -> str | None:
     return None
 
 
-def facts(docs: list[Any], target_hint: AgentTarget | None = None) -> Facts:
+def facts(docs: list[Any]) -> Facts:
     """Endpoint, model and limits as the installed config.yaml states them."""
     data = docs[0].data()
     model = data.get("model") if isinstance(data.get("model"), dict) else {}

@@ -74,7 +74,7 @@ def plans(target: AgentTarget, env: Mapping[str, str]) -> list[FilePlan]:
     ]
 
 
-def facts(docs: list[Any], target_hint: AgentTarget | None = None) -> Facts:
+def facts(docs: list[Any]) -> Facts:
     """Endpoint, model and limits as the installed OpenCode config states them."""
     data = docs[0].data()
     provider = dig(data, "provider", PROVIDER_ID) or {}

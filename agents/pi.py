@@ -68,7 +68,7 @@ def plans(target: AgentTarget, env: Mapping[str, str]) -> list[FilePlan]:
     ]
 
 
-def facts(docs: list[Any], target_hint: AgentTarget | None = None) -> Facts:
+def facts(docs: list[Any]) -> Facts:
     """Endpoint, model and limits as the installed Pi files state them."""
     provider = dig(docs[0].data(), "providers", PROVIDER_ID) or {}
     model = dig(provider, "models", 0) or {}

@@ -112,3 +112,25 @@ def test_toml_install_then_uninstall_is_identity(data, picks, keyed):
 def test_yaml_install_then_uninstall_is_identity(data, picks, keyed):
     text = _with_comments(yaml.safe_dump(data, sort_keys=False), "#", picks)
     _round_trip("hermes", text, KEYED if keyed else TARGET)
+
+
+@settings_
+@given(data=json_configs, agent=st.sampled_from(["opencode", "pi", "claude"]),
+       added=st.dictionaries(st.text("klmnop", min_size=1, max_size=5).map(lambda k: "user_" + k), scalars, min_size=1, max_size=3))
+def test_settings_the_user_adds_while_installed_survive_uninstall(data, agent, added):
+    from mtplxctl.agents.jsonc import JsoncDocument
+
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "home"
+        path = home / FILES[agent]
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        env = {"HOME": str(home), "PATH": ""}
+        if manager.install_agent(agent, TARGET, env, Path(tmp) / "mtplx").status == "error":
+            return
+        doc = JsoncDocument(path.read_text())
+        for key, value in added.items():
+            doc.set((key,), value)
+        path.write_text(doc.dumps())
+        manager.uninstall_agent(agent, Path(tmp) / "mtplx")
+        assert JsoncDocument(path.read_text()).data() == {**data, **added}

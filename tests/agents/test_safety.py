@@ -4,7 +4,6 @@ respect location overrides, reference keys instead of pasting them, leave user c
 from __future__ import annotations
 
 import json
-import os
 import stat
 import tomllib
 from pathlib import Path
