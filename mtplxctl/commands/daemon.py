@@ -104,7 +104,9 @@ def _launch(paths: Paths, args: argparse.Namespace) -> int | None:
         if args.host or args.port is not None:
             return fail("the login service runs mtplxd with the saved configuration",
                         "use `mtplxctl config set host|port VALUE`, then `mtplxctl restart`")
-        manager.start()
+        error = _start_service(manager)
+        if error is not None:
+            return error
         process = None
     else:
         paths.ensure()
@@ -123,6 +125,18 @@ def _installed_service_manager() -> Any:
         return None
     manager = service_manager()
     return manager if manager is not None and manager.is_installed() else None
+
+
+def _start_service(manager: Any) -> int | None:
+    """Start the installed login service; an exit code when launchctl/systemctl refused."""
+    from mtplxctl.launchd import ServiceError
+
+    try:
+        manager.start()
+    except ServiceError as exc:
+        return fail(f"the login service could not start mtplxd: {exc}",
+                    exc.hint or "see `mtplxctl service status`")
+    return None
 
 
 def _wait_until_up(paths: Paths, process: subprocess.Popen | None) -> int | None:
@@ -215,18 +229,35 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def _stop_daemon(paths: Paths, client: ControlClient) -> tuple[int, bool]:
     """Ask the running daemon to stop; return (its pid, whether it stopped in time)."""
-    pid = client.call("daemon.status")["pid"]
+    status = client.call("daemon.status")
+    pid = status["pid"]
     manager = _installed_service_manager()
-    if manager is not None:
-        # bootout / systemctl stop send SIGTERM and do not count as a crash, so KeepAlive and
-        # Restart=on-failure leave the daemon down.
-        manager.stop()
-    else:
+    # A daemon started by hand while the service is installed is not the service's to stop.
+    if manager is None or status.get("supervisor") != manager.name or not _stop_service(manager):
+        # A clean exit 0 is not a crash either: KeepAlive {SuccessfulExit: false} and
+        # Restart=on-failure leave a daemon stopped this way down too.
         try:
             client.call("daemon.shutdown")
         except DaemonNotRunning:
             pass
     return pid, _wait_stopped(paths, pid)
+
+
+def _stop_service(manager: Any) -> bool:
+    """bootout / systemctl stop: SIGTERM, not counted as a crash, so the service stays down.
+
+    False (with a warning) when the service manager refused; the caller then stops the daemon
+    over the socket.
+    """
+    from mtplxctl.launchd import ServiceError
+
+    try:
+        manager.stop()
+    except ServiceError as exc:
+        err_console.print(f"[yellow]the login service could not stop mtplxd ({exc}); "
+                          "asking the daemon directly[/]")
+        return False
+    return True
 
 
 def _wait_stopped(paths: Paths, pid: int) -> bool:
