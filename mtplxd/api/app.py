@@ -1,28 +1,178 @@
-"""The HTTP application (quart-trio), served by hypercorn from the daemon's nursery."""
+"""The HTTP application (quart-trio), served by hypercorn from the daemon's nursery.
+
+Routes are thin: parse the body, hand it to the dialect module, render. Cross-cutting
+concerns live in before/after hooks (CORS, auth, request metrics) and one set of error
+handlers (every error in the calling dialect's JSON shape; never an HTML page).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import time
+from typing import Any, Awaitable, Callable
 
+from quart import Response, request
 from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
+from mtplxd.api import anthropic, openai, responses
+from mtplxd.api.auth import is_authorized, load_key
+from mtplxd.api.cors import browser_origin, cors_headers, origin_allowed
+from mtplxd.api.errors import APIError, dialect_for_path, from_http_status, render_error
+from mtplxd.api.flight import FlightBoard
+from mtplxd.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from mtplxd.api.metrics import Metrics
+from mtplxd.api.schemas import require_json_object
+from mtplxd.api.service import Generations
 from mtplxd.config import Config
+from mtplxd.paths import Paths
 from mtplxd.runtime import Runtime
 
+log = logging.getLogger(__name__)
 
-def create_app(runtime: Runtime, config: Config) -> QuartTrio:
+MAX_BODY_BYTES = 32 * 1024 * 1024  # Codex with many tools sends ~1 MB; long chats a few MB
+KEEPALIVE_SECONDS = 5.0
+OPEN_PATHS = {"/health"}  # answered without a key (liveness probes)
+
+
+def _is_loopback(host: str) -> bool:
+    from mtplxd.daemon import is_loopback
+
+    return is_loopback(host)
+
+
+def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = KEEPALIVE_SECONDS) -> QuartTrio:
     """Build the app over the daemon's runtime (the model owner) and its settings."""
     app = QuartTrio("mtplxd")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.config["RESPONSE_TIMEOUT"] = None  # generations stream for as long as they need
+    app.config["BODY_TIMEOUT"] = 600
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.json.ensure_ascii = False  # type: ignore[attr-defined]
+
+    key_required = not _is_loopback(config.host)
+    stored = load_key(Paths.from_env()) if key_required else None
+    api_key = stored.key if stored else None
+    allowed_origins = list(config.cors_origins)
+    metrics = Metrics(runtime)
+    flights = FlightBoard()
+    gen = Generations(runtime, metrics, flights, lambda: app.nursery, keepalive_seconds)
+
+    @app.before_request
+    async def guard() -> Any:
+        origin = browser_origin(request.headers)
+        if origin is not None and not origin_allowed(origin, request.headers.get("Host"), allowed_origins):
+            raise APIError(403, f"browser requests from {origin} are not allowed; add the origin "
+                                "with `mtplxctl config set cors_origins ORIGIN`", code="cors_forbidden")
+        if request.method == "OPTIONS" and origin is not None:
+            return Response("", status=204, headers=cors_headers(origin))
+        if key_required and request.path not in OPEN_PATHS:
+            if api_key is None or not is_authorized(request.headers, api_key):
+                raise APIError(401, "missing or invalid API key: send `Authorization: Bearer KEY` or "
+                                    "`x-api-key: KEY` (`mtplxctl key show` prints it)",
+                               code="invalid_api_key")
+        return None
+
+    @app.after_request
+    async def finish(response: Response) -> Response:
+        origin = browser_origin(request.headers)
+        if origin is not None:
+            for name, value in cors_headers(origin).items():
+                response.headers[name] = value
+        if request.url_rule is not None:
+            metrics.observe_request(request.url_rule.rule, response.status_code)
+        return response
+
+    @app.errorhandler(APIError)
+    async def api_error(error: APIError) -> Response:
+        return _error_response(error)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:
+        return _error_response(from_http_status(error.code or 500, error.description or error.name))
+
+    @app.errorhandler(Exception)
+    async def unexpected(error: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return _error_response(APIError(500, f"internal error: {type(error).__name__}: {error}",
+                                        code="internal_error"))
+
+    def _error_response(error: APIError) -> Response:
+        body, status, headers = render_error(error, dialect_for_path(request.path))
+        response = Response(body, status=status, headers=headers)
+        if request.url_rule is None:
+            metrics.observe_request("unmatched", status)
+        return response
+
+    def generation_route(path: str, handler: Callable[[Generations, dict[str, Any]], Awaitable[Any]]) -> None:
+        async def route() -> Any:
+            data = require_json_object(await request.get_data(cache=False))
+            return await handler(gen, data)
+
+        route.__name__ = "route_" + path.strip("/").replace("/", "_")
+        app.add_url_rule(path, view_func=route, methods=["POST"])
+
+    generation_route("/v1/chat/completions", openai.chat_completions)
+    generation_route("/v1/completions", openai.completions)
+    generation_route("/v1/responses", responses.responses)
+    generation_route("/v1/messages", anthropic.messages)
+    generation_route("/v1/messages/count_tokens", anthropic.count_tokens)
 
     @app.get("/health")
     async def health() -> tuple[dict[str, Any], int]:
         info = runtime.info()
+        degradations = []
+        if info and info.get("mode") == "ar":
+            degradations.append({"what": "mtp", "why": info.get("ar_reason") or "no MTP head"})
         body = {
             "status": "ok" if runtime.state == "loaded" else "no_model",
             "state": runtime.state,
-            "model": info,
+            "model": info["id"] if info else None,
+            "mode": info["mode"] if info else None,
+            "ar_reason": info.get("ar_reason") if info else None,
+            "depth": info["depth"] if info else None,
+            "context_length": info["context_length"] if info else None,
+            "degradations": degradations,
             "error": runtime.error,
+            "active_requests": runtime.active_requests,
+            "api_key_required": key_required,
+            "model_info": info,
         }
         return body, 200
 
+    @app.get("/v1/models")
+    async def list_models() -> tuple[dict[str, Any], int]:
+        info = runtime.info()
+        return {"object": "list", "data": [_model_card(info, runtime)] if info else []}, 200
+
+    @app.get("/v1/models/<path:model_id>")
+    async def get_model(model_id: str) -> tuple[dict[str, Any], int]:
+        info = runtime.info()
+        if not info or info["id"] != model_id:
+            raise APIError(404, f"the model {model_id!r} does not exist (see GET /v1/models)",
+                           code="model_not_found", param="model")
+        return _model_card(info, runtime), 200
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), status=200, content_type=METRICS_CONTENT_TYPE)
+
+    @app.get("/v1/mtplx/flight")
+    async def flight() -> tuple[dict[str, Any], int]:
+        return flights.snapshot(), 200
+
     return app
+
+
+def _model_card(info: dict[str, Any], runtime: Runtime) -> dict[str, Any]:
+    """An OpenAI model object, with the context window the agents probe for."""
+    return {
+        "id": info["id"],
+        "object": "model",
+        "created": int(runtime.loaded_at or time.time()),
+        "owned_by": "mtplx",
+        "context_length": info["context_length"],
+        "max_model_len": info["context_length"],
+        "mtplx": {"mode": info["mode"], "depth": info["depth"], "family": info["family"],
+                  "quantization": info["quantization"], "ar_reason": info["ar_reason"]},
+    }

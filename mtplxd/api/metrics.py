@@ -1,0 +1,105 @@
+"""Prometheus metrics (`GET /metrics`, text exposition format) through prometheus_client.
+
+Counters and histograms are fed from each finished generation's engine stats; gauges
+(active requests, model facts, memory) are read when scraped. Names follow Prometheus
+conventions with an `mtplx_` prefix; speculative counters mirror vLLM's
+`spec_decode_num_*_tokens_total`, split by draft position.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
+RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 40, 60, 80, 100, 150, 200, 400, 1000)
+
+
+class Metrics:
+    """One registry per app (tests run several apps in one process)."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("mtplx_requests", "HTTP API requests answered",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("mtplx_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.generation_tokens = Counter("mtplx_generation_tokens", "Tokens generated", registry=r)
+        self.cached_tokens = Counter("mtplx_cached_prompt_tokens", "Prompt tokens served from cache",
+                                     registry=r)
+        self.finished = Counter("mtplx_generations", "Generations finished, by finish reason",
+                                ["finish_reason"], registry=r)
+        self.ttft = Histogram("mtplx_time_to_first_token_seconds", "Time to first token",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.decode_rate = Histogram("mtplx_decode_tokens_per_second", "Decode rate per request",
+                                     buckets=RATE_BUCKETS, registry=r)
+        self.prefill_rate = Histogram("mtplx_prefill_tokens_per_second", "Prefill rate per request",
+                                      buckets=(100, 250, 500, 1000, 2000, 4000, 8000, 16000),
+                                      registry=r)
+        self.drafted = Counter("mtplx_spec_decode_draft_tokens", "MTP draft tokens proposed",
+                               ["position"], registry=r)
+        self.accepted = Counter("mtplx_spec_decode_accepted_tokens", "MTP draft tokens accepted",
+                                ["position"], registry=r)
+        self.cycles = Counter("mtplx_spec_decode_cycles", "Speculative verify cycles", registry=r)
+        self.committed = Counter("mtplx_spec_decode_committed_tokens",
+                                 "Tokens committed by speculative verify cycles", registry=r)
+        self.mean_accept = Gauge("mtplx_spec_decode_mean_acceptance_length",
+                                 "Tokens committed per verify cycle since start", registry=r)
+        self.mean_accept.set_function(self._mean_acceptance)
+        active = Gauge("mtplx_active_requests", "Generations in flight", registry=r)
+        active.set_function(lambda: runtime.active_requests)
+        loaded = Gauge("mtplx_model_loaded", "1 while a model is loaded", registry=r)
+        loaded.set_function(lambda: 1 if runtime.state == "loaded" else 0)
+        depth = Gauge("mtplx_model_depth", "Default MTP depth of the loaded model (0 = AR)", registry=r)
+        depth.set_function(_from_info(runtime, "depth"))
+        weights = Gauge("mtplx_model_weights_bytes", "Bytes of the loaded model's weights", registry=r)
+        weights.set_function(_from_info(runtime, "weights_bytes"))
+        rss = Gauge("mtplx_process_resident_memory_bytes", "Resident memory of the daemon", registry=r)
+        rss.set_function(lambda: psutil.Process().memory_info().rss)
+        available = Gauge("mtplx_system_available_memory_bytes", "Memory available on the machine",
+                          registry=r)
+        available.set_function(lambda: psutil.virtual_memory().available)
+
+    def _mean_acceptance(self) -> float:
+        cycles = self.cycles._value.get()
+        return self.committed._value.get() / cycles if cycles else 0.0
+
+    def observe_request(self, endpoint: str, status: int) -> None:
+        """Count one answered request."""
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def observe_generation(self, stats: Any) -> None:
+        """Fold one finished generation's engine stats in."""
+        self.prompt_tokens.inc(stats.prompt_tokens)
+        self.generation_tokens.inc(stats.completion_tokens)
+        self.cached_tokens.inc(stats.cached_tokens)
+        self.finished.labels(finish_reason=stats.finish_reason).inc()
+        if stats.completion_tokens:
+            self.ttft.observe(stats.ttft_seconds)
+        if stats.decode_tokens_per_second > 0:
+            self.decode_rate.observe(stats.decode_tokens_per_second)
+        if stats.prefill_tokens_per_second > 0:
+            self.prefill_rate.observe(stats.prefill_tokens_per_second)
+        for i, (drafted, accepted) in enumerate(zip(stats.drafted_by_depth, stats.accepted_by_depth)):
+            self.drafted.labels(position=str(i + 1)).inc(drafted)
+            self.accepted.labels(position=str(i + 1)).inc(accepted)
+        if stats.depth > 0 and stats.cycles:
+            self.cycles.inc(stats.cycles)
+            self.committed.inc(stats.mean_accepted_length * stats.cycles)
+
+    def render(self) -> bytes:
+        """The exposition text."""
+        return generate_latest(self.registry)
+
+
+def _from_info(runtime: Any, key: str) -> Callable[[], float]:
+    def read() -> float:
+        info = runtime.info()
+        return float(info.get(key) or 0) if info else 0.0
+
+    return read

@@ -1,0 +1,337 @@
+"""Streaming-safe parsing of model output into reasoning, content and tool calls.
+
+One `OutputParser` serves every API dialect and both modes: a non-streamed response is the
+parser fed the whole text at once, a streamed one is the same parser fed each delta, so the
+events of the two concatenate to the same thing whatever the chunking (a hypothesis test
+checks this). Markup that could still be a tag is held back until it is decided.
+
+Recognised output:
+- `<think> ... </think>` at the start of the output (or, when the prompt already opened
+  `<think>`, everything up to `</think>`) becomes reasoning.
+- `<tool_call> ... </tool_call>` blocks whose body is either JSON
+  (`{"name": ..., "arguments": {...}}`) or Qwen's XML style
+  (`<function=NAME><parameter=KEY>VALUE</parameter></function>`) become tool calls. A body
+  that parses as neither stays content, byte for byte; so does an unterminated block.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+TOOL_OPEN = "<tool_call>"
+TOOL_CLOSE = "</tool_call>"
+
+
+@dataclass
+class ReasoningDelta:
+    """Text of the model's reasoning (inside <think>)."""
+
+    text: str
+
+
+@dataclass
+class ContentDelta:
+    """Text of the answer."""
+
+    text: str
+
+
+@dataclass
+class ToolCallEvent:
+    """One complete tool call; `arguments` is a JSON object rendered as a string."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+Event = ReasoningDelta | ContentDelta | ToolCallEvent
+
+
+def new_call_id() -> str:
+    """A fresh tool-call id in OpenAI's style."""
+    return "call_" + secrets.token_hex(12)
+
+
+def _partial_tag_suffix(text: str, tags: Iterable[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of one of `tags`."""
+    best = 0
+    for tag in tags:
+        for size in range(min(len(tag) - 1, len(text)), 0, -1):
+            if text.endswith(tag[:size]):
+                best = max(best, size)
+                break
+    return best
+
+
+class OutputParser:
+    """Turns generated text, fed in any chunking, into reasoning/content/tool-call events."""
+
+    def __init__(self, *, parse_tools: bool, start_in_reasoning: bool = False,
+                 tool_schemas: dict[str, dict[str, Any]] | None = None, raw: bool = False) -> None:
+        """`raw`: plain text completion, every character is content (no markup, no trimming)."""
+        self.parse_tools = parse_tools and not raw
+        self.tool_schemas = tool_schemas or {}
+        # "start": nothing but whitespace yet (a <think> may still open); "reasoning";
+        # "content"; "tool": inside a <tool_call> block.
+        self.mode = "reasoning" if start_in_reasoning else "start"
+        self._buffer = ""          # undecided text (a possible tag, or a tool-call body)
+        self._pending_ws = ""      # whitespace held back (dropped before a tool call / think end)
+        self._reasoning_started = False
+        self._content_started = raw
+        self.tool_calls = 0
+        if raw:
+            self.mode = "content"
+
+    @property
+    def in_reasoning(self) -> bool:
+        """True while the text being produced is reasoning."""
+        return self.mode == "reasoning"
+
+    def feed(self, text: str) -> list[Event]:
+        """Consume a delta; return the events that are now decided."""
+        self._buffer += text
+        events: list[Event] = []
+        while True:
+            before = (self.mode, len(self._buffer))
+            getattr(self, f"_step_{self.mode}")(events)
+            if (self.mode, len(self._buffer)) == before:
+                return _merge(events)
+
+    def finish(self) -> list[Event]:
+        """The output ended: flush everything held back as what it is."""
+        events: list[Event] = []
+        if self.mode == "tool":
+            # An unterminated call is not a call: give its text back as content.
+            self._emit_content(events, self._pending_ws + TOOL_OPEN + self._buffer)
+        elif self.mode == "reasoning":
+            self._emit_reasoning(events, (self._pending_ws if self._buffer else "") + self._buffer)
+        elif self.mode == "start" or not self._content_started:
+            self._emit_content(events, (self._pending_ws + self._buffer).lstrip())
+        elif self._buffer or self._pending_ws:
+            self._emit_content(events, self._pending_ws + self._buffer)
+        self._buffer = self._pending_ws = ""
+        self.mode = "content"
+        return _merge(events)
+
+    # -- states -------------------------------------------------------------------------
+
+    def _step_start(self, events: list[Event]) -> None:
+        stripped = self._buffer.lstrip()
+        if not stripped:
+            return
+        if stripped.startswith(THINK_OPEN):
+            self._buffer = stripped[len(THINK_OPEN):]
+            self.mode = "reasoning"
+            return
+        if THINK_OPEN.startswith(stripped):
+            return  # could still become <think>
+        self.mode = "content"
+
+    def _step_reasoning(self, events: list[Event]) -> None:
+        if not self._reasoning_started:
+            self._buffer = self._buffer.lstrip()
+            if not self._buffer:
+                return
+        end = self._buffer.find(THINK_CLOSE)
+        if end >= 0:
+            body = self._buffer[:end].rstrip()
+            if body:
+                self._emit_reasoning(events, self._pending_ws + body)
+            self._buffer = self._buffer[end + len(THINK_CLOSE):]
+            self.mode = "content"
+            self._pending_ws = ""
+            return
+        keep = _partial_tag_suffix(self._buffer, [THINK_CLOSE])
+        body = self._buffer[:len(self._buffer) - keep]
+        # Trailing whitespace waits: it is dropped if </think> follows.
+        decided = body.rstrip()
+        tail = body[len(decided):]
+        if decided:
+            self._emit_reasoning(events, self._pending_ws + decided)
+            self._pending_ws = ""
+        self._pending_ws += tail
+        self._buffer = self._buffer[len(body):]
+
+    def _step_content(self, events: list[Event]) -> None:
+        if not self._content_started:
+            # The whitespace between </think> and the answer is layout, not content.
+            self._buffer = self._buffer.lstrip()
+            if not self._buffer:
+                return
+        if self.parse_tools:
+            start = self._buffer.find(TOOL_OPEN)
+            if start >= 0:
+                self._emit_held_content(events, self._buffer[:start])
+                self._buffer = self._buffer[start + len(TOOL_OPEN):]
+                self.mode = "tool"
+                return
+            keep = _partial_tag_suffix(self._buffer, [TOOL_OPEN])
+        else:
+            keep = 0
+        self._emit_held_content(events, self._buffer[:len(self._buffer) - keep], hold_ws=self.parse_tools)
+        self._buffer = self._buffer[len(self._buffer) - keep:]
+
+    def _step_tool(self, events: list[Event]) -> None:
+        end = self._buffer.find(TOOL_CLOSE)
+        if end < 0:
+            return
+        body = self._buffer[:end]
+        self._buffer = self._buffer[end + len(TOOL_CLOSE):]
+        self.mode = "content"
+        call = parse_tool_call_body(body, self.tool_schemas)
+        if call is None:
+            self._emit_content(events, self._pending_ws + TOOL_OPEN + body + TOOL_CLOSE)
+            self._pending_ws = ""
+            return
+        name, arguments = call
+        self._pending_ws = ""  # whitespace before a call is layout
+        events.append(ToolCallEvent(self.tool_calls, new_call_id(), name, arguments))
+        self.tool_calls += 1
+        # Whitespace between consecutive calls is layout too.
+        self._content_started = False
+
+    # -- emitting -----------------------------------------------------------------------
+
+    def _emit_held_content(self, events: list[Event], text: str, hold_ws: bool = True) -> None:
+        """Emit content, holding back trailing whitespace (it may precede a tool call)."""
+        if not text:
+            return
+        decided = text.rstrip() if hold_ws else text
+        if decided:
+            self._emit_content(events, self._pending_ws + decided)
+            self._pending_ws = ""
+        self._pending_ws += text[len(decided):]
+
+    def _emit_content(self, events: list[Event], text: str) -> None:
+        if text:
+            self._content_started = True
+            events.append(ContentDelta(text))
+
+    def _emit_reasoning(self, events: list[Event], text: str) -> None:
+        if text:
+            self._reasoning_started = True
+            events.append(ReasoningDelta(text))
+
+
+def _merge(events: list[Event]) -> list[Event]:
+    """Join adjacent deltas of the same kind (fewer, larger SSE frames)."""
+    merged: list[Event] = []
+    for event in events:
+        if merged and type(event) is type(merged[-1]) and not isinstance(event, ToolCallEvent):
+            merged[-1] = type(event)(merged[-1].text + event.text)  # type: ignore[union-attr]
+        else:
+            merged.append(event)
+    return merged
+
+
+_XML_FUNCTION = re.compile(r"^\s*<function=([^>\n]+)>(.*?)(?:</function>\s*)?$", re.S)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+
+def parse_tool_call_body(body: str, schemas: dict[str, dict[str, Any]]) -> tuple[str, str] | None:
+    """(name, arguments JSON) from a <tool_call> body in JSON or Qwen XML style, else None."""
+    stripped = body.strip()
+    if stripped.startswith("{"):
+        return _parse_json_call(stripped)
+    match = _XML_FUNCTION.match(stripped)
+    if match:
+        return _parse_xml_call(match.group(1).strip(), match.group(2), schemas)
+    return None
+
+
+def _parse_json_call(text: str) -> tuple[str, str] | None:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
+        return None
+    arguments = data.get("arguments", data.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return data["name"], json.dumps(arguments, ensure_ascii=False)
+
+
+def _parse_xml_call(name: str, inner: str, schemas: dict[str, dict[str, Any]]) -> tuple[str, str] | None:
+    properties = (schemas.get(name) or {}).get("properties") or {}
+    arguments: dict[str, Any] = {}
+    rest = _XML_PARAMETER.sub("", inner)
+    if rest.strip():
+        return None  # stray text inside <function>: not a well-formed call
+    for key, raw in _XML_PARAMETER.findall(inner):
+        key = key.strip()
+        arguments[key] = _typed_value(_strip_one_newline(raw), (properties.get(key) or {}))
+    return name, json.dumps(arguments, ensure_ascii=False)
+
+
+def _strip_one_newline(value: str) -> str:
+    if value.startswith("\n"):
+        value = value[1:]
+    if value.endswith("\n"):
+        value = value[:-1]
+    return value
+
+
+def _typed_value(raw: str, schema: dict[str, Any]) -> Any:
+    """XML parameter values are text; the tool's JSON schema says what type they are."""
+    kind = schema.get("type")
+    kinds = set(kind) if isinstance(kind, list) else {kind}
+    if kinds & {"integer", "number", "boolean", "object", "array", "null"}:
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    if not kinds - {None} and raw.strip()[:1] in ("{", "["):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw
+
+
+@dataclass
+class ParsedOutput:
+    """A whole response: reasoning, content and calls, as the non-streamed APIs return it."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCallEvent] = field(default_factory=list)
+    blocks: list[Event] = field(default_factory=list)  # in order, same-kind neighbours merged
+
+
+def collect(events: Iterable[Event]) -> ParsedOutput:
+    """Fold a sequence of events into a ParsedOutput."""
+    out = ParsedOutput()
+    events = list(events)
+    for event in events:
+        if isinstance(event, ReasoningDelta):
+            out.reasoning += event.text
+        elif isinstance(event, ContentDelta):
+            out.content += event.text
+        else:
+            out.tool_calls.append(event)
+    out.blocks = _merge(events)
+    return out
+
+
+def parse_text(text: str, *, parse_tools: bool, start_in_reasoning: bool = False,
+               tool_schemas: dict[str, dict[str, Any]] | None = None,
+               prefix: str = "") -> ParsedOutput:
+    """Parse a whole output at once (the non-streamed path)."""
+    parser = OutputParser(parse_tools=parse_tools, start_in_reasoning=start_in_reasoning,
+                          tool_schemas=tool_schemas)
+    events = parser.feed(prefix + text) + parser.finish()
+    return collect(events)

@@ -1,0 +1,339 @@
+"""The generation pipeline every dialect shares: admit, render, clamp, run, parse, account.
+
+A dialect module parses its body into a Conversation (or raw prompt ids) and GenParams, asks
+`Generations.plan_*` for a Plan (model checks, chat template, context clamp, sampler), then
+either `complete(plan)` (non-streamed) or iterates `stream(plan)` (streamed) and renders
+what comes back in its own shape. Flight board and metrics are fed here, once.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+import trio
+
+from mtplxd.api import chat_format
+from mtplxd.api.errors import (
+    APIError, context_length_exceeded, invalid, model_not_found, model_not_loaded,
+)
+from mtplxd.api.flight import Flight, FlightBoard
+from mtplxd.api.metrics import Metrics
+from mtplxd.api.parsers import Event, OutputParser, ParsedOutput, collect
+from mtplxd.api.schemas import Conversation, GenParams, generation_defaults
+from mtplxd.engine.interface import (
+    GenerationRequest, GenerationResult, SamplingParams, TokenDelta,
+)
+from mtplxd.runtime import ModelNotLoaded, Runtime
+
+UNKNOWN_CONTEXT = 1 << 31
+
+
+class Tick:
+    """Nothing to send for a while: the SSE writer sends a keep-alive."""
+
+
+TICK = Tick()
+
+
+@dataclass
+class Plan:
+    """One admitted generation, ready to run."""
+
+    id: str
+    endpoint: str
+    model_id: str
+    request: GenerationRequest
+    max_tokens: int
+    max_tokens_requested: int | None
+    parse_tools: bool = False
+    tool_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
+    start_in_reasoning: bool = False
+    output_prefix: str = ""
+    raw_text: bool = False  # legacy completions: output is plain text, verbatim
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def clamped(self) -> bool:
+        """The client's output cap did not fit the context and was lowered."""
+        return self.max_tokens_requested is not None and self.max_tokens_requested > self.max_tokens
+
+    def headers(self) -> dict[str, str]:
+        """Response headers that make the effective output cap visible."""
+        headers = {"X-MTPLX-Request-Id": self.id, "X-MTPLX-Max-Tokens": str(self.max_tokens)}
+        if self.clamped:
+            headers["X-MTPLX-Max-Tokens-Clamped-From"] = str(self.max_tokens_requested)
+        return headers
+
+    def new_parser(self) -> OutputParser:
+        """An output parser for this plan, already fed the forced opener (if any)."""
+        parser = OutputParser(parse_tools=self.parse_tools, start_in_reasoning=self.start_in_reasoning,
+                              tool_schemas=self.tool_schemas, raw=self.raw_text)
+        if self.output_prefix:
+            parser.feed(self.output_prefix)
+        return parser
+
+
+@dataclass
+class Outcome:
+    """A finished generation: the engine's result, its parse, and accounting."""
+
+    plan: Plan
+    result: GenerationResult
+    parsed: ParsedOutput
+    reasoning_tokens: int
+    stop_sequence: str | None
+
+    @property
+    def finish_reason(self) -> str:
+        """OpenAI's finish_reason: length beats tool_calls beats stop."""
+        if self.result.finish_reason == "length":
+            return "length"
+        if self.parsed.tool_calls:
+            return "tool_calls"
+        return "stop"
+
+    def mtplx_stats(self) -> dict[str, Any]:
+        """The engine's stats for this request plus the output-cap facts."""
+        stats = self.result.stats.to_dict()
+        stats["max_tokens"] = self.plan.max_tokens
+        stats["max_tokens_requested"] = self.plan.max_tokens_requested
+        stats["request_id"] = self.plan.id
+        return stats
+
+    def usage_openai(self) -> dict[str, Any]:
+        """Chat/completions `usage`."""
+        stats = self.result.stats
+        return {
+            "prompt_tokens": stats.prompt_tokens,
+            "completion_tokens": stats.completion_tokens,
+            "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+        }
+
+
+class Generations:
+    """Admission and running of generations over the daemon's runtime."""
+
+    def __init__(self, runtime: Runtime, metrics: Metrics, flights: FlightBoard,
+                 nursery: Callable[[], trio.Nursery], keepalive_seconds: float) -> None:
+        self.runtime = runtime
+        self.metrics = metrics
+        self.flights = flights
+        self._nursery = nursery
+        self.keepalive_seconds = keepalive_seconds
+
+    # -- admission ------------------------------------------------------------------------
+
+    def require_model(self, requested: str | None) -> Any:
+        """The loaded model, or 503 (none loaded) / 404 (another id asked for)."""
+        if self.runtime.state != "loaded" or self.runtime.model is None:
+            raise model_not_loaded(self.runtime.state)
+        model = self.runtime.model
+        if requested and requested != model.info.id:
+            raise model_not_found(requested, model.info.id)
+        return model
+
+    async def on_model(self, fn: Callable[[Any], Any]) -> Any:
+        """Run tokenizer work on the owner thread, mapping a lost model to 503."""
+        try:
+            return await self.runtime.run_on_model(fn)
+        except ModelNotLoaded:
+            raise model_not_loaded(self.runtime.state) from None
+
+    async def count_chat_tokens(self, requested: str | None, conversation: Conversation) -> int:
+        """Prompt tokens `conversation` renders to."""
+        self.require_model(requested)
+        rendered = await self.on_model(lambda m: chat_format.render_chat(m, conversation))
+        return len(rendered.prompt_ids)
+
+    async def plan_chat(self, endpoint: str, requested: str | None, conversation: Conversation,
+                        params: GenParams) -> Plan:
+        """Render a chat conversation and admit it."""
+        model = self.require_model(requested)
+        rendered = await self.on_model(lambda m: chat_format.render_chat(m, conversation))
+        plan = self._plan(endpoint, model, rendered.prompt_ids, params)
+        plan.parse_tools = conversation.tools_active
+        plan.tool_schemas = conversation.tool_schemas()
+        plan.start_in_reasoning = rendered.start_in_reasoning
+        plan.output_prefix = rendered.output_prefix
+        return plan
+
+    async def plan_prompt(self, endpoint: str, requested: str | None, prompt_ids: list[int],
+                          params: GenParams) -> Plan:
+        """Admit a raw prompt (legacy completions)."""
+        model = self.require_model(requested)
+        plan = self._plan(endpoint, model, prompt_ids, params)
+        plan.raw_text = True
+        return plan
+
+    def _plan(self, endpoint: str, model: Any, prompt_ids: list[int], params: GenParams) -> Plan:
+        if not prompt_ids:
+            raise invalid("the prompt is empty", "prompt")
+        context = model.info.context_length or UNKNOWN_CONTEXT
+        room = context - len(prompt_ids)
+        if room <= 0:
+            raise context_length_exceeded(len(prompt_ids), context)
+        # The client's cap is the user's intent; it is lowered (visibly) only to what fits.
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        defaults = generation_defaults(model.info.path)
+        sampling = SamplingParams(
+            temperature=_pick(params.temperature, defaults.get("temperature"), 1.0),
+            top_p=_pick(params.top_p, defaults.get("top_p"), 1.0),
+            top_k=int(_pick(params.top_k, defaults.get("top_k"), 0)),
+            min_p=_pick(params.min_p, defaults.get("min_p"), 0.0),
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            repetition_penalty=params.repetition_penalty,
+            seed=params.seed,
+            max_tokens=max_tokens,
+            stop=list(params.stop),
+        )
+        request = GenerationRequest(prompt_ids=list(prompt_ids), sampling=sampling, depth=params.depth)
+        return Plan(id=self.flights.next_id(endpoint), endpoint=endpoint, model_id=model.info.id,
+                    request=request, max_tokens=max_tokens, max_tokens_requested=params.max_tokens)
+
+    def _flight(self, plan: Plan, stream: bool) -> Flight:
+        return self.flights.begin(Flight(
+            id=plan.id, endpoint=plan.endpoint, model=plan.model_id,
+            prompt_tokens=len(plan.request.prompt_ids), max_tokens=plan.max_tokens,
+            depth=plan.request.depth, stream=stream))
+
+    # -- running --------------------------------------------------------------------------
+
+    async def complete(self, plan: Plan) -> Outcome:
+        """Run `plan` to the end (a disconnect cancels the handler, which stops the engine)."""
+        flight = self._flight(plan, stream=False)
+        parser = plan.new_parser()
+        events: list[Event] = []
+        reasoning_tokens = 0
+        result = None
+        try:
+            async with self._generate(plan) as items:
+                async for item in items:
+                    if isinstance(item, TokenDelta):
+                        reasoning_tokens += len(item.token_ids) if parser.in_reasoning else 0
+                        events += parser.feed(item.text)
+                        flight.on_delta(len(item.token_ids), item.text)
+                    elif isinstance(item, GenerationResult):
+                        result = item
+        except Exception as exc:
+            raise _translate(exc) from exc
+        finally:
+            self.flights.end(flight)
+        if result is None:
+            raise RuntimeError("the engine ended without a result")
+        events += parser.finish()
+        return await self._outcome(plan, result, collect(events), reasoning_tokens)
+
+    async def stream(self, plan: Plan) -> AsyncIterator[Tick | list[Event] | Outcome]:
+        """Run `plan`, yielding parsed events as they are decided, TICKs while quiet, then the
+        Outcome. Leaving the iteration early (a disconnect) cancels the engine."""
+        flight = self._flight(plan, stream=True)
+        send, receive = trio.open_memory_channel(math.inf)
+        scope = trio.CancelScope()
+        self._nursery().start_soon(self._produce, plan, send, scope)
+        parser = plan.new_parser()
+        reasoning_tokens = 0
+        last_sent = trio.current_time()
+        try:
+            async with receive:
+                while True:
+                    with trio.move_on_at(last_sent + self.keepalive_seconds) as waiting:
+                        item = await receive.receive()
+                    if waiting.cancelled_caught:
+                        last_sent = trio.current_time()
+                        yield TICK
+                        continue
+                    if isinstance(item, BaseException):
+                        raise _translate(item) from item
+                    if isinstance(item, TokenDelta):
+                        reasoning_tokens += len(item.token_ids) if parser.in_reasoning else 0
+                        flight.on_delta(len(item.token_ids), item.text)
+                        events = parser.feed(item.text)
+                        if events:
+                            last_sent = trio.current_time()
+                            yield events
+                    elif isinstance(item, GenerationResult):
+                        tail = parser.finish()
+                        if tail:
+                            yield tail
+                        # `collect` of all events is only needed for counts: keep it cheap.
+                        yield await self._outcome(plan, item, _summary(parser), reasoning_tokens)
+                        return
+        except trio.EndOfChannel:
+            raise RuntimeError("the engine ended without a result") from None
+        finally:
+            scope.cancel()
+            self.flights.end(flight)
+
+    async def _produce(self, plan: Plan, send: trio.MemorySendChannel, scope: trio.CancelScope) -> None:
+        """Background task: forward engine items; ends (and stops the engine) when cancelled."""
+        async with send:
+            with scope:
+                try:
+                    async with self._generate(plan) as items:
+                        async for item in items:
+                            send.send_nowait(item)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                except Exception as exc:
+                    try:
+                        send.send_nowait(exc)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+
+    def _generate(self, plan: Plan):
+        return self.runtime.generate(plan.request)
+
+    async def _outcome(self, plan: Plan, result: GenerationResult, parsed: ParsedOutput,
+                       reasoning_tokens: int) -> Outcome:
+        self.metrics.observe_generation(result.stats)
+        stop_sequence = None
+        stops = plan.request.sampling.stop
+        # A stop string ends the output without consuming an end-of-sequence token.
+        if result.finish_reason == "stop" and stops and result.stats.completion_tokens == len(result.token_ids):
+            full = await self.on_model(lambda m: m.tokenizer.decode(result.token_ids))
+            stop_sequence = _which_stop(full, result.text, stops)
+        return Outcome(plan, result, parsed, reasoning_tokens, stop_sequence)
+
+
+def _summary(parser: OutputParser) -> ParsedOutput:
+    """Counts-only summary for the streamed path (the events were already sent)."""
+    out = ParsedOutput()
+    out.tool_calls = [None] * parser.tool_calls  # type: ignore[list-item]
+    return out
+
+
+def _which_stop(full: str, text: str, stops: list[str]) -> str | None:
+    tail = full[len(text):] if full.startswith(text) else full
+    for stop in stops:
+        if tail.startswith(stop):
+            return stop
+    hits = [(full.find(stop, max(len(text) - len(stop), 0)), stop) for stop in stops]
+    hits = [h for h in hits if h[0] >= 0]
+    return min(hits)[1] if hits else None
+
+
+def _pick(value: Any, default: Any, fallback: Any) -> Any:
+    if value is not None:
+        return value
+    return default if default is not None else fallback
+
+
+def _translate(exc: BaseException) -> BaseException:
+    """Engine-side failures as API errors where they have a meaning for the client."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ModelNotLoaded):
+        return model_not_loaded("none")
+    if isinstance(exc, MemoryError):
+        # The memory guard refuses a request with a MemoryError subclass (507, reserved for it).
+        return APIError(507, str(exc) or "not enough memory for this request",
+                        code="insufficient_memory")
+    if isinstance(exc, ValueError):
+        return invalid(str(exc), None)
+    return exc
