@@ -9,7 +9,8 @@ import trio
 
 from mtplxd import POWERED_BY, __version__
 from mtplxd.config import ConfigError, load_config
-from mtplxd.daemon import Daemon
+from mtplxd.api.auth import load_key
+from mtplxd.daemon import Daemon, is_loopback
 from mtplxd.instance import AlreadyRunning, InstanceLock
 from mtplxd.logs import setup_logging
 from mtplxd.paths import Paths
@@ -43,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
                 config.override(key, getattr(args, key))
     except ConfigError as exc:
         print(f"mtplxd: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if not is_loopback(config.host) and load_key(paths) is None:
+        # Anyone on the network could drive the model: never listen there without a key.
+        print(f"mtplxd: refusing to listen on {config.host} without an API key; create one with "
+              "`mtplxctl key rotate` (or set MTPLX_API_KEY), or bind to 127.0.0.1", file=sys.stderr)
         return EXIT_CONFIG
     paths.ensure()
     lock = InstanceLock(paths.lock_file, paths.pid_file)
