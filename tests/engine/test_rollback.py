@@ -157,3 +157,25 @@ def test_capturing_forward_is_bitwise_mlx_lm_forward(model):
 def test_enable_gdn_capture_is_idempotent(model):
     enable_gdn_capture(model)
     assert enable_gdn_capture(model) == 0
+
+
+def test_trim_of_a_two_row_batch_equals_direct_forward(model):
+    prompts = mx.array([PROMPT, PROMPT[::-1]])
+    block = mx.array([VERIFY, VERIFY[::-1]])
+    cache = make_rollback_cache(model)
+    mx.eval(model(prompts, cache=cache))
+    mx.eval(model(block, cache=cache))
+    trim_prompt_cache(cache, 3)
+    direct = make_rollback_cache(model)
+    mx.eval(model(prompts, cache=direct))
+    mx.eval(model(block[:, :-3], cache=direct))
+    _assert_same_state(cache, direct)
+
+
+def test_trim_releases_the_capture(model):
+    cache = _fresh(model, PROMPT)
+    _run(model, cache, VERIFY)
+    gdn = [c for c in cache if isinstance(c, RollbackArraysCache)]
+    assert all(c.capture is not None and c.capture.replayable for c in gdn)
+    trim_prompt_cache(cache, 1)
+    assert all(c.capture is None for c in gdn)
