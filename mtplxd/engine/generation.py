@@ -86,7 +86,7 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
 
     cache = trunk.make_cache()
     history = TokenHistory(vocab_size, prompt)
-    hiddens, last_logits = trunk.prefill(prompt, cache)
+    hiddens, last_logits = trunk.prefill(prompt, cache, request.prefill_chunk or PREFILL_CHUNK)
     counts, seen = history.rows(None, 1)
     keys = None if params.greedy else [position_key(seed, len(prompt), TARGET)]
     first = pick(last_logits[None], params, counts, seen, keys).item()

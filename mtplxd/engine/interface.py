@@ -48,6 +48,8 @@ class GenerationRequest:
     prompt_ids: list[int]
     sampling: SamplingParams
     depth: int | None = None  # None = the model's configured depth; 0 = plain AR
+    # Tokens per prefill forward; the memory guard lowers it when a long prompt would not fit.
+    prefill_chunk: int | None = None
 
 
 @dataclass

@@ -61,12 +61,13 @@ class Trunk:
         rows = hidden if all_logits else hidden[:, -1:, :]
         return hidden, self.lm_head(rows)
 
-    def prefill(self, prompt_ids: list[int], cache: list[Any]) -> tuple[list[mx.array], mx.array]:
-        """Feed the prompt in PREFILL_CHUNK pieces; return (hidden chunks, last-row logits (V,))."""
+    def prefill(self, prompt_ids: list[int], cache: list[Any],
+                chunk_size: int = PREFILL_CHUNK) -> tuple[list[mx.array], mx.array]:
+        """Feed the prompt in `chunk_size` pieces; return (hidden chunks, last-row logits (V,))."""
         hiddens: list[mx.array] = []
         logits = None
-        for start in range(0, len(prompt_ids), PREFILL_CHUNK):
-            chunk = mx.array(prompt_ids[start:start + PREFILL_CHUNK])[None]
+        for start in range(0, len(prompt_ids), chunk_size):
+            chunk = mx.array(prompt_ids[start:start + chunk_size])[None]
             hidden, logits = self.forward(chunk, cache, all_logits=False)
             if hidden is not None:
                 hiddens.append(hidden)
