@@ -27,6 +27,7 @@ from mtplxd.control.registry import MethodRegistry
 from mtplxd.control.server import serve_control
 from mtplxd.fans.controller import build_controller
 from mtplxd.fans.methods import register_fan_methods
+from mtplxd.models.methods import register_model_store_methods
 from mtplxd.paths import Paths
 from mtplxd.runtime import ModelLoadFailed, Runtime
 from mtplxd.supervisor import detect_supervisor, sd_notify
@@ -58,6 +59,7 @@ class Daemon:
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()
         register_daemon_methods(self.registry, self)
+        register_model_store_methods(self.registry, self.paths)
         self.fans = build_controller(config, paths)
         register_fan_methods(self.registry, self.fans)
         self.runtime.activity.append(self.fans.on_activity)

@@ -1,0 +1,126 @@
+"""Control methods of the model store: models.list, models.pull, models.check, models.update,
+models.rm and models.catalog.
+
+The store's work is blocking (network, hashing), so it runs on a worker thread. Its progress
+events cross back to trio through a memory channel and go out as `models.progress`
+notifications on the caller's connection. A caller that disconnects stops its download at the
+next chunk; files already finished stay in the store.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Callable
+
+import trio
+
+from mtplxd.control.protocol import RpcError, app_error, invalid_params
+from mtplxd.control.registry import MethodRegistry, Notify
+from mtplxd.models.catalog import available_models
+from mtplxd.models.hub import ModelStoreError
+from mtplxd.models.progress import PullCancelled
+from mtplxd.models.store import ModelStore
+from mtplxd.paths import Paths
+
+PROGRESS_METHOD = "models.progress"
+
+
+def register_model_store_methods(registry: MethodRegistry, paths: Paths) -> None:
+    """Add the models.* methods, backed by the store in `paths.models_dir`, to `registry`."""
+    store = ModelStore(paths.models_dir)
+
+    async def models_list(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """Pulled models: id, revision, size, family, serving mode (and why), quantization."""
+        return {"models": await _blocking(store.list_models)}
+
+    async def models_catalog(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """Recommended models for this machine's memory (with the embedded fallback)."""
+        return {"models": available_models()}
+
+    async def models_pull(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """Pull `model` (org/name[@revision]); streams models.progress {phase, file, downloaded, total}."""
+        spec = _required_str(params, "model")
+        return await _streaming(store.pull, spec, notify)
+
+    async def models_check(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """For each pulled revision: latest, outdated or unknown (with why) on the Hub."""
+        repo = params.get("model") or None
+        if repo is not None and not isinstance(repo, str):
+            raise invalid_params("model must be a string")
+        return {"models": await _blocking(store.check, repo)}
+
+    async def models_update(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """Move a pulled repo to the Hub's latest commit, downloading only changed files."""
+        spec = _required_str(params, "model")
+        return await _streaming(store.update, spec, notify)
+
+    async def models_rm(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
+        """Remove a pulled repo, or one `org/name@revision` of it."""
+        spec = _required_str(params, "model")
+        return await _blocking(store.remove, spec)
+
+    registry.add("models.list", models_list)
+    registry.add("models.catalog", models_catalog)
+    registry.add("models.pull", models_pull)
+    registry.add("models.check", models_check)
+    registry.add("models.update", models_update)
+    registry.add("models.rm", models_rm)
+
+
+def _required_str(params: dict[str, Any], key: str) -> str:
+    value = params.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise invalid_params(f"{key} is required: a Hub repo id like org/name[@revision]")
+    return value.strip()
+
+
+def store_error(exc: ModelStoreError) -> RpcError:
+    """A store failure as the control plane's error (reason kept for scripts)."""
+    return app_error(exc.reason, exc.message)
+
+
+async def _blocking(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return await trio.to_thread.run_sync(fn, *args)
+    except ModelStoreError as exc:
+        raise store_error(exc) from None
+
+
+async def _streaming(fn: Callable[..., Any], spec: str, notify: Notify) -> Any:
+    """Run a store operation that reports progress; forward its events as notifications."""
+    token = trio.lowlevel.current_trio_token()
+    send, receive = trio.open_memory_channel(math.inf)
+    stop = threading.Event()
+
+    def emit(event: dict[str, Any]) -> None:
+        try:
+            trio.from_thread.run_sync(send.send_nowait, event, trio_token=token)
+        except (trio.RunFinishedError, trio.BrokenResourceError, trio.ClosedResourceError):
+            stop.set()
+
+    async def forward() -> None:
+        async with receive:
+            async for event in receive:
+                if stop.is_set():
+                    continue
+                try:
+                    await notify(PROGRESS_METHOD, event)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    stop.set()  # the caller went away: stop downloading at the next chunk
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(forward)
+        try:
+            result = await trio.to_thread.run_sync(
+                lambda: fn(spec, progress=emit, should_stop=stop.is_set), abandon_on_cancel=True)
+        except ModelStoreError as exc:
+            raise store_error(exc) from None
+        except PullCancelled as exc:
+            raise app_error("cancelled", str(exc)) from None
+        except trio.Cancelled:
+            stop.set()  # the daemon is shutting down: let the worker thread end at its next chunk
+            raise
+        finally:
+            send.close()
+    return result
