@@ -54,7 +54,7 @@ class Daemon:
         self.load_model_at_start = load_model
         self.started_at = time.time()
         self.supervisor = detect_supervisor()
-        self.runtime = Runtime(paths.models_dir, config.depth)
+        self.runtime = Runtime(paths.models_dir, config.depth, config.memory_limit)
         self.registry = MethodRegistry()
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()

@@ -7,6 +7,7 @@ client that disconnects) sets the flag the engine checks between decode cycles.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -16,12 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
+import psutil
 import trio
+
+from mtplxd.guard import (DEFAULT_PREFILL_CHUNK, MemoryGuard, Reservation, is_unified_memory,
+                          plan_for_config, resolve_limit)
 
 log = logging.getLogger(__name__)
 
 EMBEDDED_MODEL_DIR = Path(__file__).parent / "models" / "embedded"
 EMBEDDED_MODEL_ID = "mtplx-tiny-coder"
+SYSTEM_HEADROOM_BYTES = 512 * 1024 * 1024
 
 
 class ModelNotLoaded(Exception):
@@ -69,13 +75,17 @@ def resolve_model(spec: str | None, models_dir: Path) -> tuple[Path, str]:
 class Runtime:
     """Owns the model-owner thread and the loaded model's lifecycle."""
 
-    def __init__(self, models_dir: Path, default_depth: int) -> None:
+    def __init__(self, models_dir: Path, default_depth: int,
+                 memory_limit: str | float = "auto") -> None:
         from mtplxd.engine.owner import ModelOwner
 
         self.models_dir = models_dir
         self.default_depth = default_depth
+        self.memory_limit = memory_limit
         self.owner = ModelOwner()
         self.model: Any = None  # mtplxd.engine.LoadedModel once loaded
+        self.guard: MemoryGuard | None = None  # the loaded model's memory guard
+        self.generations_started = 0  # requests that reached the engine (admitted)
         self.state = "none"  # none | loading | loaded | failed
         self.error: str | None = None
         self.loaded_at: float | None = None
@@ -108,7 +118,7 @@ class Runtime:
 
             self.state, self.error = "loading", None
             log.info("loading model %s from %s", model_id, path)
-            previous, self.model = self.model, None
+            previous, self.model, self.guard = self.model, None, None
             del previous
             started = time.monotonic()
             try:
@@ -118,6 +128,8 @@ class Runtime:
                 self.state, self.error = "failed", str(exc)
                 log.error("model load failed: %s", exc)
                 raise ModelLoadFailed(str(exc)) from exc
+            self.guard = build_guard(path, model, self.memory_limit)
+            await self._on_owner(lambda: apply_mlx_limits(self.guard))
             self.model, self.state, self.loaded_at = model, "loaded", time.time()
             log.info("loaded %s in %.1fs (%s)", model_id, time.monotonic() - started, model.info.mode)
             return model.info.to_dict()
@@ -127,6 +139,7 @@ class Runtime:
         async with self._load_lock:
             was_loaded = self.model is not None
             self.model, self.state, self.error, self.loaded_at = None, "none", None, None
+            self.guard = None
             if was_loaded:
                 await self._on_owner(_release_mlx_memory)
             return was_loaded
@@ -144,6 +157,9 @@ class Runtime:
         its next cycle.
         """
         model = self.require_model()
+        # Priced before any prefill work: a request that does not fit raises InsufficientMemory
+        # here and never reaches the owner thread.
+        reservation = self.admit(request)
         send, receive = trio.open_memory_channel(math.inf)
         stop = threading.Event()
         token = trio.lowlevel.current_trio_token()
@@ -171,12 +187,24 @@ class Runtime:
 
         self._begin()
         try:
+            self.generations_started += 1
             self.owner.submit(work)
             async with receive:
                 yield _unwrap(receive)
         finally:
             stop.set()
             self._end()
+            if reservation is not None:
+                reservation.release()
+
+    def admit(self, request: Any) -> Reservation | None:
+        """Reserve memory for `request`, lowering its prefill chunk when that is what fits."""
+        if self.guard is None:
+            return None
+        reservation = self.guard.admit(len(request.prompt_ids), request.sampling.max_tokens)
+        if reservation.prefill_chunk < DEFAULT_PREFILL_CHUNK:
+            request.prefill_chunk = reservation.prefill_chunk
+        return reservation
 
     async def run_on_model(self, fn: Callable[[Any], Any]) -> Any:
         """Run `fn(model)` on the owner thread (prompt scoring, token counting)."""
@@ -208,6 +236,37 @@ async def _unwrap(receive: trio.MemoryReceiveChannel) -> AsyncIterator[Any]:
         if isinstance(item, _Failure):
             raise item.error
         yield item
+
+
+def build_guard(path: Path, model: Any, memory_limit: str | float) -> MemoryGuard:
+    """The memory guard of a freshly loaded model, from its config.json geometry."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    plan = plan_for_config(config, model.info.weights_bytes)
+    limit = resolve_limit(memory_limit, psutil.virtual_memory().total)
+
+    def system_available() -> int:
+        # Other processes count too: never plan into memory the OS does not have to give.
+        return psutil.virtual_memory().available - SYSTEM_HEADROOM_BYTES
+
+    bank = getattr(model, "session_bank", None)
+    return MemoryGuard(
+        plan, limit,
+        bank_bytes=bank.bytes_held if bank is not None else (lambda: 0),
+        release_bank=bank.release_idle if bank is not None else (lambda needed: 0),
+        system_available=system_available,
+    )
+
+
+def apply_mlx_limits(guard: MemoryGuard) -> None:
+    """Tell MLX the limit (owner thread); on Apple Silicon also wire the weights when they fit."""
+    import mlx.core as mx
+
+    mx.set_memory_limit(guard.limit_bytes)
+    if is_unified_memory():
+        try:
+            mx.set_wired_limit(min(guard.plan.weights_bytes, guard.limit_bytes))
+        except (AttributeError, ValueError, RuntimeError) as exc:
+            log.info("wired limit not applied: %s", exc)
 
 
 def _release_mlx_memory() -> None:

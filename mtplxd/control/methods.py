@@ -121,7 +121,12 @@ def model_snapshot(daemon: "Daemon") -> dict[str, Any] | None:
     info = runtime.info()
     if info is not None:
         snapshot.update(info)
-        snapshot["max_output_tokens"] = min(info.get("context_length") or 32768, 32768)
+        guard = runtime.guard
+        if guard is not None and info.get("context_length"):
+            # What clients are told is what fits under the memory limit, not the model's maximum.
+            snapshot["model_context_length"] = info["context_length"]
+            snapshot["context_length"] = min(info["context_length"], guard.max_context_tokens())
+        snapshot["max_output_tokens"] = min(snapshot.get("context_length") or 32768, 32768)
         template = getattr(runtime.model.tokenizer, "chat_template", None) or ""
         snapshot["reasoning"] = "<think>" in template
         snapshot["demo"] = info.get("id") == EMBEDDED_MODEL_ID
@@ -147,7 +152,9 @@ def status_snapshot(daemon: "Daemon") -> dict[str, Any]:
         "supervisor": daemon.supervisor,
         "http": daemon.http_status(),
         "model": model_snapshot(daemon),
-        "requests": {"active": daemon.runtime.active_requests},
+        "requests": {"active": daemon.runtime.active_requests,
+                     "started": daemon.runtime.generations_started},
+        "guard": daemon.runtime.guard.status() if daemon.runtime.guard is not None else None,
         "fans": daemon.fans.snapshot() if getattr(daemon, "fans", None) else None,
         "memory": {
             "rss_bytes": process.memory_info().rss,

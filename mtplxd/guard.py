@@ -1,0 +1,265 @@
+"""The memory guard: price every request before prefill, and refuse what would not fit.
+
+A request costs most at its largest moment: the KV cache for prompt + max output (rounded up to
+the cache's allocation step), the per-sequence recurrent state of Gated DeltaNet layers, the MTP
+head's own KV, and the activations of one prefill chunk. Weights are already resident. Over the
+limit, the guard first asks the session bank to release idle entries, then tries smaller
+prefill chunks, then refuses with a structured InsufficientMemory that the API renders as 507.
+
+Pure accounting (no MLX, no trio): the daemon applies the limit to MLX and runs the pressure loop.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import sys
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+GIB = 1024**3
+# mlx-lm's KVCache grows its buffers in steps of 256 tokens.
+KV_ALLOCATION_STEP = 256
+DEFAULT_PREFILL_CHUNK = 512
+SMALLEST_PREFILL_CHUNK = 64
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+class InsufficientMemory(Exception):
+    """A request does not fit; the fields say by how much and what holds memory."""
+
+    def __init__(self, needed_bytes: int, available_bytes: int, holders: dict[str, int],
+                 limit_bytes: int, hint: str) -> None:
+        super().__init__(f"request needs {needed_bytes / GIB:.2f} GiB but only "
+                         f"{max(available_bytes, 0) / GIB:.2f} GiB is available under the "
+                         f"{limit_bytes / GIB:.2f} GiB limit")
+        self.needed_bytes = needed_bytes
+        self.available_bytes = max(available_bytes, 0)
+        self.holders = holders
+        self.limit_bytes = limit_bytes
+        self.hint = hint
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "insufficient_memory",
+            "message": str(self),
+            "needed_bytes": self.needed_bytes,
+            "available_bytes": self.available_bytes,
+            "limit_bytes": self.limit_bytes,
+            "held_by": self.holders,
+            "hint": self.hint,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What one model costs, from its own geometry (config.json)."""
+
+    weights_bytes: int
+    kv_bytes_per_token: int            # all full-attention layers of the trunk
+    mtp_kv_bytes_per_token: int        # the MTP head's attention layer(s)
+    recurrent_bytes_per_sequence: int  # Gated DeltaNet conv + recurrent state, all GDN layers
+    activation_bytes_per_prefill_token: int
+    attention_layers: int
+    recurrent_layers: int
+    dtype_bytes: int
+    context_length: int
+
+    def kv_tokens(self, tokens: int) -> int:
+        """Tokens the KV buffers hold for `tokens`, at the cache's allocation granularity."""
+        return math.ceil(max(tokens, 1) / KV_ALLOCATION_STEP) * KV_ALLOCATION_STEP
+
+    def request_bytes(self, prompt_tokens: int, max_tokens: int, prefill_chunk: int) -> int:
+        """A request's peak bytes beyond the resident weights."""
+        tokens = self.kv_tokens(prompt_tokens + max_tokens)
+        kv = tokens * (self.kv_bytes_per_token + self.mtp_kv_bytes_per_token)
+        chunk = min(prefill_chunk, max(prompt_tokens, 1))
+        return kv + self.recurrent_bytes_per_sequence + chunk * self.activation_bytes_per_prefill_token
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """VLM-style checkpoints nest the language model's keys under text_config."""
+    return {**config, **(config.get("text_config") or {})}
+
+
+def _dtype_bytes(config: dict[str, Any]) -> int:
+    # Quantized checkpoints still compute (and cache) in their float dtype.
+    name = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").replace("torch.", "")
+    return DTYPE_BYTES.get(name, 2)
+
+
+def _layer_kinds(config: dict[str, Any]) -> tuple[int, int]:
+    """(full-attention layers, Gated DeltaNet layers) of the trunk."""
+    layers = int(config["num_hidden_layers"])
+    if "layer_types" in config:
+        linear = sum(1 for kind in config["layer_types"] if kind == "linear_attention")
+        return layers - linear, linear
+    interval = config.get("full_attention_interval")
+    if interval and "linear_num_value_heads" in config:
+        attention = sum(1 for i in range(layers) if (i + 1) % int(interval) == 0)
+        return attention, layers - attention
+    return layers, 0
+
+
+def plan_for_config(config: dict[str, Any], weights_bytes: int) -> MemoryPlan:
+    """Compute the MemoryPlan of a model from its config.json and its weights' size."""
+    text = _text_config(config)
+    dtype = _dtype_bytes(text)
+    hidden = int(text["hidden_size"])
+    heads = int(text["num_attention_heads"])
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    head_dim = int(text.get("head_dim") or hidden // heads)
+    attention_layers, recurrent_layers = _layer_kinds(text)
+    per_layer_kv = kv_heads * head_dim * 2 * dtype  # keys and values
+    mtp_layers = int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers") or 0)
+    recurrent = 0
+    if recurrent_layers:
+        hk, hv = int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"])
+        dk, dv = int(text["linear_key_head_dim"]), int(text["linear_value_head_dim"])
+        conv_dim = 2 * hk * dk + hv * dv
+        kernel = int(text.get("linear_conv_kernel_dim", 4))
+        state = hv * dv * dk * 4  # the recurrent state stays float32 whatever the model dtype
+        recurrent = recurrent_layers * (state + (kernel - 1) * conv_dim * dtype)
+    intermediate = int(text.get("intermediate_size") or text.get("moe_intermediate_size") or 4 * hidden)
+    # One layer's live activations per prefill token (hidden in/out, q/k/v, MLP gate+up), plus
+    # the float32 attention scores of a chunk row against itself are bounded by the chunk.
+    activation = (4 * hidden + (heads + 2 * kv_heads) * head_dim + 2 * intermediate) * dtype
+    return MemoryPlan(
+        weights_bytes=int(weights_bytes),
+        kv_bytes_per_token=attention_layers * per_layer_kv,
+        mtp_kv_bytes_per_token=mtp_layers * per_layer_kv,
+        recurrent_bytes_per_sequence=recurrent,
+        activation_bytes_per_prefill_token=activation,
+        attention_layers=attention_layers,
+        recurrent_layers=recurrent_layers,
+        dtype_bytes=dtype,
+        context_length=int(text.get("max_position_embeddings") or 0),
+    )
+
+
+def os_reserve_bytes(total: int) -> int:
+    """Memory left to the OS and other apps under `memory_limit = max`."""
+    return max(2 * GIB, total // 10)
+
+
+def is_unified_memory() -> bool:
+    return sys.platform == "darwin" and platform.machine() == "arm64"
+
+
+def resolve_limit(setting: str | float, total_bytes: int) -> int:
+    """The byte limit for a `memory_limit` setting: auto, max, or GiB."""
+    if setting == "max":
+        return total_bytes - os_reserve_bytes(total_bytes)
+    if setting == "auto":
+        # Unified memory is shared with the GPU and the desktop: keep a quarter back. A Linux box
+        # serving from CPU RAM keeps a fifth back for the rest of the system.
+        fraction = 0.75 if is_unified_memory() else 0.8
+        return int(total_bytes * fraction)
+    return min(int(float(setting) * GIB), total_bytes)
+
+
+@dataclass
+class Reservation:
+    """Memory held by one admitted request until release()."""
+
+    id: int
+    bytes: int
+    prefill_chunk: int
+    guard: "MemoryGuard" = field(repr=False)
+
+    def release(self) -> None:
+        self.guard._release(self)
+
+
+class MemoryGuard:
+    """Admission control over one model's plan and one byte limit (thread-safe)."""
+
+    def __init__(self, plan: MemoryPlan, limit_bytes: int,
+                 bank_bytes: Callable[[], int] = lambda: 0,
+                 release_bank: Callable[[int], int] = lambda needed: 0,
+                 system_available: Callable[[], int] | None = None) -> None:
+        self.plan = plan
+        self.limit_bytes = limit_bytes
+        self._bank_bytes = bank_bytes
+        self._release_bank = release_bank
+        self._system_available = system_available
+        self._lock = threading.Lock()
+        self._held: dict[int, Reservation] = {}
+        self._next_id = 0
+        self.refused = 0
+        self.bank_releases = 0
+
+    def held_bytes(self) -> int:
+        """Bytes reserved by running requests."""
+        return sum(r.bytes for r in self._held.values())
+
+    def available_bytes(self) -> int:
+        """What a new request may use now: the limit less weights, running requests and bank."""
+        under_limit = self.limit_bytes - self.plan.weights_bytes - self.held_bytes() - self._bank_bytes()
+        if self._system_available is not None:
+            return min(under_limit, self._system_available())
+        return under_limit
+
+    def holders(self) -> dict[str, int]:
+        return {"weights": self.plan.weights_bytes, "running_requests": self.held_bytes(),
+                "session_bank": self._bank_bytes()}
+
+    def admit(self, prompt_tokens: int, max_tokens: int) -> Reservation:
+        """Reserve memory for a request before its prefill, or raise InsufficientMemory.
+
+        Order of remedies: release idle session-bank entries, then smaller prefill chunks.
+        """
+        with self._lock:
+            needed = self.plan.request_bytes(prompt_tokens, max_tokens, DEFAULT_PREFILL_CHUNK)
+            if needed > self.available_bytes() and self._bank_bytes() > 0:
+                if self._release_bank(needed - self.available_bytes()) > 0:
+                    self.bank_releases += 1
+            chunk = DEFAULT_PREFILL_CHUNK
+            while needed > self.available_bytes() and chunk > SMALLEST_PREFILL_CHUNK:
+                chunk //= 2
+                needed = self.plan.request_bytes(prompt_tokens, max_tokens, chunk)
+            if needed > self.available_bytes():
+                self.refused += 1
+                raise InsufficientMemory(needed, self.available_bytes(), self.holders(),
+                                         self.limit_bytes, self._hint(prompt_tokens, max_tokens))
+            self._next_id += 1
+            reservation = Reservation(self._next_id, needed, chunk, self)
+            self._held[reservation.id] = reservation
+            return reservation
+
+    def _release(self, reservation: Reservation) -> None:
+        with self._lock:
+            self._held.pop(reservation.id, None)
+
+    def _hint(self, prompt_tokens: int, max_tokens: int) -> str:
+        fits = self.max_context_tokens()
+        return (f"lower max_tokens or shorten the prompt (this model fits about {fits} tokens of "
+                f"prompt + output now), wait for running requests to finish, or raise "
+                f"memory_limit (`mtplxctl config set memory_limit max`)")
+
+    def max_context_tokens(self) -> int:
+        """The longest prompt + output one request can have with nothing else running."""
+        budget = self.limit_bytes - self.plan.weights_bytes - self.plan.recurrent_bytes_per_sequence \
+            - SMALLEST_PREFILL_CHUNK * self.plan.activation_bytes_per_prefill_token
+        per_token = self.plan.kv_bytes_per_token + self.plan.mtp_kv_bytes_per_token
+        if budget <= 0:
+            return 0
+        tokens = budget // per_token if per_token else self.plan.context_length
+        tokens = tokens // KV_ALLOCATION_STEP * KV_ALLOCATION_STEP
+        return int(min(tokens, self.plan.context_length or tokens))
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "limit_bytes": self.limit_bytes,
+            "available_bytes": max(self.available_bytes(), 0),
+            "held_by": self.holders(),
+            "running": len(self._held),
+            "refused": self.refused,
+            "bank_releases": self.bank_releases,
+            "max_context_tokens": self.max_context_tokens(),
+            "plan": self.plan.to_dict(),
+        }

@@ -1,0 +1,123 @@
+"""The memory plan against numbers computed by hand from each family's geometry."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtplxd.guard import GIB, InsufficientMemory, MemoryGuard, plan_for_config, resolve_limit
+
+QWEN3_4B = {  # Qwen3-4B: 36 layers, 8 kv heads of 128, bf16
+    "model_type": "qwen3", "hidden_size": 2560, "num_hidden_layers": 36,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "intermediate_size": 9728, "max_position_embeddings": 40960, "torch_dtype": "bfloat16",
+    "mtp_num_hidden_layers": 1,
+}
+QWEN35_27B = {  # Qwen3.5-27B geometry from the reference notes (48 GDN + 16 attention layers)
+    "model_type": "qwen3_5",
+    "text_config": {
+        "hidden_size": 5120, "num_hidden_layers": 64, "full_attention_interval": 4,
+        "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,
+        "linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "intermediate_size": 17408,
+        "max_position_embeddings": 262144, "torch_dtype": "bfloat16", "mtp_num_hidden_layers": 1,
+    },
+}
+QWEN3_NEXT = {  # Qwen3-Next-80B-A3B: explicit layer_types, 36 GDN + 12 attention layers
+    "model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48,
+    "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 12,
+    "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "moe_intermediate_size": 512,
+    "max_position_embeddings": 262144, "torch_dtype": "bfloat16", "num_nextn_predict_layers": 1,
+}
+
+
+def test_dense_qwen3_kv_per_token_by_hand():
+    plan = plan_for_config(QWEN3_4B, weights_bytes=8 * GIB)
+    # 36 layers x 8 kv heads x 128 dims x (K and V) x 2 bytes = 147456 bytes per token
+    assert plan.kv_bytes_per_token == 36 * 8 * 128 * 2 * 2 == 147_456
+    assert plan.mtp_kv_bytes_per_token == 8 * 128 * 2 * 2 == 4_096
+    assert plan.recurrent_bytes_per_sequence == 0
+    assert (plan.attention_layers, plan.recurrent_layers) == (36, 0)
+
+
+def test_hybrid_qwen35_counts_only_attention_layers_for_kv_and_prices_gdn_state():
+    plan = plan_for_config(QWEN35_27B, weights_bytes=16 * GIB)
+    assert (plan.attention_layers, plan.recurrent_layers) == (16, 48)
+    assert plan.kv_bytes_per_token == 16 * 4 * 256 * 2 * 2 == 65_536
+    # Per GDN layer: fp32 state 48 x 128 x 128 x 4 = 3 MiB, plus conv state 3 x conv_dim x 2,
+    # conv_dim = 2 x 16 x 128 + 48 x 128 = 10240.
+    per_layer = 48 * 128 * 128 * 4 + 3 * 10240 * 2
+    assert plan.recurrent_bytes_per_sequence == 48 * per_layer
+    # The notes give 144 MiB of recurrent state per sequence; the conv state adds 48 x 60 KiB.
+    assert plan.recurrent_bytes_per_sequence // (1024 * 1024) == 146
+
+
+def test_qwen3_next_reads_layer_types():
+    plan = plan_for_config(QWEN3_NEXT, weights_bytes=40 * GIB)
+    assert (plan.attention_layers, plan.recurrent_layers) == (12, 36)
+    assert plan.kv_bytes_per_token == 12 * 2 * 256 * 2 * 2
+    assert plan.mtp_kv_bytes_per_token == 2 * 256 * 2 * 2
+    assert plan.recurrent_bytes_per_sequence == 36 * (32 * 128 * 128 * 4 + 3 * (2 * 16 * 128 + 32 * 128) * 2)
+
+
+def test_request_price_rounds_kv_up_to_the_allocation_step():
+    plan = plan_for_config(QWEN3_4B, weights_bytes=8 * GIB)
+    small = plan.request_bytes(prompt_tokens=10, max_tokens=10, prefill_chunk=512)
+    assert small == 256 * (147_456 + 4_096) + 10 * plan.activation_bytes_per_prefill_token
+    assert plan.request_bytes(200, 56, 512) < plan.request_bytes(200, 57, 512)
+
+
+def test_guard_releases_the_bank_then_shrinks_the_chunk_then_refuses():
+    plan = plan_for_config(QWEN3_4B, weights_bytes=8 * GIB)
+    bank = {"bytes": 2 * GIB}
+    released = []
+
+    def release(needed: int) -> int:
+        released.append(needed)
+        freed, bank["bytes"] = bank["bytes"], 0
+        return freed
+
+    guard = MemoryGuard(plan, limit_bytes=10 * GIB, bank_bytes=lambda: bank["bytes"], release_bank=release)
+    # 1.5 GiB of KV does not fit next to 8 GiB weights + 2 GiB bank, fits once the bank is gone.
+    tokens = int(1.5 * GIB // (147_456 + 4_096))
+    first = guard.admit(tokens - 512, 256)
+    assert released and bank["bytes"] == 0
+    assert guard.held_bytes() == first.bytes
+    with pytest.raises(InsufficientMemory) as refused:
+        guard.admit(tokens, 256)
+    body = refused.value.to_dict()
+    assert body["type"] == "insufficient_memory"
+    assert body["needed_bytes"] > body["available_bytes"]
+    assert body["held_by"]["running_requests"] == first.bytes
+    assert "memory_limit" in body["hint"]
+    first.release()
+    assert guard.held_bytes() == 0
+    assert guard.admit(tokens - 512, 256).bytes > 0
+
+
+def test_guard_lowers_the_prefill_chunk_when_only_that_fits():
+    plan = plan_for_config(QWEN3_4B, weights_bytes=1 * GIB)
+    kv = plan.request_bytes(1000, 0, 1) - plan.activation_bytes_per_prefill_token
+    limit = plan.weights_bytes + kv + 100 * plan.activation_bytes_per_prefill_token
+    guard = MemoryGuard(plan, limit_bytes=limit)
+    reservation = guard.admit(1000, 0)
+    assert reservation.prefill_chunk == 64
+
+
+def test_advertised_context_is_what_fits_under_the_limit():
+    plan = plan_for_config(QWEN3_4B, weights_bytes=8 * GIB)
+    guard = MemoryGuard(plan, limit_bytes=9 * GIB)
+    fits = guard.max_context_tokens()
+    assert 0 < fits < plan.context_length
+    assert fits % 256 == 0
+    assert guard.admit(fits - 64, 64) is not None
+    assert MemoryGuard(plan, limit_bytes=64 * GIB).max_context_tokens() == plan.context_length
+
+
+def test_limit_settings():
+    total = 32 * GIB
+    assert resolve_limit(12, total) == 12 * GIB
+    assert resolve_limit(64, total) == total
+    assert resolve_limit("max", total) == total - int(3.2 * GIB)
+    assert 0 < resolve_limit("auto", total) < total
