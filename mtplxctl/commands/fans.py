@@ -114,6 +114,22 @@ def status_table(fans: dict[str, Any]) -> Table:
     return table
 
 
+def summary_line(fans: dict[str, Any]) -> str:
+    """One line for `mtplxctl status`: mode, who holds control, hottest reading, any error."""
+    parts = [f"{fans['mode']}, {fans['control']}"]
+    if not fans.get("controllable"):
+        parts.append(f"not controllable: {fans.get('reason')}")
+    speeds = [fan["rpm"] for fan in fans.get("fans", []) if fan.get("rpm") is not None]
+    if speeds:
+        parts.append(f"{max(speeds):.0f} rpm")
+    temperatures = [temp["celsius"] for temp in fans.get("temperatures", [])]
+    if temperatures:
+        parts.append(f"{max(temperatures):.1f} °C")
+    if fans.get("error"):
+        parts.append(f"error: {fans['error']}")
+    return ", ".join(parts)
+
+
 def _fan_text(fan: dict[str, Any]) -> str:
     parts = [fan["name"] + ":"]
     if fan.get("rpm") is not None:

@@ -185,9 +185,18 @@ class FanController:
         if self.lease is None:
             record = await trio.to_thread.run_sync(self.backend.snapshot)
             lease = Lease.for_this_process(self.mode, record)
-            write_lease(self.lease_path, lease)
+            try:
+                write_lease(self.lease_path, lease)
+            except OSError as exc:
+                raise FanError(f"cannot write the fan lease {self.lease_path}: {exc}") from None
             self.lease = lease
-            self._start_watchdog()
+            try:
+                self._start_watchdog()
+            except OSError as exc:
+                # Never command fans that nothing would give back if we died.
+                clear_lease(self.lease_path, lease.token)
+                self.lease = None
+                raise FanError(f"cannot start the fan watchdog: {exc}") from None
         try:
             await trio.to_thread.run_sync(self.backend.apply_max)
         except FanError as exc:
@@ -242,7 +251,7 @@ class FanController:
         try:
             self.readings = await trio.to_thread.run_sync(self.backend.read)
             self.readings_at = time.time()
-        except FanError as exc:
+        except (FanError, OSError) as exc:
             log.warning("cannot read fans: %s", exc)
             self.readings, self.readings_at = None, time.time()
 

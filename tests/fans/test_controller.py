@@ -176,3 +176,34 @@ async def _until(predicate, timeout: float = 3.0) -> None:
     with trio.fail_after(timeout):
         while not predicate():
             await trio.sleep(0.02)
+
+
+def test_an_unwritable_lease_means_the_fans_are_never_touched(hwmon, tmp_path, make_unwritable):
+    lease_dir = tmp_path / "state"
+    lease_dir.mkdir()
+    make_unwritable(lease_dir)
+    controller = FanController(HwmonBackend(hwmon.root), lease_dir / "fans.lease", "auto")
+
+    async def main():
+        with pytest.raises(FanError, match="cannot write the fan lease"):
+            await controller.set_mode("max")
+
+    trio.run(main)
+    assert hwmon.attr("pwm1_enable") == "2" and controller.watchdog is None
+
+
+def test_no_watchdog_means_no_manual_control(hwmon, tmp_path, monkeypatch):
+    from mtplxd.fans import watchdog
+
+    def cannot_spawn(*args, **kwargs):
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(watchdog, "spawn", cannot_spawn)
+    controller = _controller(hwmon, tmp_path, "auto")
+
+    async def main():
+        with pytest.raises(FanError, match="cannot start the fan watchdog"):
+            await controller.set_mode("max")
+
+    trio.run(main)
+    assert hwmon.attr("pwm1_enable") == "2" and not controller.lease_path.exists()

@@ -151,3 +151,12 @@ def test_mtplxctl_fans_restore_gives_back_a_stale_lease_while_no_daemon_runs(hwm
     done = run_ctl("fans", "restore")
     assert done.returncode == 0 and "restored fans" in done.stdout
     assert hwmon.attr("pwm1_enable") == "2"
+
+
+def test_the_status_summary_line_names_mode_holder_and_readings():
+    from mtplxctl.commands.fans import summary_line
+
+    line = summary_line({"mode": "max", "control": "mtplxd (pid 7)", "controllable": True,
+                         "fans": [{"rpm": 1200.0}, {"rpm": None}],
+                         "temperatures": [{"celsius": 45.0}, {"celsius": 61.5}], "error": None})
+    assert line == "max, mtplxd (pid 7), 1200 rpm, 61.5 °C"

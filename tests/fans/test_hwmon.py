@@ -82,3 +82,13 @@ def test_fan_backend_none_says_it_is_switched_off(hwmon):
 def test_unknown_backend_in_a_record_is_refused():
     with pytest.raises(FanError, match="unknown fan backend"):
         restore_record({"backend": "teapot"})
+
+
+def test_null_backend_reads_nothing_where_psutil_has_no_sensors(monkeypatch):
+    import psutil
+
+    # macOS and Windows psutil have no sensors_temperatures / sensors_fans at all.
+    monkeypatch.delattr(psutil, "sensors_temperatures", raising=False)
+    monkeypatch.delattr(psutil, "sensors_fans", raising=False)
+    readings = NullBackend("no fans here").read().to_dict()
+    assert readings == {"fans": [], "temperatures": [], "temperature_source": None}
