@@ -42,10 +42,12 @@ class FakeTools:
         return self.state / root / name / "proc"
 
     def exit_status(self, manager: str, name: str) -> int | None:
+        """The service process's last exit status (negative: the signal), None before one."""
         try:
-            return int((self.proc_dir(manager, name) / "exit_status").read_text())
+            exits = (self.proc_dir(manager, name) / "exits").read_text().split()
         except FileNotFoundError:
             return None
+        return int(exits[-1]) if exits else None
 
     def main_pid(self, manager: str, name: str) -> int | None:
         try:

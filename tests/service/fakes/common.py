@@ -2,7 +2,7 @@
 
 A real service manager is the parent of the daemon: it reaps it and remembers its exit status.
 The fakes get the same by starting `supervise.py` detached, which runs the daemon as its child
-and writes `main.pid` while it runs and `exit_status` when it ends.
+and writes `main.pid` while it runs and appends its exit status to `exits` when it ends.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def command_for(argv: list[str]) -> list[str]:
 def start(proc_dir: Path, argv: list[str], env: dict[str, str], log_file: str | None) -> None:
     """Start `argv` under a detached supervisor; return once its pid is known."""
     proc_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("main.pid", "exit_status"):
-        (proc_dir / name).unlink(missing_ok=True)
+    (proc_dir / "main.pid").unlink(missing_ok=True)
+    exits_before = len(_exits(proc_dir))
     runs = proc_dir / "runs"
     runs.write_text(str(int(runs.read_text()) + 1 if runs.exists() else 1))
     subprocess.Popen([sys.executable, str(HERE / "supervise.py"), str(proc_dir), log_file or "",
@@ -62,7 +62,7 @@ def start(proc_dir: Path, argv: list[str], env: dict[str, str], log_file: str | 
                      env=env, start_new_session=True, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
     deadline = time.monotonic() + 10
-    while not (proc_dir / "main.pid").exists() and not (proc_dir / "exit_status").exists():
+    while not (proc_dir / "main.pid").exists() and len(_exits(proc_dir)) == exits_before:
         if time.monotonic() > deadline:
             raise SystemExit("fake: the supervised process did not start")
         time.sleep(0.02)
@@ -82,22 +82,27 @@ def main_pid(proc_dir: Path) -> int | None:
     return pid
 
 
+def _exits(proc_dir: Path) -> list[int]:
+    try:
+        return [int(line) for line in (proc_dir / "exits").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
 def exit_status(proc_dir: Path) -> int | None:
     """The last exit status (negative: killed by that signal), or None before a first exit."""
-    try:
-        return int((proc_dir / "exit_status").read_text())
-    except (FileNotFoundError, ValueError):
-        return None
+    exits = _exits(proc_dir)
+    return exits[-1] if exits else None
 
 
 def stop(proc_dir: Path, timeout: float) -> None:
-    """SIGTERM the service process, SIGKILL after `timeout`, and wait for the supervisor's record."""
+    """SIGTERM the service process, SIGKILL after `timeout`, and wait until the supervisor saw it end."""
     pid = main_pid(proc_dir)
     if pid is None:
         return
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while not (proc_dir / "exit_status").exists():
+    while (proc_dir / "main.pid").exists():
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + 10

@@ -1,4 +1,4 @@
-"""Run a command as our child and record its pid and exit status (what launchd/systemd keep).
+"""Run a command as our child and record its pid and exit statuses (what launchd/systemd keep).
 
 Usage: supervise.py PROC_DIR LOG_FILE -- ARGV...   (LOG_FILE may be empty: output discarded)
 """
@@ -17,10 +17,9 @@ def main() -> int:
     tmp.write_text(str(child.pid))
     tmp.replace(proc_dir / "main.pid")
     code = child.wait()
-    tmp = proc_dir / "exit_status.tmp"
-    tmp.write_text(str(code))
+    with open(proc_dir / "exits", "a") as exits:
+        exits.write(f"{code}\n")
     (proc_dir / "main.pid").unlink(missing_ok=True)
-    tmp.replace(proc_dir / "exit_status")
     return 0
 
 
