@@ -29,6 +29,7 @@ from mtplxd.fans.controller import build_controller
 from mtplxd.fans.methods import register_fan_methods
 from mtplxd.models.methods import register_model_store_methods
 from mtplxd.paths import Paths
+from mtplxd.pressure import watch_pressure
 from mtplxd.runtime import ModelLoadFailed, Runtime
 from mtplxd.supervisor import detect_supervisor, sd_notify
 
@@ -103,6 +104,7 @@ class Daemon:
                 task_status.started()
                 if self.load_model_at_start:
                     nursery.start_soon(self._load_initial_model)
+                nursery.start_soon(watch_pressure, self._bank_bytes, self._release_bank)
                 await self._shutdown.wait()
                 sd_notify("STOPPING=1")
                 with trio.move_on_after(self.config.shutdown_grace_seconds):
@@ -121,6 +123,14 @@ class Daemon:
         config.errorlog = logging.getLogger("hypercorn.error")
         config.server_names = []
         return config
+
+    def _bank_bytes(self) -> int:
+        guard = self.runtime.guard
+        return guard.holders()["session_bank"] if guard is not None else 0
+
+    def _release_bank(self, needed: int) -> int:
+        guard = self.runtime.guard
+        return guard.release_bank(needed) if guard is not None else 0
 
     async def _watch_signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -216,8 +216,7 @@ class MemoryGuard:
         with self._lock:
             needed = self.plan.request_bytes(prompt_tokens, max_tokens, DEFAULT_PREFILL_CHUNK)
             if needed > self.available_bytes() and self._bank_bytes() > 0:
-                if self._release_bank(needed - self.available_bytes()) > 0:
-                    self.bank_releases += 1
+                self.release_bank(needed - self.available_bytes())
             chunk = DEFAULT_PREFILL_CHUNK
             while needed > self.available_bytes() and chunk > SMALLEST_PREFILL_CHUNK:
                 chunk //= 2
@@ -230,6 +229,13 @@ class MemoryGuard:
             reservation = Reservation(self._next_id, needed, chunk, self)
             self._held[reservation.id] = reservation
             return reservation
+
+    def release_bank(self, needed: int) -> int:
+        """Ask the session bank to free `needed` bytes of idle entries; returns bytes freed."""
+        freed = self._release_bank(needed)
+        if freed > 0:
+            self.bank_releases += 1
+        return freed
 
     def _release(self, reservation: Reservation) -> None:
         with self._lock:

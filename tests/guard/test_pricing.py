@@ -121,3 +121,33 @@ def test_limit_settings():
     assert resolve_limit(64, total) == total
     assert resolve_limit("max", total) == total - int(3.2 * GIB)
     assert 0 < resolve_limit("auto", total) < total
+
+
+def test_pressure_levels_from_free_memory():
+    from mtplxd.pressure import pressure_from_available
+
+    total = 32 * GIB
+    assert pressure_from_available(16 * GIB, total) == "normal"
+    assert pressure_from_available(int(1.5 * GIB), total) == "warn"
+    assert pressure_from_available(GIB // 2, total) == "critical"
+
+
+def test_pressure_loop_sheds_the_bank():
+    import trio
+
+    from mtplxd.pressure import watch_pressure
+
+    bank = {"bytes": 1000}
+    levels = iter(["normal", "warn", "critical"])
+
+    def release(needed: int) -> int:
+        freed = min(needed, bank["bytes"])
+        bank["bytes"] -= freed
+        return freed
+
+    async def main() -> None:
+        with trio.move_on_after(1):
+            await watch_pressure(lambda: bank["bytes"], release, lambda: next(levels, "normal"), 0.01)
+
+    trio.run(main)
+    assert bank["bytes"] == 0
