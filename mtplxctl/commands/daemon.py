@@ -332,7 +332,12 @@ def status_table(status: dict[str, Any]) -> Table:
                   f"{human_bytes(memory.get('system_available_bytes'))} free of "
                   f"{human_bytes(memory.get('system_total_bytes'))}")
     table.add_row("requests", f"{status.get('requests', {}).get('active', 0)} in flight")
-    for key, label in (("guard", "memory guard"), ("session_bank", "session bank"), ("fans", "fans")):
+    guard = status.get("guard")
+    if guard:
+        table.add_row("memory guard", f"limit {human_bytes(guard['limit_bytes'])}, "
+                      f"{human_bytes(guard['available_bytes'])} available, fits "
+                      f"{guard['max_context_tokens']} tokens per request, {guard['refused']} refused")
+    for key, label in (("session_bank", "session bank"), ("fans", "fans")):
         if status.get(key):
             table.add_row(label, _one_line(status[key]))
     table.add_row("", f"[dim]{status['powered_by']}[/]")
