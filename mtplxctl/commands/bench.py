@@ -1,0 +1,43 @@
+"""bench: AR vs MTP decode speed and acceptance on this machine, printed and saved as JSON.
+
+Runs the engine benchmark in this process (not through the daemon, so the numbers are the
+engine's own); results go to ~/.mtplx/metrics/bench-<time>.json unless --json-out says where.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from mtplxd.config import ConfigError, load_config
+from mtplxd.paths import Paths
+from mtplxd.runtime import ModelLoadFailed, resolve_model
+from mtplxctl.output import fail
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bench = subparsers.add_parser("bench", help="measure AR vs MTP decode speed on this machine")
+    bench.add_argument("--model", help="model folder or pulled repo (default: the configured one)")
+    bench.add_argument("--depth", type=int, help="MTP depth (default: the model's)")
+    bench.add_argument("--max-tokens", type=int, default=128, help="tokens per run (default 128)")
+    bench.add_argument("--repeats", type=int, default=3, help="passes over the prompt set")
+    bench.add_argument("--temperatures", default="0,0.6", help="comma-separated (default 0,0.6)")
+    bench.add_argument("--json-out", help="where to save the report")
+    bench.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from mtplxd.engine import bench
+
+    paths = Paths.from_env()
+    try:
+        spec = args.model or load_config(paths.config_file).model
+        folder, _ = resolve_model(spec, paths.models_dir)
+    except (ConfigError, ModelLoadFailed) as exc:
+        return fail(str(exc))
+    out = args.json_out or str(paths.metrics_dir / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    argv = ["--model", str(folder), "--max-tokens", str(args.max_tokens), "--repeats",
+            str(args.repeats), "--temperatures", args.temperatures, "--json-out", out]
+    if args.depth is not None:
+        argv += ["--depth", str(args.depth)]
+    return bench.main(argv)
