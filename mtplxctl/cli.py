@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from mtplxd import POWERED_BY, __version__
-from mtplxctl.client import DaemonNotRunning
+from mtplxctl.client import ControlError, DaemonNotRunning
 from mtplxctl.output import EXIT_ERROR, EXIT_USAGE, fail, not_running
 
 # Command groups, in the order `mtplxctl --help` lists them. A module that is not there yet is
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except DaemonNotRunning:
         return not_running(getattr(args, "json", False))
+    except ControlError as exc:
+        # The daemon's messages already say what to do next.
+        return fail(exc.message)
     except KeyboardInterrupt:
         return fail("interrupted", code=130)
     except BrokenPipeError:

@@ -6,8 +6,10 @@ never touches the user's ~/.mtplx, and agent configs are written under a throwaw
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -28,3 +30,25 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("MTPLX_HOME", str(mtplx_home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return mtplx_home
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """factory(family="qwen3", **kwargs) -> Path of a tiny checkpoint (cached per session).
+
+    kwargs are those of `write_tiny_checkpoint` (seed, with_mtp, quantize_bits, overrides).
+    Tests must not modify the returned folder; copy it first.
+    """
+    from mtplxd.engine.tiny import write_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    cache: dict[str, Path] = {}
+
+    def factory(family: str = "qwen3", **kwargs: Any) -> Path:
+        key = json.dumps([family, kwargs], sort_keys=True, default=str)
+        if key not in cache:
+            dest = root / f"{family}-{len(cache)}"
+            cache[key] = write_tiny_checkpoint(dest, family, **kwargs)
+        return cache[key]
+
+    return factory

@@ -130,3 +130,28 @@ def test_restart_gives_a_new_pid(daemon):
     assert new_pid != daemon.pid
     assert daemon.process.wait(10) == 0
     assert run_ctl("stop").returncode == 0
+
+
+def test_start_with_a_model_loads_it_and_status_shows_it(tiny_model_factory):
+    model = tiny_model_factory("qwen3")
+    started = run_ctl("start", "--port", "0", "--model", str(model), "--json")
+    try:
+        assert started.returncode == 0, started.stderr
+        loaded = json.loads(started.stdout)["model"]
+        assert loaded["state"] == "loaded" and loaded["mode"] == "mtp" and loaded["demo"] is False
+        assert loaded["context_length"] <= loaded["model_context_length"]
+        human = run_ctl("status")
+        assert f"{model.name} — MTP depth" in human.stdout
+        assert "memory guard" in human.stdout
+    finally:
+        assert run_ctl("stop").returncode == 0
+
+
+def test_start_with_a_bad_model_says_what_to_do():
+    result = run_ctl("start", "--port", "0", "--model", "no-such-org/no-such-model")
+    try:
+        assert result.returncode == 1
+        assert "mtplxctl models pull no-such-org/no-such-model" in result.stderr
+        assert "Traceback" not in result.stderr
+    finally:
+        run_ctl("stop")
