@@ -1,0 +1,62 @@
+"""The catalog of recommended models and the model `mtplxctl start` picks when none is named."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.conftest import REPO
+from mtplxd.models import catalog
+from mtplxd.models.catalog import EMBEDDED_ID, CatalogEntry, available_models, recommended
+from mtplxd.paths import Paths
+
+
+@pytest.mark.parametrize("memory, expected", [
+    (8, EMBEDDED_ID),
+    (16, "Youssofal/Qwen3.5-4B-MTPLX-Optimized-Speed"),
+    (24, "Youssofal/Qwen3.5-4B-MTPLX-Optimized-Speed"),
+    (32, "Youssofal/Qwen3.5-9B-MTPLX-Optimized-Speed"),
+    (64, "Youssofal/Qwen3.6-27B-MTPLX-Optimized-Speed"),
+    (96, "Youssofal/Qwen3.6-27B-MTPLX-Optimized-Speed"),
+    (128, "Youssofal/Qwen3.6-27B-MTPLX-Optimized-Quality"),
+    (512, "Youssofal/Qwen3.6-27B-MTPLX-Optimized-Quality"),
+])
+def test_recommended_model_by_machine_memory(memory, expected):
+    assert recommended(memory).id == expected
+
+
+def test_available_models_flags_fit_and_recommendation_and_ends_with_the_embedded_model():
+    rows = available_models(32)
+    assert [r["id"] for r in rows if r["recommended"]] == ["Youssofal/Qwen3.5-9B-MTPLX-Optimized-Speed"]
+    assert {r["id"]: r["fits"] for r in rows}["Youssofal/Qwen3.6-27B-MTPLX-Optimized-Speed"] is False
+    assert rows[-1]["id"] == EMBEDDED_ID and rows[-1]["fits"]
+    # Only ids seen in the reference notes are marked verified.
+    assert [r["id"] for r in rows if r["verified"] and r["id"] != EMBEDDED_ID] == [
+        "Youssofal/Qwen3.5-4B-MTPLX-Optimized-Speed"]
+
+
+@pytest.fixture
+def test_catalog(monkeypatch):
+    """A catalog whose only entry is the fake Hub's repo, for any machine."""
+    entry = CatalogEntry(REPO, 0, "tiny", 0.001, "none", True, "test")
+    monkeypatch.setattr(catalog, "CATALOG", (entry,))
+
+
+def test_default_choice_is_the_pick_when_the_hub_confirms_it(hub, test_catalog):
+    assert catalog.default_model_choice(Paths.from_env()) == REPO
+
+
+def test_default_choice_is_embedded_offline_or_when_the_pick_is_missing(hub, test_catalog, monkeypatch):
+    paths = Paths.from_env()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert catalog.default_model_choice(paths) is None
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    del hub.repos[REPO]
+    assert catalog.default_model_choice(paths) is None
+    hub.stop()
+    assert catalog.default_model_choice(paths) is None
+
+
+def test_default_choice_is_a_pulled_pick_even_offline(hub, test_catalog, store, monkeypatch):
+    store.pull(REPO)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert catalog.default_model_choice(Paths.from_env()) == REPO
