@@ -470,7 +470,7 @@ def write_tiny_hybrid_checkpoint(
     with_mtp: bool = True,
     quantize_bits: int | None = None,
     logit_scale: float = 4.0,
-    draft_friendly: bool = False,
+    draft_friendly: bool = True,
     **overrides: Any,
 ) -> Path:
     """Write a tiny random-weight checkpoint of a hybrid family into ``dest``; return ``dest``.
@@ -487,9 +487,9 @@ def write_tiny_hybrid_checkpoint(
     quantization with group size 32, ``"quantization"`` in config.json, MTP under ``mtp.*``
     already converted (norms shifted). ``overrides`` replace text-config keys (e.g.
     ``num_hidden_layers=8``, ``torch_dtype="bfloat16"``, ``tie_word_embeddings=True``).
-    ``draft_friendly`` shapes the random weights so that MTP drafts are often accepted
-    (see ``_make_draft_friendly``); plain random heads are almost never right, which would
-    leave the partial- and full-accept paths of the speculative loop untested.
+    ``draft_friendly`` (default) shapes the random weights so that MTP drafts are often
+    accepted (see ``_make_draft_friendly``), like the dense factory's fitted head; with
+    False the weights are plain random and nearly every draft is rejected.
     Tokenizer files come from ``tiny.write_tiny_tokenizer``. Same seed, same bytes.
     """
     from mtplxd.engine.tiny import EOS_TOKEN, PAD_TOKEN, _token_id, write_tiny_tokenizer

@@ -37,10 +37,15 @@ MTP_NORMS = (
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """factory(family, **kwargs) -> path; one tiny checkpoint per variant for this module."""
+    """factory(family, **kwargs) -> path; one tiny checkpoint per variant for this module.
+
+    Plain random weights unless the test asks for draft_friendly=True: every MTP tensor then
+    matters to the head's output, so the loading and reference tests see every mistake.
+    """
     made = {}
 
     def make(family, **kwargs):
+        kwargs.setdefault("draft_friendly", False)
         key = json.dumps([family, kwargs], sort_keys=True)
         if key not in made:
             made[key] = write_tiny_hybrid_checkpoint(tmp_path_factory.mktemp(family), family, **kwargs)

@@ -22,7 +22,9 @@ K = len(VERIFY) - 1
 
 @pytest.fixture(scope="module", params=HYBRID_MODEL_TYPES)
 def model(request, tmp_path_factory):
-    path = write_tiny_hybrid_checkpoint(tmp_path_factory.mktemp(request.param), request.param)
+    path = write_tiny_hybrid_checkpoint(
+        tmp_path_factory.mktemp(request.param), request.param, draft_friendly=False
+    )
     model, _ = load_model(path)
     return model
 
