@@ -363,3 +363,41 @@ def test_mlx_lm_speculative_generate_runs_unchanged_on_the_rollback_cache(checkp
         prompt, target, draft, num_draft_tokens=3, prompt_cache=cache, max_tokens=24)]
     assert got == want
     assert any(isinstance(c, RollbackArraysCache) for c in cache)
+
+
+@pytest.mark.parametrize("family", HYBRID_MODEL_TYPES)
+def test_greedy_mtp_equals_ar_with_penalties(checkpoints, family):
+    model = load_model(checkpoints(family, draft_friendly=True))
+    ids = model.tokenizer.encode(PROMPTS[1])
+    params = dict(temperature=0.0, max_tokens=32, repetition_penalty=1.3, presence_penalty=0.5)
+    runs = {}
+    for depth in (0, 3):
+        request = GenerationRequest(list(ids), SamplingParams(**params), depth=depth)
+        runs[depth] = next(x for x in model.generate(request) if isinstance(x, GenerationResult))
+    assert runs[3].token_ids == runs[0].token_ids
+    assert runs[3].stats.accepted > 0
+
+
+@pytest.mark.parametrize("family", HYBRID_MODEL_TYPES)
+def test_sampled_mtp_same_seed_same_output(checkpoints, family):
+    model = load_model(checkpoints(family, draft_friendly=True))
+    ids = model.tokenizer.encode(PROMPTS[0])
+
+    def sample(seed):
+        params = SamplingParams(temperature=0.8, top_p=0.95, seed=seed, max_tokens=32)
+        return next(x for x in model.generate(GenerationRequest(list(ids), params, depth=3))
+                    if isinstance(x, GenerationResult))
+
+    first, again, other = sample(7), sample(7), sample(8)
+    assert first.token_ids == again.token_ids
+    assert first.token_ids != other.token_ids
+    assert first.stats.accepted > 0
+
+
+@pytest.mark.parametrize("family", HYBRID_MODEL_TYPES)
+def test_score_on_hybrid_model(checkpoints, family):
+    model = load_model(checkpoints(family))
+    ids = model.tokenizer.encode(PROMPTS[0])
+    scores = model.score(ids)
+    assert scores[0] is None and len(scores) == len(ids)
+    assert all(s <= 0.0 for s in scores[1:])
