@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 MODES = ("auto", "max", "smart")
 REFRESH_SECONDS = 10.0
 RESTORE_TIMEOUT = 30.0
-# A failed restore is retried (fans must not stay pinned); a failed take is not retried on its
-# own for this long, so a backend without permissions does not spawn a watchdog per request.
+# A failed restore is retried (fans must not stay pinned). A failed take is retried only when
+# asked again (fans.set), or in smart mode by a request after TAKE_BACKOFF, so a backend without
+# permissions does not spawn a watchdog per request.
 RESTORE_RETRY_DELAYS = (5.0, 15.0, 30.0, 60.0)
 TAKE_BACKOFF = 60.0
 WATCHDOG_EXIT_WAIT = 3.0
@@ -140,6 +141,7 @@ class FanController:
     async def reconcile(self) -> str | None:
         """Take or give back the fans to match the mode; returns the error, None on success."""
         async with self._lock:
+            self._retry_at = None  # set again by _failed when a restore is still owed
             want = self.wants_manual()
             try:
                 if want and not self.manual:
@@ -159,7 +161,10 @@ class FanController:
         self.last_error = message
         log.error("fan %s failed: %s", "take" if taking else "restore", message)
         if taking:
-            self._take_blocked_until = time.monotonic() + TAKE_BACKOFF
+            # max: wait for the user (`mtplxctl fans max` after fixing the cause); smart: a later
+            # request may try again, but not before TAKE_BACKOFF.
+            self._take_blocked_until = (time.monotonic() + TAKE_BACKOFF if self.mode == "smart"
+                                        else math.inf)
         if self.lease is not None:
             delay = RESTORE_RETRY_DELAYS[min(self._restore_failures, len(RESTORE_RETRY_DELAYS) - 1)]
             self._restore_failures += 1

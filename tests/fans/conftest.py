@@ -38,7 +38,10 @@ def hwmon(tmp_path: Path) -> FakeHwmon:
 
 @pytest.fixture
 def make_unwritable() -> Iterator[Callable[[Path], None]]:
-    """Make a file reject writes but stay readable: chmod for a user, `chattr +i` for root."""
+    """Make a file reject writes but stay readable: chmod for a user, `chattr +i` for root.
+
+    `make_unwritable.thaw(path)` undoes it.
+    """
     frozen: list[Path] = []
 
     def freeze(path: Path) -> None:
@@ -50,6 +53,13 @@ def make_unwritable() -> Iterator[Callable[[Path], None]]:
             pytest.skip(f"cannot make a file read-only for root here: {done.stderr!r}")
         frozen.append(path)
 
+    def thaw(path: Path) -> None:
+        if os.geteuid() != 0:
+            path.chmod(0o644)
+        else:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+
+    freeze.thaw = thaw  # type: ignore[attr-defined]
     yield freeze
     for path in frozen:
         subprocess.run(["chattr", "-i", str(path)], check=False)

@@ -207,3 +207,30 @@ def test_no_watchdog_means_no_manual_control(hwmon, tmp_path, monkeypatch):
 
     trio.run(main)
     assert hwmon.attr("pwm1_enable") == "2" and not controller.lease_path.exists()
+
+
+def test_a_failed_restore_keeps_lease_and_watchdog_and_is_retried(hwmon, tmp_path, make_unwritable,
+                                                                  monkeypatch):
+    from mtplxd.fans import controller as controller_module
+
+    monkeypatch.setattr(controller_module, "RESTORE_RETRY_DELAYS", (0.2,))
+    controller = _controller(hwmon, tmp_path, "max")
+    seen = {}
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(controller.run)
+            make_unwritable(hwmon.device / "pwm1_enable")
+            with pytest.raises(FanError, match="pwm1_enable"):
+                await controller.set_mode("auto")
+            seen["lease_kept"] = controller.lease_path.exists()
+            seen["watchdog_alive"] = controller.watchdog.poll() is None
+            make_unwritable.thaw(hwmon.device / "pwm1_enable")
+            await _until(lambda: controller.lease is None and controller.last_error is None)
+            seen["error_after"] = controller.last_error
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert seen["lease_kept"] and seen["watchdog_alive"]
+    assert seen["error_after"] is None
+    assert hwmon.attr("pwm1_enable") == "2" and not controller.lease_path.exists()
