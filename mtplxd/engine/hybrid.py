@@ -171,6 +171,19 @@ def check_layer_types(text_config: Mapping[str, Any]) -> None:
         )
 
 
+def layer_types_refusal(config: Mapping[str, Any]) -> str | None:
+    """Why a hybrid checkpoint's config.json cannot be built by mlx-lm, or None.
+
+    Reads ``text_config`` when present (qwen3_5*), else the top level (qwen3_next).
+    """
+    text = config.get("text_config") or config
+    try:
+        check_layer_types(text)
+    except ValueError as exc:
+        return f"{exc}. Fix layer_types in config.json or use an unmodified checkpoint."
+    return None
+
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_5": FamilySpec(
         model_type="qwen3_5",

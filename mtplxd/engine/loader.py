@@ -103,6 +103,11 @@ def refusal_reason(path: Path, config: dict[str, Any]) -> str | None:
     reason = quantization_refusal(config)
     if reason:
         return reason
+    if config["model_type"] in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
+        from mtplxd.engine.hybrid import layer_types_refusal  # mlx-lm ignores layer_types
+
+        if reason := layer_types_refusal(config):
+            return reason
     if not weight_files(path):
         return f"no model*.safetensors weights in {path}; download the full checkpoint"
     return None

@@ -401,3 +401,18 @@ def test_score_on_hybrid_model(checkpoints, family):
     scores = model.score(ids)
     assert scores[0] is None and len(scores) == len(ids)
     assert all(s <= 0.0 for s in scores[1:])
+
+
+def test_checkpoint_with_non_periodic_layer_types_is_refused(checkpoints, tmp_path):
+    import shutil
+
+    from mtplxd.engine import ModelLoadError
+
+    path = shutil.copytree(checkpoints("qwen3_5"), tmp_path / "bad")
+    config = json.loads((path / "config.json").read_text())
+    config["text_config"]["layer_types"] = ["full_attention"] + ["linear_attention"] * 3
+    (path / "config.json").write_text(json.dumps(config))
+    report = inspect_checkpoint(path)
+    assert report.mode == "refused" and "layer_types" in report.reason
+    with pytest.raises(ModelLoadError, match="layer_types"):
+        load_model(path)
