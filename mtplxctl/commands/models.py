@@ -177,6 +177,27 @@ def pull_with_progress(spec: str, as_json: bool = False) -> dict[str, Any] | Non
         return None
 
 
+def ensure_default_model(as_json: bool = False) -> str | None:
+    """For `mtplxctl start` with no model named or configured: the catalog's pick, pulled.
+
+    Returns the repo id to load (already pulled, or pulled now with a progress bar), or None to
+    serve the embedded model (offline, the Hub does not answer, the pick is not on the Hub, the
+    machine is too small, or the pull failed — its error is printed).
+    """
+    from mtplxd.models.catalog import default_model_choice
+    from mtplxd.models.store import resolve_pulled
+
+    paths = Paths.from_env()
+    choice = default_model_choice(paths)
+    if choice is None or resolve_pulled(choice, paths.models_dir) is not None:
+        return choice
+    if not as_json:
+        console.print(f"no model configured: pulling the recommended {choice} "
+                      "(`mtplxctl models list --available` shows the alternatives)")
+    pulled = pull_with_progress(choice, as_json)
+    return choice if pulled is not None and pulled.get("mode") != "refused" else None
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     try:
         with ProgressView(args.json) as view:
@@ -249,7 +270,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         console.print("no models pulled — `mtplxctl models list --available` shows recommended ones")
         return EXIT_OK
     # A repo id or a sha cut in half is useless: those columns never wrap.
-    table = Table(Column("model", no_wrap=True), Column("revision", no_wrap=True),
+    widest = max(len(row["id"]) for row in pulled)
+    table = Table(Column("model", no_wrap=True, min_width=widest), Column("revision", no_wrap=True),
                   "size", "family", "mode", "quant", "pulled")
     for row in pulled:
         revision = row["revision"][:12] + (f" ({row['requested']})" if row.get("requested") else "")
@@ -271,7 +293,9 @@ def _list_available(pulled: list[dict[str, Any]], as_json: bool) -> int:
         print_json({"models": rows})
         return EXIT_OK
     memory = rows[0]["memory_gb"] if rows else 0
-    table = Table("model", "for RAM", "download", "quant", "", title=f"recommended for this machine ({memory:.0f} GB)")
+    widest = max((len(row["id"]) for row in rows), default=10)
+    table = Table(Column("model", no_wrap=True, min_width=widest), "for RAM", "download", "quant", "",
+                  title=f"recommended for this machine ({memory:.0f} GB)")
     for row in rows:
         marks = []
         if row["recommended"]:

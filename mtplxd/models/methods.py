@@ -109,18 +109,22 @@ async def _streaming(fn: Callable[..., Any], spec: str, notify: Notify) -> Any:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     stop.set()  # the caller went away: stop downloading at the next chunk
 
+    result: Any = None
+    failure: ModelStoreError | PullCancelled | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(forward)
         try:
             result = await trio.to_thread.run_sync(
                 lambda: fn(spec, progress=emit, should_stop=stop.is_set), abandon_on_cancel=True)
-        except ModelStoreError as exc:
-            raise store_error(exc) from None
-        except PullCancelled as exc:
-            raise app_error("cancelled", str(exc)) from None
+        except (ModelStoreError, PullCancelled) as exc:
+            failure = exc  # raised below, outside the nursery, so it is not wrapped in a group
         except trio.Cancelled:
             stop.set()  # the daemon is shutting down: let the worker thread end at its next chunk
             raise
         finally:
             send.close()
+    if isinstance(failure, ModelStoreError):
+        raise store_error(failure)
+    if failure is not None:
+        raise app_error("cancelled", str(failure))
     return result

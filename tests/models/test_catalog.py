@@ -60,3 +60,13 @@ def test_default_choice_is_a_pulled_pick_even_offline(hub, test_catalog, store, 
     store.pull(REPO)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert catalog.default_model_choice(Paths.from_env()) == REPO
+
+
+def test_start_without_a_model_pulls_the_pick_once(hub, test_catalog, capsys):
+    from mtplxctl.commands.models import ensure_default_model
+
+    assert ensure_default_model() == REPO
+    assert "pulling the recommended" in capsys.readouterr().out
+    gets = len(hub.resolve_gets())
+    assert ensure_default_model() == REPO  # already pulled: nothing downloaded
+    assert len(hub.resolve_gets()) == gets

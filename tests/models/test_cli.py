@@ -61,6 +61,10 @@ def test_ctl_pull_json_lines_then_list_check_update_rm(hub, daemon, tiny_files):
     assert updated.returncode == 0, updated.stderr
     assert f"→ {new[:12]}" in updated.stdout and "1 changed file(s) downloaded" in updated.stdout
 
+    missing = run_ctl("models", "pull", "mtplx-test/missing", "--json")
+    assert missing.returncode == 1
+    assert json_lines(missing.stdout)[-1]["reason"] == "not_found"
+
     removed = run_ctl("models", "rm", REPO, "--json")
     assert json.loads(removed.stdout)["removed"] == [new]
     assert json.loads(run_ctl("models", "list", "--json").stdout)["models"] == []

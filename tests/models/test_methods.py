@@ -1,0 +1,45 @@
+"""The models.* control methods in-process: errors as control-plane errors, cancellation."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from models.conftest import REPO
+from mtplxd.control.protocol import RpcError
+from mtplxd.control.registry import MethodRegistry
+from mtplxd.models.methods import register_model_store_methods
+from mtplxd.models.store import resolve_pulled
+from mtplxd.paths import Paths
+
+
+def call(method: str, params: dict, notify) -> object:
+    registry = MethodRegistry()
+    register_model_store_methods(registry, Paths.from_env())
+    return trio.run(registry.get(method).handler, params, notify)
+
+
+def test_a_caller_that_goes_away_stops_the_pull(hub):
+    async def gone(name, params):
+        raise trio.BrokenResourceError
+
+    with pytest.raises(RpcError) as caught:
+        call("models.pull", {"model": REPO}, gone)
+    assert caught.value.reason == "cancelled"
+    assert hub.resolve_gets() == []  # stopped before the first file
+    assert resolve_pulled(REPO, Paths.from_env().models_dir) is None
+
+
+def test_store_errors_keep_their_reason(hub):
+    async def ignore(name, params):
+        pass
+
+    with pytest.raises(RpcError) as caught:
+        call("models.pull", {"model": "mtplx-test/missing"}, ignore)
+    assert caught.value.reason == "not_found" and "mtplx-test/missing" in caught.value.message
+    with pytest.raises(RpcError) as caught:
+        call("models.pull", {}, ignore)
+    assert caught.value.reason == "invalid_params"
+    with pytest.raises(RpcError) as caught:
+        call("models.rm", {"model": REPO}, ignore)
+    assert caught.value.reason == "not_pulled"
