@@ -92,6 +92,10 @@ class Metrics:
             self.cycles.inc(stats.cycles)
             self.committed.inc(stats.mean_accepted_length * stats.cycles)
 
+    def observe_unfinished(self, why: str) -> None:
+        """A generation that ended without a result: `cancelled` (client left) or `error`."""
+        self.finished.labels(finish_reason=why).inc()
+
     def render(self) -> bytes:
         """The exposition text."""
         return generate_latest(self.registry)

@@ -211,6 +211,7 @@ class Generations:
         events: list[Event] = []
         reasoning_tokens = 0
         result = None
+        ending = "cancelled"  # unless a result or an error says otherwise
         try:
             async with self._generate(plan) as items:
                 async for item in items:
@@ -219,11 +220,14 @@ class Generations:
                         events += parser.feed(item.text)
                         flight.on_delta(len(item.token_ids), item.text)
                     elif isinstance(item, GenerationResult):
-                        result = item
+                        result, ending = item, ""
         except Exception as exc:
+            ending = "error"
             raise _translate(exc) from exc
         finally:
             self.flights.end(flight)
+            if ending:
+                self.metrics.observe_unfinished(ending)
         if result is None:
             raise RuntimeError("the engine ended without a result")
         events += parser.finish()
@@ -239,6 +243,7 @@ class Generations:
         parser = plan.new_parser()
         reasoning_tokens = 0
         last_sent = trio.current_time()
+        ending = "cancelled"  # a client that leaves mid-stream; cleared by a result, set by errors
         try:
             async with receive:
                 while True:
@@ -249,6 +254,7 @@ class Generations:
                         yield TICK
                         continue
                     if isinstance(item, BaseException):
+                        ending = "error"
                         raise _translate(item) from item
                     if isinstance(item, TokenDelta):
                         reasoning_tokens += len(item.token_ids) if parser.in_reasoning else 0
@@ -261,14 +267,18 @@ class Generations:
                         tail = parser.finish()
                         if tail:
                             yield tail
-                        # `collect` of all events is only needed for counts: keep it cheap.
+                        ending = ""
+                        # The events were already sent: only the counts matter here.
                         yield await self._outcome(plan, item, _summary(parser), reasoning_tokens)
                         return
         except trio.EndOfChannel:
+            ending = "error"
             raise RuntimeError("the engine ended without a result") from None
         finally:
             scope.cancel()
             self.flights.end(flight)
+            if ending:
+                self.metrics.observe_unfinished(ending)
 
     async def _produce(self, plan: Plan, send: trio.MemorySendChannel, scope: trio.CancelScope) -> None:
         """Background task: forward engine items; ends (and stops the engine) when cancelled."""
