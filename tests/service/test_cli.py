@@ -1,0 +1,62 @@
+"""`mtplxctl service ...` exit codes and output, in process (the end-to-end file runs subprocesses)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mtplxctl.cli import main
+
+
+def _json(capsys: pytest.CaptureFixture) -> dict:
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("verb", ["install", "uninstall", "status"])
+def test_no_service_manager_is_an_error_with_a_way_out(verb, monkeypatch, capsys):
+    monkeypatch.setenv("MTPLX_SERVICE_MANAGER", "none")
+    assert main(["service", verb]) == 1
+    assert "mtplxctl start" in capsys.readouterr().err
+
+
+def test_unknown_override_is_an_error(monkeypatch, capsys):
+    monkeypatch.setenv("MTPLX_SERVICE_MANAGER", "upstart")
+    assert main(["service", "status"]) == 1
+    assert "expected launchd, systemd or none" in capsys.readouterr().err
+
+
+def test_broken_config_refuses_install_and_writes_nothing(launchd_tools, isolated_home: Path, capsys):
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    (isolated_home / "config.toml").write_text("shutdown_grace_seconds = 'soon'\n")
+    assert main(["service", "install"]) == 1
+    assert "configuration error" in capsys.readouterr().err
+    assert launchd_tools.calls() == []
+    assert not (Path.home() / "Library" / "LaunchAgents").exists()
+
+
+def test_install_no_wait_json_then_status_and_uninstall(systemd_tools, capsys):
+    assert main(["service", "install", "--no-wait", "--json"]) == 0
+    installed = _json(capsys)
+    assert installed["installed"] and installed["changed"] and installed["daemon"] is None
+    assert installed["actions"][1:] == ["systemctl --user daemon-reload",
+                                        "systemctl --user enable --now mtplxd.service"]
+    assert main(["service", "status", "--json"]) == 0
+    status = _json(capsys)
+    assert status["manager"] == "systemd" and status["running"] and status["up_to_date"]
+    assert main(["service", "uninstall", "--json"]) == 0
+    assert _json(capsys)["uninstalled"] is True
+    assert main(["service", "status", "--json"]) == 3
+    assert _json(capsys)["installed"] is False
+
+
+def test_status_of_an_installed_but_stopped_service_exits_3_with_a_hint(launchd_tools, capsys):
+    assert main(["service", "install", "--no-wait"]) == 0
+    from mtplxctl.launchd import service_manager
+
+    service_manager().stop()
+    capsys.readouterr()
+    assert main(["service", "status"]) == 3
+    out = capsys.readouterr().out
+    assert "not loaded" in out and "mtplxctl start" in out
