@@ -297,3 +297,35 @@ def _token_id(dest: Path, token: str) -> int:
         if added["content"] == token:
             return added["id"]
     raise KeyError(token)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mtplxd.engine.tiny DEST [--family F] [--quantize-bits B] [--set KEY=JSON]...`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.tiny",
+                                     description="Write a tiny random-weight checkpoint.")
+    parser.add_argument("dest", type=Path)
+    parser.add_argument("--family", default="qwen3",
+                        choices=DENSE_FAMILIES + HYBRID_FAMILIES)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quantize-bits", type=int, default=None)
+    parser.add_argument("--no-mtp", action="store_true", help="leave the mtp.* tensors out")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                        help="override a config.json key or a writer option, e.g. hidden_size=1024")
+    args = parser.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    path = write_tiny_checkpoint(args.dest, args.family, seed=args.seed, with_mtp=not args.no_mtp,
+                                 quantize_bits=args.quantize_bits, **overrides)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
