@@ -8,6 +8,8 @@ running.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from typing import Any
 
@@ -65,6 +67,9 @@ def cmd_install(args: argparse.Namespace) -> int:
         return fail(f"configuration error: {exc}", "fix it with `mtplxctl config set`, then install again")
     except ServiceError as exc:
         return _service_failure(exc)
+    if manager.name == "launchd" and sys.platform == "darwin" and os.geteuid() == 0:
+        # gui/0 is nobody's login session: the agent would never load for the real user.
+        return fail("run `mtplxctl service install` as yourself, not as root or through sudo")
     paths = Paths.from_env()
     notes: list[str] = []
     handed_over = _stop_hand_started_daemon(paths, manager.name)
