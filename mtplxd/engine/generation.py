@@ -20,6 +20,7 @@ from mtplxd.engine.interface import (
 )
 from mtplxd.engine.mtp_head import MTPHead
 from mtplxd.engine.sampling import TARGET, TokenHistory, pick, position_key
+from mtplxd.engine.session_bank import SessionBank
 from mtplxd.engine.speculative import SpeculativeDecoder
 from mtplxd.engine.trunk import PREFILL_CHUNK, Trunk
 
@@ -64,11 +65,15 @@ class _Finish:
 
 def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationRequest,
              depth: int, vocab_size: int,
-             should_stop: Callable[[], bool]) -> Iterator[TokenDelta | GenerationResult]:
+             should_stop: Callable[[], bool],
+             bank: SessionBank | None = None) -> Iterator[TokenDelta | GenerationResult]:
     """Run one request; yield TokenDeltas, then exactly one GenerationResult.
 
     depth 0 (or no head) decodes plain AR; depth K >= 1 runs the speculative loop. The
     caller validated depth. should_stop() is checked before prefill and between cycles.
+    With a session `bank`, the longest stored prefix of the prompt is restored first (only
+    the rest is prefilled; stats.cached_tokens says how much), and after the result the
+    committed state is stored back.
     """
     params = request.sampling
     prompt = list(request.prompt_ids)
@@ -84,9 +89,17 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
         yield _result(finish, stats, reason, start, start, start)
         return
 
-    cache = trunk.make_cache()
     history = TokenHistory(vocab_size, prompt)
-    hiddens, last_logits = trunk.prefill(prompt, cache, request.prefill_chunk or PREFILL_CHUNK)
+    chunk = request.prefill_chunk or PREFILL_CHUNK
+    turn, head_cache, pending_from = None, None, 0
+    if bank is None:
+        cache = trunk.make_cache()
+        hiddens, last_logits = trunk.prefill(prompt, cache, chunk)
+    else:
+        turn = bank.begin(trunk, head if depth > 0 else None, prompt, request.session_id)
+        cache, head_cache, pending_from = turn.cache, turn.head_cache, turn.pending_from
+        hiddens, last_logits = turn.prefill(chunk)
+        stats.cached_tokens = turn.cached
     counts, seen = history.rows(None, 1)
     keys = None if params.greedy else [position_key(seed, len(prompt), TARGET)]
     first = pick(last_logits[None], params, counts, seen, keys).item()
@@ -99,17 +112,21 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
 
     decoder = None
     if depth > 0:
-        decoder = SpeculativeDecoder(trunk, head, cache, params, history, seed, depth)
-        cycles = decoder.cycles(hiddens, prompt, first)
+        decoder = SpeculativeDecoder(trunk, head, cache, params, history, seed, depth,
+                                     head_cache=head_cache)
+        cycles = decoder.cycles(hiddens, prompt, first, pending_from=pending_from)
     else:
         cycles = ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
     del hiddens
+    produced = [first]  # every token the decoder committed (the bank keys the cache by them)
     reason = finish.reason
     while reason is None:
         if should_stop():
             reason = "cancelled"
             break
-        delta = finish.take(next(cycles))
+        step = next(cycles)
+        produced += step
+        delta = finish.take(step)
         if delta is not None:
             yield delta
         reason = finish.reason
@@ -128,6 +145,9 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
     else:
         stats.cycles = max(finish.generated - 1, 0)
     yield _result(finish, stats, reason, start, prefill_done, end)
+    if turn is not None:  # after the result: the client is not kept waiting for the copy
+        turn.store(produced, decoder.head_cache if decoder else None,
+                   decoder.pending_hidden if decoder else None)
     mx.clear_cache()
 
 

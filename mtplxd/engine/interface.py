@@ -50,6 +50,9 @@ class GenerationRequest:
     depth: int | None = None  # None = the model's configured depth; 0 = plain AR
     # Tokens per prefill forward; the memory guard lowers it when a long prompt would not fit.
     prefill_chunk: int | None = None
+    # Conversation id from the client (x-session-id & co.): groups session-bank entries for
+    # LRU; prefix reuse itself works without it.
+    session_id: str | None = None
 
 
 @dataclass

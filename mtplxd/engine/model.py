@@ -15,6 +15,7 @@ from mtplxd.engine.interface import (
 from mtplxd.engine.loader import (
     DEFAULT_DEPTH, MAX_DEPTH, inspect_checkpoint, load_checkpoint,
 )
+from mtplxd.engine.session_bank import BankSettings, SessionBank, identity_for
 from mtplxd.engine.trunk import Trunk
 
 
@@ -27,6 +28,14 @@ class LoadedModel:
         self.info = info
         self.trunk = trunk
         self.head = getattr(model, "mtp", None) if info.mode == "mtp" else None
+        self.bank: SessionBank | None = None  # prefix reuse across requests (enable_session_bank)
+
+    def enable_session_bank(self, settings: BankSettings | None = None) -> SessionBank:
+        """Give this model a session bank (owner thread); replaces any previous one."""
+        if self.bank is not None:
+            self.bank.close()
+        self.bank = SessionBank(identity_for(self.info, self.tokenizer, self.model), settings)
+        return self.bank
 
     def resolve_depth(self, requested: int | None) -> int:
         """The depth a request runs at: its own, else the model's; always 0 when served AR."""
@@ -45,7 +54,7 @@ class LoadedModel:
         """
         depth = self.resolve_depth(request.depth)
         return run_generation(self.trunk, self.head, self.tokenizer, request, depth,
-                              self.info.vocab_size, should_stop)
+                              self.info.vocab_size, should_stop, self.bank)
 
     def score(self, prompt_ids: list[int]) -> list[float | None]:
         """Log-probability of each prompt token given its prefix; the first is None."""
@@ -53,12 +62,14 @@ class LoadedModel:
 
 
 def load_model(path: str | os.PathLike, *, model_id: str | None = None,
-               depth: int | None = None) -> LoadedModel:
+               depth: int | None = None,
+               session_bank: BankSettings | None = None) -> LoadedModel:
     """Load an HF-format folder for serving (owner thread only).
 
     Registered families with MTP tensors are served MTP at `depth` (default 3); anything else
     mlx-lm loads is served AR with `info.ar_reason` saying why. Raises ModelLoadError for
-    refused checkpoints (auto_map, unsupported quantization, missing files).
+    refused checkpoints (auto_map, unsupported quantization, missing files). With
+    `session_bank` settings the model gets a session bank (prefix reuse; off by default).
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -85,7 +96,10 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         vocab_size=int(config.get("vocab_size") or text_config.get("vocab_size")),
         weights_bytes=report.weights_bytes,
     )
-    return LoadedModel(model, tokenizer, info, trunk)
+    loaded = LoadedModel(model, tokenizer, info, trunk)
+    if session_bank is not None:
+        loaded.enable_session_bank(session_bank)
+    return loaded
 
 
 

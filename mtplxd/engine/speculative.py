@@ -82,31 +82,38 @@ class SpeculativeDecoder:
     """The state of one request's speculative decode: trunk and head caches plus PENDING."""
 
     def __init__(self, trunk: Trunk, head: MTPHead, cache: list[Any], params: SamplingParams,
-                 history: TokenHistory, seed: int, depth: int) -> None:
+                 history: TokenHistory, seed: int, depth: int,
+                 head_cache: list[Any] | None = None) -> None:
         self.trunk, self.head, self.cache = trunk, head, cache
         self.params, self.history, self.seed, self.depth = params, history, seed, depth
-        self.head_cache = head.make_cache()
+        # A session-bank restore hands in the head's cache over the restored pairs.
+        self.head_cache = head_cache if head_cache is not None else head.make_cache()
+        self.pending_hidden: mx.array | None = None  # hiddens of the PENDING pairs (session bank)
         self.stats = AcceptanceStats(depth)
         for entry in cache:
             if not (hasattr(entry, "trim") and entry.is_trimmable()):
                 raise ValueError(f"speculative decoding needs trimmable caches, got {type(entry).__name__}")
 
     def cycles(self, prompt_hiddens: list[mx.array], prompt_ids: list[int],
-               first_token: int) -> Iterator[list[int]]:
+               first_token: int, *, pending_from: int = 0) -> Iterator[list[int]]:
         """Yield the tokens committed by each cycle, forever (the caller stops iterating).
 
         `prompt_hiddens` are the trunk's post-norm hiddens over the prompt (prefill chunks)
-        and `first_token` the token sampled from the last prompt row (already committed).
+        from position `pending_from` on, and `first_token` the token sampled from the last
+        prompt row (already committed). `pending_from` > 0 when the head's cache already
+        holds the pairs before it (a session-bank restore).
         """
         n = len(prompt_ids)
         pending_h = mx.concatenate(prompt_hiddens, axis=1)
-        pending_tokens = prompt_ids[1:] + [first_token]
+        pending_tokens = prompt_ids[pending_from + 1:] + [first_token]
+        self.pending_hidden = pending_h
         token = first_token
         while True:
             accepted, committed, hidden = self._cycle(n, token, pending_h, pending_tokens)
             self.stats.record(accepted, len(committed))
             self.history.append(committed)
             pending_h, pending_tokens = hidden, committed
+            self.pending_hidden = pending_h
             n += len(committed)
             token = committed[-1]
             yield committed

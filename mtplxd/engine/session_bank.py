@@ -1,0 +1,652 @@
+"""The session bank (RAM tier): a request restores the longest stored prefix of its prompt.
+
+Coding agents resend the whole transcript every turn. After each request the bank keeps the
+committed state under the exact token sequence it covers, and a later request whose prompt
+starts with (part of) that sequence restores it and prefills only the rest.
+
+What an entry holds (`BankEntry`), for tokens x_0..x_{S-1} fed to the trunk:
+- attention KV of every full-attention trunk layer, copied to exactly S rows (KVCache
+  buffers are preallocated in 256-token steps; a copy also keeps a stored entry from ever
+  aliasing a live cache);
+- for hybrid (Gated DeltaNet) families, the conv + recurrent state at a few *boundaries*:
+  the end of each prefill chunk (newest `max_boundaries` kept), the end of the prompt and
+  the end of the committed output. A recurrent state cannot be cut back, so a hybrid
+  restore lands only on a stored boundary; dense models restore at any length;
+- the MTP head's KV over the pairs (h_j, x_{j+1}) for j < head_len, plus the trunk hiddens
+  h_head_len..h_{S-1} of the pairs not yet fed to the head (at most a verify block), so the
+  speculative loop can rebuild its PENDING pairs at any restore point.
+
+Exactness: a restore hands the engine the very arrays a cold run computes for that prefix
+(MLX arrays are immutable; restored caches write into new buffers), so logits after a
+restore equal a cold prefill's (bitwise on the CPU backend, tested per family).
+
+Identity (`BankIdentity`): entries are only shared between requests with the same weights,
+chat template and numerics (dtype/quantization, MLX version, device).
+
+Budget: a byte cap (LRU by session: the session used longest ago loses its oldest entry
+first), an idle TTL and a per-session entry cap. `release_idle(n)` serves the memory guard.
+The SSD tier (`session_store.SessionStore`) is optional: entries of at least
+`ssd_min_tokens` tokens are written there off the request path and read back on a RAM miss.
+
+Threading: everything that touches MLX runs on the model-owner thread. `bytes_held`,
+`release_idle`, `stats` and `clear` may be called from any thread (a lock guards the maps;
+dropping references from another thread only frees memory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import ArraysCache, KVCache
+
+from mtplxd.engine.trunk import Trunk
+
+if TYPE_CHECKING:
+    from mtplxd.engine.mtp_head import MTPHead
+    from mtplxd.engine.session_store import SessionStore
+
+log = logging.getLogger(__name__)
+
+GIB = 1024**3
+DEFAULT_RAM_BYTES = 2 * GIB
+DEFAULT_IDLE_TTL_S = 3600.0
+DEFAULT_MAX_BOUNDARIES = 8
+DEFAULT_PER_SESSION_ENTRIES = 4
+DEFAULT_SSD_MIN_TOKENS = 512
+# Trunk hiddens kept for the head's not-yet-fed pairs; longer tails (a request that ended
+# right after prefill) are not kept: such an entry then restores the head only up to head_len.
+MAX_TAIL_HIDDEN_ROWS = 64
+FORMAT_VERSION = 1
+ANONYMOUS = ""
+
+KV, GDN = "kv", "gdn"
+
+
+@dataclass(frozen=True)
+class BankSettings:
+    """Budgets of one bank. `ssd_dir` None keeps the bank in RAM only."""
+
+    ram_bytes: int = DEFAULT_RAM_BYTES
+    idle_ttl_s: float = DEFAULT_IDLE_TTL_S
+    per_session_entries: int = DEFAULT_PER_SESSION_ENTRIES
+    max_boundaries: int = DEFAULT_MAX_BOUNDARIES
+    ssd_dir: Path | None = None
+    ssd_bytes: int = 32 * GIB
+    ssd_min_tokens: int = DEFAULT_SSD_MIN_TOKENS
+
+
+@dataclass(frozen=True)
+class BankIdentity:
+    """What must match for a stored state to be valid for a request (numerics included)."""
+
+    model_path: str
+    weights_fingerprint: str
+    template_hash: str
+    quantization: str | None
+    dtype: str
+    mlx_version: str
+    mlx_lm_version: str
+    device: str
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def key(self) -> str:
+        """A stable hex digest of every field (the SSD manifest's identity column)."""
+        text = json.dumps(self.__dict__, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def weights_fingerprint(path: str | Path) -> str:
+    """sha256 over config.json's bytes and the name, size and mtime of every weight file."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    config = path / "config.json"
+    if config.is_file():
+        digest.update(config.read_bytes())
+    for file in sorted(path.glob("*.safetensors")):
+        stat = file.stat()
+        digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def identity_for(info: Any, tokenizer: Any, model: Any) -> BankIdentity:
+    """The identity of a loaded model (`info`: ModelInfo; `model`: the mlx-lm module)."""
+    import mlx_lm
+
+    template = getattr(tokenizer, "chat_template", None) or ""
+    dtypes = sorted({str(v.dtype) for _, v in _first_params(model)})
+    return BankIdentity(
+        model_path=str(info.path),
+        weights_fingerprint=weights_fingerprint(info.path),
+        template_hash=hashlib.sha256(str(template).encode()).hexdigest(),
+        quantization=info.quantization,
+        dtype=",".join(dtypes),
+        mlx_version=mx.__version__,
+        mlx_lm_version=getattr(mlx_lm, "__version__", "?"),
+        device=str(mx.default_device()),
+    )
+
+
+def _first_params(model: Any, limit: int = 16) -> list[tuple[str, mx.array]]:
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(model.parameters())[:limit]
+
+
+# --- entries -----------------------------------------------------------------------------
+
+
+GDNState = list[tuple[mx.array, mx.array]]  # (conv, recurrent) per GDN layer, in layer order
+
+
+@dataclass
+class BankEntry:
+    """The committed state over `tokens` (see the module docstring for what each field is)."""
+
+    tokens: tuple[int, ...]
+    kinds: tuple[str, ...]  # per trunk layer: KV or GDN
+    kv: list[tuple[mx.array, mx.array] | None]  # per trunk layer; (1, H, S, D) arrays
+    boundaries: dict[int, GDNState]  # hybrid only: token count -> state after that many
+    head_kv: tuple[mx.array, mx.array] | None = None  # (1, H, head_len, D)
+    head_len: int = 0
+    tail_hidden: mx.array | None = None  # (1, S - head_len, H) trunk hiddens, or None
+    session_id: str = ANONYMOUS
+    last_used: float = 0.0
+    hits: int = 0
+    nbytes: int = 0
+    on_ssd: bool = False
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def hybrid(self) -> bool:
+        return GDN in self.kinds
+
+    def arrays(self) -> list[mx.array]:
+        """Every array the entry holds (for eval and byte accounting)."""
+        out: list[mx.array] = []
+        for pair in self.kv:
+            if pair is not None:
+                out.extend(pair)
+        for state in self.boundaries.values():
+            for conv, rec in state:
+                out.extend(a for a in (conv, rec) if a is not None)
+        if self.head_kv is not None:
+            out.extend(self.head_kv)
+        if self.tail_hidden is not None:
+            out.append(self.tail_hidden)
+        return out
+
+    def compute_nbytes(self) -> int:
+        self.nbytes = sum(a.nbytes for a in self.arrays()) + 8 * self.length
+        return self.nbytes
+
+
+def common_prefix(a: tuple[int, ...] | list[int], b: list[int] | np.ndarray) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.nonzero(x != y)[0]
+    return int(diff[0]) if diff.size else n
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """Where a request resumes: trunk at `trunk_len` tokens, head at `head_len` pairs."""
+
+    trunk_len: int
+    head_len: int
+
+
+def plan_restore(length: int, boundaries: list[int] | None, head_len: int, tail_rows: int,
+                 matched: int, prompt_len: int, need_head: bool) -> RestorePlan | None:
+    """The deepest exact restore of a stored state for a prompt, or None.
+
+    `length`: tokens the entry covers; `boundaries`: allowed trunk lengths for a hybrid
+    entry (None: any length, dense); `head_len`/`tail_rows`: the head's pairs and the kept
+    hiddens after them; `matched`: common prefix of entry and prompt. At least one prompt
+    token is always left to prefill (its logits pick the first output token).
+    """
+    limit = min(matched, prompt_len - 1, length)
+    if limit <= 0:
+        return None
+    if boundaries is None:
+        candidates = [limit]
+    else:
+        candidates = sorted((b for b in boundaries if 0 < b <= limit), reverse=True)
+    for r in candidates:
+        if not need_head:
+            return RestorePlan(r, 0)
+        # Head pair j is (h_j, x_{j+1}): pair r-1 is valid only if x_r matched too.
+        p = min(head_len, r, matched - 1)
+        if p == r or (p == head_len and head_len + tail_rows >= r):
+            return RestorePlan(r, p) if r > 0 else None
+        if boundaries is None and p > 0:
+            return RestorePlan(p, p)
+    return None
+
+
+def _copy_rows(x: mx.array, axis: int, n: int) -> mx.array:
+    """A new array holding the first n entries of `x` along `axis` (a gather: bit-exact,
+    and never a view that would keep a larger preallocated buffer alive)."""
+    return mx.take(x, mx.arange(n), axis=axis)
+
+
+def cache_kinds(cache: list[Any]) -> tuple[str, ...] | None:
+    """KV/GDN per trunk layer, or None when some layer's cache cannot be banked
+    (rotating, quantized or other caches)."""
+    kinds = []
+    for c in cache:
+        if type(c) is KVCache:
+            kinds.append(KV)
+        elif isinstance(c, ArraysCache) and len(c.cache) == 2:
+            kinds.append(GDN)
+        else:
+            return None
+    return tuple(kinds)
+
+
+def gdn_state(cache: list[Any], kinds: tuple[str, ...]) -> GDNState:
+    """A copy of the conv state and a reference to the (immutable) recurrent state of each
+    GDN layer. The conv state is copied because mlx-lm's may be a view of a whole chunk."""
+    state = []
+    for c, kind in zip(cache, kinds):
+        if kind == GDN:
+            conv = c.cache[0]
+            state.append((_copy_rows(conv, 1, conv.shape[1]) if conv is not None else None, c.cache[1]))
+    return state
+
+
+# --- one request's view of the bank ------------------------------------------------------
+
+
+class BankTurn:
+    """A request's restored state and what it must record for the bank afterwards.
+
+    Created by `SessionBank.begin`. `cache` (and `head_cache`, when the request speculates)
+    are ready to use; `cached` prompt tokens are already in them.
+    """
+
+    def __init__(self, bank: "SessionBank", trunk: Trunk, prompt: list[int], session_id: str,
+                 kinds: tuple[str, ...] | None, cache: list[Any], head_cache: list[Any] | None,
+                 plan: RestorePlan | None, source: BankEntry | None) -> None:
+        self.bank, self.trunk, self.prompt, self.session_id = bank, trunk, prompt, session_id
+        self.kinds, self.cache, self.head_cache = kinds, cache, head_cache
+        self.cached = plan.trunk_len if plan else 0
+        self.pending_from = plan.head_len if plan else 0
+        self.boundaries: dict[int, GDNState] = {}
+        if source is not None and plan is not None and source.hybrid:
+            matched = common_prefix(source.tokens, prompt)
+            self.boundaries = {b: s for b, s in source.boundaries.items() if b <= matched}
+        self.restored_hidden: mx.array | None = None
+        if head_cache is not None and plan is not None and source is not None \
+                and plan.head_len < plan.trunk_len:
+            start = plan.head_len - source.head_len
+            self.restored_hidden = source.tail_hidden[:, start:start + plan.trunk_len - plan.head_len]
+
+    @property
+    def hybrid(self) -> bool:
+        return self.kinds is not None and GDN in self.kinds
+
+    def prefill(self, chunk_size: int) -> tuple[list[mx.array], mx.array]:
+        """Prefill prompt[cached:] exactly as `Trunk.prefill` does (same chunks), recording
+        hybrid boundaries; returns (hiddens from position `pending_from` on, last logits)."""
+        rest = self.prompt[self.cached:]
+        hiddens: list[mx.array] = []
+        logits = None
+        for start in range(0, len(rest), chunk_size):
+            chunk = mx.array(rest[start:start + chunk_size])[None]
+            hidden, logits = self.trunk.forward(chunk, self.cache, all_logits=False)
+            if hidden is not None:
+                hiddens.append(hidden)
+            mx.eval(logits, hidden if hidden is not None else logits)
+            if self.hybrid:
+                self.boundaries[self.cached + start + chunk.shape[1]] = gdn_state(self.cache, self.kinds)
+        assert logits is not None, "empty prompt"
+        if self.restored_hidden is not None:
+            hiddens.insert(0, self.restored_hidden)
+        return hiddens, logits[0, -1]
+
+    def store(self, produced: list[int], head_cache: list[Any] | None,
+              pending_hidden: mx.array | None) -> None:
+        """Keep the committed state: the trunk cache holds a prefix of prompt + produced
+        (the tokens the decoder committed, a final stop token included); `head_cache` and
+        `pending_hidden` (hiddens of the head's unfed pairs) come from the speculative
+        decoder, None for AR."""
+        if self.kinds is None:
+            return
+        try:
+            self.bank.store_turn(self, produced, head_cache, pending_hidden)
+        except Exception:  # the bank is an optimisation: never fail a finished request
+            log.exception("session bank: could not store the turn")
+
+
+# --- the bank ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Counters:
+    hits: int = 0
+    misses: int = 0
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+    stored: int = 0
+    evicted: int = 0
+    expired: int = 0
+    superseded: int = 0
+    oversized_skipped: int = 0
+    ssd_hits: int = 0
+
+
+class SessionBank:
+    """RAM bank of committed states keyed by exact token prefix (see the module docstring)."""
+
+    def __init__(self, identity: BankIdentity, settings: BankSettings | None = None, *,
+                 store: "SessionStore | None" = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.identity = identity
+        self.settings = settings or BankSettings()
+        self.clock = clock
+        self._entries: dict[tuple[int, ...], BankEntry] = {}
+        self._lock = threading.RLock()
+        self.counters = _Counters()
+        self.store = store
+        if store is None and self.settings.ssd_dir is not None:
+            from mtplxd.engine.session_store import SessionStore
+
+            self.store = SessionStore(self.settings.ssd_dir, max_bytes=self.settings.ssd_bytes)
+
+    # -- guard and status (any thread) ----------------------------------------------------
+
+    def bytes_held(self) -> int:
+        """Bytes of MLX arrays the RAM tier holds."""
+        with self._lock:
+            return sum(e.nbytes for e in self._entries.values())
+
+    def release_idle(self, needed_bytes: int) -> int:
+        """Drop least-recently-used entries until `needed_bytes` are freed (or none is left);
+        returns the bytes freed. Entries also on SSD stay restorable from there."""
+        freed = 0
+        with self._lock:
+            while freed < needed_bytes and self._entries:
+                freed += self._evict_one()
+        if freed:
+            mx.clear_cache()
+        return freed
+
+    def clear(self) -> int:
+        """Drop every RAM entry; returns the bytes freed."""
+        return self.release_idle(1 << 62)
+
+    def stats(self) -> dict[str, Any]:
+        """entries, bytes, hits, misses, hit_rate, cached/prompt tokens, evictions, ssd_*."""
+        with self._lock:
+            self._expire()
+            c = self.counters
+            looked = c.hits + c.misses
+            out = {
+                "entries": len(self._entries),
+                "bytes": sum(e.nbytes for e in self._entries.values()),
+                "cap_bytes": self.settings.ram_bytes,
+                "sessions": len({e.session_id for e in self._entries.values()}),
+                "hits": c.hits,
+                "misses": c.misses,
+                "hit_rate": c.hits / looked if looked else 0.0,
+                "cached_tokens": c.cached_tokens,
+                "prompt_tokens": c.prompt_tokens,
+                "stored": c.stored,
+                "evicted": c.evicted,
+                "expired": c.expired,
+                "superseded": c.superseded,
+                "oversized_skipped": c.oversized_skipped,
+                "ssd_hits": c.ssd_hits,
+            }
+        if self.store is not None:
+            out.update({f"ssd_{k}": v for k, v in self.store.stats().items()})
+        else:
+            out.update({"ssd_enabled": False, "ssd_entries": 0, "ssd_bytes": 0})
+        return out
+
+    def close(self) -> None:
+        """Finish pending SSD writes and close the SSD tier."""
+        if self.store is not None:
+            self.store.close()
+
+    # -- requests (owner thread) ----------------------------------------------------------
+
+    def begin(self, trunk: Trunk, head: "MTPHead | None", prompt: list[int],
+              session_id: str | None = None) -> BankTurn:
+        """Restore the longest usable stored prefix of `prompt` into fresh caches.
+
+        `head` is the MTP head when the request speculates (its cache is restored too),
+        None for AR. Never raises for a miss: the turn then starts from empty caches.
+        """
+        session = session_id or ANONYMOUS
+        cache = trunk.make_cache()
+        kinds = cache_kinds(cache)
+        head_cache = head.make_cache() if head is not None else None
+        if kinds is None:
+            return BankTurn(self, trunk, prompt, session, None, cache, head_cache, None, None)
+        need_head = head is not None
+        with self._lock:
+            self._expire()
+            self.counters.prompt_tokens += len(prompt)
+            entry, plan = self._best_ram(prompt, need_head, session)
+        entry, plan = self._maybe_ssd(prompt, need_head, session, entry, plan, kinds)
+        if entry is None or plan is None:
+            self.counters.misses += 1
+            return BankTurn(self, trunk, prompt, session, kinds, cache, head_cache, None, None)
+        with self._lock:
+            entry.hits += 1
+            entry.last_used = self.clock()
+            self.counters.hits += 1
+            self.counters.cached_tokens += plan.trunk_len
+        self._install(entry, plan, cache, head_cache)
+        return BankTurn(self, trunk, prompt, session, kinds, cache, head_cache, plan, entry)
+
+    def _best_ram(self, prompt: list[int], need_head: bool,
+                  session: str) -> tuple[BankEntry | None, RestorePlan | None]:
+        best: tuple[tuple, BankEntry, RestorePlan] | None = None
+        for entry in self._entries.values():
+            plan = self._plan(entry, prompt, need_head)
+            if plan is None:
+                continue
+            rank = (plan.trunk_len, entry.session_id == session, entry.last_used)
+            if best is None or rank > best[0]:
+                best = (rank, entry, plan)
+        return (best[1], best[2]) if best else (None, None)
+
+    def _plan(self, entry: BankEntry, prompt: list[int], need_head: bool) -> RestorePlan | None:
+        if need_head and entry.head_kv is None:
+            return None
+        tail = entry.tail_hidden.shape[1] if entry.tail_hidden is not None else 0
+        boundaries = sorted(entry.boundaries) if entry.hybrid else None
+        return plan_restore(entry.length, boundaries, entry.head_len, tail,
+                            common_prefix(entry.tokens, prompt), len(prompt), need_head)
+
+    def _maybe_ssd(self, prompt, need_head, session, entry, plan, kinds):
+        """Load a deeper match from the SSD tier (if any) into RAM."""
+        if self.store is None:
+            return entry, plan
+        have = plan.trunk_len if plan else 0
+        found = self.store.best_match(self.identity.key, prompt, need_head, have)
+        if found is None:
+            return entry, plan
+        loaded = self.store.load(found, kinds)
+        if loaded is None:
+            return entry, plan
+        loaded.session_id = session
+        loaded.last_used = self.clock()
+        loaded.on_ssd = True
+        loaded_plan = self._plan(loaded, prompt, need_head)
+        if loaded_plan is None or loaded_plan.trunk_len <= have:
+            return entry, plan
+        self.counters.ssd_hits += 1
+        with self._lock:
+            self._insert(loaded)
+        return loaded, loaded_plan
+
+    def _install(self, entry: BankEntry, plan: RestorePlan, cache: list[Any],
+                 head_cache: list[Any] | None) -> None:
+        r = plan.trunk_len
+        state = entry.boundaries.get(r) if entry.hybrid else None
+        gdn = iter(state or [])
+        for c, kind, pair in zip(cache, entry.kinds, entry.kv):
+            if kind == KV:
+                c.keys, c.values = pair[0][:, :, :r, :], pair[1][:, :, :r, :]
+                c.offset = r
+            else:
+                conv, rec = next(gdn)
+                c.cache[0], c.cache[1] = conv, rec
+        if head_cache is not None:
+            p = plan.head_len
+            if p > 0:
+                head_cache[0].keys = entry.head_kv[0][:, :, :p, :]
+                head_cache[0].values = entry.head_kv[1][:, :, :p, :]
+                head_cache[0].offset = p
+
+    def store_turn(self, turn: BankTurn, produced: list[int], head_cache: list[Any] | None,
+                   pending_hidden: mx.array | None) -> None:
+        """Build an entry from a finished request's caches and insert it (see BankTurn.store)."""
+        cache, kinds = turn.cache, turn.kinds
+        length = next(c.offset for c, k in zip(cache, kinds) if k == KV)
+        tokens = tuple((turn.prompt + produced)[:length])
+        if len(tokens) != length or length == 0:
+            return
+        kv: list[tuple[mx.array, mx.array] | None] = []
+        for c, kind in zip(cache, kinds):
+            kv.append((_copy_rows(c.keys, 2, length), _copy_rows(c.values, 2, length))
+                      if kind == KV else None)
+        boundaries = dict(turn.boundaries)
+        if turn.hybrid:
+            boundaries[length] = gdn_state(cache, kinds)
+            boundaries = self._thin(boundaries, keep={len(turn.prompt), length})
+        entry = BankEntry(tokens=tokens, kinds=kinds, kv=kv, boundaries=boundaries,
+                          session_id=turn.session_id, last_used=self.clock())
+        if head_cache is not None and head_cache[0].keys is not None:
+            head = head_cache[0]
+            entry.head_len = head.offset
+            entry.head_kv = (_copy_rows(head.keys, 2, head.offset),
+                             _copy_rows(head.values, 2, head.offset))
+            if pending_hidden is not None and pending_hidden.shape[1] == length - head.offset \
+                    and pending_hidden.shape[1] <= MAX_TAIL_HIDDEN_ROWS:
+                entry.tail_hidden = _copy_rows(pending_hidden, 1, pending_hidden.shape[1])
+        mx.eval(entry.arrays())
+        entry.compute_nbytes()
+        self.insert(entry)
+
+    def _thin(self, boundaries: dict[int, GDNState], keep: set[int]) -> dict[int, GDNState]:
+        """Keep the pinned boundaries plus the newest `max_boundaries` others (a diverging
+        turn usually diverges near the end of the transcript)."""
+        others = sorted((b for b in boundaries if b not in keep), reverse=True)
+        kept = set(others[: self.settings.max_boundaries]) | (keep & boundaries.keys())
+        return {b: boundaries[b] for b in sorted(kept)}
+
+    def insert(self, entry: BankEntry) -> None:
+        """Add a complete entry (owner thread): supersede entries it extends, enforce the
+        budgets, and queue it for the SSD tier when long enough."""
+        if entry.nbytes > self.settings.ram_bytes:
+            self.counters.oversized_skipped += 1
+            self._to_ssd(entry)
+            return
+        with self._lock:
+            if self._covered(entry):
+                return
+            self._insert(entry)
+            self.counters.stored += 1
+        self._to_ssd(entry)
+
+    def _covered(self, entry: BankEntry) -> bool:
+        """True when an existing entry already extends `entry` with at least its head state;
+        its boundaries are merged into that entry instead."""
+        for other in self._entries.values():
+            if other.length >= entry.length and other.tokens[:entry.length] == entry.tokens \
+                    and (other.head_kv is not None or entry.head_kv is None) \
+                    and other.head_len >= min(entry.head_len, other.length):
+                for b, state in entry.boundaries.items():
+                    other.boundaries.setdefault(b, state)
+                other.last_used = max(other.last_used, entry.last_used)
+                other.compute_nbytes()
+                self._enforce_budget()
+                return True
+        return False
+
+    def _insert(self, entry: BankEntry) -> None:
+        # Entries whose tokens `entry` extends are superseded; their boundaries live on in it.
+        for key, other in list(self._entries.items()):
+            if other.length < entry.length and entry.tokens[:other.length] == other.tokens \
+                    and (entry.head_kv is not None or other.head_kv is None):
+                for b, state in other.boundaries.items():
+                    entry.boundaries.setdefault(b, state)
+                del self._entries[key]
+                self.counters.superseded += 1
+        if entry.hybrid:
+            entry.boundaries = self._thin(entry.boundaries, keep={entry.length})
+        entry.compute_nbytes()
+        self._entries[entry.tokens] = entry
+        self._enforce_budget(protect=entry)
+
+    def _to_ssd(self, entry: BankEntry) -> None:
+        if self.store is None or entry.on_ssd or entry.length < self.settings.ssd_min_tokens:
+            return
+        entry.on_ssd = True
+        self.store.put(self.identity.key, entry)
+
+    def _enforce_budget(self, protect: BankEntry | None = None) -> None:
+        self._expire()
+        by_session: dict[str, list[BankEntry]] = {}
+        for e in self._entries.values():
+            by_session.setdefault(e.session_id, []).append(e)
+        for session, entries in by_session.items():
+            if session == ANONYMOUS:
+                continue
+            entries.sort(key=lambda e: e.last_used)
+            for e in entries[: max(0, len(entries) - self.settings.per_session_entries)]:
+                if e is not protect:
+                    self._drop(e)
+                    self.counters.evicted += 1
+        while sum(e.nbytes for e in self._entries.values()) > self.settings.ram_bytes:
+            if self._evict_one(protect) == 0:
+                break
+
+    def _evict_one(self, protect: BankEntry | None = None) -> int:
+        """Drop the oldest entry of the session used longest ago; returns its bytes."""
+        last_use: dict[str, float] = {}
+        for e in self._entries.values():
+            last_use[e.session_id] = max(last_use.get(e.session_id, 0.0), e.last_used)
+        candidates = [e for e in self._entries.values() if e is not protect]
+        if not candidates:
+            return 0
+        victim = min(candidates, key=lambda e: (last_use[e.session_id], e.last_used))
+        self._drop(victim)
+        self.counters.evicted += 1
+        return victim.nbytes
+
+    def _expire(self) -> None:
+        now = self.clock()
+        for e in list(self._entries.values()):
+            if now - e.last_used > self.settings.idle_ttl_s:
+                self._drop(e)
+                self.counters.expired += 1
+
+    def _drop(self, entry: BankEntry) -> None:
+        self._entries.pop(entry.tokens, None)
+
+    def entries(self) -> list[BankEntry]:
+        """The RAM entries, newest first (inspection and tests)."""
+        with self._lock:
+            return sorted(self._entries.values(), key=lambda e: e.last_used, reverse=True)

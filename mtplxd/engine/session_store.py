@@ -1,0 +1,382 @@
+"""The session bank's SSD tier: entries survive a daemon restart.
+
+Layout under the bank directory (`$MTPLX_HOME/session-bank/`):
+- `blobs/<2 hex>/<sha256>.safetensors`: one content-addressed blob per entry (the file's own
+  sha256 is its name), in the safetensors format (readable by `mx.load` too). No pickle.
+- `manifest.sqlite`: one row per blob: identity key, token ids (int32 little-endian), the
+  restore facts (length, head_len, tail rows, hybrid boundaries), size and timestamps.
+
+Writes happen off the request path: `put` (owner thread) only copies the entry's arrays to
+host bytes and queues them; a writer thread builds the file, hashes it, writes it to a temp
+name, fsyncs, renames, and records it in the manifest. A queue backlog budget drops writes
+rather than letting memory grow. The store is capped by bytes and by free disk (never more
+than half of what is free when it writes); the least recently used blobs go first, and a
+new entry supersedes stored entries of the same identity whose tokens it extends.
+
+Reads verify the sha256 of the whole blob before decoding it: a corrupt or truncated blob
+is deleted with its manifest row and never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import shutil
+import sqlite3
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from mtplxd.engine.session_bank import (
+    GDN, KV, BankEntry, RestorePlan, common_prefix, plan_restore,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BACKLOG_BYTES = 4 * 1024**3
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    sha256 TEXT PRIMARY KEY,
+    identity TEXT NOT NULL,
+    length INTEGER NOT NULL,
+    tokens BLOB NOT NULL,
+    head_len INTEGER NOT NULL,
+    tail_rows INTEGER NOT NULL,
+    has_head INTEGER NOT NULL,
+    boundaries TEXT,
+    kinds TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    session_id TEXT NOT NULL,
+    created REAL NOT NULL,
+    last_used REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_identity ON entries(identity, length);
+"""
+
+# safetensors dtype names <-> MLX dtypes; 2-byte floats travel as uint16 through numpy.
+_ST_DTYPES = {
+    mx.float32: ("F32", np.float32), mx.float16: ("F16", np.uint16),
+    mx.bfloat16: ("BF16", np.uint16), mx.int32: ("I32", np.int32),
+    mx.uint32: ("U32", np.uint32), mx.int64: ("I64", np.int64), mx.uint8: ("U8", np.uint8),
+}
+_FROM_ST = {name: (dtype, np_dtype) for dtype, (name, np_dtype) in _ST_DTYPES.items()}
+
+
+@dataclass
+class _Pending:
+    """An entry copied to host memory, waiting for the writer thread."""
+
+    identity: str
+    meta: dict[str, Any]
+    tensors: list[tuple[str, str, tuple[int, ...], bytes]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(t[3]) for t in self.tensors)
+
+
+# --- codec -------------------------------------------------------------------------------
+
+
+def to_host(name: str, array: mx.array) -> tuple[str, str, tuple[int, ...], bytes]:
+    """(name, safetensors dtype, shape, raw little-endian bytes) of an evaluated array."""
+    st_name, np_dtype = _ST_DTYPES[array.dtype]
+    host = np.array(array.view(mx.uint16) if np_dtype is np.uint16 else array)
+    return name, st_name, tuple(array.shape), host.astype(host.dtype.newbyteorder("<")).tobytes()
+
+
+def encode_safetensors(tensors: list[tuple[str, str, tuple[int, ...], bytes]],
+                       metadata: dict[str, str]) -> bytes:
+    """A safetensors file: u64 header length, JSON header, then the tensors' bytes."""
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, dtype, shape, data in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes
+    return struct.pack("<Q", len(head)) + head + b"".join(t[3] for t in tensors)
+
+
+def decode_safetensors(data: bytes) -> tuple[dict[str, mx.array], dict[str, str]]:
+    """Arrays and metadata of a safetensors file's bytes (raises ValueError when malformed)."""
+    if len(data) < 8:
+        raise ValueError("truncated safetensors header")
+    (size,) = struct.unpack("<Q", data[:8])
+    if 8 + size > len(data):
+        raise ValueError("truncated safetensors header")
+    header = json.loads(data[8:8 + size])
+    metadata = header.pop("__metadata__", {})
+    body = memoryview(data)[8 + size:]
+    arrays = {}
+    for name, spec in header.items():
+        dtype, np_dtype = _FROM_ST[spec["dtype"]]
+        start, end = spec["data_offsets"]
+        if end > len(body):
+            raise ValueError(f"tensor {name} runs past the end of the file")
+        host = np.frombuffer(body[start:end], dtype=np.dtype(np_dtype).newbyteorder("<"))
+        array = mx.array(host.reshape(spec["shape"]))
+        arrays[name] = array.view(dtype) if np_dtype is np.uint16 else array
+    return arrays, metadata
+
+
+def _tensor_names(entry: BankEntry) -> list[tuple[str, mx.array]]:
+    named: list[tuple[str, mx.array]] = []
+    for i, pair in enumerate(entry.kv):
+        if pair is not None:
+            named += [(f"kv.{i}.k", pair[0]), (f"kv.{i}.v", pair[1])]
+    for b, state in entry.boundaries.items():
+        for j, (conv, rec) in enumerate(state):
+            if conv is not None:
+                named.append((f"gdn.{b}.{j}.conv", conv))
+            if rec is not None:
+                named.append((f"gdn.{b}.{j}.rec", rec))
+    if entry.head_kv is not None:
+        named += [("head.k", entry.head_kv[0]), ("head.v", entry.head_kv[1])]
+    if entry.tail_hidden is not None:
+        named.append(("tail", entry.tail_hidden))
+    return named
+
+
+def entry_from_arrays(arrays: dict[str, mx.array], meta: dict[str, Any],
+                      tokens: tuple[int, ...]) -> BankEntry:
+    """Rebuild a BankEntry from decoded arrays and the manifest facts."""
+    kinds = tuple(meta["kinds"])
+    kv = [(arrays[f"kv.{i}.k"], arrays[f"kv.{i}.v"]) if kind == KV else None
+          for i, kind in enumerate(kinds)]
+    n_gdn = sum(1 for k in kinds if k == GDN)
+    boundaries = {}
+    for b in meta.get("boundaries") or []:
+        boundaries[b] = [(arrays.get(f"gdn.{b}.{j}.conv"), arrays.get(f"gdn.{b}.{j}.rec"))
+                         for j in range(n_gdn)]
+    head_kv = (arrays["head.k"], arrays["head.v"]) if "head.k" in arrays else None
+    entry = BankEntry(tokens=tokens, kinds=kinds, kv=kv, boundaries=boundaries,
+                      head_kv=head_kv, head_len=int(meta["head_len"]),
+                      tail_hidden=arrays.get("tail"))
+    entry.compute_nbytes()
+    return entry
+
+
+# --- the store ---------------------------------------------------------------------------
+
+
+class SessionStore:
+    """Content-addressed entry blobs + a SQLite manifest (see the module docstring)."""
+
+    def __init__(self, root: Path, *, max_bytes: int,
+                 backlog_bytes: int = DEFAULT_BACKLOG_BYTES) -> None:
+        self.root = Path(root)
+        self.blobs = self.root / "blobs"
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        self.max_bytes = max_bytes
+        self.backlog_bytes = backlog_bytes
+        self._db = sqlite3.connect(self.root / "manifest.sqlite", check_same_thread=False,
+                                   isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(SCHEMA)
+        self._db_lock = threading.Lock()
+        self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._backlog = 0
+        self._backlog_lock = threading.Lock()
+        self.written = 0
+        self.dropped_backlog = 0
+        self.corrupt_dropped = 0
+        self.write_errors = 0
+        self._remove_temp_files()
+        self._writer = threading.Thread(target=self._write_loop, name="mtplx-session-ssd",
+                                        daemon=True)
+        self._writer.start()
+
+    # -- owner thread ---------------------------------------------------------------------
+
+    def put(self, identity: str, entry: BankEntry) -> bool:
+        """Queue `entry` for writing (copies its arrays to host bytes now); returns False when
+        the writer's backlog is full and the entry is skipped."""
+        if entry.nbytes > self.max_bytes:
+            return False
+        with self._backlog_lock:
+            if self._backlog + entry.nbytes > self.backlog_bytes and self._backlog > 0:
+                self.dropped_backlog += 1
+                return False
+            self._backlog += entry.nbytes
+        meta = {
+            "length": entry.length, "head_len": entry.head_len,
+            "tail_rows": int(entry.tail_hidden.shape[1]) if entry.tail_hidden is not None else 0,
+            "has_head": entry.head_kv is not None,
+            "boundaries": sorted(entry.boundaries) if entry.hybrid else None,
+            "kinds": list(entry.kinds), "session_id": entry.session_id,
+            "tokens": np.asarray(entry.tokens, dtype="<i4").tobytes(),
+        }
+        tensors = [to_host(name, array) for name, array in _tensor_names(entry)]
+        self._queue.put(_Pending(identity, meta, tensors))
+        return True
+
+    def best_match(self, identity: str, prompt: list[int], need_head: bool,
+                   better_than: int) -> dict[str, Any] | None:
+        """The manifest row whose restore plan for `prompt` is deepest and deeper than
+        `better_than` tokens, or None."""
+        with self._db_lock:
+            rows = self._db.execute(
+                "SELECT sha256, length, tokens, head_len, tail_rows, has_head, boundaries, kinds "
+                "FROM entries WHERE identity = ? AND length > ?", (identity, better_than)).fetchall()
+        best: tuple[int, dict[str, Any]] | None = None
+        for sha, length, tokens, head_len, tail_rows, has_head, boundaries, kinds in rows:
+            if need_head and not has_head:
+                continue
+            ids = np.frombuffer(tokens, dtype="<i4")
+            plan: RestorePlan | None = plan_restore(
+                length, json.loads(boundaries) if boundaries else None, head_len, tail_rows,
+                common_prefix(ids, prompt), len(prompt), need_head)
+            if plan is not None and plan.trunk_len > better_than \
+                    and (best is None or plan.trunk_len > best[0]):
+                best = (plan.trunk_len, {
+                    "sha256": sha, "tokens": tuple(int(t) for t in ids), "head_len": head_len,
+                    "boundaries": json.loads(boundaries) if boundaries else None,
+                    "kinds": json.loads(kinds)})
+        return best[1] if best else None
+
+    def load(self, row: dict[str, Any], kinds: tuple[str, ...]) -> BankEntry | None:
+        """Read and verify a blob; None (and the row and blob deleted) when it is missing,
+        corrupt, truncated or does not fit this model's layer layout."""
+        sha = row["sha256"]
+        path = self._blob_path(sha)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            self._forget(sha, corrupt=True)
+            return None
+        if hashlib.sha256(data).hexdigest() != sha or tuple(row["kinds"]) != tuple(kinds):
+            log.warning("session bank: blob %s failed its check; dropped", sha[:12])
+            self._forget(sha, corrupt=True)
+            return None
+        try:
+            arrays, _ = decode_safetensors(data)
+            entry = entry_from_arrays(arrays, row, row["tokens"])
+        except (ValueError, KeyError) as exc:
+            log.warning("session bank: blob %s unreadable (%s); dropped", sha[:12], exc)
+            self._forget(sha, corrupt=True)
+            return None
+        with self._db_lock:
+            self._db.execute("UPDATE entries SET last_used = ? WHERE sha256 = ?", (time.time(), sha))
+        return entry
+
+    def stats(self) -> dict[str, Any]:
+        """enabled, entries, bytes, cap, queued writes, written, dropped and corrupt counts."""
+        with self._db_lock:
+            count, total = self._db.execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM entries").fetchone()
+        return {"enabled": True, "entries": count, "bytes": total, "cap_bytes": self.max_bytes,
+                "queued": self._queue.qsize(), "written": self.written,
+                "dropped_backlog": self.dropped_backlog, "corrupt_dropped": self.corrupt_dropped,
+                "write_errors": self.write_errors, "dir": str(self.root)}
+
+    def flush(self, timeout: float = 60.0) -> bool:
+        """Wait until every queued write is on disk; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._queue.unfinished_tasks == 0:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Finish queued writes (bounded by `timeout`) and stop the writer."""
+        self.flush(timeout)
+        self._queue.put(None)
+        self._writer.join(timeout)
+        with self._db_lock:
+            self._db.close()
+
+    # -- writer thread --------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(item)
+            except Exception:
+                self.write_errors += 1
+                log.exception("session bank: SSD write failed")
+            finally:
+                if item is not None:
+                    with self._backlog_lock:
+                        self._backlog -= item.nbytes
+                self._queue.task_done()
+
+    def _write(self, item: _Pending) -> None:
+        data = encode_safetensors(item.tensors, {"format": "mtplx-session-bank/1"})
+        sha = hashlib.sha256(data).hexdigest()
+        path = self._blob_path(sha)
+        if not path.exists():
+            self._make_room(len(data))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temp = path.with_suffix(".tmp")
+            with open(temp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, path)
+        m = item.meta
+        now = time.time()
+        with self._db_lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (sha, item.identity, m["length"], m["tokens"], m["head_len"], m["tail_rows"],
+                 int(m["has_head"]), json.dumps(m["boundaries"]) if m["boundaries"] else None,
+                 json.dumps(m["kinds"]), len(data), m["session_id"], now, now))
+        self.written += 1
+        self._supersede(sha, item)
+
+    def _supersede(self, sha: str, item: _Pending) -> None:
+        """Drop stored entries of the same identity whose tokens the new entry extends."""
+        new = np.frombuffer(item.meta["tokens"], dtype="<i4")
+        with self._db_lock:
+            rows = self._db.execute(
+                "SELECT sha256, tokens, has_head FROM entries WHERE identity = ? AND length < ?",
+                (item.identity, item.meta["length"])).fetchall()
+        for other, tokens, has_head in rows:
+            ids = np.frombuffer(tokens, dtype="<i4")
+            if other != sha and np.array_equal(new[:len(ids)], ids) \
+                    and (item.meta["has_head"] or not has_head):
+                self._forget(other)
+
+    def _make_room(self, incoming: int) -> None:
+        """Evict least recently used blobs until `incoming` fits the byte cap and half the
+        free disk."""
+        free = shutil.disk_usage(self.root).free
+        while True:
+            with self._db_lock:
+                used = self._db.execute("SELECT COALESCE(SUM(bytes), 0) FROM entries").fetchone()[0]
+                oldest = self._db.execute(
+                    "SELECT sha256, bytes FROM entries ORDER BY last_used LIMIT 1").fetchone()
+            cap = min(self.max_bytes, used + free // 2)
+            if used + incoming <= cap or oldest is None:
+                return
+            self._forget(oldest[0])
+            free += oldest[1]
+
+    def _forget(self, sha: str, corrupt: bool = False) -> None:
+        with self._db_lock:
+            self._db.execute("DELETE FROM entries WHERE sha256 = ?", (sha,))
+        if corrupt:
+            self.corrupt_dropped += 1
+        self._blob_path(sha).unlink(missing_ok=True)
+
+    def _blob_path(self, sha: str) -> Path:
+        return self.blobs / sha[:2] / f"{sha}.safetensors"
+
+    def _remove_temp_files(self) -> None:
+        for temp in self.blobs.glob("*/*.tmp"):
+            temp.unlink(missing_ok=True)
