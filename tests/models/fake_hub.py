@@ -10,7 +10,8 @@ Implemented (as huggingface_hub 2.x calls them):
   RevisionNotFound, EntryNotFound).
 
 Faults, each for one request of a given file: `cut_once` sends the headers and half the body,
-then drops the connection; `corrupt_once` serves the right length with one byte flipped.
+then drops the connection; `corrupt_once` serves the right length with one byte flipped;
+`hold[file]` makes its GETs wait until the event is set (a slow network).
 Every request is logged in `requests` as (method, path, Range header).
 """
 
@@ -53,6 +54,7 @@ class FakeHub:
         self.cut_once: set[str] = set()       # file paths: next GET is cut halfway
         self.corrupt_once: set[str] = set()   # file paths: next GET serves one flipped byte
         self.corrupt_always: set[str] = set()
+        self.hold: dict[str, threading.Event] = {}  # file paths: GETs wait for the event (slow network)
         self._lock = threading.Lock()
         self._counter = 0
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
@@ -169,6 +171,8 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(data))})
             if head:
                 return self._send(200, b"", {**headers, "Content-Length": str(len(data))}, body=False)
+            if (gate := hub.hold.get(file)) is not None:
+                gate.wait(10)
             with hub._lock:
                 cut = file in hub.cut_once
                 hub.cut_once.discard(file)

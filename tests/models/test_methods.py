@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import trio
 
@@ -9,7 +11,7 @@ from models.conftest import REPO
 from mtplxd.control.protocol import RpcError
 from mtplxd.control.registry import MethodRegistry
 from mtplxd.models.methods import register_model_store_methods
-from mtplxd.models.store import resolve_pulled
+from mtplxd.models.store import ModelStore, resolve_pulled
 from mtplxd.paths import Paths
 
 
@@ -20,14 +22,19 @@ def call(method: str, params: dict, notify) -> object:
 
 
 def test_a_caller_that_goes_away_stops_the_pull(hub):
+    # The weights download waits until the caller is gone, as on a slow network.
+    released = threading.Event()
+    hub.hold["model.safetensors"] = released
+
     async def gone(name, params):
+        released.set()
         raise trio.BrokenResourceError
 
     with pytest.raises(RpcError) as caught:
         call("models.pull", {"model": REPO}, gone)
     assert caught.value.reason == "cancelled"
-    assert hub.resolve_gets() == []  # stopped before the first file
     assert resolve_pulled(REPO, Paths.from_env().models_dir) is None
+    assert not any((ModelStore(Paths.from_env().models_dir).repo_dir(REPO) / "blobs").glob("*.incomplete"))
 
 
 def test_store_errors_keep_their_reason(hub):
