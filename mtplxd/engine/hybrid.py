@@ -409,7 +409,10 @@ def _hf_tensors(family: str, text: dict[str, Any], seed: int, with_mtp: bool, lo
     body = "model" if family == "qwen3_next" else "model.language_model"
     tied = text["tie_word_embeddings"]
     # The scale sharpens the random model's next-token distributions (see tiny.write_tiny_checkpoint).
-    f.put(f"{body}.embed_tokens.weight", f.rng.normal(0.0, logit_scale if tied else 1.0, (V, H)))
+    # Tied: the embedding is also the lm_head. A large one lets x_t dominate the residual
+    # stream, and a random tied model then just repeats x_t; this scale keeps it varied.
+    tied_std = 0.25 * logit_scale * H**-0.5
+    f.put(f"{body}.embed_tokens.weight", f.rng.normal(0.0, tied_std if tied else 1.0, (V, H)))
     for i in range(text["num_hidden_layers"]):
         p = f"{body}.layers.{i}"
         f.zero_centred_norm(f"{p}.input_layernorm.weight", H)
@@ -502,7 +505,8 @@ def write_tiny_hybrid_checkpoint(
     ``num_hidden_layers=8``, ``torch_dtype="bfloat16"``, ``tie_word_embeddings=True``).
     ``draft_friendly`` (default) shapes the random weights so that MTP drafts are often
     accepted (see ``_make_draft_friendly``), like the dense factory's fitted head; with
-    False the weights are plain random and nearly every draft is rejected.
+    False the weights are plain random and nearly every draft is rejected. (With
+    ``tie_word_embeddings=True`` a draft-friendly model repeats one token: use False there.)
     Tokenizer files come from ``tiny.write_tiny_tokenizer``. Same seed, same bytes.
     """
     from mtplxd.engine.tiny import EOS_TOKEN, PAD_TOKEN, _token_id, write_tiny_tokenizer
