@@ -152,6 +152,7 @@ class ModelStore:
         """Fetch, verify, inspect and record one resolved commit (the repo lock is held)."""
         progress({"phase": "resolved", "repo": repo, "revision": sha, "requested": ref,
                   "files": len(files), "total": sum(f.size for f in files)})
+        self._drop_partial_files(repo)
         fetched = self._download(repo, sha, files, progress, should_stop)
         repaired = self._verify(repo, sha, files, progress, should_stop)
         progress({"phase": "inspecting", "repo": repo, "revision": sha})
@@ -163,7 +164,18 @@ class ModelStore:
         manifest.revisions[sha] = pulled
         manifest.current = sha
         self.manifests.save(manifest)
-        return pulled, sorted(set(fetched) - set(repaired)), repaired
+        # `downloaded` lists every file that crossed the network, repairs included.
+        return pulled, sorted(set(fetched) | set(repaired)), repaired
+
+    def _drop_partial_files(self, repo: str) -> None:
+        """Delete partial downloads left by a process that was killed mid-file.
+
+        huggingface_hub writes each download to a process-unique `*.incomplete` file and removes
+        it on any error it sees, but not after SIGKILL or a power cut. The repo lock is held, so
+        no other mtplx pull of this repo is writing one now.
+        """
+        for partial in (self.repo_dir(repo) / "blobs").glob("*.incomplete"):
+            partial.unlink(missing_ok=True)
 
     def _download(self, repo: str, sha: str, files: list[RemoteFile], progress: ProgressCallback,
                   should_stop: ShouldStop) -> list[str]:

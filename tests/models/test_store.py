@@ -121,6 +121,15 @@ def test_interrupted_pull_keeps_finished_files_and_the_next_pull_fetches_the_res
     assert resolve_pulled(REPO, store.models_dir) is not None
 
 
+def test_partial_files_of_a_killed_pull_are_cleaned_up(hub, store):
+    blobs = store.repo_dir(REPO) / "blobs"
+    blobs.mkdir(parents=True)
+    leftover = blobs / "0123abcd.deadbeef.incomplete"  # what a SIGKILLed download leaves
+    leftover.write_bytes(b"partial")
+    store.pull(REPO)
+    assert not leftover.exists()
+
+
 def test_update_downloads_only_the_changed_file(hub, store, tiny_files):
     old = store.pull(REPO)["revision"]
     new = hub.commit(REPO, changed_config(tiny_files, max_position_embeddings=2048))
