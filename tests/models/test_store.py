@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 
 import pytest
 
@@ -96,28 +97,29 @@ def test_resume_after_a_cut_connection(hub, store, tiny_files, monkeypatch):
     assert result["repaired"] == []
 
 
-def test_interrupted_pull_keeps_finished_files_and_the_next_pull_fetches_the_rest(hub, store):
-    stop_after = {"tokenizer.json"}
-    seen = set()
-
-    def progress(event):
-        if event["phase"] == "downloading":
-            seen.add(event["file"])
-
-    def should_stop():
-        return bool(stop_after & seen)
-
+def test_interrupted_pull_keeps_finished_files_and_the_next_pull_fetches_the_rest(hub, store, tiny_files):
     from mtplxd.models.progress import PullCancelled
 
+    # The weights download is held back until every small file is done, then the pull is stopped.
+    small = set(tiny_files) - {"model.safetensors", "pytorch_model.bin", ".gitattributes"}
+    done, stop, released = set(), threading.Event(), threading.Event()
+    hub.hold["model.safetensors"] = released
+
+    def progress(event):
+        if event["phase"] == "downloading" and event["file"] in small and event["downloaded"] == event["total"]:
+            done.add(event["file"])
+            if done == small:
+                stop.set()
+                released.set()
+
     with pytest.raises(PullCancelled):
-        store.pull(REPO, progress=progress, should_stop=should_stop)
+        store.pull(REPO, progress=progress, should_stop=stop.is_set)
     assert resolve_pulled(REPO, store.models_dir) is None  # nothing recorded until complete
 
-    fetched_before = {g.path.rsplit("/", 1)[1] for g in hub.resolve_gets()}
+    hub.requests.clear()
     result = store.pull(REPO)
-    # Files finished before the stop are not fetched again.
-    finished_first = fetched_before - set(result["downloaded"])
-    assert finished_first or len(fetched_before) == 1
+    assert result["downloaded"] == ["model.safetensors"]
+    assert [g.path.rsplit("/", 1)[1] for g in hub.resolve_gets()] == ["model.safetensors"]
     assert resolve_pulled(REPO, store.models_dir) is not None
 
 
