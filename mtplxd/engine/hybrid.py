@@ -23,8 +23,11 @@ What each spec supplies (see `FamilySpec` for the contract):
 - ``sanitize_mtp(weights)``: split/stack MoE expert tensors of ``mtp.layers.0.mlp`` into
   mlx-lm's ``switch_mlp`` names (names keep whatever prefix they came with).
 
-Also here: ``write_tiny_hybrid_checkpoint`` (tiny random HF-format checkpoints of each
-family, used by tests and benchmarks) and ``FAMILIES`` (the three specs by model_type).
+Module-level helpers (the same functions, by model_type): ``FAMILIES`` (the three specs),
+``build_mtp_layer(model_type, args)``, ``make_cache(model)``, ``norm_shift(model_type,
+weights)``, ``sanitize_mtp_weights(weights)``, ``layer_types_refusal(config)`` (the loader
+refuses a ``layer_types`` list mlx-lm would build wrong) and ``write_tiny_hybrid_checkpoint``
+(tiny random HF-format checkpoints of each family, for tests and benchmarks).
 """
 
 from __future__ import annotations
