@@ -74,6 +74,16 @@ def _as_memory_limit(value: Any) -> str | float:
     return number
 
 
+def _as_auto_or_gib(value: Any) -> str | float:
+    """`auto`, or a number of GiB (0 turns the thing off)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    number = float(value)
+    if number < 0:
+        raise ValueError("must be auto or a number of GiB (0 = off)")
+    return number
+
+
 def _as_str_list(value: Any) -> list[str]:
     if isinstance(value, str):
         return [item.strip() for item in value.split(",") if item.strip()]
@@ -117,6 +127,12 @@ SETTINGS: dict[str, Setting] = {
                 "Origins allowed to call the HTTP API from a browser (same-origin when empty)."),
         Setting("session_bank_ssd", True, _as_bool,
                 "Keep conversation prefixes on disk so they survive a restart."),
+        Setting("session_bank_bytes", "auto", _as_auto_or_gib,
+                "RAM for reusable conversation prefixes: auto (from the memory plan, else "
+                "2 GiB) or GiB; 0 turns prefix reuse off."),
+        Setting("session_bank_ssd_bytes", "auto", _as_auto_or_gib,
+                "Disk for the session bank under session-bank/: auto (32 GiB, never more "
+                "than half the free disk) or GiB."),
         Setting("shutdown_grace_seconds", 10, _as_int(0, 600),
                 "How long SIGTERM waits for in-flight requests before stopping."),
         Setting("log_level", "info", _as_choice("debug", "info", "warning", "error"),

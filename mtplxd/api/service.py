@@ -192,7 +192,8 @@ class Generations:
             max_tokens=max_tokens,
             stop=list(params.stop),
         )
-        request = GenerationRequest(prompt_ids=list(prompt_ids), sampling=sampling, depth=params.depth)
+        request = GenerationRequest(prompt_ids=list(prompt_ids), sampling=sampling, depth=params.depth,
+                                    session_id=session_id_from_headers())
         return Plan(id=self.flights.next_id(endpoint), endpoint=endpoint, model_id=model.info.id,
                     request=request, max_tokens=max_tokens, max_tokens_requested=params.max_tokens)
 
@@ -309,6 +310,24 @@ class Generations:
             full = await self.on_model(lambda m: m.tokenizer.decode(result.token_ids))
             stop_sequence = _which_stop(full, result.text, stops)
         return Outcome(plan, result, parsed, reasoning_tokens, stop_sequence)
+
+
+# Clients that name their conversation (OpenCode sends both of the last two); first wins.
+SESSION_HEADERS = ("x-mtplx-session-id", "x-session-affinity", "x-session-id")
+
+
+def session_id_from_headers() -> str | None:
+    """The conversation id the current HTTP request names in a session header, if any
+    (the session bank groups its entries by it; prefix reuse works without one)."""
+    from quart import has_request_context, request
+
+    if not has_request_context():
+        return None
+    for name in SESSION_HEADERS:
+        value = request.headers.get(name, "").strip()
+        if value:
+            return value[:256]
+    return None
 
 
 def _summary(parser: OutputParser) -> ParsedOutput:

@@ -303,19 +303,27 @@ class BankTurn:
         return self.kinds is not None and GDN in self.kinds
 
     def prefill(self, chunk_size: int) -> tuple[list[mx.array], mx.array]:
-        """Prefill prompt[cached:] exactly as `Trunk.prefill` does (same chunks), recording
-        hybrid boundaries; returns (hiddens from position `pending_from` on, last logits)."""
+        """Prefill prompt[cached:] in `chunk_size` pieces as `Trunk.prefill` does, recording
+        hybrid boundaries; returns (hiddens from position `pending_from` on, last logits).
+
+        Hybrid models also end a forward one token before the prompt's end, so that a resent
+        prompt (stop-and-resend, regenerate) restores all but its last token."""
         rest = self.prompt[self.cached:]
+        ends = list(range(chunk_size, len(rest), chunk_size)) + [len(rest)]
+        if self.hybrid and len(rest) > 1 and len(rest) - 1 not in ends:
+            ends.insert(-1, len(rest) - 1)
         hiddens: list[mx.array] = []
         logits = None
-        for start in range(0, len(rest), chunk_size):
-            chunk = mx.array(rest[start:start + chunk_size])[None]
+        start = 0
+        for end in ends:
+            chunk = mx.array(rest[start:end])[None]
             hidden, logits = self.trunk.forward(chunk, self.cache, all_logits=False)
             if hidden is not None:
                 hiddens.append(hidden)
             mx.eval(logits, hidden if hidden is not None else logits)
             if self.hybrid:
-                self.boundaries[self.cached + start + chunk.shape[1]] = gdn_state(self.cache, self.kinds)
+                self.boundaries[self.cached + end] = gdn_state(self.cache, self.kinds)
+            start = end
         assert logits is not None, "empty prompt"
         if self.restored_hidden is not None:
             hiddens.insert(0, self.restored_hidden)
@@ -534,7 +542,7 @@ class SessionBank:
         boundaries = dict(turn.boundaries)
         if turn.hybrid:
             boundaries[length] = gdn_state(cache, kinds)
-            boundaries = self._thin(boundaries, keep={len(turn.prompt), length})
+            boundaries = self._thin(boundaries, keep={len(turn.prompt) - 1, len(turn.prompt), length})
         entry = BankEntry(tokens=tokens, kinds=kinds, kv=kv, boundaries=boundaries,
                           session_id=turn.session_id, last_used=self.clock())
         if head_cache is not None and head_cache[0].keys is not None:
@@ -650,3 +658,28 @@ class SessionBank:
         """The RAM entries, newest first (inspection and tests)."""
         with self._lock:
             return sorted(self._entries.values(), key=lambda e: e.last_used, reverse=True)
+
+
+def bank_settings(ram: str | float, ssd_enabled: bool, ssd_dir: Path, ssd: str | float = "auto",
+                  *, limit_bytes: int | None = None, weights_bytes: int | None = None
+                  ) -> BankSettings | None:
+    """Settings from the config keys `session_bank_bytes`, `session_bank_ssd`,
+    `session_bank_ssd_bytes` (GiB or "auto"); None when the bank is off (0 GiB).
+
+    RAM "auto": a quarter of what the memory limit leaves after the weights (1 to 48 GiB)
+    when the memory guard's limit is known, else 2 GiB. SSD "auto": 32 GiB (the store
+    also never takes more than half the free disk).
+    """
+    if ram == "auto":
+        if limit_bytes is not None and weights_bytes is not None:
+            ram_bytes = int(min(max((limit_bytes - weights_bytes) // 4, GIB), 48 * GIB))
+        else:
+            ram_bytes = DEFAULT_RAM_BYTES
+    else:
+        ram_bytes = int(float(ram) * GIB)
+    if ram_bytes <= 0:
+        return None
+    ssd_bytes = 32 * GIB if ssd == "auto" else int(float(ssd) * GIB)
+    use_ssd = ssd_enabled and ssd_bytes > 0
+    return BankSettings(ram_bytes=ram_bytes, ssd_dir=Path(ssd_dir) if use_ssd else None,
+                        ssd_bytes=ssd_bytes)

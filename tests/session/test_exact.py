@@ -1,0 +1,89 @@
+"""Warm restores are exact: the same logits, caches, drafts and outputs as a cold prefill."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import ArraysCache, KVCache
+
+
+from mtplxd.engine.session_bank import BankSettings
+
+FAMILY_PARAMS = ["qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next"]
+
+
+def _assert_caches_equal(warm: list, cold: list) -> None:
+    for w, c in zip(warm, cold):
+        if isinstance(c, KVCache):
+            assert w.offset == c.offset
+            assert mx.array_equal(w.keys[..., :w.offset, :], c.keys[..., :c.offset, :])
+            assert mx.array_equal(w.values[..., :w.offset, :], c.values[..., :c.offset, :])
+        else:
+            assert isinstance(c, ArraysCache)
+            assert mx.array_equal(w.cache[0], c.cache[0])
+            assert mx.array_equal(w.cache[1], c.cache[1])
+
+
+@pytest.mark.parametrize("family", FAMILY_PARAMS)
+def test_logits_and_caches_after_restore_equal_cold_prefill(loaded, gen, toks, family):
+    model = loaded(family)
+    bank = model.enable_session_bank(BankSettings())
+    try:
+        first = toks(1, 150)
+        turn1 = gen(model, first, max_tokens=8)
+        follow = first + turn1.token_ids + toks(2, 40)
+
+        turn = bank.begin(model.trunk, model.head, follow)
+        assert turn.cached > len(first) // 2
+        warm_hiddens, warm_logits = turn.prefill(32)
+        cold_cache = model.trunk.make_cache()
+        cold_hiddens, cold_logits = model.trunk.prefill(follow, cold_cache, 32)
+
+        assert mx.array_equal(warm_logits, cold_logits)
+        cold_all = mx.concatenate(cold_hiddens, axis=1)
+        assert mx.array_equal(mx.concatenate(warm_hiddens, axis=1), cold_all[:, turn.pending_from:])
+        _assert_caches_equal(turn.cache, cold_cache)
+    finally:
+        model.bank = None
+
+
+@pytest.mark.parametrize("depth", [0, 3])
+@pytest.mark.parametrize("family", FAMILY_PARAMS)
+def test_greedy_follow_up_identical_warm_and_cold(loaded, gen, toks, family, depth):
+    model = loaded(family)
+    first = toks(3, 120)
+    cold1 = gen(model, first, depth=depth)
+    bank = model.enable_session_bank(BankSettings())
+    try:
+        warm1 = gen(model, first, depth=depth)
+        assert warm1.stats.cached_tokens == 0
+        follow = first + warm1.token_ids + toks(4, 30)
+        warm2 = gen(model, follow, depth=depth)
+    finally:
+        model.bank = None
+    cold2 = gen(model, follow, depth=depth)
+    assert warm1.token_ids == cold1.token_ids
+    assert warm2.token_ids == cold2.token_ids
+    assert warm2.stats.cached_tokens >= len(first)
+    assert cold2.stats.cached_tokens == 0
+    # The head's restored cache and PENDING pairs are exact too: it drafts the same tokens.
+    assert warm2.stats.drafted_by_depth == cold2.stats.drafted_by_depth
+    assert warm2.stats.accepted_by_depth == cold2.stats.accepted_by_depth
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_seeded_sampling_identical_warm_and_cold(loaded, gen, toks, family):
+    model = loaded(family)
+    first = toks(5, 100)
+    bank = model.enable_session_bank(BankSettings())
+    try:
+        turn1 = gen(model, first, temperature=0.8, seed=7)
+        follow = first + turn1.token_ids + toks(6, 20)
+        warm = gen(model, follow, temperature=0.8, seed=11)
+        assert bank.stats()["hits"] == 1
+    finally:
+        model.bank = None
+    cold = gen(model, follow, temperature=0.8, seed=11)
+    assert warm.stats.cached_tokens > 0
+    assert warm.token_ids == cold.token_ids
+    assert warm.stats.accepted_by_depth == cold.stats.accepted_by_depth
