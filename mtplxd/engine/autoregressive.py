@@ -1,4 +1,9 @@
-"""Plain autoregressive decoding: one target forward per token."""
+"""Plain autoregressive decoding: one target forward per token, pipelined.
+
+Like mlx-lm's generate_step, the graph for token t+1 is built and handed to the device
+(`mx.async_eval`) before token t is read back, so the host never leaves the device idle.
+The arithmetic is the same as an unpipelined loop; only the scheduling differs.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +20,24 @@ def ar_cycles(trunk: Trunk, cache: list[Any], params: SamplingParams, history: T
               seed: int, last_token: int, position: int) -> Iterator[list[int]]:
     """Yield one committed token per step, forever (the caller stops iterating).
 
-    `last_token` is the committed token at absolute `position`, not yet fed to the trunk.
+    `last_token` is the committed token at absolute `position`, already in `history` but not
+    yet fed to the trunk.
     """
-    token = last_token
-    while True:
-        _, logits = trunk.forward(mx.array([[token]]), cache, all_logits=True)
-        position += 1
+
+    def step(token: mx.array, position: int) -> mx.array:
+        _, logits = trunk.forward(token.reshape(1, 1), cache, all_logits=True)
         counts, seen = history.rows(None, 1)
         keys = None if params.greedy else [position_key(seed, position, TARGET)]
-        token = pick(logits[0], params, counts, seen, keys).item()
-        history.append([token])
-        yield [token]
+        chosen = pick(logits[0], params, counts, seen, keys)
+        history.append(chosen)  # lazily: the next step's penalties see this token
+        return chosen
+
+    position += 1
+    pending = step(mx.array([last_token]), position)
+    mx.async_eval(pending)
+    while True:
+        current = pending
+        position += 1
+        pending = step(current, position)
+        mx.async_eval(pending)
+        yield [current.item()]

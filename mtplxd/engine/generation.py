@@ -94,7 +94,12 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
     turn, head_cache, pending_from = None, None, 0
     if bank is None:
         cache = trunk.make_cache()
-        hiddens, last_logits = trunk.prefill(prompt, cache, chunk)
+        prefilled = trunk.prefill(prompt, cache, chunk, should_stop=should_stop)
+        if prefilled is None:
+            now = time.perf_counter()
+            yield _result(finish, stats, "cancelled", start, now, now)
+            return
+        hiddens, last_logits = prefilled
     else:
         turn = bank.begin(trunk, head if depth > 0 else None, prompt, request.session_id)
         cache, head_cache, pending_from = turn.cache, turn.head_cache, turn.pending_from

@@ -46,11 +46,11 @@ class TokenHistory:
             seen = seen.at[mx.array(prompt_ids)].add(1.0)
         self.seen = seen
 
-    def append(self, token_ids: list[int]) -> None:
-        """Record committed output tokens."""
-        if not token_ids:
+    def append(self, token_ids: list[int] | mx.array) -> None:
+        """Record committed output tokens (a list, or a lazy array of token ids)."""
+        if isinstance(token_ids, list) and not token_ids:
             return
-        idx = mx.array(token_ids)
+        idx = token_ids if isinstance(token_ids, mx.array) else mx.array(token_ids)
         self.counts = self.counts.at[idx].add(1.0)
         self.seen = self.seen.at[idx].add(1.0)
 

@@ -9,7 +9,7 @@ so their numerics match (bitwise on the CPU backend).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -62,11 +62,19 @@ class Trunk:
         return hidden, self.lm_head(rows)
 
     def prefill(self, prompt_ids: list[int], cache: list[Any],
-                chunk_size: int = PREFILL_CHUNK) -> tuple[list[mx.array], mx.array]:
-        """Feed the prompt in `chunk_size` pieces; return (hidden chunks, last-row logits (V,))."""
+                chunk_size: int = PREFILL_CHUNK, *,
+                should_stop: Callable[[], bool] | None = None,
+                ) -> tuple[list[mx.array], mx.array] | None:
+        """Feed the prompt in `chunk_size` pieces; return (hidden chunks, last-row logits (V,)).
+
+        Returns None when `should_stop()` turns True between two chunks, so a long prompt
+        can be cancelled before it is fully read.
+        """
         hiddens: list[mx.array] = []
         logits = None
         for start in range(0, len(prompt_ids), chunk_size):
+            if start and should_stop is not None and should_stop():
+                return None
             chunk = mx.array(prompt_ids[start:start + chunk_size])[None]
             hidden, logits = self.forward(chunk, cache, all_logits=False)
             if hidden is not None:

@@ -203,3 +203,18 @@ def test_model_info_describes_the_checkpoint(tiny_qwen3):
     assert info["mode"] == "mtp" and info["depth"] == 3 and info["family"] == "qwen3"
     assert info["vocab_size"] == len(tiny_qwen3.tokenizer.get_vocab())
     assert info["quantization"] is None and info["context_length"] == 4096
+
+
+def test_cancellation_during_a_chunked_prefill(tiny_qwen3):
+    calls = {"n": 0}
+
+    def should_stop():
+        calls["n"] += 1
+        return calls["n"] > 2  # the check before prefill, then one between chunks
+
+    ids = prompt(tiny_qwen3, "a prompt long enough for several chunks")
+    request = GenerationRequest(ids, SamplingParams(max_tokens=10), depth=0, prefill_chunk=4)
+    result = list(tiny_qwen3.generate(request, should_stop))[-1]
+    assert result.finish_reason == "cancelled" and result.token_ids == []
+    assert result.stats.completion_tokens == 0
+    assert calls["n"] == 3
