@@ -1,0 +1,202 @@
+"""What a verify costs on this device, and whether greedy MTP reproduces AR here.
+
+    python -m mtplxd.engine.bench_verify [--dims qwen3-4b] [--dtype bfloat16] [--context 512]
+        [--max-depth 5] [--json-out FILE]
+
+Builds a random-weight dense qwen3 of the given dimensions in memory (no checkpoint needed),
+with a random MTP head, and measures:
+  * one decode step (1 token) and one verify (K+1 tokens, K = 1..max-depth) at a fixed
+    context: the cache is trimmed back after each call, so every timed call has the same
+    shapes (a compiled kernel set is reused, as in the engine's steady state);
+  * one full speculative cycle at depth K (K chained head steps + the verify + accept);
+    with `cycle_ms / decode_ms = c`, MTP beats AR once tokens per cycle exceed c;
+  * greedy AR against greedy MTP token by token, and at the first divergence the gap
+    between the AR step's two best logits (a near-tie when it is within rounding).
+Medians over `--repeats` timed calls after warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import mlx.core as mx
+
+DIMS: dict[str, dict[str, Any]] = {
+    # Qwen/Qwen3-4B (config.json of the release): 36 layers, hidden 2560, GQA 32/8 x 128.
+    "qwen3-4b": dict(hidden_size=2560, num_hidden_layers=36, intermediate_size=9728,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     vocab_size=151936, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 vocab_size=512, tie_word_embeddings=True),
+}
+
+
+def build_random_model(dims: str, dtype: mx.Dtype, seed: int = 0):
+    """(mlx-lm qwen3 Model with an `.mtp` MTPHead, its config) with random weights in `dtype`."""
+    from mlx_lm.models import qwen3
+
+    from mtplxd.engine.families import get_family
+    from mtplxd.engine.mtp_head import MTPHead
+
+    config = dict(model_type="qwen3", rms_norm_eps=1e-6, max_position_embeddings=40960,
+                  rope_theta=1000000.0, **DIMS[dims])
+    mx.random.seed(seed)
+    args = qwen3.ModelArgs.from_dict(config)
+    model = qwen3.Model(args)
+    model.mtp = MTPHead(args.hidden_size, args.rms_norm_eps, get_family("qwen3").build_mtp_layer(args))
+    model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    return model, config
+
+
+def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def measure_forward_costs(trunk, cache, vocab: int, max_depth: int, repeats: int) -> dict[str, float]:
+    """Median ms of a trunk forward over T = 1..max_depth+1 tokens at the cache's context."""
+    costs = {}
+    for tokens in range(1, max_depth + 2):
+        block = mx.random.randint(0, vocab, (1, tokens))
+
+        def call(block=block, tokens=tokens):
+            hidden, logits = trunk.forward(block, cache, all_logits=True)
+            mx.eval(hidden, logits)
+            for entry in cache:
+                entry.trim(tokens)
+
+        costs[str(tokens)] = _median_ms(call, repeats)
+    return costs
+
+
+def measure_cycle_costs(trunk, head, cache, prompt: list[int], hiddens, max_depth: int,
+                        repeats: int) -> dict[str, float]:
+    """Median ms of one whole greedy speculative cycle at each depth (drafts, verify, commit)."""
+    from mtplxd.engine.interface import SamplingParams
+    from mtplxd.engine.sampling import TokenHistory
+    from mtplxd.engine.speculative import SpeculativeDecoder
+
+    costs = {}
+    base = cache[0].offset
+    for depth in range(1, max_depth + 1):
+        decoder = SpeculativeDecoder(trunk, head, cache, SamplingParams(), TokenHistory(
+            trunk.text.model.embed_tokens.weight.shape[0], prompt), seed=0, depth=depth)
+        pending_h = mx.concatenate(hiddens, axis=1)
+        pending_tokens = prompt[1:] + [prompt[0]]
+        decoder._first_draft_hidden(pending_h, pending_tokens)  # the head's cache over the prompt
+        mx.eval([c.state for c in decoder.head_cache])
+        last = pending_h[:, -1:]
+
+        def cycle(decoder=decoder, last=last):
+            n = cache[0].offset
+            accepted, committed, hidden = decoder._cycle(n, prompt[-1], last, [prompt[-1]])
+            mx.eval(hidden)
+            for entry in cache:  # back to the same context: every timed cycle has equal shapes
+                entry.trim(cache[0].offset - base)
+            for entry in decoder.head_cache:
+                entry.trim(entry.offset - len(prompt))
+
+        costs[str(depth)] = _median_ms(cycle, repeats)
+    return costs
+
+
+def greedy_agreement(trunk, head, prompt: list[int], vocab: int, depth: int, tokens: int) -> dict[str, Any]:
+    """Greedy AR and greedy MTP side by side: agreement and the first divergence's logit gap."""
+    from mtplxd.engine.autoregressive import ar_cycles
+    from mtplxd.engine.interface import SamplingParams
+    from mtplxd.engine.sampling import TokenHistory, pick
+    from mtplxd.engine.speculative import SpeculativeDecoder
+
+    params = SamplingParams()
+
+    def run(use_mtp: bool) -> list[int]:
+        cache = trunk.make_cache()
+        hiddens, logits = trunk.prefill(prompt, cache)
+        first = pick(logits[None], params, None, None, None).item()
+        history = TokenHistory(vocab, prompt)
+        if use_mtp:
+            cycles = SpeculativeDecoder(trunk, head, cache, params, history, 0, depth).cycles(hiddens, prompt, first)
+        else:
+            cycles = ar_cycles(trunk, cache, params, history, 0, first, len(prompt))
+        out = [first]
+        while len(out) < tokens:
+            out += next(cycles)
+        cycles.close()
+        return out[:tokens]
+
+    ar, mtp = run(False), run(True)
+    report: dict[str, Any] = {"tokens": tokens, "depth": depth, "identical": ar == mtp}
+    diverged = next((i for i, (a, b) in enumerate(zip(ar, mtp)) if a != b), None)
+    report["first_divergence"] = diverged
+    if diverged is not None:
+        cache = trunk.make_cache()
+        _, logits = trunk.prefill(prompt + ar[:diverged], cache)
+        top = mx.sort(logits.astype(mx.float32))[-2:].tolist()
+        report["ar_top2_gap_at_divergence"] = top[1] - top[0]
+        report["mtp_token_logit_gap"] = (logits[ar[diverged]] - logits[mtp[diverged]]).astype(mx.float32).item()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench_verify", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dims", choices=sorted(DIMS), default="qwen3-4b")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--context", type=int, default=512, help="prompt tokens before timing")
+    parser.add_argument("--max-depth", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--greedy-tokens", type=int, default=64)
+    parser.add_argument("--json-out", default=None)
+    args = parser.parse_args(argv)
+
+    from mtplxd.engine.families import get_family
+    from mtplxd.engine.trunk import Trunk
+
+    started = time.perf_counter()
+    model, config = build_random_model(args.dims, getattr(mx, args.dtype))
+    trunk = Trunk(model, get_family("qwen3"))
+    vocab = config["vocab_size"]
+    prompt = mx.random.randint(0, vocab, (args.context,), key=mx.random.key(1)).tolist()
+    cache = trunk.make_cache()
+    hiddens, _ = trunk.prefill(prompt, cache)
+    build_seconds = time.perf_counter() - started
+
+    forward = measure_forward_costs(trunk, cache, vocab, args.max_depth, args.repeats)
+    cycles = measure_cycle_costs(trunk, model.mtp, cache, prompt, hiddens, args.max_depth, args.repeats)
+    decode = forward["1"]
+    report = {
+        "device": str(mx.default_device()),
+        "device_info": {k: str(v) for k, v in mx.device_info().items()} if hasattr(mx, "device_info") else {},
+        "mlx_version": mx.__version__,
+        "dims": args.dims, "dtype": args.dtype, "context": args.context,
+        "build_seconds": build_seconds,
+        "forward_ms_by_tokens": forward,
+        "verify_over_decode_by_depth": {str(k): forward[str(k + 1)] / decode for k in range(1, args.max_depth + 1)},
+        "cycle_ms_by_depth": cycles,
+        "cycle_over_decode_by_depth": {k: v / decode for k, v in cycles.items()},
+        "greedy": greedy_agreement(trunk, model.mtp, prompt[:64], vocab, 3, args.greedy_tokens),
+        "command": " ".join(["python -m mtplxd.engine.bench_verify"] + (argv if argv is not None else sys.argv[1:])),
+    }
+    print(json.dumps(report, indent=2))
+    if args.json_out:
+        with open(args.json_out, "w") as handle:
+            json.dump(report, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
