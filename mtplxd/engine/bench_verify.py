@@ -9,7 +9,8 @@ with a random MTP head, and measures:
     context: the cache is trimmed back after each call, so every timed call has the same
     shapes (a compiled kernel set is reused, as in the engine's steady state);
   * one full speculative cycle at depth K (K chained head steps + the verify + accept);
-    with `cycle_ms / decode_ms = c`, MTP beats AR once tokens per cycle exceed c;
+    with `cycle_ms / decode_ms = c`, MTP beats AR once tokens per cycle exceed c; again
+    with a 4-bit copy of lm_head for drafting (`Trunk.quantize_draft_head`);
   * greedy AR against greedy MTP token by token, and at the first divergence the gap
     between the AR step's two best logits (a near-tie when it is within rounding).
 Medians over `--repeats` timed calls after warm-up.
@@ -178,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     forward = measure_forward_costs(trunk, cache, vocab, args.max_depth, args.repeats)
     cycles = measure_cycle_costs(trunk, model.mtp, cache, prompt, hiddens, args.max_depth, args.repeats)
     decode = forward["1"]
+    quantized_draft = trunk.quantize_draft_head(bits=4, group_size=min(64, config["hidden_size"]))
+    cycles_q4 = (measure_cycle_costs(trunk, model.mtp, cache, prompt, hiddens, args.max_depth, args.repeats)
+                 if quantized_draft else {})
     report = {
         "device": str(mx.default_device()),
         "device_info": {k: str(v) for k, v in mx.device_info().items()} if hasattr(mx, "device_info") else {},
@@ -188,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         "verify_over_decode_by_depth": {str(k): forward[str(k + 1)] / decode for k in range(1, args.max_depth + 1)},
         "cycle_ms_by_depth": cycles,
         "cycle_over_decode_by_depth": {k: v / decode for k, v in cycles.items()},
+        "cycle_ms_by_depth_q4_draft_head": cycles_q4,
+        "cycle_over_decode_by_depth_q4_draft_head": {k: v / decode for k, v in cycles_q4.items()},
         "greedy": greedy_agreement(trunk, model.mtp, prompt[:64], vocab, 3, args.greedy_tokens),
         "command": " ".join(["python -m mtplxd.engine.bench_verify"] + (argv if argv is not None else sys.argv[1:])),
     }

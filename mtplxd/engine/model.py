@@ -63,13 +63,16 @@ class LoadedModel:
 
 def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                depth: int | None = None,
-               session_bank: BankSettings | None = None) -> LoadedModel:
+               session_bank: BankSettings | None = None,
+               draft_head_bits: int | None = None) -> LoadedModel:
     """Load an HF-format folder for serving (owner thread only).
 
     Registered families with MTP tensors are served MTP at `depth` (default 3); anything else
     mlx-lm loads is served AR with `info.ar_reason` saying why. Raises ModelLoadError for
     refused checkpoints (auto_map, unsupported quantization, missing files). With
     `session_bank` settings the model gets a session bank (prefix reuse; off by default).
+    `draft_head_bits` (4 or 8) gives MTP drafting a quantized copy of an unquantized lm_head:
+    cheaper draft steps, same output (only acceptance can change).
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -83,6 +86,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp)
     spec = get_family(report.model_type)
     trunk = Trunk(model, spec)
+    if with_mtp and draft_head_bits is not None:
+        trunk.quantize_draft_head(bits=draft_head_bits)
     text_config = config.get("text_config") or {}
     info = ModelInfo(
         id=model_id or path.name,

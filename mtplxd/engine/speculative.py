@@ -134,7 +134,7 @@ class SpeculativeDecoder:
         q_rows: list[mx.array] = []
         counts, seen = self.history.counts[None], self.history.seen[None]
         for i in range(1, self.depth + 1):
-            logits = self.trunk.lm_head(g)[0]
+            logits = self.trunk.draft_logits(g)[0]
             if params.greedy:
                 d = mx.argmax(apply_penalties(logits, params, counts, seen), axis=-1)
             else:

@@ -26,6 +26,7 @@ class Trunk:
         self.model = model
         self.spec = spec
         self.text = spec.text_model(model) if spec is not None else None
+        self._draft_head: tuple | None = None  # (weight, scales, biases, group_size, bits)
 
     @property
     def has_hidden(self) -> bool:
@@ -43,9 +44,36 @@ class Trunk:
 
     def lm_head(self, hidden: mx.array) -> mx.array:
         """Logits from post-norm hidden states."""
-        if getattr(self.text.args, "tie_word_embeddings", False) or not hasattr(self.text, "lm_head"):
+        if self._tied():
             return self.text.model.embed_tokens.as_linear(hidden)
         return self.text.lm_head(hidden)
+
+    def draft_logits(self, hidden: mx.array) -> mx.array:
+        """Logits for MTP drafts: the quantized draft head when one is set, else lm_head.
+
+        Drafts are only proposals (T=0) or samples from a q that the acceptance rule
+        accounts for (T>0), so a cheaper head changes acceptance, never the output.
+        """
+        if self._draft_head is None:
+            return self.lm_head(hidden)
+        weight, scales, biases, group_size, bits = self._draft_head
+        return mx.quantized_matmul(hidden, weight, scales, biases, transpose=True,
+                                   group_size=group_size, bits=bits)
+
+    def quantize_draft_head(self, bits: int = 4, group_size: int = 64) -> bool:
+        """Give drafting its own `bits`-bit copy of lm_head; False when lm_head is already
+        quantized (drafting then shares it). Each draft step reads the whole lm_head, which
+        for a 150k vocabulary is a sizeable fraction of a small model's weights."""
+        source = self.text.model.embed_tokens if self._tied() else self.text.lm_head
+        if hasattr(source, "scales"):
+            return False
+        weight, scales, biases = mx.quantize(source.weight, group_size=group_size, bits=bits)
+        mx.eval(weight, scales, biases)
+        self._draft_head = (weight, scales, biases, group_size, bits)
+        return True
+
+    def _tied(self) -> bool:
+        return getattr(self.text.args, "tie_word_embeddings", False) or not hasattr(self.text, "lm_head")
 
     def forward(self, tokens: mx.array, cache: list[Any], *,
                 all_logits: bool) -> tuple[mx.array | None, mx.array]:

@@ -12,6 +12,7 @@ def test_bench_verify_reports_costs_and_greedy_agreement(tmp_path):
     report = json.loads(out.read_text())
     assert set(report["forward_ms_by_tokens"]) == {"1", "2", "3", "4"}
     assert set(report["cycle_ms_by_depth"]) == {"1", "2", "3"}
+    assert set(report["cycle_ms_by_depth_q4_draft_head"]) == {"1", "2", "3"}
     assert all(v > 0 for v in report["verify_over_decode_by_depth"].values())
     # On the CPU backend a K+1 verify equals K+1 decode steps bitwise: greedy MTP == AR.
     assert report["greedy"]["identical"] is True and report["greedy"]["first_divergence"] is None

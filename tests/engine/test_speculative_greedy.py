@@ -120,3 +120,16 @@ def test_request_depth_zero_runs_ar_and_none_runs_model_default(models):
     assert greedy(model, ids, None, 5).stats.depth == model.info.depth == 3
     with pytest.raises(ValueError):
         greedy(model, ids, 99, 5)
+
+
+def test_a_quantized_draft_head_keeps_greedy_output_identical(tiny_model_factory):
+    model = load_model(tiny_model_factory("qwen3"))
+    ids = prompt_ids(model, "code")
+    reference = greedy(model, ids, 0, 32)
+    assert model.trunk.quantize_draft_head(bits=4, group_size=32)
+    for depth in (1, 3):
+        result = greedy(model, ids, depth, 32)
+        assert result.token_ids == reference.token_ids
+        assert result.stats.accepted > 0
+    quantized = load_model(tiny_model_factory("qwen3", quantize_bits=4))
+    assert quantized.trunk.quantize_draft_head() is False  # lm_head already quantized: shared
