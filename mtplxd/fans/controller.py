@@ -100,7 +100,7 @@ class FanController:
                 await self.reconcile()
                 if time.monotonic() >= next_refresh:
                     next_refresh = time.monotonic() + REFRESH_SECONDS
-                    self._check_watchdog()
+                    await self._check_watchdog()
                     if self.manual:
                         await self.refresh()
         finally:
@@ -196,12 +196,12 @@ class FanController:
                 raise FanError(f"cannot write the fan lease {self.lease_path}: {exc}") from None
             self.lease = lease
             try:
-                self._start_watchdog()
-            except OSError as exc:
+                await self._start_watchdog()
+            except FanError:
                 # Never command fans that nothing would give back if we died.
                 clear_lease(self.lease_path, lease.token)
                 self.lease = None
-                raise FanError(f"cannot start the fan watchdog: {exc}") from None
+                raise
         try:
             await trio.to_thread.run_sync(self.backend.apply_max)
         except FanError as exc:
@@ -224,11 +224,22 @@ class FanController:
 
     # ------------------------------------------------------------ the watchdog process
 
-    def _start_watchdog(self) -> None:
+    async def _start_watchdog(self) -> None:
+        """Spawn the watchdog and wait until it watches us. Raises FanError."""
         assert self.lease is not None
-        self.watchdog = watchdog.spawn(self.lease_path, os.getpid(), self.lease.token,
-                                       self.watchdog_log)
-        log.info("fan watchdog started (pid %s)", self.watchdog.pid)
+        try:
+            process = watchdog.spawn(self.lease_path, os.getpid(), self.lease.token,
+                                     self.watchdog_log)
+        except OSError as exc:
+            raise FanError(f"cannot start the fan watchdog: {exc}") from None
+        problem = await trio.to_thread.run_sync(watchdog.wait_ready, process)
+        if problem is not None:
+            if process.poll() is None:
+                process.kill()
+            await trio.to_thread.run_sync(process.wait)
+            raise FanError(problem)
+        self.watchdog = process
+        log.info("fan watchdog started (pid %s)", process.pid)
 
     async def _stop_watchdog(self) -> None:
         """The lease is gone, so the watchdog exits by itself; wait for it (and reap it)."""
@@ -242,12 +253,19 @@ class FanController:
             process.kill()
             await trio.to_thread.run_sync(process.wait)
 
-    def _check_watchdog(self) -> None:
+    async def _check_watchdog(self) -> None:
         """Start a new watchdog if ours died while a restore is still owed."""
-        if self.lease is not None and self.watchdog is not None and self.watchdog.poll() is not None:
+        async with self._lock:
+            if self.lease is None or self.watchdog is None or self.watchdog.poll() is None:
+                return
             log.warning("fan watchdog %s exited early (code %s); starting another",
                         self.watchdog.pid, self.watchdog.returncode)
-            self._start_watchdog()
+            self.watchdog = None
+            try:
+                await self._start_watchdog()
+            except FanError as exc:
+                self.last_error = str(exc)
+                log.error("%s", exc)
 
     # ------------------------------------------------------------ reporting
 

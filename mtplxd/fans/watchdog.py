@@ -2,8 +2,9 @@
 
     python -m mtplxd.fans.watchdog --lease PATH --pid PID [--token T] [--log FILE]
 
-The daemon starts one (in its own session, stdio on /dev/null) right after writing the lease
-and before commanding any fan. It waits for the daemon's exit without polling where the kernel
+The daemon starts one (in its own session) right after writing the lease, and commands the
+fans only once the watchdog has said "ready" on its stdout, which it does once the daemon's exit
+can no longer escape it; then its stdio is all /dev/null. It waits for the daemon's exit without polling where the kernel
 can tell it (a pidfd on Linux, kqueue NOTE_EXIT on macOS), so `kill -9`, an OOM kill or a closed
 terminal are all seen at once. Then it restores from the lease, removes it and exits. When the
 daemon gives the fans back itself, it removes the lease (or replaces it with one whose token
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from mtplxd.fans.base import FanError
 from mtplxd.fans.backends import restore_record
@@ -32,6 +34,8 @@ from mtplxd.fans.lease import LeaseError, clear_lease, process_alive, read_lease
 log = logging.getLogger("mtplxd.fans.watchdog")
 
 POLL_SECONDS = 0.25
+READY = b"ready\n"
+READY_TIMEOUT = 15.0
 # Retries for a restore that fails (a helper that is busy, sudo momentarily unhappy). After the
 # last one the lease stays on disk and the next daemon start restores it.
 RETRY_DELAYS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
@@ -89,8 +93,12 @@ class ExitWatch:
             self._kqueue.close()
 
 
-def watch(lease_path: Path, pid: int, token: str | None = None) -> int:
-    """Wait for daemon `pid` to exit, then restore its lease. Returns the exit code."""
+def watch(lease_path: Path, pid: int, token: str | None = None,
+          ready: Callable[[], None] = lambda: None) -> int:
+    """Wait for daemon `pid` to exit, then restore its lease. Returns the exit code.
+
+    `ready()` is called once the exit of `pid` cannot be missed any more.
+    """
     try:
         lease = read_lease(lease_path)
     except LeaseError as exc:
@@ -100,6 +108,7 @@ def watch(lease_path: Path, pid: int, token: str | None = None) -> int:
         log.info("no lease of pid %s at %s; nothing to watch", pid, lease_path)
         return 0
     watcher = ExitWatch(pid, lease.daemon_started or None)
+    ready()
     try:
         while not watcher.wait(POLL_SECONDS):
             if not _still_held(lease_path, pid, token):
@@ -159,9 +168,36 @@ def spawn(lease_path: Path, pid: int, token: str | None = None,
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
                             env=env, cwd="/")
+
+
+def wait_ready(process: subprocess.Popen, timeout: float = READY_TIMEOUT) -> str | None:
+    """Wait for a spawned watchdog's "ready"; None once it is, else what went wrong."""
+    assert process.stdout is not None
+    try:
+        readable, _, _ = select.select([process.stdout], [], [], timeout)
+        line = process.stdout.readline() if readable else b""
+    finally:
+        process.stdout.close()
+    if line == READY:
+        return None
+    if not readable:
+        return f"the fan watchdog did not report ready within {timeout:.0f}s"
+    code = process.wait(5)
+    return f"the fan watchdog exited at start (code {code}); see logs/fans-watchdog.log"
+
+
+def _say_ready() -> None:
+    """Tell the daemon we are watching, then let go of the pipe (the daemon may die any time)."""
+    try:
+        os.write(1, READY)
+    except OSError:
+        pass
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
 
 
 def _detach() -> None:
@@ -190,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.info("watching mtplxd pid %s (lease %s)", args.pid, args.lease)
-    return watch(args.lease, args.pid, args.token)
+    return watch(args.lease, args.pid, args.token, ready=_say_ready)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def test_kill_9_of_the_watched_process_restores_within_3_seconds(hwmon, tmp_path
     lease_path = tmp_path / "fans.lease"
     lease = _take_fans(hwmon, lease_path, victim.pid)
     guard = watchdog.spawn(lease_path, victim.pid, lease.token, tmp_path / "watchdog.log")
-    time.sleep(0.5)  # let it start watching (the kill must be seen, not the start-up check)
+    assert watchdog.wait_ready(guard) is None  # from here on the kill must be seen, not polled
     assert guard.poll() is None and hwmon.attr("pwm1_enable") == "1"
 
     victim.send_signal(signal.SIGKILL)  # left unreaped: a zombie counts as dead
@@ -64,7 +64,7 @@ def test_a_clean_release_makes_the_watchdog_exit_without_touching_fans(hwmon, tm
     lease_path = tmp_path / "fans.lease"
     lease = _take_fans(hwmon, lease_path, victim.pid)
     guard = watchdog.spawn(lease_path, victim.pid, lease.token)
-    time.sleep(0.3)
+    assert watchdog.wait_ready(guard) is None
     hwmon.write("pwm1_enable", "4")  # whatever the owner restored, the watchdog leaves it be
     clear_lease(lease_path, lease.token)
     assert guard.wait(3) == 0
@@ -76,7 +76,7 @@ def test_a_replaced_lease_ends_the_old_watchdog(hwmon, tmp_path, victim):
     lease_path = tmp_path / "fans.lease"
     lease = _take_fans(hwmon, lease_path, victim.pid)
     guard = watchdog.spawn(lease_path, victim.pid, lease.token)
-    time.sleep(0.3)
+    assert watchdog.wait_ready(guard) is None
     write_lease(lease_path, Lease(daemon_pid=victim.pid, daemon_started=lease.daemon_started,
                                   mode="smart", record=lease.record))
     assert guard.wait(3) == 0
@@ -97,7 +97,7 @@ def test_hangup_and_terminate_do_not_stop_the_watchdog(hwmon, tmp_path, victim):
     lease_path = tmp_path / "fans.lease"
     lease = _take_fans(hwmon, lease_path, victim.pid)
     guard = watchdog.spawn(lease_path, victim.pid, lease.token)
-    time.sleep(0.5)
+    assert watchdog.wait_ready(guard) is None
     guard.send_signal(signal.SIGHUP)
     guard.send_signal(signal.SIGTERM)
     time.sleep(0.2)
@@ -117,3 +117,10 @@ def test_a_failed_restore_leaves_the_lease_for_the_next_start(hwmon, tmp_path, v
     monkeypatch.setattr(watchdog, "RETRY_DELAYS", (0.0, 0.01))
     assert watchdog.restore_after_death(lease_path, victim.pid, lease.token) == 1
     assert lease_path.exists()
+
+
+def test_a_watchdog_with_nothing_to_watch_exits_at_start_and_says_so(hwmon, tmp_path, victim):
+    lease_path = tmp_path / "fans.lease"
+    _take_fans(hwmon, lease_path, victim.pid)
+    guard = watchdog.spawn(lease_path, victim.pid, token="not-this-lease")
+    assert "exited at start (code 0)" in watchdog.wait_ready(guard)
