@@ -123,7 +123,7 @@ def greedy_agreement(trunk, head, prompt: list[int], vocab: int, depth: int, tok
 
     params = SamplingParams()
 
-    def run(use_mtp: bool) -> list[int]:
+    def run(use_mtp: bool) -> tuple[list[int], float, int]:
         cache = trunk.make_cache()
         hiddens, logits = trunk.prefill(prompt, cache)
         first = pick(logits[None], params, None, None, None).item()
@@ -133,13 +133,28 @@ def greedy_agreement(trunk, head, prompt: list[int], vocab: int, depth: int, tok
         else:
             cycles = ar_cycles(trunk, cache, params, history, 0, first, len(prompt))
         out = [first]
+        steps = 0
+        start = time.perf_counter()
         while len(out) < tokens:
             out += next(cycles)
+            steps += 1
+        elapsed = time.perf_counter() - start
         cycles.close()
-        return out[:tokens]
+        return out[:tokens], elapsed, steps
 
-    ar, mtp = run(False), run(True)
-    report: dict[str, Any] = {"tokens": tokens, "depth": depth, "identical": ar == mtp}
+    # First runs meet every context length for the first time (as a new, longer conversation
+    # does); second runs replay lengths whose kernels exist. A large gap means recompiles.
+    (_, ar_cold, ar_cold_steps), (_, mtp_cold, mtp_cold_steps) = run(False), run(True)
+    (ar, ar_s, ar_steps), (mtp, mtp_s, mtp_steps) = run(False), run(True)
+    report: dict[str, Any] = {"tokens": tokens, "depth": depth, "identical": ar == mtp,
+                              "first_run_ar_ms_per_step": 1000 * ar_cold / ar_cold_steps,
+                              "first_run_mtp_ms_per_cycle": 1000 * mtp_cold / mtp_cold_steps,
+                              # The real loops, context growing as in serving (not trimmed back).
+                              "ar_ms_per_step": 1000 * ar_s / ar_steps,
+                              "mtp_ms_per_cycle": 1000 * mtp_s / mtp_steps,
+                              "mtp_tokens_per_cycle": (tokens - 1) / mtp_steps,
+                              "decode_tokens_per_second_ar": (tokens - 1) / ar_s,
+                              "decode_tokens_per_second_mtp": (tokens - 1) / mtp_s}
     diverged = next((i for i, (a, b) in enumerate(zip(ar, mtp)) if a != b), None)
     report["first_divergence"] = diverged
     if diverged is not None:
