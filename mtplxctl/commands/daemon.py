@@ -67,6 +67,11 @@ def cmd_start(args: argparse.Namespace) -> int:
             return fail("mtplxd is already running", "stop it first with `mtplxctl stop`")
         os.execv(sys.executable, [sys.executable, "-m", "mtplxd", "--log-stderr", *_daemon_flags(args)])
 
+    if not args.model and not client.is_running():
+        # Nothing named: the catalog's pick when online and none is configured (docs/models.md).
+        from mtplxctl.commands.models import ensure_default_model
+        args.model = ensure_default_model()
+
     if not client.is_running():
         error = _launch(paths, args)
         if error is not None:

@@ -177,24 +177,30 @@ def pull_with_progress(spec: str, as_json: bool = False) -> dict[str, Any] | Non
         return None
 
 
-def ensure_default_model(as_json: bool = False) -> str | None:
-    """For `mtplxctl start` with no model named or configured: the catalog's pick, pulled.
+def ensure_default_model() -> str | None:
+    """For `mtplxctl start` with no model named: the catalog's pick, pulled, unless one is configured.
 
     Returns the repo id to load (already pulled, or pulled now with a progress bar), or None to
-    serve the embedded model (offline, the Hub does not answer, the pick is not on the Hub, the
-    machine is too small, or the pull failed — its error is printed).
+    let the daemon load its configured model, or the embedded one (offline, the Hub does not
+    answer, the pick is not on the Hub, the machine is too small, or the pull failed — its error
+    is printed). Everything it shows goes to stderr, so `start --json` keeps a clean stdout.
     """
+    from mtplxd.config import ConfigError, load_config
     from mtplxd.models.catalog import default_model_choice
     from mtplxd.models.store import resolve_pulled
 
     paths = Paths.from_env()
+    try:
+        if load_config(paths.config_file).model:
+            return None
+    except ConfigError:
+        return None  # the daemon names the bad setting when it starts
     choice = default_model_choice(paths)
     if choice is None or resolve_pulled(choice, paths.models_dir) is not None:
         return choice
-    if not as_json:
-        console.print(f"no model configured: pulling the recommended {choice} "
+    err_console.print(f"no model configured: pulling the recommended {choice} "
                       "(`mtplxctl models list --available` shows the alternatives)")
-    pulled = pull_with_progress(choice, as_json)
+    pulled = pull_with_progress(choice)
     return choice if pulled is not None and pulled.get("mode") != "refused" else None
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from models.conftest import REPO
@@ -66,7 +68,27 @@ def test_start_without_a_model_pulls_the_pick_once(hub, test_catalog, capsys):
     from mtplxctl.commands.models import ensure_default_model
 
     assert ensure_default_model() == REPO
-    assert "pulling the recommended" in capsys.readouterr().out
+    assert "pulling the recommended" in capsys.readouterr().err
     gets = len(hub.resolve_gets())
     assert ensure_default_model() == REPO  # already pulled: nothing downloaded
     assert len(hub.resolve_gets()) == gets
+
+
+def test_start_without_a_model_serves_the_catalog_pick(hub, test_catalog, capsys):
+    from mtplxctl.cli import main
+
+    try:
+        assert main(["start", "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)  # progress went to stderr
+        assert status["model"]["id"] == REPO and status["model"]["mode"] == "mtp"
+    finally:
+        main(["stop"])
+
+
+def test_start_without_a_model_keeps_a_configured_one(hub, test_catalog, isolated_home):
+    from mtplxctl.commands.models import ensure_default_model
+
+    (isolated_home / "config.toml").parent.mkdir(parents=True, exist_ok=True)
+    (isolated_home / "config.toml").write_text('model = "/some/folder"\n')
+    assert ensure_default_model() is None
+    assert hub.requests == []
