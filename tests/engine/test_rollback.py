@@ -181,3 +181,18 @@ def test_trim_releases_the_capture(model):
     assert all(c.capture is not None and c.capture.replayable for c in gdn)
     trim_prompt_cache(cache, 1)
     assert all(c.capture is None for c in gdn)
+
+
+def test_rollback_bench_runs_and_reports_every_accept_count(tmp_path):
+    from mtplxd.engine.rollback_bench import main
+
+    out = tmp_path / "rb.json"
+    small = ["hidden_size=64", "intermediate_size=128", "num_hidden_layers=4", "num_attention_heads=4",
+             "head_dim=16", "linear_key_head_dim=16", "linear_value_head_dim=16"]
+    assert main(["--family", "qwen3_next", "--depth", "2", "--prompt", "8", "--repeats", "1",
+                 "--json-out", str(out), *[a for kv in small for a in ("--set", kv)]]) == 0
+    import json
+
+    report = json.loads(out.read_text())
+    assert [row["accepted"] for row in report["rows"]] == [0, 1, 2]
+    assert all(row["verify_ms"] > 0 and row["r0_reforward_ms"] > 0 for row in report["rows"])
