@@ -166,6 +166,17 @@ def greedy_agreement(trunk, head, prompt: list[int], vocab: int, depth: int, tok
     return report
 
 
+def _greedy_both_caches(trunk, head, prompt: list[int], vocab: int, tokens: int) -> dict[str, Any]:
+    """greedy_agreement with mlx-lm's KVCache and with BucketedKVCache (fixed shapes)."""
+    default = trunk.fixed_shapes
+    report = {}
+    for fixed in (False, True):
+        trunk.fixed_shapes = fixed
+        report["bucketed_kv" if fixed else "plain_kv"] = greedy_agreement(trunk, head, prompt, vocab, 3, tokens)
+    trunk.fixed_shapes = default
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench_verify", description=__doc__,
@@ -209,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "cycle_over_decode_by_depth": {k: v / decode for k, v in cycles.items()},
         "cycle_ms_by_depth_q4_draft_head": cycles_q4,
         "cycle_over_decode_by_depth_q4_draft_head": {k: v / decode for k, v in cycles_q4.items()},
-        "greedy": greedy_agreement(trunk, model.mtp, prompt[:64], vocab, 3, args.greedy_tokens),
+        "greedy": _greedy_both_caches(trunk, model.mtp, prompt[:64], vocab, args.greedy_tokens),
         "command": " ".join(["python -m mtplxd.engine.bench_verify"] + (argv if argv is not None else sys.argv[1:])),
     }
     print(json.dumps(report, indent=2))

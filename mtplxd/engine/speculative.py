@@ -87,7 +87,7 @@ class SpeculativeDecoder:
         self.trunk, self.head, self.cache = trunk, head, cache
         self.params, self.history, self.seed, self.depth = params, history, seed, depth
         # A session-bank restore hands in the head's cache over the restored pairs.
-        self.head_cache = head_cache if head_cache is not None else head.make_cache()
+        self.head_cache = head_cache if head_cache is not None else trunk.make_head_cache(head)
         self.pending_hidden: mx.array | None = None  # hiddens of the PENDING pairs (session bank)
         self.stats = AcceptanceStats(depth)
         for entry in cache:

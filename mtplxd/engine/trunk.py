@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mtplxd.engine.families import FamilySpec, default_make_cache
+from mtplxd.engine.kv_cache import bucket_kv_caches, fixed_shapes_wanted
 
 PREFILL_CHUNK = 512  # tokens per prefill forward; fixed so every path splits prompts alike
 
@@ -27,6 +28,8 @@ class Trunk:
         self.spec = spec
         self.text = spec.text_model(model) if spec is not None else None
         self._draft_head: tuple | None = None  # (weight, scales, biases, group_size, bits)
+        # Bucketed KV (shapes change every 256 tokens) where the backend compiles per shape.
+        self.fixed_shapes = spec is not None and fixed_shapes_wanted()
 
     @property
     def has_hidden(self) -> bool:
@@ -36,7 +39,13 @@ class Trunk:
     def make_cache(self) -> list[Any]:
         """A fresh trunk cache (every entry must support `trim(n)` for speculation)."""
         make = self.spec.make_cache if self.spec is not None else default_make_cache
-        return make(self.model)
+        cache = make(self.model)
+        return bucket_kv_caches(cache) if self.fixed_shapes else cache
+
+    def make_head_cache(self, head: nn.Module) -> list[Any]:
+        """A fresh cache for the MTP head, bucketed like the trunk's."""
+        cache = head.make_cache()
+        return bucket_kv_caches(cache) if self.fixed_shapes else cache
 
     def embed(self, tokens: mx.array) -> mx.array:
         """Input embeddings of (B, L) tokens (shared with the MTP head)."""

@@ -1,0 +1,55 @@
+"""A KV cache whose attention shapes change every 256 tokens instead of every token.
+
+mlx-lm's KVCache hands attention `keys[..., :offset, :]`, so the key length of every forward
+is new. On MLX's CUDA backend a multi-row attention (a verify) is built per shape, and a
+fresh key length per cycle made a 2-token verify 10x slower than one at a constant length.
+BucketedKVCache hands attention the whole preallocated buffer (grown 256 slots at a time)
+and hides the slots past the offset with a boolean mask, so a verify of K+1 rows meets one
+shape per 256 tokens of context. Masked slots get exactly zero weight.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+
+class BucketedKVCache(KVCache):
+    """KVCache that exposes its whole 256-step buffer to attention, masked past the offset."""
+
+    def _size_after(self, n: int) -> int:
+        """The buffer length after `update_and_fetch` of n more tokens (KVCache's growth rule)."""
+        size = 0 if self.keys is None else self.keys.shape[2]
+        if self.keys is None or self.offset + n > size:
+            kept = self.offset if (self.keys is not None and self.offset % self.step) else size
+            return kept + ((self.step + n - 1) // self.step) * self.step
+        return size
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        """(n, buffer) boolean mask: query i sees slots 0..offset+i (causal, padding hidden)."""
+        if window_size is not None:
+            raise ValueError("BucketedKVCache does not support sliding-window attention")
+        slots = mx.arange(self._size_after(n))[None]
+        queries = mx.arange(self.offset, self.offset + n)[:, None]
+        return slots <= queries
+
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        """The whole buffer; the mask from make_mask hides the unused slots."""
+        return self.keys, self.values
+
+
+def bucket_kv_caches(cache: list[Any]) -> list[Any]:
+    """Replace every plain KVCache in a cache list by a BucketedKVCache (others unchanged)."""
+    return [BucketedKVCache() if type(entry) is KVCache and entry.keys is None else entry
+            for entry in cache]
+
+
+def fixed_shapes_wanted() -> bool:
+    """True on backends that build kernels per shape (CUDA); False on CPU and Metal."""
+    cuda = getattr(mx, "cuda", None)
+    try:
+        return bool(cuda is not None and cuda.is_available())
+    except Exception:  # an MLX build without the CUDA module
+        return False
