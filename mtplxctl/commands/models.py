@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from typing import Any, Callable
 
 from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn,
@@ -102,6 +103,8 @@ class ProgressView:
         self.files: dict[str, TaskID] = {}
         self.done: dict[str, int] = {}
         self.label = ""
+        # Without a daemon the store reports from several download threads at once.
+        self._lock = threading.Lock()
 
     def __enter__(self) -> "ProgressView":
         if not self.as_json:
@@ -113,6 +116,10 @@ class ProgressView:
             self.progress.stop()
 
     def __call__(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            self._show(event)
+
+    def _show(self, event: dict[str, Any]) -> None:
         if self.as_json:
             json_line(event)
             return

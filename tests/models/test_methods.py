@@ -50,3 +50,11 @@ def test_store_errors_keep_their_reason(hub):
     with pytest.raises(RpcError) as caught:
         call("models.rm", {"model": REPO}, ignore)
     assert caught.value.reason == "not_pulled"
+
+
+def test_catalog_method_lists_the_embedded_fallback_last():
+    async def ignore(name, params):
+        pass
+
+    rows = call("models.catalog", {}, ignore)["models"]
+    assert rows[-1]["id"] == "mtplx-tiny-coder" and sum(r["recommended"] for r in rows) == 1
