@@ -10,7 +10,7 @@ import pytest
 
 from models.conftest import REPO, changed_config
 from mtplxd.models.hub import ModelStoreError
-from mtplxd.models.store import ModelStore, resolve_pulled
+from mtplxd.models.store import resolve_pulled
 
 
 def test_pull_records_the_exact_commit_and_serves_the_snapshot(hub, store, tiny_files):
