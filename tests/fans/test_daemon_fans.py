@@ -160,3 +160,31 @@ def test_the_status_summary_line_names_mode_holder_and_readings():
                          "fans": [{"rpm": 1200.0}, {"rpm": None}],
                          "temperatures": [{"celsius": 45.0}, {"celsius": 61.5}], "error": None})
     assert line == "max, mtplxd (pid 7), 1200 rpm, 61.5 °C"
+
+
+def test_smart_mode_takes_the_fans_for_a_real_request_and_arms_the_idle_timer(hwmon):
+    daemon = start_daemon(env={"MTPLX_HWMON_ROOT": str(hwmon.root), "MTPLX_FAN_MODE": "smart",
+                               "MTPLX_FAN_IDLE_MINUTES": "1", "MTPLX_PORT": "0"}, timeout=60)
+    try:
+        assert _wait_for(lambda: (daemon.client.call("daemon.status")["model"] or {}).get("state")
+                         in ("loaded", "failed"), timeout=120) is not None
+        status = daemon.client.call("daemon.status")
+        assert status["model"]["state"] == "loaded", status["model"]
+        assert not status["fans"]["manual"] and hwmon.attr("pwm1_enable") == "2"
+
+        answer = httpx.post(status["http"]["base_url"] + "/chat/completions", timeout=120, json={
+            "model": status["model"]["id"], "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.status_code == 200, answer.text
+
+        # The take runs in the controller task (watchdog first), alongside the request.
+        assert _wait_for(lambda: _fans(daemon)["manual"], timeout=10) is not None
+        fans = _fans(daemon)
+        assert hwmon.attr("pwm1_enable") == "1" and fans["active_requests"] == 0
+        assert 0 < fans["release_in_seconds"] <= 60  # back to automatic after fan_idle_minutes
+        assert daemon.stop(signal.SIGTERM) == 0
+        assert hwmon.attr("pwm1_enable") == "2"
+    finally:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+        daemon.process.wait(10)
