@@ -260,3 +260,30 @@ def test_resolve_pulled_is_none_for_unknown_specs(store):
     assert resolve_pulled("org/none", store.models_dir) is None
     assert resolve_pulled("/a/local/folder/that/does/not/exist", store.models_dir) is None
     assert resolve_pulled("", store.models_dir) is None
+
+
+def test_pull_reports_ar_and_why_for_a_checkpoint_without_mtp_tensors(hub, store, tmp_path):
+    from mtplxd.engine.tiny import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint(tmp_path / "plain", "qwen3", with_mtp=False, fit_mtp=False)
+    hub.commit("mtplx-test/Plain", {p.name: p.read_bytes() for p in folder.iterdir()})
+    result = store.pull("mtplx-test/Plain")
+    assert result["mode"] == "ar" and result["has_mtp_tensors"] is False
+    assert "mtp" in result["reason"]
+    [row] = [r for r in store.list_models() if r["id"] == "mtplx-test/Plain"]
+    assert row["mode"] == "ar" and row["reason"] == result["reason"]
+
+
+def test_pull_marks_a_folder_without_a_tokenizer_refused(hub, store, tiny_files):
+    files = {k: v for k, v in tiny_files.items() if not k.startswith("tokenizer")}
+    hub.commit("mtplx-test/NoTokenizer", files)
+    result = store.pull("mtplx-test/NoTokenizer")
+    assert result["mode"] == "refused" and "tokenizer" in result["reason"]
+
+
+def test_a_repo_without_safetensors_is_refused_before_downloading(hub, store):
+    hub.commit("mtplx-test/TorchOnly", {"config.json": b"{}", "pytorch_model.bin": b"\0" * 8})
+    with pytest.raises(ModelStoreError) as caught:
+        store.pull("mtplx-test/TorchOnly")
+    assert caught.value.reason == "no_weights"
+    assert hub.resolve_gets() == []
