@@ -51,6 +51,9 @@ def _add_start_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="HTTP bind address for this run (default from config)")
     parser.add_argument("--port", type=int, help="HTTP port for this run (default from config)")
     parser.add_argument("--depth", type=int, help="MTP depth for this model (0 = plain AR)")
+    parser.add_argument("--recommended", action="store_true",
+                        help="with no model configured, pull and serve the model recommended for "
+                             "this machine's memory (`mtplxctl models list --available`)")
     parser.add_argument("--foreground", action="store_true",
                         help="run the daemon in this terminal instead of in the background")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -68,9 +71,10 @@ def cmd_start(args: argparse.Namespace) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "mtplxd", "--log-stderr", *_daemon_flags(args)])
 
     if not args.model and not client.is_running():
-        # Nothing named: the catalog's pick when online and none is configured (docs/models.md).
+        # Nothing named: the catalog's pick when it is pulled (or, with --recommended, pulled
+        # now), else the configured or embedded model (docs/models.md).
         from mtplxctl.commands.models import ensure_default_model
-        args.model = ensure_default_model()
+        args.model = ensure_default_model(pull=args.recommended)
 
     if not client.is_running():
         error = _launch(paths, args)

@@ -184,16 +184,18 @@ def pull_with_progress(spec: str, as_json: bool = False) -> dict[str, Any] | Non
         return None
 
 
-def ensure_default_model() -> str | None:
-    """For `mtplxctl start` with no model named: the catalog's pick, pulled, unless one is configured.
+def ensure_default_model(pull: bool = False) -> str | None:
+    """For `mtplxctl start` with no model named: the catalog's pick, unless one is configured.
 
-    Returns the repo id to load (already pulled, or pulled now with a progress bar), or None to
-    let the daemon load its configured model, or the embedded one (offline, the Hub does not
-    answer, the pick is not on the Hub, the machine is too small, or the pull failed — its error
-    is printed). Everything it shows goes to stderr, so `start --json` keeps a clean stdout.
+    Returns the repo id to load when the pick is already pulled, or — with `pull` (`start
+    --recommended`) — after pulling it now with a progress bar. Returns None to let the daemon
+    load its configured model, or the embedded one: a plain `start` never downloads gigabytes
+    unasked. With `pull`, None also means offline, the Hub did not answer, the pick is not on
+    the Hub, the machine is too small, or the pull failed (its error is printed). Everything it
+    shows goes to stderr, so `start --json` keeps a clean stdout.
     """
     from mtplxd.config import ConfigError, load_config
-    from mtplxd.models.catalog import default_model_choice
+    from mtplxd.models.catalog import EMBEDDED_ID, default_model_choice, recommended
     from mtplxd.models.store import resolve_pulled
 
     paths = Paths.from_env()
@@ -202,6 +204,10 @@ def ensure_default_model() -> str | None:
             return None
     except ConfigError:
         return None  # the daemon names the bad setting when it starts
+    if not pull:
+        pick = recommended()
+        pulled = pick.id != EMBEDDED_ID and resolve_pulled(pick.id, paths.models_dir) is not None
+        return pick.id if pulled else None
     choice = default_model_choice(paths)
     if choice is None or resolve_pulled(choice, paths.models_dir) is not None:
         return choice

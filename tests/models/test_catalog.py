@@ -64,21 +64,29 @@ def test_default_choice_is_a_pulled_pick_even_offline(hub, test_catalog, store, 
     assert catalog.default_model_choice(Paths.from_env()) == REPO
 
 
-def test_start_without_a_model_pulls_the_pick_once(hub, test_catalog, capsys):
+def test_start_recommended_pulls_the_pick_once(hub, test_catalog, capsys):
     from mtplxctl.commands.models import ensure_default_model
 
-    assert ensure_default_model() == REPO
+    assert ensure_default_model(pull=True) == REPO
     assert "pulling the recommended" in capsys.readouterr().err
     gets = len(hub.resolve_gets())
-    assert ensure_default_model() == REPO  # already pulled: nothing downloaded
+    assert ensure_default_model(pull=True) == REPO  # already pulled: nothing downloaded
+    assert ensure_default_model() == REPO  # a plain start serves a pulled pick too
     assert len(hub.resolve_gets()) == gets
 
 
-def test_start_without_a_model_serves_the_catalog_pick(hub, test_catalog, capsys):
+def test_plain_start_never_downloads_the_pick(hub, test_catalog):
+    from mtplxctl.commands.models import ensure_default_model
+
+    assert ensure_default_model() is None  # not pulled: the embedded model is served
+    assert hub.resolve_gets() == []
+
+
+def test_start_recommended_serves_the_catalog_pick(hub, test_catalog, capsys):
     from mtplxctl.cli import main
 
     try:
-        assert main(["start", "--json"]) == 0
+        assert main(["start", "--recommended", "--json"]) == 0
         status = json.loads(capsys.readouterr().out)  # progress went to stderr
         assert status["model"]["id"] == REPO and status["model"]["mode"] == "mtp"
     finally:
@@ -90,5 +98,5 @@ def test_start_without_a_model_keeps_a_configured_one(hub, test_catalog, isolate
 
     (isolated_home / "config.toml").parent.mkdir(parents=True, exist_ok=True)
     (isolated_home / "config.toml").write_text('model = "/some/folder"\n')
-    assert ensure_default_model() is None
+    assert ensure_default_model(pull=True) is None
     assert hub.requests == []
