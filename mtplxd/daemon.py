@@ -19,7 +19,7 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
-from mtplxd import POWERED_BY, __version__
+from mtplxd import __version__
 from mtplxd.api.app import create_app
 from mtplxd.config import Config
 from mtplxd.control.methods import register_daemon_methods
@@ -144,7 +144,3 @@ class Daemon:
             # The control plane and API stay up: `mtplxctl status` shows the error and the API
             # answers 503 until a model is loaded.
             log.warning("no model loaded at start: %s", exc)
-
-
-def banner() -> str:
-    return f"mtplxd {__version__} — {POWERED_BY}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -11,6 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _build_wheel(out: Path) -> Path:
+    # pip builds in the tree; setuptools never prunes build/lib, so a module deleted since the
+    # last build would still be packed. Start from a clean build folder (it is git-ignored).
+    shutil.rmtree(ROOT / "build", ignore_errors=True)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(out), str(ROOT)], check=True, timeout=600)
     [wheel] = out.glob("mtplx-*.whl")
