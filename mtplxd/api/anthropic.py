@@ -168,6 +168,7 @@ async def messages(gen: Generations, data: dict[str, Any]) -> Response | tuple[d
     plan = await gen.plan_chat("messages", model, conversation, params)
     message_id = "msg_" + secrets.token_hex(12)
     if stream:
+        await gen.open_stream(plan)
         return sse.sse_response(_stream(gen, plan, message_id), _headers(plan, ignored))
     outcome = await gen.complete(plan)
     body = {

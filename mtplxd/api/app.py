@@ -23,7 +23,7 @@ from mtplxd.api.flight import FlightBoard
 from mtplxd.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from mtplxd.api.metrics import Metrics
 from mtplxd.api.schemas import require_json_object
-from mtplxd.api.service import Generations
+from mtplxd.api.service import Generations, served_context
 from mtplxd.config import Config
 from mtplxd.paths import Paths
 from mtplxd.runtime import Runtime
@@ -131,7 +131,7 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
             "mode": info["mode"] if info else None,
             "ar_reason": info.get("ar_reason") if info else None,
             "depth": info["depth"] if info else None,
-            "context_length": info["context_length"] if info else None,
+            "context_length": served_context(runtime) if info else None,
             "degradations": degradations,
             "error": runtime.error,
             "active_requests": runtime.active_requests,
@@ -171,8 +171,8 @@ def _model_card(info: dict[str, Any], runtime: Runtime) -> dict[str, Any]:
         "object": "model",
         "created": int(runtime.loaded_at or time.time()),
         "owned_by": "mtplx",
-        "context_length": info["context_length"],
-        "max_model_len": info["context_length"],
+        "context_length": served_context(runtime),
+        "max_model_len": served_context(runtime),
         "mtplx": {"mode": info["mode"], "depth": info["depth"], "family": info["family"],
                   "quantization": info["quantization"], "ar_reason": info["ar_reason"]},
     }

@@ -1,7 +1,7 @@
 """Chat template application: a Conversation becomes prompt token ids.
 
-Runs on the model-owner thread (through `Runtime.run_on_model`), since it uses the model's
-tokenizer. Decides three things the output parser needs to know:
+Tokenizer-only work (no MLX): runs in a worker thread through `Generations.on_tokenizer`, so
+a request's template never waits behind another request's generation. Decides three things the output parser needs to know:
 - whether the prompt already opened `<think>` (the model's answer starts inside reasoning),
 - the forced opener of a tool call when `tool_choice` is "required" or names a tool (the
   prompt ends with `<tool_call>` and, for a named tool, the call's name: the model can only

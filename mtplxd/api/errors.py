@@ -43,13 +43,15 @@ class APIError(Exception):
     """An error answer: status, stable code, human message, and the offending parameter."""
 
     def __init__(self, status: int, message: str, *, code: str | None = None,
-                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 param: str | None = None, headers: dict[str, str] | None = None,
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
         self.headers = headers or {}
+        self.details = details or {}  # extra fields of the error object (e.g. the guard's numbers)
 
 
 def invalid(message: str, param: str | None = None, code: str = "invalid_request") -> APIError:
@@ -88,9 +90,9 @@ def error_body(error: APIError, dialect: str) -> dict[str, Any]:
     """The JSON body of `error` in `dialect`."""
     if dialect == ANTHROPIC:
         kind = _ANTHROPIC_TYPES.get(error.status, "api_error")
-        return {"type": "error", "error": {"type": kind, "message": error.message}}
+        return {"type": "error", "error": {**error.details, "type": kind, "message": error.message}}
     kind = _OPENAI_TYPES.get(error.status, "server_error")
-    return {"error": {"message": error.message, "type": kind, "param": error.param,
+    return {"error": {**error.details, "message": error.message, "type": kind, "param": error.param,
                       "code": error.code}}
 
 

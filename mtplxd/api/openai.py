@@ -144,6 +144,7 @@ async def chat_completions(gen: Generations, data: dict[str, Any]) -> Response |
     plan = await gen.plan_chat("chat", model, conversation, params)
     response_id = "chatcmpl-" + secrets.token_hex(12)
     if stream:
+        await gen.open_stream(plan)
         return sse.sse_response(_chat_stream(gen, plan, response_id, include_usage), plan.headers())
     outcome = await gen.complete(plan)
     parsed = outcome.parsed
@@ -265,7 +266,7 @@ async def completions(gen: Generations, data: dict[str, Any]) -> Response | tupl
     model_name, prompt, params, stream, include_usage, echo, logprobs = parse_completion_request(data)
     model = gen.require_model(model_name)
     if isinstance(prompt, str):
-        prompt_ids = await gen.on_model(lambda m: chat_format.encode_text(m, prompt))
+        prompt_ids = await gen.on_tokenizer(lambda m: chat_format.encode_text(m, prompt))
     else:
         vocab = model.info.vocab_size
         if any(t >= vocab for t in prompt):
@@ -278,8 +279,9 @@ async def completions(gen: Generations, data: dict[str, Any]) -> Response | tupl
     echo_text = ""
     if echo:
         echo_text = prompt if isinstance(prompt, str) else "".join(
-            await gen.on_model(lambda m: chat_format.decode_tokens(m, prompt_ids)))
+            await gen.on_tokenizer(lambda m: chat_format.decode_tokens(m, prompt_ids)))
     if stream:
+        await gen.open_stream(plan)
         return sse.sse_response(_completion_stream(gen, plan, response_id, echo_text, include_usage),
                                 plan.headers())
     outcome = await gen.complete(plan)
@@ -300,7 +302,7 @@ async def _score_prompt(gen: Generations, model_id: str, response_id: str, promp
 
     choice: dict[str, Any] = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
     if echo:
-        tokens = await gen.on_model(lambda m: chat_format.decode_tokens(m, prompt_ids))
+        tokens = await gen.on_tokenizer(lambda m: chat_format.decode_tokens(m, prompt_ids))
         choice["text"] = prompt if isinstance(prompt, str) else "".join(tokens)
         if logprobs is not None:
             scores = await gen.on_model(lambda m: m.score(prompt_ids))

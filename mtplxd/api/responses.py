@@ -274,6 +274,7 @@ async def responses(gen: Generations, data: dict[str, Any]) -> Response | tuple[
     plan = await gen.plan_chat("responses", model, conversation, params)
     response_id = "resp_" + secrets.token_hex(12)
     if stream:
+        await gen.open_stream(plan)
         return sse.sse_response(_stream(gen, plan, response_id, data, tools), _headers(plan, tools))
     outcome = await gen.complete(plan)
     items = _Items(tools)

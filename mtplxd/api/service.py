@@ -26,6 +26,7 @@ from mtplxd.api.schemas import Conversation, GenParams, generation_defaults
 from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, SamplingParams, TokenDelta,
 )
+from mtplxd.guard import InsufficientMemory
 from mtplxd.runtime import ModelNotLoaded, Runtime
 
 UNKNOWN_CONTEXT = 1 << 31
@@ -53,6 +54,7 @@ class Plan:
     start_in_reasoning: bool = False
     output_prefix: str = ""
     raw_text: bool = False  # legacy completions: output is plain text, verbatim
+    opened: "_OpenStream | None" = None  # set by Generations.open_stream
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -125,6 +127,7 @@ class Generations:
         self.flights = flights
         self._nursery = nursery
         self.keepalive_seconds = keepalive_seconds
+        self._tokenizer_limiter = trio.CapacityLimiter(1)
 
     # -- admission ------------------------------------------------------------------------
 
@@ -138,23 +141,33 @@ class Generations:
         return model
 
     async def on_model(self, fn: Callable[[Any], Any]) -> Any:
-        """Run tokenizer work on the owner thread, mapping a lost model to 503."""
+        """Run MLX work (prompt scoring) on the owner thread, mapping a lost model to 503."""
         try:
             return await self.runtime.run_on_model(fn)
         except ModelNotLoaded:
             raise model_not_loaded(self.runtime.state) from None
 
+    async def on_tokenizer(self, fn: Callable[[Any], Any]) -> Any:
+        """Run tokenizer-only work (chat template, encode, decode) in a worker thread.
+
+        Not on the owner thread: that runs whole generations, and a second request's template
+        (or a count_tokens call) must not wait for the first request's last token. No MLX is
+        touched; one call at a time keeps the HF tokenizer's internals single-threaded here.
+        """
+        model = self.require_model(None)
+        return await trio.to_thread.run_sync(fn, model, limiter=self._tokenizer_limiter)
+
     async def count_chat_tokens(self, requested: str | None, conversation: Conversation) -> int:
         """Prompt tokens `conversation` renders to."""
         self.require_model(requested)
-        rendered = await self.on_model(lambda m: chat_format.render_chat(m, conversation))
+        rendered = await self.on_tokenizer(lambda m: chat_format.render_chat(m, conversation))
         return len(rendered.prompt_ids)
 
     async def plan_chat(self, endpoint: str, requested: str | None, conversation: Conversation,
                         params: GenParams) -> Plan:
         """Render a chat conversation and admit it."""
         model = self.require_model(requested)
-        rendered = await self.on_model(lambda m: chat_format.render_chat(m, conversation))
+        rendered = await self.on_tokenizer(lambda m: chat_format.render_chat(m, conversation))
         plan = self._plan(endpoint, model, rendered.prompt_ids, params)
         plan.parse_tools = conversation.tools_active
         plan.tool_schemas = conversation.tool_schemas()
@@ -173,7 +186,7 @@ class Generations:
     def _plan(self, endpoint: str, model: Any, prompt_ids: list[int], params: GenParams) -> Plan:
         if not prompt_ids:
             raise invalid("the prompt is empty", "prompt")
-        context = model.info.context_length or UNKNOWN_CONTEXT
+        context = served_context(self.runtime) or UNKNOWN_CONTEXT
         room = context - len(prompt_ids)
         if room <= 0:
             raise context_length_exceeded(len(prompt_ids), context)
@@ -234,17 +247,34 @@ class Generations:
         events += parser.finish()
         return await self._outcome(plan, result, collect(events), reasoning_tokens)
 
-    async def stream(self, plan: Plan) -> AsyncIterator[Tick | list[Event] | Outcome]:
-        """Run `plan`, yielding parsed events as they are decided, TICKs while quiet, then the
-        Outcome. Leaving the iteration early (a disconnect) cancels the engine."""
-        flight = self._flight(plan, stream=True)
+    async def open_stream(self, plan: Plan) -> None:
+        """Admit `plan` to the engine before any byte of a streamed response is sent, so that a
+        refusal (507 from the memory guard, 503) is a real HTTP status, not a frame."""
         send, receive = trio.open_memory_channel(math.inf)
         scope = trio.CancelScope()
-        self._nursery().start_soon(self._produce, plan, send, scope)
+        try:
+            await self._nursery().start(self._produce, plan, send, scope)
+        except Exception as exc:
+            raise _translate(exc) from exc
+        plan.opened = _OpenStream(receive, scope)
+
+    async def stream(self, plan: Plan) -> AsyncIterator[Tick | list[Event] | Outcome]:
+        """Run `plan` (opened by `open_stream`, or opened here), yielding parsed events as they
+        are decided, TICKs while quiet, then the Outcome. Leaving the iteration early (a
+        disconnect) cancels the engine."""
+        flight = self._flight(plan, stream=True)
+        ending = "cancelled"  # a client that leaves mid-stream; cleared by a result, set by errors
+        try:
+            if plan.opened is None:
+                await self.open_stream(plan)
+        except BaseException:
+            self.flights.end(flight)
+            self.metrics.observe_unfinished("error")
+            raise
+        receive, scope = plan.opened.receive, plan.opened.scope
         parser = plan.new_parser()
         reasoning_tokens = 0
         last_sent = trio.current_time()
-        ending = "cancelled"  # a client that leaves mid-stream; cleared by a result, set by errors
         try:
             async with receive:
                 while True:
@@ -281,17 +311,26 @@ class Generations:
             if ending:
                 self.metrics.observe_unfinished(ending)
 
-    async def _produce(self, plan: Plan, send: trio.MemorySendChannel, scope: trio.CancelScope) -> None:
-        """Background task: forward engine items; ends (and stops the engine) when cancelled."""
+    async def _produce(self, plan: Plan, send: trio.MemorySendChannel, scope: trio.CancelScope,
+                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Background task: forward engine items; ends (and stops the engine) when cancelled.
+
+        Reports started once the engine admitted the request; an admission error propagates
+        to `open_stream`, later errors travel down the channel."""
+        started = False
         async with send:
             with scope:
                 try:
                     async with self._generate(plan) as items:
+                        task_status.started()
+                        started = True
                         async for item in items:
                             send.send_nowait(item)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
                 except Exception as exc:
+                    if not started:
+                        raise
                     try:
                         send.send_nowait(exc)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -307,7 +346,7 @@ class Generations:
         stops = plan.request.sampling.stop
         # A stop string ends the output without consuming an end-of-sequence token.
         if result.finish_reason == "stop" and stops and result.stats.completion_tokens == len(result.token_ids):
-            full = await self.on_model(lambda m: m.tokenizer.decode(result.token_ids))
+            full = await self.on_tokenizer(lambda m: m.tokenizer.decode(result.token_ids))
             stop_sequence = _which_stop(full, result.text, stops)
         return Outcome(plan, result, parsed, reasoning_tokens, stop_sequence)
 
@@ -330,11 +369,35 @@ def session_id_from_headers() -> str | None:
     return None
 
 
+@dataclass
+class _OpenStream:
+    """The engine side of an admitted streamed generation."""
+
+    receive: trio.MemoryReceiveChannel
+    scope: trio.CancelScope
+
+
 def _summary(parser: OutputParser) -> ParsedOutput:
     """Counts-only summary for the streamed path (the events were already sent)."""
     out = ParsedOutput()
     out.tool_calls = [None] * parser.tool_calls  # type: ignore[list-item]
     return out
+
+
+def served_context(runtime: Runtime) -> int:
+    """The context window this daemon serves: the model's, lowered to what fits in memory.
+
+    The same number `daemon.status` and `/v1/models` advertise, so a client that trusts it
+    never meets a 507 for a request that fits it.
+    """
+    info = runtime.info()
+    if not info:
+        return 0
+    context = int(info.get("context_length") or 0)
+    guard = getattr(runtime, "guard", None)
+    if guard is not None and context:
+        context = min(context, guard.max_context_tokens())
+    return context
 
 
 def _which_stop(full: str, text: str, stops: list[str]) -> str | None:
@@ -359,8 +422,11 @@ def _translate(exc: BaseException) -> BaseException:
         return exc
     if isinstance(exc, ModelNotLoaded):
         return model_not_loaded("none")
+    if isinstance(exc, InsufficientMemory):
+        details = {k: v for k, v in exc.to_dict().items() if k not in ("type", "message")}
+        return APIError(507, str(exc), code="insufficient_memory", details=details)
     if isinstance(exc, MemoryError):
-        # The memory guard refuses a request with a MemoryError subclass (507, reserved for it).
+        # MLX failing to allocate: the same answer as the guard's refusal.
         return APIError(507, str(exc) or "not enough memory for this request",
                         code="insufficient_memory")
     if isinstance(exc, ValueError):

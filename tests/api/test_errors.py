@@ -12,6 +12,7 @@ from mtplxd.api.errors import (
 )
 from mtplxd.api.schemas import Reader, read_stop, text_of
 from mtplxd.api.service import _translate
+from mtplxd.guard import InsufficientMemory
 
 
 def test_openai_shape_has_message_type_param_code():
@@ -43,13 +44,17 @@ def test_statuses_and_headers():
     assert from_http_status(413, "").code == "request_too_large"
 
 
-def test_memory_guard_refusal_is_a_507_insufficient_memory():
-    class InsufficientMemory(MemoryError):
-        pass
-
-    error = _translate(InsufficientMemory("KV cache for 200k tokens needs 12 GiB; 3 GiB free"))
+def test_memory_guard_refusal_is_a_507_with_the_guards_numbers():
+    refusal = InsufficientMemory(needed_bytes=3 << 30, available_bytes=1 << 30,
+                                 holders={"weights": 8 << 30}, limit_bytes=12 << 30,
+                                 hint="lower max_tokens")
+    error = _translate(refusal)
     assert isinstance(error, APIError) and error.status == 507 and error.code == "insufficient_memory"
-    assert error_body(error, OPENAI)["error"]["type"] == "insufficient_memory"
+    body = error_body(error, OPENAI)["error"]
+    assert body["type"] == "insufficient_memory" and body["held_by"] == {"weights": 8 << 30}
+    assert body["needed_bytes"] == 3 << 30 and body["hint"] == "lower max_tokens"
+    assert error_body(error, ANTHROPIC)["error"]["needed_bytes"] == 3 << 30
+    assert _translate(MemoryError("metal allocation failed")).status == 507
 
 
 def test_reader_names_nested_parameters():
