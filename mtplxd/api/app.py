@@ -36,7 +36,7 @@ OPEN_PATHS = {"/health"}  # answered without a key (liveness probes)
 
 
 def _is_loopback(host: str) -> bool:
-    from mtplxd.daemon import is_loopback
+    from mtplxd.daemon import is_loopback  # imported here: the daemon module imports this one
 
     return is_loopback(host)
 

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 from quart import Response
 
 from mtplxd.api import chat_format, sse
-from mtplxd.api.errors import APIError, OPENAI, error_body, invalid
+from mtplxd.api.errors import APIError, invalid
 from mtplxd.api.openai import as_api_error
 from mtplxd.api.parsers import ContentDelta, Event, ReasoningDelta, ToolCallEvent
 from mtplxd.api.schemas import (

@@ -21,7 +21,7 @@ from mtplxd.api.errors import (
 )
 from mtplxd.api.flight import Flight, FlightBoard
 from mtplxd.api.metrics import Metrics
-from mtplxd.api.parsers import Event, OutputParser, ParsedOutput, collect
+from mtplxd.api.parsers import Event, OutputParser, ParsedOutput, ToolCallEvent, collect
 from mtplxd.api.schemas import Conversation, GenParams, generation_defaults
 from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, SamplingParams, TokenDelta,
@@ -274,6 +274,7 @@ class Generations:
         receive, scope = plan.opened.receive, plan.opened.scope
         parser = plan.new_parser()
         reasoning_tokens = 0
+        calls: list[ToolCallEvent] = []
         last_sent = trio.current_time()
         try:
             async with receive:
@@ -291,16 +292,19 @@ class Generations:
                         reasoning_tokens += len(item.token_ids) if parser.in_reasoning else 0
                         flight.on_delta(len(item.token_ids), item.text)
                         events = parser.feed(item.text)
+                        calls += [e for e in events if isinstance(e, ToolCallEvent)]
                         if events:
                             last_sent = trio.current_time()
                             yield events
                     elif isinstance(item, GenerationResult):
                         tail = parser.finish()
+                        calls += [e for e in tail if isinstance(e, ToolCallEvent)]
                         if tail:
                             yield tail
                         ending = ""
-                        # The events were already sent: only the counts matter here.
-                        yield await self._outcome(plan, item, _summary(parser), reasoning_tokens)
+                        # The text was already streamed; the outcome needs only the calls.
+                        sent = ParsedOutput(tool_calls=calls)
+                        yield await self._outcome(plan, item, sent, reasoning_tokens)
                         return
         except trio.EndOfChannel:
             ending = "error"
@@ -375,13 +379,6 @@ class _OpenStream:
 
     receive: trio.MemoryReceiveChannel
     scope: trio.CancelScope
-
-
-def _summary(parser: OutputParser) -> ParsedOutput:
-    """Counts-only summary for the streamed path (the events were already sent)."""
-    out = ParsedOutput()
-    out.tool_calls = [None] * parser.tool_calls  # type: ignore[list-item]
-    return out
 
 
 def served_context(runtime: Runtime) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 
 from mtplxd.engine import inspect_checkpoint
