@@ -115,8 +115,9 @@ def test_a_failing_write_at_start_is_reported_and_the_daemon_is_fully_up(start, 
     assert "cannot write" in fans["error"] and "pwm1_enable" in fans["error"]
     assert fans["holder"] is None and not daemon.paths.fans_lease.exists()
     assert hwmon.attr("pwm1_enable") == "2"
-    # Fully started: the HTTP API answers too.
-    port = status["http"]["port"]
+    # Fully started: the HTTP API answers too (it binds just after the control socket).
+    assert _wait_for(lambda: daemon.client.call("daemon.status")["http"]["binds"], 10) is not None
+    port = daemon.client.call("daemon.status")["http"]["port"]
     assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
     assert "fan take failed" in daemon.paths.log_file.read_text()
     failed = run_ctl("fans", "max")
