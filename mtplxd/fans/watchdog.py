@@ -57,8 +57,10 @@ class ExitWatch:
             self.gone = True
         except OSError as exc:
             log.info("no kernel exit notification for pid %s (%s); polling", pid, exc)
-        # Opened after a pid reuse, the handle would watch the wrong process.
-        if not self.gone and not process_alive(pid, started):
+        # Opened after a pid reuse, the handle would watch the wrong process. Our parent is the
+        # daemon itself while it lives (it spawned us), which proves identity without comparing
+        # start times that a wall-clock step could skew.
+        if not self.gone and os.getppid() != pid and not process_alive(pid, started):
             self.gone = True
 
     def _open(self) -> None:
