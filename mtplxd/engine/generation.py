@@ -95,16 +95,16 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
     if bank is None:
         cache = trunk.make_cache()
         prefilled = trunk.prefill(prompt, cache, chunk, should_stop=should_stop)
-        if prefilled is None:
-            now = time.perf_counter()
-            yield _result(finish, stats, "cancelled", start, now, now)
-            return
-        hiddens, last_logits = prefilled
     else:
         turn = bank.begin(trunk, head if depth > 0 else None, prompt, request.session_id)
         cache, head_cache, pending_from = turn.cache, turn.head_cache, turn.pending_from
-        hiddens, last_logits = turn.prefill(chunk)
         stats.cached_tokens = turn.cached
+        prefilled = turn.prefill(chunk, should_stop=should_stop)
+    if prefilled is None:
+        now = time.perf_counter()
+        yield _result(finish, stats, "cancelled", start, now, now)
+        return
+    hiddens, last_logits = prefilled
     counts, seen = history.rows(None, 1)
     keys = None if params.greedy else [position_key(seed, len(prompt), TARGET)]
     first = pick(last_logits[None], params, counts, seen, keys).item()

@@ -302,12 +302,14 @@ class BankTurn:
     def hybrid(self) -> bool:
         return self.kinds is not None and GDN in self.kinds
 
-    def prefill(self, chunk_size: int) -> tuple[list[mx.array], mx.array]:
+    def prefill(self, chunk_size: int, *, should_stop: Callable[[], bool] | None = None
+                ) -> tuple[list[mx.array], mx.array] | None:
         """Prefill prompt[cached:] in `chunk_size` pieces as `Trunk.prefill` does, recording
         hybrid boundaries; returns (hiddens from position `pending_from` on, last logits).
 
         Hybrid models also end a forward one token before the prompt's end, so that a resent
-        prompt (stop-and-resend, regenerate) restores all but its last token."""
+        prompt (stop-and-resend, regenerate) restores all but its last token. Returns None
+        when `should_stop()` turns True between two forwards (nothing is stored then)."""
         rest = self.prompt[self.cached:]
         ends = list(range(chunk_size, len(rest), chunk_size)) + [len(rest)]
         if self.hybrid and len(rest) > 1 and len(rest) - 1 not in ends:
@@ -316,6 +318,8 @@ class BankTurn:
         logits = None
         start = 0
         for end in ends:
+            if start and should_stop is not None and should_stop():
+                return None
             chunk = mx.array(rest[start:end])[None]
             hidden, logits = self.trunk.forward(chunk, self.cache, all_logits=False)
             if hidden is not None:
@@ -392,8 +396,8 @@ class SessionBank:
         with self._lock:
             while freed < needed_bytes and self._entries:
                 freed += self._evict_one()
-        if freed:
-            mx.clear_cache()
+        # No mx.clear_cache() here: this may run off the owner thread; MLX reuses the freed
+        # buffers for the next request, and generate() clears the cache after each request.
         return freed
 
     def clear(self) -> int:

@@ -43,12 +43,16 @@ from mtplxd.engine.session_bank import (
 log = logging.getLogger(__name__)
 
 DEFAULT_BACKLOG_BYTES = 4 * 1024**3
+# Lookups only read rows whose first LEAD_TOKENS token ids equal the prompt's: a shorter
+# shared prefix is not worth a disk read.
+LEAD_TOKENS = 64
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
     sha256 TEXT PRIMARY KEY,
     identity TEXT NOT NULL,
     length INTEGER NOT NULL,
     tokens BLOB NOT NULL,
+    lead TEXT NOT NULL,
     head_len INTEGER NOT NULL,
     tail_rows INTEGER NOT NULL,
     has_head INTEGER NOT NULL,
@@ -59,7 +63,7 @@ CREATE TABLE IF NOT EXISTS entries (
     created REAL NOT NULL,
     last_used REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS entries_identity ON entries(identity, length);
+CREATE INDEX IF NOT EXISTS entries_lead ON entries(identity, lead);
 """
 
 # safetensors dtype names <-> MLX dtypes; 2-byte floats travel as uint16 through numpy.
@@ -82,6 +86,11 @@ class _Pending:
     @property
     def nbytes(self) -> int:
         return sum(len(t[3]) for t in self.tensors)
+
+
+def lead_hash(tokens: Any) -> str:
+    """sha256 of the first LEAD_TOKENS token ids (int32 little-endian)."""
+    return hashlib.sha256(np.asarray(tokens[:LEAD_TOKENS], dtype="<i4").tobytes()).hexdigest()
 
 
 # --- codec -------------------------------------------------------------------------------
@@ -226,10 +235,13 @@ class SessionStore:
                    better_than: int) -> dict[str, Any] | None:
         """The manifest row whose restore plan for `prompt` is deepest and deeper than
         `better_than` tokens, or None."""
+        if len(prompt) <= LEAD_TOKENS:
+            return None
         with self._db_lock:
             rows = self._db.execute(
                 "SELECT sha256, length, tokens, head_len, tail_rows, has_head, boundaries, kinds "
-                "FROM entries WHERE identity = ? AND length > ?", (identity, better_than)).fetchall()
+                "FROM entries WHERE identity = ? AND lead = ? AND length > ?",
+                (identity, lead_hash(prompt), better_than)).fetchall()
         best: tuple[int, dict[str, Any]] | None = None
         for sha, length, tokens, head_len, tail_rows, has_head, boundaries, kinds in rows:
             if need_head and not has_head:
@@ -332,8 +344,9 @@ class SessionStore:
         now = time.time()
         with self._db_lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (sha, item.identity, m["length"], m["tokens"], m["head_len"], m["tail_rows"],
+                "INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (sha, item.identity, m["length"], m["tokens"],
+                 lead_hash(np.frombuffer(m["tokens"], dtype="<i4")), m["head_len"], m["tail_rows"],
                  int(m["has_head"]), json.dumps(m["boundaries"]) if m["boundaries"] else None,
                  json.dumps(m["kinds"]), len(data), m["session_id"], now, now))
         self.written += 1
