@@ -136,7 +136,8 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
             "error": runtime.error,
             "active_requests": runtime.active_requests,
             "api_key_required": key_required,
-            "model_info": info,
+            # The folder path stays off this unauthenticated page (`mtplxctl status` shows it).
+            "model_info": {k: v for k, v in info.items() if k != "path"} if info else None,
         }
         return body, 200
 
