@@ -16,7 +16,6 @@ import hashlib
 import importlib.metadata as md
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,8 +104,9 @@ def skipped(rel: Path) -> bool:
 
 def stdlib_files(stdlib_dir: Path) -> tuple[PackageEntry, list[SourceFile]]:
     """All usable .py files of the standard library (sorted for reproducibility)."""
-    version = ".".join(map(str, sys.version_info[:3])) if stdlib_dir == STDLIB_DIR else "?"
-    entry = PackageEntry("cpython-stdlib", version or "3.11.7", "PSF-2.0")
+    # pyenv names the install folder by the full version: .../versions/3.11.7/lib/python3.11
+    version = stdlib_dir.parent.parent.name if stdlib_dir.parent.name == "lib" else "unknown"
+    entry = PackageEntry("cpython-stdlib", version, "PSF-2.0")
     files = []
     for path in sorted(stdlib_dir.rglob("*.py")):
         rel = path.relative_to(stdlib_dir)
