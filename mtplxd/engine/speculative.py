@@ -108,15 +108,24 @@ class SpeculativeDecoder:
         pending_tokens = prompt_ids[pending_from + 1:] + [first_token]
         self.pending_hidden = pending_h
         token = first_token
-        while True:
-            accepted, committed, hidden = self._cycle(n, token, pending_h, pending_tokens)
-            self.stats.record(accepted, len(committed))
-            self.history.append(committed)
-            pending_h, pending_tokens = hidden, committed
-            self.pending_hidden = pending_h
-            n += len(committed)
-            token = committed[-1]
-            yield committed
+        # Cycle c+1 is built and handed to the device before cycle c's tokens go out, so the
+        # caller's work (detokenizing, streaming) overlaps the device's.
+        launched: _Launched | None = self._launch(n, token, pending_h, pending_tokens)
+        try:
+            while True:
+                accepted, committed, hidden = self._settle(launched)
+                launched = None
+                self.stats.record(accepted, len(committed))
+                self.history.append(committed)
+                pending_h, pending_tokens = hidden, committed
+                self.pending_hidden = pending_h
+                n += len(committed)
+                token = committed[-1]
+                launched = self._launch(n, token, pending_h, pending_tokens)
+                yield committed
+        finally:
+            if launched is not None:  # the caller stopped: undo the cycle nobody will read
+                self._retract(launched)
 
     def _first_draft_hidden(self, pending_h: mx.array, pending_tokens: list[int]) -> mx.array:
         """Run the head over PENDING (in prefill-sized chunks); return the last g (1,1,H)."""
@@ -151,36 +160,60 @@ class SpeculativeDecoder:
 
     def _cycle(self, n: int, token: int, pending_h: mx.array,
                pending_tokens: list[int]) -> tuple[int, list[int], mx.array]:
-        params, K = self.params, self.depth
-        head_offset = self.head_cache[0].offset + len(pending_tokens)
-        drafts, q_rows = self._draft(n, pending_h, pending_tokens)
+        """One whole cycle: launch and settle (accepted, committed tokens, their hiddens)."""
+        return self._settle(self._launch(n, token, pending_h, pending_tokens))
 
+    def _launch(self, n: int, token: int, pending_h: mx.array,
+                pending_tokens: list[int]) -> "_Launched":
+        """Build drafts, verify and the accept decisions lazily; start them on the device."""
+        params, K = self.params, self.depth
+        head_start = self.head_cache[0].offset
+        drafts, q_rows = self._draft(n, pending_h, pending_tokens)
         block = mx.concatenate([mx.array([token], dtype=drafts.dtype), drafts])[None]
         hidden, logits = self.trunk.forward(block, self.cache, all_logits=True)
         counts, seen = self.history.rows(drafts, K + 1)
         penalised = apply_penalties(logits[0], params, counts, seen)
-
         if params.greedy:
-            targets = mx.argmax(penalised, axis=-1)
-            mx.eval(targets, drafts, hidden)
-            draft_list, target_list = drafts.tolist(), targets.tolist()
-            accepted = 0
-            while accepted < K and draft_list[accepted] == target_list[accepted]:
-                accepted += 1
-            correction = target_list[accepted]
+            decisions = mx.argmax(penalised, axis=-1)  # the target token at every row
         else:
-            accepted, correction, draft_list = self._accept_sampled(n, penalised, drafts, q_rows, hidden)
+            decisions = self._sampled_decisions(n, penalised, drafts, q_rows)
+        mx.async_eval(decisions, drafts, hidden)
+        return _Launched(head_start, head_start + len(pending_tokens), drafts, decisions, hidden)
 
+    def _settle(self, launched: "_Launched") -> tuple[int, list[int], mx.array]:
+        """Read the decisions (the cycle's one host sync), commit, roll the rest back."""
+        K = self.depth
+        draft_list = launched.drafts.tolist()
+        if self.params.greedy:
+            targets = launched.decisions.tolist()
+            accepted = 0
+            while accepted < K and draft_list[accepted] == targets[accepted]:
+                accepted += 1
+            correction = targets[accepted]
+        else:
+            accept_list, corrections = launched.decisions.tolist()
+            accepted = 0
+            while accepted < K and accept_list[accepted]:
+                accepted += 1
+            correction = corrections[accepted]
         for entry in self.cache:
             entry.trim(K - accepted)
         for entry in self.head_cache:
-            entry.trim(entry.offset - head_offset)
+            entry.trim(entry.offset - launched.head_committed)
         committed = draft_list[:accepted] + [correction]
-        return accepted, committed, hidden[:, :accepted + 1]
+        return accepted, committed, launched.hidden[:, :accepted + 1]
 
-    def _accept_sampled(self, n: int, penalised: mx.array, drafts: mx.array,
-                        q_rows: list[mx.array], hidden: mx.array) -> tuple[int, int, list[int]]:
-        """Leviathan/Chen acceptance over the K drafts; one host sync for the whole cycle."""
+    def _retract(self, launched: "_Launched") -> None:
+        """Undo a launched, unsettled cycle: the caches return to the committed state."""
+        for entry in self.cache:
+            entry.trim(self.depth + 1)
+        for entry in self.head_cache:
+            entry.trim(entry.offset - launched.head_start)
+
+    def _sampled_decisions(self, n: int, penalised: mx.array, drafts: mx.array,
+                           q_rows: list[mx.array]) -> mx.array:
+        """Leviathan/Chen: (2, K+1) int array, row 0 = accept flags of d_1..d_K (then a pad),
+        row 1 = the token to emit at each possible first rejection, the bonus last."""
         K = self.depth
         p = mx.softmax(scaled_logits(penalised, self.params), axis=-1)  # (K+1, V) float32
         q = mx.stack(q_rows)  # (K, V)
@@ -189,13 +222,19 @@ class SpeculativeDecoder:
         # One key per cycle and purpose, derived from the cycle's absolute start position:
         # a given seed replays the same cycles, so the output is reproducible.
         uniforms = mx.random.uniform(shape=(K,), key=position_key(self.seed, n + 1, ACCEPT))
-        accept = uniforms < ratio
+        accept = (uniforms < ratio).astype(mx.uint32)
         # Row i < K: the residual at a rejection of d_{i+1}; row K: the bonus, drawn from p.
         fallback = mx.concatenate([residual_distribution(p[:K], q), p[K:]], axis=0)
-        corrections = _draw(fallback, position_key(self.seed, n + 1, RESIDUAL))
-        mx.eval(accept, corrections, drafts, hidden)
-        accept_list, correction_list = accept.tolist(), corrections.tolist()
-        accepted = 0
-        while accepted < K and accept_list[accepted]:
-            accepted += 1
-        return accepted, correction_list[accepted], drafts.tolist()
+        corrections = _draw(fallback, position_key(self.seed, n + 1, RESIDUAL)).astype(mx.uint32)
+        return mx.stack([mx.concatenate([accept, mx.zeros((1,), mx.uint32)]), corrections])
+
+
+@dataclass
+class _Launched:
+    """A cycle on its way through the device: what settling or retracting it needs."""
+
+    head_start: int  # head cache offset before the PENDING pass
+    head_committed: int  # ... after it (the chained draft entries come on top)
+    drafts: mx.array
+    decisions: mx.array
+    hidden: mx.array

@@ -8,6 +8,23 @@ from mtplxd.engine.sampling import TokenHistory, pick
 from mtplxd.engine.speculative import SpeculativeDecoder
 
 
+def run_cycles(model, prompt, params, depth, n_cycles):
+    """Prefill, run n_cycles speculative cycles, stop; return (decoder, cache, committed)."""
+    trunk, head = model.trunk, model.head
+    cache = trunk.make_cache()
+    history = TokenHistory(model.info.vocab_size, prompt)
+    hiddens, logits = trunk.prefill(prompt, cache)
+    first = pick(logits[None], SamplingParams(), None, None, None).item()
+    history.append([first])
+    decoder = SpeculativeDecoder(trunk, head, cache, params, history, seed=3, depth=depth)
+    committed = [first]
+    cycles = decoder.cycles(hiddens, prompt, first)
+    for _ in range(n_cycles):
+        committed += next(cycles)
+    cycles.close()  # the next cycle was already launched: closing must retract it
+    return decoder, cache, committed
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("depth", [1, 3])
 def test_caches_match_a_fresh_run_over_the_committed_history(tiny_qwen3, depth, temperature):
@@ -15,22 +32,12 @@ def test_caches_match_a_fresh_run_over_the_committed_history(tiny_qwen3, depth, 
     trunk, head = model.trunk, model.head
     prompt = model.tokenizer.encode("def add(a, b):\n    ret")
     params = SamplingParams(temperature=temperature, top_k=5)
-    cache = trunk.make_cache()
-    history = TokenHistory(model.info.vocab_size, prompt)
-    hiddens, logits = trunk.prefill(prompt, cache)
-    first = pick(logits[None], SamplingParams(), None, None, None).item()
-    decoder = SpeculativeDecoder(trunk, head, cache, params, history, seed=3, depth=depth)
-    committed = [first]
-    pending = 0
-    cycles = decoder.cycles(hiddens, prompt, first)
-    for _ in range(8):
-        block = next(cycles)
-        committed += block
-        pending = len(block)
+    for n_cycles in (1, 2, 8):
+        decoder, cache, committed = run_cycles(model, prompt, params, depth, n_cycles)
         n = len(prompt) + len(committed) - 1  # the last committed token is not fed yet
-        assert cache[0].offset == n
+        assert all(entry.offset == n for entry in cache)
+        pending = decoder.pending_hidden.shape[1]
         assert decoder.head_cache[0].offset + pending == n
-    cycles.close()
 
     # A fresh trunk forward over everything fed so far, and a fresh head over its pairs.
     sequence = prompt + committed
@@ -46,6 +53,7 @@ def test_caches_match_a_fresh_run_over_the_committed_history(tiny_qwen3, depth, 
     ours, fresh = decoder.head_cache[0], fresh_head[0]
     assert mx.allclose(ours.keys[..., :m, :], fresh.keys[..., :m, :], atol=1e-4)
     assert mx.allclose(ours.values[..., :m, :], fresh.values[..., :m, :], atol=1e-4)
+    assert mx.allclose(decoder.pending_hidden, hidden[:, m:n], atol=1e-4)
 
 
 def test_decoder_refuses_untrimmable_caches(tiny_qwen3):
