@@ -83,17 +83,33 @@ def measure_forward_costs(trunk, cache, vocab: int, max_depth: int, repeats: int
     return costs
 
 
+def measure_ar_step(trunk, cache, params, repeats: int) -> float:
+    """Median ms of one AR step (1-token forward + picking the token) at a fixed context."""
+    from mtplxd.engine.sampling import TARGET, pick, position_key
+
+    def step():
+        _, logits = trunk.forward(mx.array([[7]]), cache, all_logits=True)
+        keys = None if params.greedy else [position_key(0, cache[0].offset, TARGET)]
+        mx.eval(pick(logits[0], params, None, None, keys))
+        for entry in cache:
+            entry.trim(1)
+
+    return _median_ms(step, repeats)
+
+
 def measure_cycle_costs(trunk, head, cache, prompt: list[int], hiddens, max_depth: int,
-                        repeats: int) -> dict[str, float]:
-    """Median ms of one whole greedy speculative cycle at each depth (drafts, verify, commit)."""
+                        repeats: int, params=None) -> dict[str, float]:
+    """Median ms of one whole speculative cycle at each depth (drafts, verify, accept, commit);
+    greedy unless `params` says otherwise."""
     from mtplxd.engine.interface import SamplingParams
     from mtplxd.engine.sampling import TokenHistory
     from mtplxd.engine.speculative import SpeculativeDecoder
 
+    params = params or SamplingParams()
     costs = {}
     base = cache[0].offset
     for depth in range(1, max_depth + 1):
-        decoder = SpeculativeDecoder(trunk, head, cache, SamplingParams(), TokenHistory(
+        decoder = SpeculativeDecoder(trunk, head, cache, params, TokenHistory(
             trunk.text.model.embed_tokens.weight.shape[0], prompt), seed=0, depth=depth)
         pending_h = mx.concatenate(hiddens, axis=1)
         pending_tokens = prompt[1:] + [prompt[0]]
@@ -205,6 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     forward = measure_forward_costs(trunk, cache, vocab, args.max_depth, args.repeats)
     cycles = measure_cycle_costs(trunk, model.mtp, cache, prompt, hiddens, args.max_depth, args.repeats)
     decode = forward["1"]
+    from mtplxd.engine.interface import SamplingParams
+
+    sampled = SamplingParams(temperature=0.6, top_p=0.95)
+    ar_step_sampled = measure_ar_step(trunk, cache, sampled, args.repeats)
+    cycles_sampled = measure_cycle_costs(trunk, model.mtp, cache, prompt, hiddens, args.max_depth,
+                                         args.repeats, sampled)
     quantized_draft = trunk.quantize_draft_head(bits=4, group_size=min(64, config["hidden_size"]))
     cycles_q4 = (measure_cycle_costs(trunk, model.mtp, cache, prompt, hiddens, args.max_depth, args.repeats)
                  if quantized_draft else {})
@@ -218,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         "verify_over_decode_by_depth": {str(k): forward[str(k + 1)] / decode for k in range(1, args.max_depth + 1)},
         "cycle_ms_by_depth": cycles,
         "cycle_over_decode_by_depth": {k: v / decode for k, v in cycles.items()},
+        "ar_step_ms_greedy": measure_ar_step(trunk, cache, SamplingParams(), args.repeats),
+        "ar_step_ms_sampled_t0.6_top_p0.95": ar_step_sampled,
+        "cycle_ms_by_depth_sampled_t0.6_top_p0.95": cycles_sampled,
         "cycle_ms_by_depth_q4_draft_head": cycles_q4,
         "cycle_over_decode_by_depth_q4_draft_head": {k: v / decode for k, v in cycles_q4.items()},
         "greedy": _greedy_both_caches(trunk, model.mtp, prompt[:64], vocab, args.greedy_tokens),
