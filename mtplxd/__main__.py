@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 import trio
@@ -69,5 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
+def entry() -> None:
+    """Console entry point: run the daemon, then leave without interpreter teardown.
+
+    Everything the daemon owns (socket, pid file, lock, fans, logs) is released by main(). Skipping
+    finalization avoids tearing down MLX's native threads and globals in an arbitrary order at
+    exit, which was seen to abort ("terminate called without an active exception").
+    """
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -94,10 +94,12 @@ class Daemon:
                 # Before binding anything: restore a lease a dead daemon left, apply fan_mode.
                 # Its task restores the fans when the nursery is cancelled at shutdown.
                 await nursery.start(self.fans.run)
-                await nursery.start(serve_control, self.paths.socket, self.registry)
+                # HTTP binds before the control socket: whoever sees the daemon answer (mtplxctl
+                # start, the service manager) can rely on the API being up and its port known.
                 self.http_binds = await nursery.start(partial(
                     hypercorn.trio.serve, create_app(self.runtime, self.config),
                     self._hypercorn_config(), shutdown_trigger=self._shutdown.wait))
+                await nursery.start(serve_control, self.paths.socket, self.registry)
                 log.info("mtplxd %s ready: control %s, http %s", __version__, self.paths.socket,
                          ", ".join(self.http_binds))
                 sd_notify("READY=1")

@@ -181,8 +181,12 @@ class MemoryGuard:
     def __init__(self, plan: MemoryPlan, limit_bytes: int,
                  bank_bytes: Callable[[], int] = lambda: 0,
                  release_bank: Callable[[int], int] = lambda needed: 0,
-                 system_available: Callable[[], int] | None = None) -> None:
+                 system_available: Callable[[], int] | None = None, serial: bool = True) -> None:
         self.plan = plan
+        # The engine runs one request at a time on its owner thread: a queued request's peak
+        # never coexists with another's, so reservations do not stack. (Batched decoding would
+        # run them together: serial=False prices each request next to the others' holds.)
+        self.serial = serial
         self.limit_bytes = limit_bytes
         self._bank_bytes = bank_bytes
         self._release_bank = release_bank
@@ -198,10 +202,14 @@ class MemoryGuard:
         return sum(r.bytes for r in self._held.values())
 
     def available_bytes(self) -> int:
-        """What a new request may use now: the limit less weights, running requests and bank."""
-        under_limit = self.limit_bytes - self.plan.weights_bytes - self.held_bytes() - self._bank_bytes()
+        """What a new request may use at its turn: the limit less weights and the session bank
+        (less running requests too, unless serial), and never more than the OS can give."""
+        stacked = 0 if self.serial else self.held_bytes()
+        under_limit = self.limit_bytes - self.plan.weights_bytes - stacked - self._bank_bytes()
         if self._system_available is not None:
-            return min(under_limit, self._system_available())
+            # Memory a running request holds now comes back before a serial successor starts.
+            returning = self.held_bytes() if self.serial else 0
+            return min(under_limit, self._system_available() + returning)
         return under_limit
 
     def holders(self) -> dict[str, int]:

@@ -100,6 +100,12 @@ class Runtime:
         self.owner.start()
 
     def stop(self) -> None:
+        """Drop the model on the owner thread (MLX frees it there), then end the thread."""
+        self.model, self.guard = None, None
+        try:
+            self.owner.submit(_release_mlx_memory).result(timeout=10)
+        except Exception as exc:  # shutting down anyway; the log says why memory was not freed
+            log.warning("could not release MLX memory at stop: %s", exc)
         self.owner.stop()
 
     async def _on_owner(self, fn: Callable[[], Any]) -> Any:

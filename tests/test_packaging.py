@@ -49,7 +49,7 @@ def test_wheel_top_level_names_are_exactly_mtplxd_and_mtplxctl(tmp_path):
     packaged = {"/".join(n.split("/")[:-1]).replace("/", ".") for n in names if n.endswith("/__init__.py")}
     missing = _source_packages() - packaged
     assert not missing, f"packages missing from pyproject's list: {sorted(missing)}"
-    assert "mtplxd = mtplxd.__main__:main" in entry_points
+    assert "mtplxd = mtplxd.__main__:entry" in entry_points
     assert "mtplxctl = mtplxctl.__main__:main" in entry_points
 
 

@@ -346,9 +346,12 @@ def status_table(status: dict[str, Any]) -> Table:
         table.add_row("memory guard", f"limit {human_bytes(guard['limit_bytes'])}, "
                       f"{human_bytes(guard['available_bytes'])} available, fits "
                       f"{guard['max_context_tokens']} tokens per request, {guard['refused']} refused")
-    for key, label in (("session_bank", "session bank"), ("fans", "fans")):
-        if status.get(key):
-            table.add_row(label, _one_line(status[key]))
+    if status.get("session_bank"):
+        table.add_row("session bank", _one_line(status["session_bank"]))
+    if status.get("fans"):
+        from mtplxctl.commands.fans import summary_line
+
+        table.add_row("fans", summary_line(status["fans"]))
     table.add_row("", f"[dim]{status['powered_by']}[/]")
     return table
 

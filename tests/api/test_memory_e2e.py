@@ -36,12 +36,17 @@ def test_advertised_context_is_what_fits_and_longer_prompts_are_context_length_e
         card = http.get("/v1/models").json()["data"][0]
         assert card["id"] == MODEL_ID and card["context_length"] == FITS_TOKENS
         assert http.get("/health").json()["context_length"] == FITS_TOKENS
-        long = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hello world " * 600}],
-                                                       "max_tokens": 4})
-        assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
+        for _ in range(10):  # a burst of requests that cannot fit under the limit
+            long = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hello world " * 600}],
+                                                           "max_tokens": 4})
+            assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
+        small = http.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 4})
+        assert small.status_code == 200  # and a small one is still served
 
 
-def test_request_that_does_not_fit_beside_a_running_one_is_a_507_streamed_or_not(tight):
+def test_concurrent_requests_queue_for_the_model_instead_of_being_refused(tight):
+    """Requests run one at a time on the model thread: a second one waits its turn, even when
+    both could not be held at once (an agent's title request beside its main turn)."""
     with tight.http() as http:
         with http.stream("POST", "/v1/chat/completions",
                          json={"messages": HI, "stream": True, **ENDLESS}) as first:
@@ -50,14 +55,50 @@ def test_request_that_does_not_fit_beside_a_running_one_is_a_507_streamed_or_not
             assert 0 < room < FITS_TOKENS  # the default cap fills the advertised context
             lines = first.iter_lines()  # kept referenced: a collected iterator closes the stream
             next(lines)
-            assert http.get("/v1/mtplx/flight").json()["running"] == 1
-            streamed = http.post("/v1/chat/completions", json={"messages": HI, "stream": True, "max_tokens": 500})
-            whole = http.post("/v1/messages", json={"messages": HI, "max_tokens": 500})
-        assert streamed.status_code == 507
-        error = streamed.json()["error"]
-        assert error["code"] == "insufficient_memory" and error["held_by"]["running_requests"] > 0
-        assert "hint" in error
-        assert whole.status_code == 507 and whole.json()["type"] == "error"
-        # The first request is gone (disconnected): the same request now fits.
-        again = http.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 5})
-        assert again.status_code == 200
+            with http.stream("POST", "/v1/chat/completions",
+                             json={"messages": HI, "stream": True, "max_tokens": 500}) as second:
+                assert second.status_code == 200  # admitted, queued behind the first
+                first.close()  # the first client goes away: the second one runs
+                body = "".join(second.iter_lines())
+        assert "[DONE]" in body and "insufficient_memory" not in body
+
+
+@pytest.fixture(scope="module")
+def starved(tiny_checkpoint, tmp_path_factory):
+    """A daemon whose memory limit holds the weights but not even the smallest request."""
+    config = json.loads((tiny_checkpoint / "config.json").read_text())
+    plan = plan_for_config(config, inspect_checkpoint(tiny_checkpoint).weights_bytes)
+    limit = plan.weights_bytes + plan.recurrent_bytes_per_sequence + 1024
+    daemon = start_api_daemon(tmp_path_factory.mktemp("starved-home"), MTPLX_MODEL=str(tiny_checkpoint),
+                              MTPLX_MEMORY_LIMIT=f"{limit / GIB:.12f}")
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+def test_requests_that_cannot_fit_get_507_before_any_prefill_and_the_daemon_survives(starved):
+    bodies = [
+        ("/v1/chat/completions", {"messages": HI, "max_tokens": 8}),
+        ("/v1/chat/completions", {"messages": HI, "max_tokens": 8, "stream": True}),
+        ("/v1/messages", {"messages": HI, "max_tokens": 8}),
+        ("/v1/completions", {"prompt": "def f(", "max_tokens": 8}),
+    ]
+    with starved.http() as http:
+        for round_ in range(5):
+            for path, body in bodies:
+                answer = http.post(path, json=body)
+                assert answer.status_code == 507, (path, answer.text)
+                error = answer.json()["error"]
+                if path != "/v1/messages":
+                    assert error["code"] == "insufficient_memory"
+                    assert error["needed_bytes"] > error["available_bytes"]
+                    assert set(error["held_by"]) == {"weights", "running_requests", "session_bank"}
+                    assert "memory_limit" in error["hint"]
+                else:
+                    assert answer.json()["type"] == "error"
+        assert http.get("/health").status_code == 200
+    status = starved.client.call("daemon.status")
+    assert status["requests"]["started"] == 0  # no request reached the engine: no prefill ran
+    assert status["guard"]["refused"] == 5 * len(bodies)
+    assert starved.process.poll() is None

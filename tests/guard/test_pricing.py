@@ -78,7 +78,8 @@ def test_guard_releases_the_bank_then_shrinks_the_chunk_then_refuses():
         freed, bank["bytes"] = bank["bytes"], 0
         return freed
 
-    guard = MemoryGuard(plan, limit_bytes=10 * GIB, bank_bytes=lambda: bank["bytes"], release_bank=release)
+    guard = MemoryGuard(plan, limit_bytes=10 * GIB, bank_bytes=lambda: bank["bytes"], release_bank=release,
+                        serial=False)
     # 1.5 GiB of KV does not fit next to 8 GiB weights + 2 GiB bank, fits once the bank is gone.
     tokens = int(1.5 * GIB // (147_456 + 4_096))
     first = guard.admit(tokens - 512, 256)
@@ -94,6 +95,30 @@ def test_guard_releases_the_bank_then_shrinks_the_chunk_then_refuses():
     first.release()
     assert guard.held_bytes() == 0
     assert guard.admit(tokens - 512, 256).bytes > 0
+
+
+def test_serial_guard_does_not_stack_requests_that_run_one_after_another():
+    plan = plan_for_config(QWEN3_4B, weights_bytes=8 * GIB)
+    guard = MemoryGuard(plan, limit_bytes=10 * GIB)
+    tokens = int(1.5 * GIB // (147_456 + 4_096))
+    running = guard.admit(tokens, 0)
+    queued = guard.admit(tokens, 0)  # runs after `running`: never beside it
+    assert guard.holders()["running_requests"] == running.bytes + queued.bytes
+    with pytest.raises(InsufficientMemory):
+        guard.admit(3 * tokens, 0)  # does not fit even alone
+
+
+def test_serial_guard_counts_what_the_os_has_left():
+    plan = plan_for_config(QWEN3_4B, weights_bytes=1 * GIB)
+    free = {"bytes": 64 * GIB}
+    guard = MemoryGuard(plan, limit_bytes=32 * GIB, system_available=lambda: free["bytes"])
+    first = guard.admit(4096, 0)
+    free["bytes"] = first.bytes // 2  # another app took the rest
+    second = guard.admit(4096, 0)  # the running request's memory comes back before this one runs
+    first.release()
+    second.release()
+    with pytest.raises(InsufficientMemory):
+        guard.admit(4096, 0)
 
 
 def test_guard_lowers_the_prefill_chunk_when_only_that_fits():
