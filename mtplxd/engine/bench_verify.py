@@ -97,6 +97,28 @@ def measure_ar_step(trunk, cache, params, repeats: int) -> float:
     return _median_ms(step, repeats)
 
 
+def measure_sampling_ops(vocab: int, depth: int, repeats: int) -> dict[str, float]:
+    """Median ms of the sampling pieces alone on random logits (1 or depth+1 rows of vocab)."""
+    from mtplxd.engine.interface import SamplingParams
+    from mtplxd.engine.sampling import DRAFT, position_key, probabilities, scaled_logits
+
+    params = SamplingParams(temperature=0.6, top_p=0.95)
+    row = mx.random.normal((1, vocab))
+    rows = mx.random.normal((depth + 1, vocab))
+    mx.eval(row, rows)
+    plain = SamplingParams(temperature=0.6)
+    return {
+        "argmax_1row": _median_ms(lambda: mx.eval(mx.argmax(row, axis=-1)), repeats),
+        "scaled_logits_top_p_1row": _median_ms(lambda: mx.eval(scaled_logits(row, params)), repeats),
+        "scaled_logits_no_filter_1row": _median_ms(lambda: mx.eval(scaled_logits(row, plain)), repeats),
+        "categorical_1row": _median_ms(lambda: mx.eval(mx.random.categorical(
+            row, key=position_key(0, 1, DRAFT))), repeats),
+        "probabilities_top_p_k+1_rows": _median_ms(lambda: mx.eval(probabilities(rows, params, None, None)),
+                                                   repeats),
+        "argsort_1row": _median_ms(lambda: mx.eval(mx.argsort(row, axis=-1)), repeats),
+    }
+
+
 def measure_cycle_costs(trunk, head, cache, prompt: list[int], hiddens, max_depth: int,
                         repeats: int, params=None) -> dict[str, float]:
     """Median ms of one whole speculative cycle at each depth (drafts, verify, accept, commit);
@@ -241,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "cycle_ms_by_depth": cycles,
         "cycle_over_decode_by_depth": {k: v / decode for k, v in cycles.items()},
         "ar_step_ms_greedy": measure_ar_step(trunk, cache, SamplingParams(), args.repeats),
+        "sampling_ops_ms": measure_sampling_ops(vocab, 3, args.repeats),
         "ar_step_ms_sampled_t0.6_top_p0.95": ar_step_sampled,
         "cycle_ms_by_depth_sampled_t0.6_top_p0.95": cycles_sampled,
         "cycle_ms_by_depth_q4_draft_head": cycles_q4,
