@@ -119,6 +119,29 @@ def measure_sampling_ops(vocab: int, depth: int, repeats: int) -> dict[str, floa
     }
 
 
+def measure_draft_cost(trunk, head, prompt: list[int], hiddens, depth: int, repeats: int,
+                       params) -> float:
+    """Median ms of the K chained drafts alone (head steps, draft logits and picks)."""
+    from mtplxd.engine.sampling import TokenHistory
+    from mtplxd.engine.speculative import SpeculativeDecoder
+
+    vocab = trunk.text.model.embed_tokens.weight.shape[0]
+    decoder = SpeculativeDecoder(trunk, head, trunk.make_cache(), params, TokenHistory(vocab, prompt),
+                                 seed=0, depth=depth)
+    pending_h = mx.concatenate(hiddens, axis=1)
+    decoder._first_draft_hidden(pending_h, prompt[1:] + [prompt[0]])
+    last = pending_h[:, -1:]
+
+    def draft():
+        start = decoder.head_cache[0].offset
+        drafts, q_rows = decoder._draft(len(prompt), last, [prompt[-1]])
+        mx.eval(drafts, q_rows)
+        for entry in decoder.head_cache:
+            entry.trim(entry.offset - start)
+
+    return _median_ms(draft, repeats)
+
+
 def measure_cycle_costs(trunk, head, cache, prompt: list[int], hiddens, max_depth: int,
                         repeats: int, params=None) -> dict[str, float]:
     """Median ms of one whole speculative cycle at each depth (drafts, verify, accept, commit);
@@ -249,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     ar_step_sampled = measure_ar_step(trunk, cache, sampled, args.repeats)
     cycles_sampled = measure_cycle_costs(trunk, model.mtp, cache, prompt, hiddens, args.max_depth,
                                          args.repeats, sampled)
+    drafts_greedy = measure_draft_cost(trunk, model.mtp, prompt, hiddens, 3, args.repeats, SamplingParams())
+    drafts_sampled = measure_draft_cost(trunk, model.mtp, prompt, hiddens, 3, args.repeats, sampled)
     quantized_draft = trunk.quantize_draft_head(bits=4, group_size=min(64, config["hidden_size"]))
     cycles_q4 = (measure_cycle_costs(trunk, model.mtp, cache, prompt, hiddens, args.max_depth, args.repeats)
                  if quantized_draft else {})
@@ -264,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         "cycle_over_decode_by_depth": {k: v / decode for k, v in cycles.items()},
         "ar_step_ms_greedy": measure_ar_step(trunk, cache, SamplingParams(), args.repeats),
         "sampling_ops_ms": measure_sampling_ops(vocab, 3, args.repeats),
+        "draft_ms_depth3_greedy": drafts_greedy,
+        "draft_ms_depth3_sampled": drafts_sampled,
         "ar_step_ms_sampled_t0.6_top_p0.95": ar_step_sampled,
         "cycle_ms_by_depth_sampled_t0.6_top_p0.95": cycles_sampled,
         "cycle_ms_by_depth_q4_draft_head": cycles_q4,
