@@ -28,6 +28,7 @@ _NEEDS_QUOTES = re.compile(r'[\s"\'\\;]')
 def render_unit(spec: ServiceSpec) -> str:
     """The unit file text for `spec`."""
     exec_start = " ".join(_word(arg, dollar=True) for arg in spec.program)
+    exec_restore = " ".join(_word(arg, dollar=True) for arg in fans_restore_program(spec.program))
     environment = [f"Environment={_word(f'{k}={v}')}"
                    for k, v in spec.environment_for("systemd").items()]
     log_file = _specifiers(str(spec.log_file))
@@ -43,6 +44,10 @@ def render_unit(spec: ServiceSpec) -> str:
         "Type=notify",
         "NotifyAccess=main",
         f"ExecStart={exec_start}",
+        # Runs after every exit, a crash or an OOM kill included: with KillMode=control-group the
+        # fan watchdog dies with the unit, so systemd gives the fans back itself. "-": a failed
+        # restore is logged and never blocks the restart.
+        f"ExecStopPost=-{exec_restore}",
         *environment,
         "Restart=on-failure",
         f"RestartSec={RESTART_SECONDS}",
@@ -55,6 +60,11 @@ def render_unit(spec: ServiceSpec) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def fans_restore_program(program: list[str]) -> list[str]:
+    """`mtplxctl fans restore` run by the daemon's own interpreter."""
+    return [program[0], "-m", "mtplxctl", "fans", "restore"]
 
 
 def parse_unit(text: str) -> dict[str, list[str]]:

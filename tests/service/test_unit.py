@@ -22,6 +22,12 @@ def test_unit_has_notify_restart_timeouts_environment_and_logs(isolated_home: Pa
     assert int(unit["TimeoutStopSec"][0]) == 10 + STOP_MARGIN_SECONDS
     assert unit["StartLimitBurst"] == ["5"] and unit["StartLimitIntervalSec"] == ["300"]
     assert unit_words(unit["ExecStart"][0], dollar=True) == [os.path.abspath(sys.executable), "-m", "mtplxd"]
+    # After any exit, a crash included, systemd gives pinned fans back (tests/fans covers the
+    # command itself); "-" keeps a failed restore from blocking the restart.
+    [stop_post] = unit["ExecStopPost"]
+    assert stop_post.startswith("-")
+    assert unit_words(stop_post[1:], dollar=True) == [os.path.abspath(sys.executable), "-m", "mtplxctl",
+                                                      "fans", "restore"]
     assert unit_environment(unit) == {"MTPLX_HOME": str(isolated_home), "MTPLX_SUPERVISOR": "systemd"}
     log = f"append:{isolated_home / 'logs' / 'mtplxd.out'}"
     assert unit["StandardOutput"] == [log] and unit["StandardError"] == [log]
