@@ -163,7 +163,8 @@ def _result(finish: _Finish, stats: GenerationStats, reason: str, start: float,
     stats.prefill_seconds = prefill_done - start
     stats.decode_seconds = end - prefill_done
     if stats.prefill_seconds > 0:
-        stats.prefill_tokens_per_second = stats.prompt_tokens / stats.prefill_seconds
+        # Tokens actually prefilled: a session-bank restore skips the cached ones.
+        stats.prefill_tokens_per_second = (stats.prompt_tokens - stats.cached_tokens) / stats.prefill_seconds
     decoded = max(finish.generated - 1, 0)  # the first token comes from the prefill forward
     if stats.decode_seconds > 0 and decoded:
         stats.decode_tokens_per_second = decoded / stats.decode_seconds

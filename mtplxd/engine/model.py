@@ -30,6 +30,11 @@ class LoadedModel:
         self.head = getattr(model, "mtp", None) if info.mode == "mtp" else None
         self.bank: SessionBank | None = None  # prefix reuse across requests (enable_session_bank)
 
+    @property
+    def session_bank(self) -> SessionBank | None:
+        """The model's session bank (None when prefix reuse is off)."""
+        return self.bank
+
     def enable_session_bank(self, settings: BankSettings | None = None) -> SessionBank:
         """Give this model a session bank (owner thread); replaces any previous one."""
         if self.bank is not None:
