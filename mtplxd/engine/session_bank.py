@@ -267,7 +267,8 @@ def gdn_state(cache: list[Any], kinds: tuple[str, ...]) -> GDNState:
     for c, kind in zip(cache, kinds):
         if kind == GDN:
             conv = c.cache[0]
-            state.append((_copy_rows(conv, 1, conv.shape[1]) if conv is not None else None, c.cache[1]))
+            conv = _copy_rows(conv, 1, conv.shape[1]) if conv is not None else None
+            state.append((conv, c.cache[1]))
     return state
 
 
@@ -296,7 +297,8 @@ class BankTurn:
         if head_cache is not None and plan is not None and source is not None \
                 and plan.head_len < plan.trunk_len:
             start = plan.head_len - source.head_len
-            self.restored_hidden = source.tail_hidden[:, start:start + plan.trunk_len - plan.head_len]
+            rows = plan.trunk_len - plan.head_len
+            self.restored_hidden = source.tail_hidden[:, start:start + rows]
 
     @property
     def hybrid(self) -> bool:
@@ -546,7 +548,8 @@ class SessionBank:
         boundaries = dict(turn.boundaries)
         if turn.hybrid:
             boundaries[length] = gdn_state(cache, kinds)
-            boundaries = self._thin(boundaries, keep={len(turn.prompt) - 1, len(turn.prompt), length})
+            prompt_end = len(turn.prompt)
+            boundaries = self._thin(boundaries, keep={prompt_end - 1, prompt_end, length})
         entry = BankEntry(tokens=tokens, kinds=kinds, kv=kv, boundaries=boundaries,
                           session_id=turn.session_id, last_used=self.clock())
         if head_cache is not None and head_cache[0].keys is not None:

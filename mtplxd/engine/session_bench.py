@@ -50,10 +50,12 @@ def conversation(tokenizer: Any, target_tokens: int) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": "You are a careful coding agent working in a repo."}]
     i = 0
     while True:
-        messages.append({"role": "user", "content": f"{ASKS[i % len(ASKS)]}\n\n```python\n{CODE}```"})
+        ask = ASKS[i % len(ASKS)]
+        messages.append({"role": "user", "content": f"{ask}\n\n```python\n{CODE}```"})
         if len(render(tokenizer, messages)) >= target_tokens:
             return messages
-        messages.append({"role": "assistant", "content": f"Here is the revised version {i}:\n\n{CODE}"})
+        messages.append({"role": "assistant",
+                         "content": f"Here is the revised version {i}:\n\n{CODE}"})
         i += 1
 
 

@@ -280,13 +280,15 @@ class SessionStore:
             self._forget(sha, corrupt=True)
             return None
         with self._db_lock:
-            self._db.execute("UPDATE entries SET last_used = ? WHERE sha256 = ?", (time.time(), sha))
+            self._db.execute("UPDATE entries SET last_used = ? WHERE sha256 = ?",
+                             (time.time(), sha))
         return entry
 
     def stats(self) -> dict[str, Any]:
         """enabled, entries, bytes, cap, queued writes, written, dropped and corrupt counts."""
         with self._db_lock:
-            count, total = self._db.execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM entries").fetchone()
+            count, total = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM entries").fetchone()
         return {"enabled": True, "entries": count, "bytes": total, "cap_bytes": self.max_bytes,
                 "queued": self._queue.qsize(), "written": self.written,
                 "dropped_backlog": self.dropped_backlog, "corrupt_dropped": self.corrupt_dropped,

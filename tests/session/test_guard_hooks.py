@@ -1,0 +1,31 @@
+"""The memory guard frees idle bank entries through the bank's hooks before refusing."""
+
+from __future__ import annotations
+
+import json
+
+from mtplxd.engine.session_bank import BankSettings
+from mtplxd.guard import MemoryGuard, plan_for_config
+
+
+def test_guard_releases_bank_entries_to_admit_a_request(loaded, gen, toks, tiny_checkpoint):
+    model = loaded("qwen3")
+    bank = model.enable_session_bank(BankSettings())
+    try:
+        for seed in range(3):
+            gen(model, toks(seed, 120), session_id=f"s{seed}")
+        held = bank.bytes_held()
+        assert bank.stats()["entries"] == 3 and held > 0
+        config = json.loads((tiny_checkpoint("qwen3") / "config.json").read_text())
+        plan = plan_for_config(config, model.info.weights_bytes)
+        needed = plan.request_bytes(100, 20, 512)
+        # A limit where the request fits only once most of the bank is gone.
+        limit = plan.weights_bytes + needed + held // 3
+        guard = MemoryGuard(plan, limit, bank_bytes=bank.bytes_held, release_bank=bank.release_idle)
+        reservation = guard.admit(100, 20)
+        reservation.release()
+        assert guard.bank_releases == 1
+        assert bank.bytes_held() <= held // 3
+        assert bank.entries()[0].session_id == "s2"  # the most recently used survives
+    finally:
+        model.bank = None
