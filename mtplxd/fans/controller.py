@@ -92,14 +92,17 @@ class FanController:
             await self.reconcile()
             await self.refresh()
             task_status.started()
-            next_refresh = time.monotonic() + REFRESH_SECONDS
+            # On trio's clock, like _next_deadline(): move_on_at takes trio time, and trio's
+            # clock is offset from time.monotonic(), so a monotonic deadline is always past
+            # and the loop would spin a core.
+            next_refresh = trio.current_time() + REFRESH_SECONDS
             while True:
                 with trio.move_on_at(min(self._next_deadline(), next_refresh)):
                     await self._wake.wait()
                 self._wake = trio.Event()
                 await self.reconcile()
-                if time.monotonic() >= next_refresh:
-                    next_refresh = time.monotonic() + REFRESH_SECONDS
+                if trio.current_time() >= next_refresh:
+                    next_refresh = trio.current_time() + REFRESH_SECONDS
                     await self._check_watchdog()
                     if self.manual:
                         await self.refresh()
