@@ -30,7 +30,7 @@ from mtplxd.fans.methods import register_fan_methods
 from mtplxd.models.methods import register_model_store_methods
 from mtplxd.paths import Paths
 from mtplxd.pressure import watch_pressure
-from mtplxd.runtime import ModelLoadFailed, Runtime
+from mtplxd.runtime import BankOptions, ModelLoadFailed, Runtime
 from mtplxd.supervisor import detect_supervisor, sd_notify
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,9 @@ class Daemon:
         self.load_model_at_start = load_model
         self.started_at = time.time()
         self.supervisor = detect_supervisor()
-        self.runtime = Runtime(paths.models_dir, config.depth, config.memory_limit)
+        bank = BankOptions(ram=config.session_bank_bytes, ssd_enabled=config.session_bank_ssd,
+                           ssd_dir=paths.session_bank_dir, ssd=config.session_bank_ssd_bytes)
+        self.runtime = Runtime(paths.models_dir, config.depth, config.memory_limit, bank)
         self.registry = MethodRegistry()
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()

@@ -72,16 +72,27 @@ def resolve_model(spec: str | None, models_dir: Path) -> tuple[Path, str]:
                           f"pull it with `mtplxctl models pull {spec}` or pass a folder path")
 
 
+@dataclass(frozen=True)
+class BankOptions:
+    """The session bank's config keys (docs/session-bank.md); the default keeps it off."""
+
+    ram: str | float = 0  # session_bank_bytes: "auto" or GiB; 0 = off
+    ssd_enabled: bool = False  # session_bank_ssd
+    ssd_dir: Path | None = None  # MTPLX_HOME/session-bank
+    ssd: str | float = "auto"  # session_bank_ssd_bytes
+
+
 class Runtime:
     """Owns the model-owner thread and the loaded model's lifecycle."""
 
     def __init__(self, models_dir: Path, default_depth: int,
-                 memory_limit: str | float = "auto") -> None:
+                 memory_limit: str | float = "auto", bank: BankOptions = BankOptions()) -> None:
         from mtplxd.engine.owner import ModelOwner
 
         self.models_dir = models_dir
         self.default_depth = default_depth
         self.memory_limit = memory_limit
+        self.bank_options = bank
         self.owner = ModelOwner()
         self.model: Any = None  # mtplxd.engine.LoadedModel once loaded
         self.guard: MemoryGuard | None = None  # the loaded model's memory guard
@@ -101,9 +112,10 @@ class Runtime:
 
     def stop(self) -> None:
         """Drop the model on the owner thread (MLX frees it there), then end the thread."""
-        self.model, self.guard = None, None
+        model, self.model, self.guard = self.model, None, None
         try:
-            self.owner.submit(_release_mlx_memory).result(timeout=10)
+            # The bank finishes its queued disk writes (bounded) before the process goes.
+            self.owner.submit(lambda: _retire(model)).result(timeout=60)
         except Exception as exc:  # shutting down anyway; the log says why memory was not freed
             log.warning("could not release MLX memory at stop: %s", exc)
         self.owner.stop()
@@ -125,6 +137,8 @@ class Runtime:
             self.state, self.error = "loading", None
             log.info("loading model %s from %s", model_id, path)
             previous, self.model, self.guard = self.model, None, None
+            if previous is not None:
+                await self._on_owner(lambda: _retire(previous))
             del previous
             started = time.monotonic()
             try:
@@ -134,6 +148,7 @@ class Runtime:
                 self.state, self.error = "failed", str(exc)
                 log.error("model load failed: %s", exc)
                 raise ModelLoadFailed(str(exc)) from exc
+            await self._enable_session_bank(model)
             self.guard = build_guard(path, model, self.memory_limit)
             await self._on_owner(lambda: apply_mlx_limits(self.guard))
             self.model, self.state, self.loaded_at = model, "loaded", time.time()
@@ -143,12 +158,29 @@ class Runtime:
     async def unload(self) -> bool:
         """Drop the loaded model; returns whether one was loaded."""
         async with self._load_lock:
-            was_loaded = self.model is not None
+            model = self.model
             self.model, self.state, self.error, self.loaded_at = None, "none", None, None
             self.guard = None
-            if was_loaded:
-                await self._on_owner(_release_mlx_memory)
-            return was_loaded
+            if model is not None:
+                await self._on_owner(lambda: _retire(model))
+            return model is not None
+
+    async def _enable_session_bank(self, model: Any) -> None:
+        """Give a freshly loaded model its session bank, sized from the memory limit."""
+        from mtplxd.engine.session_bank import bank_settings
+
+        options = self.bank_options
+        settings = bank_settings(options.ram, options.ssd_enabled and options.ssd_dir is not None,
+                                 options.ssd_dir or Path(), options.ssd,
+                                 limit_bytes=resolve_limit(self.memory_limit, psutil.virtual_memory().total),
+                                 weights_bytes=model.info.weights_bytes)
+        if settings is not None:
+            await self._on_owner(lambda: model.enable_session_bank(settings))
+
+    def session_bank_stats(self) -> dict[str, Any]:
+        """The session bank's counters for status (enabled: False when it is off)."""
+        bank = getattr(self.model, "session_bank", None)
+        return bank.stats() if bank is not None else {"enabled": False}
 
     def require_model(self) -> Any:
         if self.model is None:
@@ -273,6 +305,15 @@ def apply_mlx_limits(guard: MemoryGuard) -> None:
             mx.set_wired_limit(min(guard.plan.weights_bytes, guard.limit_bytes))
         except (AttributeError, ValueError, RuntimeError) as exc:
             log.info("wired limit not applied: %s", exc)
+
+
+def _retire(model: Any) -> None:
+    """Close a model that is being replaced or unloaded (owner thread): flush its bank, free MLX."""
+    bank = getattr(model, "session_bank", None)
+    if bank is not None:
+        bank.close()
+    del model
+    _release_mlx_memory()
 
 
 def _release_mlx_memory() -> None:

@@ -346,20 +346,20 @@ def status_table(status: dict[str, Any]) -> Table:
         table.add_row("memory guard", f"limit {human_bytes(guard['limit_bytes'])}, "
                       f"{human_bytes(guard['available_bytes'])} available, fits "
                       f"{guard['max_context_tokens']} tokens per request, {guard['refused']} refused")
-    if status.get("session_bank"):
-        table.add_row("session bank", _one_line(status["session_bank"]))
+    bank = status.get("session_bank")
+    if bank:
+        if bank.get("enabled") is False:
+            table.add_row("session bank", "off (`mtplxctl config set session_bank_bytes auto`)")
+        else:
+            table.add_row("session bank", f"{bank['entries']} entries, {human_bytes(bank['bytes'])} of "
+                          f"{human_bytes(bank['cap_bytes'])}, hit rate {bank['hit_rate']:.0%}; disk "
+                          f"{bank.get('ssd_entries', 0)} entries, {human_bytes(bank.get('ssd_bytes', 0))}")
     if status.get("fans"):
         from mtplxctl.commands.fans import summary_line
 
         table.add_row("fans", summary_line(status["fans"]))
     table.add_row("", f"[dim]{status['powered_by']}[/]")
     return table
-
-
-def _one_line(section: Any) -> str:
-    if isinstance(section, dict):
-        return ", ".join(f"{k} {v}" for k, v in section.items() if not isinstance(v, (dict, list)))
-    return str(section)
 
 
 # ---------------------------------------------------------------- logs

@@ -88,6 +88,9 @@ async def _serve_connection(stream: trio.SocketStream, registry: MethodRegistry,
                 error = RpcError(protocol.APP_ERROR, f"uid {uid} may not control this daemon "
                                  f"(owned by uid {own_uid})", "permission_denied")
                 await stream.send_all(protocol.error_message(None, error))
+                # Closing while the peer's request is unread would reset the connection before
+                # it reads why; read briefly what it sends, then close.
+                await _discard_input(stream)
                 return
             await _request_loop(stream, registry)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -159,6 +159,7 @@ def test_a_connection_from_another_uid_is_refused(daemon):
         for path, mode in original_parents:
             os.chmod(path, mode)
         os.chmod(daemon.paths.run_dir, run_dir_mode)
+    assert refused.stdout.strip(), refused.stderr
     answer = json.loads(refused.stdout)
     assert answer["error"]["data"]["reason"] == "permission_denied"
     assert "uid 65534" in answer["error"]["message"]
