@@ -60,8 +60,12 @@ def parse_messages_request(data: dict[str, Any]
 def _to_chat(raw: Any, name: str) -> list[dict[str, Any]]:
     """One Anthropic message as chat-format messages (tool results become `tool` messages)."""
     msg = Reader(raw, name)
-    role = msg.str("role", required=True, choices=("user", "assistant"))
+    role = msg.str("role", required=True, choices=("user", "assistant", "system"))
     content = msg.raw("content")
+    if role == "system":
+        # Claude Code 2.1.x (beta mid-conversation-system) sends system messages between
+        # turns; like every system text they join the leading system prompt, in order.
+        return [{"role": "system", "content": text_of(content, f"{name}.content")}]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):

@@ -1,0 +1,78 @@
+"""Request bodies recorded from the real agents (tests/api/data/<agent>_<version>_*.json) are served.
+
+Each fixture is the first request the agent sent to a running mtplxd in a headless run (see
+docs/agents.md, "Verified with"), with machine and session ids zeroed. The agent binaries are
+not needed: the bodies are replayed through the parser of their dialect and against a real
+daemon. The daemon's tiny model has a 4096-token context, smaller than the agents' prompts, so
+a replay may end in `context_length_exceeded`; that answer comes after the body was parsed and
+rendered through the chat template, which is what these tests guard.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mtplxd.api.anthropic import parse_messages_request
+from mtplxd.api.chat_format import normalize_messages
+from mtplxd.api.openai import parse_chat_request
+from mtplxd.api.responses import parse_responses_request
+from support.api_daemon import MODEL_ID
+
+DATA = Path(__file__).parent / "data"
+
+# fixture file -> (endpoint, parser of that dialect)
+RECORDED = {
+    "claude_code_2.1.197_messages.json": ("/v1/messages", parse_messages_request),
+    "codex_0.171.0_responses.json": ("/v1/responses", parse_responses_request),
+    "opencode_1.18.33_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
+    "opencode_1.18.33_title_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
+    "pi_0.73.1_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
+}
+
+
+def recorded(name: str) -> dict:
+    """The recorded body, addressed to the test daemon's model."""
+    return {**json.loads((DATA / name).read_text()), "model": MODEL_ID}
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_recorded_agent_request_parses(name):
+    _, parse = RECORDED[name]
+    conversation = parse(recorded(name))[1]
+    assert any(m["role"] == "user" for m in conversation.messages)
+
+
+def test_claude_code_mid_conversation_system_message_joins_the_system_prompt():
+    body = recorded("claude_code_2.1.197_messages.json")
+    mid = [m for m in body["messages"] if m["role"] == "system"]
+    assert mid, "the recorded Claude Code body has a system message inside `messages`"
+    conversation = parse_messages_request(body)[1]
+    messages = normalize_messages(conversation.messages)
+    assert messages[0]["role"] == "system"
+    assert all(m["role"] != "system" for m in messages[1:])
+    assert mid[0]["content"][:200] in messages[0]["content"]
+    assert messages[0]["content"].index(body["system"][-1]["text"][:200]) < \
+        messages[0]["content"].index(mid[0]["content"][:200])
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_recorded_agent_request_is_served(api, name):
+    endpoint, _ = RECORDED[name]
+    with api.http() as http:
+        reply = http.post(endpoint, json=recorded(name))
+        assert reply.status_code in (200, 400), reply.text
+        if reply.status_code == 400:
+            error = reply.json()["error"]
+            assert error.get("code", error.get("type")) == "context_length_exceeded" or \
+                "maximum context length" in error["message"], reply.text
+
+
+def test_claude_code_request_counts_its_tokens(api):
+    body = recorded("claude_code_2.1.197_messages.json")
+    with api.http() as http:
+        reply = http.post("/v1/messages/count_tokens", json=body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["input_tokens"] > 4096
