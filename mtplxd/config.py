@@ -34,6 +34,13 @@ def _as_int(low: int, high: int) -> Callable[[Any], int]:
     return parse
 
 
+def _as_depth(value: Any) -> str | int:
+    """`auto` or a depth from 0 to 8."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    return _as_int(0, 8)(value)
+
+
 def _as_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -110,7 +117,8 @@ SETTINGS: dict[str, Setting] = {
                 "Empty means the embedded demo model."),
         Setting("host", "127.0.0.1", _as_str, "HTTP bind address. Non-loopback needs an API key."),
         Setting("port", 8000, _as_int(0, 65535), "HTTP port (0 picks a free port)."),
-        Setting("depth", 3, _as_int(0, 8), "Default MTP draft depth; 0 decodes plain AR."),
+        Setting("depth", "auto", _as_depth,
+                "MTP draft depth: auto (the model's recommended depth, else 3), 0 (plain AR) to 8."),
         Setting("memory_limit", "auto", _as_memory_limit,
                 "Memory limit: auto, max, or GiB."),
         Setting("fan_mode", "auto", _as_choice("auto", "max", "smart"),

@@ -85,7 +85,7 @@ class BankOptions:
 class Runtime:
     """Owns the model-owner thread and the loaded model's lifecycle."""
 
-    def __init__(self, models_dir: Path, default_depth: int,
+    def __init__(self, models_dir: Path, default_depth: int | None,
                  memory_limit: str | float = "auto", bank: BankOptions = BankOptions()) -> None:
         from mtplxd.engine.owner import ModelOwner
 

@@ -22,6 +22,14 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_BITS = (4, 8)
 DEFAULT_DEPTH = 3
+# A checkpoint may name the depth its head was tuned for (config.json "mtplx_default_depth").
+RECOMMENDED_DEPTH_KEY = "mtplx_default_depth"
+
+
+def recommended_depth(config: dict[str, Any]) -> int:
+    """The checkpoint's own recommended MTP depth, else DEFAULT_DEPTH."""
+    value = config.get(RECOMMENDED_DEPTH_KEY)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else DEFAULT_DEPTH
 MAX_DEPTH = 8
 
 

@@ -13,7 +13,7 @@ from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, ModelInfo, ModelLoadError, TokenDelta,
 )
 from mtplxd.engine.loader import (
-    DEFAULT_DEPTH, MAX_DEPTH, inspect_checkpoint, load_checkpoint,
+    MAX_DEPTH, inspect_checkpoint, load_checkpoint, recommended_depth,
 )
 from mtplxd.engine.session_bank import BankSettings, SessionBank, identity_for
 from mtplxd.engine.trunk import Trunk
@@ -100,7 +100,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         family=report.model_type,
         mode=report.mode,
         ar_reason=report.reason if report.mode == "ar" else None,
-        depth=(DEFAULT_DEPTH if depth is None else depth) if with_mtp else 0,
+        depth=(recommended_depth(config) if depth is None else depth) if with_mtp else 0,
         context_length=int(report.context_length or 0),
         quantization=report.quantization,
         vocab_size=int(config.get("vocab_size") or text_config.get("vocab_size")),
