@@ -27,6 +27,7 @@ DATA = Path(__file__).parent / "data"
 RECORDED = {
     "claude_code_2.1.197_messages.json": ("/v1/messages", parse_messages_request),
     "codex_0.171.0_responses.json": ("/v1/responses", parse_responses_request),
+    "hermes_0.19.0_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
     "opencode_1.18.33_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
     "opencode_1.18.33_title_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
     "pi_0.73.1_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
