@@ -1,7 +1,9 @@
 """Request bodies recorded from the real agents (tests/api/data/<agent>_<version>_*.json) are served.
 
 Each fixture is the first request the agent sent to a running mtplxd in a headless run (see
-docs/agents.md, "Verified with"), with machine and session ids zeroed. The agent binaries are
+docs/agents.md, "Verified with"), with machine and session ids zeroed; `*_tool_result.json` is
+the request that followed a tool call (`echo mtplx-tool-ok`, answered by a recording proxy in
+the agent's own wire format): the agent's tool result on its way back. The agent binaries are
 not needed: the bodies are replayed through the parser of their dialect and against a real
 daemon. The daemon's tiny model has a 4096-token context, smaller than the agents' prompts, so
 a replay may end in `context_length_exceeded`; that answer comes after the body was parsed and
@@ -26,12 +28,18 @@ DATA = Path(__file__).parent / "data"
 # fixture file -> (endpoint, parser of that dialect)
 RECORDED = {
     "claude_code_2.1.197_messages.json": ("/v1/messages", parse_messages_request),
+    "claude_code_2.1.197_messages_tool_result.json": ("/v1/messages", parse_messages_request),
     "codex_0.171.0_responses.json": ("/v1/responses", parse_responses_request),
+    "codex_0.171.0_responses_tool_result.json": ("/v1/responses", parse_responses_request),
     "hermes_0.19.0_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
+    "hermes_0.19.0_chat_completions_tool_result.json": ("/v1/chat/completions", parse_chat_request),
     "opencode_1.18.33_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
+    "opencode_1.18.33_chat_completions_tool_result.json": ("/v1/chat/completions", parse_chat_request),
     "opencode_1.18.33_title_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
     "pi_0.73.1_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
+    "pi_0.73.1_chat_completions_tool_result.json": ("/v1/chat/completions", parse_chat_request),
 }
+TOOL_RESULT_MARK = "mtplx-tool-ok"  # what the recorded tool call (`echo mtplx-tool-ok`) printed
 
 
 def recorded(name: str) -> dict:
@@ -77,3 +85,14 @@ def test_claude_code_request_counts_its_tokens(api):
         reply = http.post("/v1/messages/count_tokens", json=body)
     assert reply.status_code == 200, reply.text
     assert reply.json()["input_tokens"] > 4096
+
+
+@pytest.mark.parametrize("name", sorted(n for n in RECORDED if n.endswith("_tool_result.json")))
+def test_recorded_tool_result_reaches_the_prompt_as_a_tool_turn(name):
+    _, parse = RECORDED[name]
+    messages = normalize_messages(parse(recorded(name))[1].messages)
+    calls = [m for m in messages if m["role"] == "assistant" and m.get("tool_calls")]
+    results = [m for m in messages if m["role"] == "tool"]
+    assert len(calls) == 1 and len(results) == 1
+    assert messages.index(calls[0]) < messages.index(results[0])
+    assert TOOL_RESULT_MARK in results[0]["content"]
