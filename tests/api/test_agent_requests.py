@@ -1,11 +1,12 @@
 """Request bodies recorded from the real agents (tests/api/data/<agent>_<version>_*.json) are served.
 
 Each fixture is the first request the agent sent to a running mtplxd in a headless run (see
-docs/agents.md, "Verified with"), with machine and session ids zeroed; `*_tool_result.json` is
+docs/agents.md, "Verified with"), with machine and session ids zeroed. `*_tool_result.json` is
 the request that followed a tool call (`echo mtplx-tool-ok`, answered by a recording proxy in
-the agent's own wire format): the agent's tool result on its way back. The agent binaries are
-not needed: the bodies are replayed through the parser of their dialect and against a real
-daemon. The daemon's tiny model has a 4096-token context, smaller than the agents' prompts, so
+the agent's own wire format): the agent's tool result on its way back. `*_second_turn.json` is
+a continued session (`codex exec resume --last`, `opencode run --continue`, `pi -p -c`). The
+agent binaries are not needed: the bodies are replayed through the parser of their dialect and
+against a real daemon. The daemon's tiny model has a 4096-token context, smaller than the agents' prompts, so
 a replay may end in `context_length_exceeded`; that answer comes after the body was parsed and
 rendered through the chat template, which is what these tests guard.
 """
@@ -31,13 +32,16 @@ RECORDED = {
     "claude_code_2.1.197_messages_tool_result.json": ("/v1/messages", parse_messages_request),
     "codex_0.171.0_responses.json": ("/v1/responses", parse_responses_request),
     "codex_0.171.0_responses_tool_result.json": ("/v1/responses", parse_responses_request),
+    "codex_0.171.0_responses_second_turn.json": ("/v1/responses", parse_responses_request),
     "hermes_0.19.0_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
     "hermes_0.19.0_chat_completions_tool_result.json": ("/v1/chat/completions", parse_chat_request),
     "opencode_1.18.33_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
     "opencode_1.18.33_chat_completions_tool_result.json": ("/v1/chat/completions", parse_chat_request),
+    "opencode_1.18.33_chat_completions_second_turn.json": ("/v1/chat/completions", parse_chat_request),
     "opencode_1.18.33_title_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
     "pi_0.73.1_chat_completions.json": ("/v1/chat/completions", parse_chat_request),
     "pi_0.73.1_chat_completions_tool_result.json": ("/v1/chat/completions", parse_chat_request),
+    "pi_0.73.1_chat_completions_second_turn.json": ("/v1/chat/completions", parse_chat_request),
 }
 TOOL_RESULT_MARK = "mtplx-tool-ok"  # what the recorded tool call (`echo mtplx-tool-ok`) printed
 
@@ -96,3 +100,12 @@ def test_recorded_tool_result_reaches_the_prompt_as_a_tool_turn(name):
     assert len(calls) == 1 and len(results) == 1
     assert messages.index(calls[0]) < messages.index(results[0])
     assert TOOL_RESULT_MARK in results[0]["content"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in RECORDED if n.endswith("_second_turn.json")))
+def test_recorded_second_turn_keeps_the_first_answer_in_order(name):
+    _, parse = RECORDED[name]
+    messages = normalize_messages(parse(recorded(name))[1].messages)
+    roles = [m["role"] for m in messages]
+    assert roles[0] == "system" and roles[-3:] == ["user", "assistant", "user"]
+    assert roles.count("assistant") == 1 and messages[-3]["content"] and messages[-2]["content"]
