@@ -85,6 +85,10 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
 
     @app.errorhandler(APIError)
     async def api_error(error: APIError) -> Response:
+        # A refused request is otherwise invisible in `mtplxctl logs`: say what and why, so a
+        # field an agent sends that we refuse shows up without capturing its traffic.
+        log.info("%s %s refused: %d %s%s: %s", request.method, request.path, error.status,
+                 error.code or "error", f" ({error.param})" if error.param else "", error.message)
         return _error_response(error)
 
     @app.errorhandler(HTTPException)

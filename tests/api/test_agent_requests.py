@@ -14,6 +14,7 @@ rendered through the chat template, which is what these tests guard.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,18 @@ def test_recorded_second_turn_keeps_the_first_answer_in_order(name):
     roles = [m["role"] for m in messages]
     assert roles[0] == "system" and roles[-3:] == ["user", "assistant", "user"]
     assert roles.count("assistant") == 1 and messages[-3]["content"] and messages[-2]["content"]
+
+
+def test_a_refused_request_is_logged_with_its_parameter(api):
+    body = {"max_tokens": 5, "messages": [{"role": "robot", "content": "hi"}]}
+    with api.http() as http:
+        assert http.post("/v1/messages", json=body).status_code == 400
+    log_file = api.home / "logs" / "mtplxd.log"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        lines = [line for line in log_file.read_text().splitlines() if "refused: 400" in line]
+        if lines:
+            break
+        time.sleep(0.05)
+    assert any("POST /v1/messages refused: 400 invalid_request (messages[0].role)" in line
+               for line in lines), lines
