@@ -29,6 +29,8 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("MTPLX_HOME", str(mtplx_home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # A daemon a test starts binds a free port, never a real daemon's 8000.
+    monkeypatch.setenv("MTPLX_PORT", "0")
     return mtplx_home
 
 
