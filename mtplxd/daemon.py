@@ -78,7 +78,8 @@ class Daemon:
         if self.http_binds:
             # hypercorn reports what it bound, with the real port when port 0 was asked for.
             port = int(self.http_binds[0].rsplit(":", 1)[1])
-        shown = f"[{host}]" if ":" in host else host
+        # A wildcard bind serves every interface; clients on this machine reach it on loopback.
+        shown = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(host, f"[{host}]" if ":" in host else host)
         return {
             "host": host,
             "port": port,
