@@ -166,8 +166,9 @@ def measure_cycle_costs(trunk, head, cache, prompt: list[int], hiddens, max_dept
             n = cache[0].offset
             accepted, committed, hidden = decoder._cycle(n, prompt[-1], last, [prompt[-1]])
             mx.eval(hidden)
-            for entry in cache:  # back to the same context: every timed cycle has equal shapes
-                entry.trim(cache[0].offset - base)
+            extra = cache[0].offset - base  # back to the same context: equal shapes every time
+            for entry in cache:
+                entry.trim(extra)
             for entry in decoder.head_cache:
                 entry.trim(entry.offset - len(prompt))
 

@@ -16,7 +16,10 @@ def test_bucketed_mask_hides_unused_slots_and_matches_growth():
     assert full_keys.shape[2] == 256
     assert mask[0, :2].tolist() == [True, False] and mask[2, :4].tolist() == [True, True, True, False]
     cache.trim(1)
-    assert cache.make_mask(1).shape == (1, 256)
+    assert cache.make_mask(1) is None  # a single token keeps exact-length keys, no mask
+    one, _ = cache.update_and_fetch(mx.ones((1, 2, 1, 4)), mx.ones((1, 2, 1, 4)))
+    assert one.shape[2] == 3
+    assert cache.make_mask(2).shape == (2, 256)
     cache.offset = 255
     assert cache.make_mask(4).shape == (4, 511)  # KVCache keeps 255 slots, adds one step
     big, _ = cache.update_and_fetch(mx.ones((1, 2, 4, 4)), mx.ones((1, 2, 4, 4)))
