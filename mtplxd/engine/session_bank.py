@@ -48,6 +48,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache
 
+from mtplxd.engine.kv_cache import BucketedKVCache
 from mtplxd.engine.trunk import Trunk
 
 if TYPE_CHECKING:
@@ -251,7 +252,8 @@ def cache_kinds(cache: list[Any]) -> tuple[str, ...] | None:
     (rotating, quantized or other caches)."""
     kinds = []
     for c in cache:
-        if type(c) is KVCache:
+        # BucketedKVCache (CUDA's fixed verify shapes) keeps KVCache's fields and semantics.
+        if type(c) in (KVCache, BucketedKVCache):
             kinds.append(KV)
         elif isinstance(c, ArraysCache) and len(c.cache) == 2:
             kinds.append(GDN)
@@ -452,7 +454,7 @@ class SessionBank:
         session = session_id or ANONYMOUS
         cache = trunk.make_cache()
         kinds = cache_kinds(cache)
-        head_cache = head.make_cache() if head is not None else None
+        head_cache = trunk.make_head_cache(head) if head is not None else None
         if kinds is None:
             return BankTurn(self, trunk, prompt, session, None, cache, head_cache, None, None)
         need_head = head is not None
