@@ -142,6 +142,7 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
             "api_key_required": key_required,
             # The folder path stays off this unauthenticated page (`mtplxctl status` shows it).
             "model_info": {k: v for k, v in info.items() if k != "path"} if info else None,
+            "memory": runtime.guard.status() if runtime.guard is not None else None,
         }
         return body, 200
 

@@ -36,6 +36,9 @@ def test_health_says_model_state_mode_and_depth(api):
     body = httpx.get(api.base_url + "/health").json()
     assert body["state"] == "loaded" and body["model"] == MODEL_ID
     assert body["mode"] == "mtp" and body["depth"] == 3 and body["degradations"] == []
+    plan = body["memory"]["plan"]  # the memory guard's plan, from the model's geometry
+    assert plan["kv_bytes_per_token"] > 0 and plan["weights_bytes"] > 0
+    assert body["memory"]["max_context_tokens"] >= body["context_length"]
 
 
 def test_chat_non_streamed_carries_usage_stats_and_truthful_finish(client):
