@@ -74,7 +74,9 @@ def cmd_start(args: argparse.Namespace) -> int:
         # Nothing named: the catalog's pick when it is pulled (or, with --recommended, pulled
         # now), else the configured or embedded model (docs/models.md).
         from mtplxctl.commands.models import ensure_default_model
-        args.model = ensure_default_model(pull=args.recommended)
+        interactive = sys.stdin.isatty() and sys.stderr.isatty() and not args.json
+        args.model = ensure_default_model(pull=args.recommended,
+                                          confirm=_ask_yes_no if interactive else None)
 
     if not client.is_running():
         error = _launch(paths, args)
@@ -92,6 +94,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         _load_model(client, args.model, args.depth)
     status = _wait_for_model(client)
     return _report_started(status, args.json)
+
+
+def _ask_yes_no(question: str) -> bool:
+    from rich.prompt import Confirm
+
+    return Confirm.ask(question, default=False, console=err_console)
 
 
 def _daemon_flags(args: argparse.Namespace) -> list[str]:

@@ -184,15 +184,17 @@ def pull_with_progress(spec: str, as_json: bool = False) -> dict[str, Any] | Non
         return None
 
 
-def ensure_default_model(pull: bool = False) -> str | None:
+def ensure_default_model(pull: bool = False,
+                         confirm: Callable[[str], bool] | None = None) -> str | None:
     """For `mtplxctl start` with no model named: the catalog's pick, unless one is configured.
 
-    Returns the repo id to load when the pick is already pulled, or — with `pull` (`start
-    --recommended`) — after pulling it now with a progress bar. Returns None to let the daemon
-    load its configured model, or the embedded one: a plain `start` never downloads gigabytes
-    unasked. With `pull`, None also means offline, the Hub did not answer, the pick is not on
-    the Hub, the machine is too small, or the pull failed (its error is printed). Everything it
-    shows goes to stderr, so `start --json` keeps a clean stdout.
+    Returns the repo id to load when the pick is already pulled, or after pulling it now with a
+    progress bar — with `pull` (`start --recommended`), or when `confirm(question)` (an
+    interactive start) says yes. Returns None to let the daemon load its configured model, or
+    the embedded one: a plain `start` never downloads gigabytes unasked. None also means
+    offline, the Hub did not answer, the pick is not on the Hub, the machine is too small, or
+    the pull failed (its error is printed). Everything it shows goes to stderr, so
+    `start --json` keeps a clean stdout.
     """
     from mtplxd.config import ConfigError, load_config
     from mtplxd.models.catalog import EMBEDDED_ID, default_model_choice, recommended
@@ -204,13 +206,21 @@ def ensure_default_model(pull: bool = False) -> str | None:
             return None
     except ConfigError:
         return None  # the daemon names the bad setting when it starts
-    if not pull:
-        pick = recommended()
-        pulled = pick.id != EMBEDDED_ID and resolve_pulled(pick.id, paths.models_dir) is not None
-        return pick.id if pulled else None
-    choice = default_model_choice(paths)
-    if choice is None or resolve_pulled(choice, paths.models_dir) is not None:
-        return choice
+    pick = recommended()
+    if pick.id == EMBEDDED_ID:
+        return None
+    if resolve_pulled(pick.id, paths.models_dir) is not None:
+        return pick.id
+    if not pull and confirm is None:
+        return None
+    choice = default_model_choice(paths)  # None when offline or the Hub does not know the repo
+    if choice is None:
+        return None
+    if not pull and not confirm(f"No model is configured. Pull {choice} (about "
+                                f"{pick.download_gb:.0f} GB), recommended for this machine, and serve it?"):
+        err_console.print("serving the embedded demo model; `mtplxctl start --recommended` "
+                          "pulls the recommended one later")
+        return None
     err_console.print(f"no model configured: pulling the recommended {choice} "
                       "(`mtplxctl models list --available` shows the alternatives)")
     pulled = pull_with_progress(choice)

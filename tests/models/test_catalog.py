@@ -75,6 +75,22 @@ def test_start_recommended_pulls_the_pick_once(hub, test_catalog, capsys):
     assert len(hub.resolve_gets()) == gets
 
 
+def test_interactive_start_offers_the_pick_and_pulls_only_on_yes(hub, test_catalog, capsys):
+    from mtplxctl.commands.models import ensure_default_model
+
+    questions: list[str] = []
+
+    def decline(question: str) -> bool:
+        questions.append(question)
+        return False
+
+    assert ensure_default_model(confirm=decline) is None
+    assert REPO in questions[0] and "GB" in questions[0]
+    assert hub.resolve_gets() == []  # declined: nothing downloaded
+    assert ensure_default_model(confirm=lambda question: True) == REPO
+    assert "pulling the recommended" in capsys.readouterr().err
+
+
 def test_plain_start_never_downloads_the_pick(hub, test_catalog):
     from mtplxctl.commands.models import ensure_default_model
 
