@@ -14,6 +14,7 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -136,10 +137,11 @@ class Runtime:
 
             self.state, self.error = "loading", None
             log.info("loading model %s from %s", model_id, path)
+            # The old model goes before the new one loads: two never sit in memory together.
             previous, self.model, self.guard = self.model, None, None
             if previous is not None:
-                await self._on_owner(lambda: _retire(previous))
-            del previous
+                await self._on_owner(partial(_retire, previous))
+                previous = None
             started = time.monotonic()
             try:
                 model = await self._on_owner(lambda: load_model(

@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 from rich.table import Table
 
-from mtplxd.instance import lock_is_held, read_pid
+from mtplxd.instance import lock_is_held
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, DaemonNotRunning
 from mtplxctl.output import (EXIT_ERROR, EXIT_OK, console, err_console, fail,

@@ -219,7 +219,7 @@ def load_checkpoint(path: Path, *, with_mtp: bool):
     With `with_mtp`, the returned model has an `.mtp` MTPHead loaded strictly from the
     checkpoint's `mtp.*` tensors; without it, those tensors are dropped before mlx-lm sees them.
     """
-    from mlx_lm.utils import _get_classes, load_config, load_model, load_tokenizer
+    from mlx_lm.utils import load_config, load_model, load_tokenizer
 
     from mtplxd.engine.families import get_family
 

@@ -30,7 +30,7 @@ import mlx.core as mx
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.mtp_head import MTPHead
 from mtplxd.engine.sampling import (
-    ACCEPT, DRAFT, RESIDUAL, TokenHistory, apply_penalties, pick, position_key, scaled_logits,
+    ACCEPT, DRAFT, RESIDUAL, TokenHistory, apply_penalties, position_key, scaled_logits,
 )
 from mtplxd.engine.trunk import PREFILL_CHUNK, Trunk
 

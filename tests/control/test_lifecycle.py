@@ -6,23 +6,12 @@ import json
 import os
 import signal
 import stat
-import time
 
 from mtplxd.instance import lock_is_held
 from mtplxd.paths import Paths
 
 from support.daemon import run_ctl, start_daemon
-
-
-def _wait_gone(pid: int, timeout: float = 20) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
+from support.waiting import wait_gone
 
 
 def test_start_status_stop_round_trip_through_mtplxctl():
@@ -41,7 +30,7 @@ def test_start_status_stop_round_trip_through_mtplxctl():
 
     stopped = run_ctl("stop")
     assert stopped.returncode == 0, stopped.stderr
-    assert _wait_gone(pid)
+    assert wait_gone(pid)
     paths = Paths.from_env()
     assert not paths.socket.exists() and not paths.pid_file.exists()
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import tomllib
 
 import httpx
@@ -15,6 +14,7 @@ from mtplxd.fans.lease import Lease, write_lease
 from mtplxd.paths import Paths
 
 from support.daemon import RunningDaemon, run_ctl, start_daemon
+from support.waiting import wait_for
 
 
 @pytest.fixture
@@ -39,15 +39,6 @@ def _fans(daemon: RunningDaemon) -> dict:
     return daemon.client.call("daemon.status")["fans"]
 
 
-def _wait_for(predicate, timeout: float) -> float | None:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.02)
-    return None
-
-
 def _exited(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -64,9 +55,9 @@ def test_max_mode_daemon_sets_manual_and_kill_9_restores_within_3_seconds(start,
     assert not _exited(watchdog_pid)
 
     daemon.process.send_signal(signal.SIGKILL)
-    took = _wait_for(lambda: hwmon.attr("pwm1_enable") == "2", timeout=3.0)
+    took = wait_for(lambda: hwmon.attr("pwm1_enable") == "2", timeout=3.0)
     assert took is not None, "pwm1_enable not restored within 3 s of kill -9"
-    assert _wait_for(lambda: _exited(watchdog_pid), timeout=3.0) is not None
+    assert wait_for(lambda: _exited(watchdog_pid), timeout=3.0) is not None
     assert not daemon.paths.fans_lease.exists()
 
 
@@ -76,7 +67,7 @@ def test_sigterm_restores_the_fans_and_the_watchdog_exits(start, hwmon):
     assert daemon.stop(signal.SIGTERM) == 0
     assert hwmon.attr("pwm1_enable") == "2"  # restored before the daemon exited
     assert not daemon.paths.fans_lease.exists()
-    assert _wait_for(lambda: _exited(watchdog_pid), timeout=3.0) is not None
+    assert wait_for(lambda: _exited(watchdog_pid), timeout=3.0) is not None
     log = daemon.paths.log_file.read_text()
     assert "fans returned to automatic control (daemon stopping)" in log
 
@@ -87,7 +78,7 @@ def test_mtplxctl_stop_restores_the_fans(start, hwmon):
     assert run_ctl("stop").returncode == 0
     daemon.process.wait(10)
     assert hwmon.attr("pwm1_enable") == "2"
-    assert _wait_for(lambda: _exited(watchdog_pid), timeout=3.0) is not None
+    assert wait_for(lambda: _exited(watchdog_pid), timeout=3.0) is not None
 
 
 def test_a_stale_lease_from_a_dead_daemon_is_restored_at_startup(start, hwmon):
@@ -116,7 +107,7 @@ def test_a_failing_write_at_start_is_reported_and_the_daemon_is_fully_up(start, 
     assert fans["holder"] is None and not daemon.paths.fans_lease.exists()
     assert hwmon.attr("pwm1_enable") == "2"
     # Fully started: the HTTP API answers too (it binds just after the control socket).
-    assert _wait_for(lambda: daemon.client.call("daemon.status")["http"]["binds"], 10) is not None
+    assert wait_for(lambda: daemon.client.call("daemon.status")["http"]["binds"], 10) is not None
     port = daemon.client.call("daemon.status")["http"]["port"]
     assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
     assert "fan take failed" in daemon.paths.log_file.read_text()
@@ -167,7 +158,7 @@ def test_smart_mode_takes_the_fans_for_a_real_request_and_arms_the_idle_timer(hw
     daemon = start_daemon(env={"MTPLX_HWMON_ROOT": str(hwmon.root), "MTPLX_FAN_MODE": "smart",
                                "MTPLX_FAN_IDLE_MINUTES": "1", "MTPLX_PORT": "0"}, timeout=60)
     try:
-        assert _wait_for(lambda: (daemon.client.call("daemon.status")["model"] or {}).get("state")
+        assert wait_for(lambda: (daemon.client.call("daemon.status")["model"] or {}).get("state")
                          in ("loaded", "failed"), timeout=120) is not None
         status = daemon.client.call("daemon.status")
         assert status["model"]["state"] == "loaded", status["model"]
@@ -179,7 +170,7 @@ def test_smart_mode_takes_the_fans_for_a_real_request_and_arms_the_idle_timer(hw
         assert answer.status_code == 200, answer.text
 
         # The take runs in the controller task (watchdog first), alongside the request.
-        assert _wait_for(lambda: _fans(daemon)["manual"], timeout=10) is not None
+        assert wait_for(lambda: _fans(daemon)["manual"], timeout=10) is not None
         fans = _fans(daemon)
         assert hwmon.attr("pwm1_enable") == "1" and fans["active_requests"] == 0
         assert 0 < fans["release_in_seconds"] <= 60  # back to automatic after fan_idle_minutes

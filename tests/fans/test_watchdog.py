@@ -13,6 +13,7 @@ import pytest
 from mtplxd.fans import watchdog
 from mtplxd.fans.hwmon import HwmonBackend
 from mtplxd.fans.lease import Lease, clear_lease, process_start_time, write_lease
+from support.waiting import wait_for
 
 
 @pytest.fixture
@@ -35,16 +36,6 @@ def _take_fans(hwmon, lease_path: Path, pid: int) -> Lease:
     return lease
 
 
-def _wait_for(predicate, timeout: float) -> float | None:
-    """Seconds until `predicate()` held, or None when `timeout` passed first."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.02)
-    return None
-
-
 def test_kill_9_of_the_watched_process_restores_within_3_seconds(hwmon, tmp_path, victim):
     lease_path = tmp_path / "fans.lease"
     lease = _take_fans(hwmon, lease_path, victim.pid)
@@ -53,7 +44,7 @@ def test_kill_9_of_the_watched_process_restores_within_3_seconds(hwmon, tmp_path
     assert guard.poll() is None and hwmon.attr("pwm1_enable") == "1"
 
     victim.send_signal(signal.SIGKILL)  # left unreaped: a zombie counts as dead
-    took = _wait_for(lambda: hwmon.attr("pwm1_enable") == "2", timeout=3.0)
+    took = wait_for(lambda: hwmon.attr("pwm1_enable") == "2", timeout=3.0)
     assert took is not None, (tmp_path / "watchdog.log").read_text()
     assert guard.wait(5) == 0
     assert not lease_path.exists()

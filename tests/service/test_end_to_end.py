@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from support.daemon import run_ctl, start_daemon
+from support.waiting import wait_gone
 
 STOP = ["systemctl", "--user", "stop", "mtplxd.service"]
 
@@ -29,17 +29,6 @@ def real_daemon(fake_tools, daemon_config: Path, monkeypatch: pytest.MonkeyPatch
 def _json(result) -> dict:
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
-
-
-def _gone(pid: int, timeout: float = 20) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_systemd_unit_runs_the_daemon_and_mtplxctl_start_stop_go_through_systemctl(
@@ -64,7 +53,7 @@ def test_systemd_unit_runs_the_daemon_and_mtplxctl_start_stop_go_through_systemc
     assert stopped.returncode == 0, stopped.stderr
     assert STOP in real_daemon.calls()
     assert real_daemon.exit_status("systemd", "mtplxd.service") == 0  # SIGTERM -> drain -> exit 0
-    assert _gone(pid)
+    assert wait_gone(pid)
     assert run_ctl("status").returncode == 3
     # The daemon's output went where the unit's StandardOutput= says.
     assert (isolated_home / "logs" / "mtplxd.out").exists()
@@ -76,7 +65,7 @@ def test_systemd_unit_runs_the_daemon_and_mtplxctl_start_stop_go_through_systemc
     removed = run_ctl("service", "uninstall")
     assert removed.returncode == 0, removed.stderr
     assert real_daemon.exit_status("systemd", "mtplxd.service") == 0
-    assert _gone(started["pid"])
+    assert wait_gone(started["pid"])
     after = run_ctl("service", "status", "--json")
     assert after.returncode == 3 and json.loads(after.stdout)["installed"] is False
 
@@ -104,7 +93,7 @@ def test_launchagent_takes_over_a_hand_started_daemon_and_stop_boots_it_out(
     assert ["launchctl", "bootout", target] in calls
     assert not any("-k" in call for call in calls)
     assert real_daemon.exit_status("launchd", "com.mtplx.mtplxd") == 0
-    assert _gone(pid)
+    assert wait_gone(pid)
 
     assert run_ctl("service", "uninstall").returncode == 0
     assert not (Path.home() / "Library" / "LaunchAgents" / "com.mtplx.mtplxd.plist").exists()

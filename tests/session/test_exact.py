@@ -53,7 +53,7 @@ def test_greedy_follow_up_identical_warm_and_cold(loaded, gen, toks, family, dep
     model = loaded(family)
     first = toks(3, 120)
     cold1 = gen(model, first, depth=depth)
-    bank = model.enable_session_bank(BankSettings())
+    model.enable_session_bank(BankSettings())
     try:
         warm1 = gen(model, first, depth=depth)
         assert warm1.stats.cached_tokens == 0
