@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -15,6 +16,14 @@ EXIT_NOT_RUNNING = 3
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
+
+
+def key_value_table() -> Table:
+    """A borderless two-column table (bold labels, values) for `status`-style views."""
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    return table
 
 
 def print_json(data: Any) -> None:

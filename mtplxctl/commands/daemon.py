@@ -16,7 +16,7 @@ from rich.table import Table
 from mtplxd.instance import lock_is_held
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, DaemonNotRunning
-from mtplxctl.output import (EXIT_ERROR, EXIT_OK, console, err_console, fail,
+from mtplxctl.output import (key_value_table, EXIT_ERROR, EXIT_OK, console, err_console, fail,
                              human_bytes, human_duration, not_running, print_json)
 
 START_TIMEOUT = 60.0
@@ -324,9 +324,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def status_table(status: dict[str, Any]) -> Table:
     """The human view of `daemon.status`."""
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table = key_value_table()
     table.add_row("daemon", f"running, pid {status['pid']}, up {human_duration(status['uptime_seconds'])}"
                   f" (mtplxd {status['version']})")
     table.add_row("supervisor", status.get("supervisor") or "none (started by hand)")

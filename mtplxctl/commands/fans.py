@@ -14,7 +14,7 @@ from mtplxd.fans.lease import restore_stale_lease
 from mtplxd.instance import lock_is_held
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, ControlError, DaemonNotRunning
-from mtplxctl.output import EXIT_OK, console, fail, not_running, print_json
+from mtplxctl.output import key_value_table, EXIT_OK, console, fail, not_running, print_json
 
 MODE_HELP = {
     "auto": "leave the fans to the system (never touch them)",
@@ -87,9 +87,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def status_table(fans: dict[str, Any]) -> Table:
     """The human view of `fans.status`."""
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table = key_value_table()
     table.add_row("mode", f"{fans['mode']} — {MODE_HELP.get(fans['mode'], '')}")
     table.add_row("control", fans["control"])
     holder = fans.get("holder")

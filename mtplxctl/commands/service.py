@@ -20,7 +20,7 @@ from mtplxd.instance import lock_is_held
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, DaemonNotRunning
 from mtplxctl.launchd import ChangeReport, ServiceError, ServiceManager, service_manager
-from mtplxctl.output import (EXIT_NOT_RUNNING, EXIT_OK, console, err_console, fail,
+from mtplxctl.output import (key_value_table, EXIT_NOT_RUNNING, EXIT_OK, console, err_console, fail,
                              print_json)
 
 UP_TIMEOUT = 60.0
@@ -196,9 +196,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _status_table(status: Any) -> Table:
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table = key_value_table()
     table.add_row("manager", f"{status.manager} ({status.target})")
     if not status.installed:
         table.add_row("installed", f"no ({status.file} does not exist)")

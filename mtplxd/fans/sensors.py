@@ -11,27 +11,24 @@ import psutil
 from mtplxd.fans.base import FanReading, TemperatureReading
 
 
-def psutil_temperatures() -> list[TemperatureReading]:
-    """Every temperature psutil reports (empty where it reports none)."""
-    reader = getattr(psutil, "sensors_temperatures", None)
+def _psutil_sensors(name: str) -> list[tuple[str, float]]:
+    """(label, current) of every entry psutil's `sensors_<name>()` reports; empty when it has none."""
+    reader = getattr(psutil, f"sensors_{name}", None)
     if reader is None:
         return []
     try:
         groups = reader()
     except (OSError, RuntimeError):
         return []
-    return [TemperatureReading(f"{chip} {entry.label or index}".strip(), float(entry.current))
+    return [(f"{chip} {entry.label or index}".strip(), float(entry.current))
             for chip, entries in groups.items() for index, entry in enumerate(entries)]
+
+
+def psutil_temperatures() -> list[TemperatureReading]:
+    """Every temperature psutil reports (empty where it reports none)."""
+    return [TemperatureReading(label, value) for label, value in _psutil_sensors("temperatures")]
 
 
 def psutil_fans() -> list[FanReading]:
     """Every fan speed psutil reports (Linux only; empty elsewhere)."""
-    reader = getattr(psutil, "sensors_fans", None)
-    if reader is None:
-        return []
-    try:
-        groups = reader()
-    except (OSError, RuntimeError):
-        return []
-    return [FanReading(f"{chip} {entry.label or index}".strip(), rpm=float(entry.current))
-            for chip, entries in groups.items() for index, entry in enumerate(entries)]
+    return [FanReading(label, rpm=value) for label, value in _psutil_sensors("fans")]
