@@ -150,8 +150,9 @@ class Runtime:
                 self.state, self.error = "failed", str(exc)
                 log.error("model load failed: %s", exc)
                 raise ModelLoadFailed(str(exc)) from exc
-            await self._enable_session_bank(model)
-            self.guard = build_guard(path, model, self.memory_limit)
+            limit = resolve_limit(self.memory_limit, psutil.virtual_memory().total)
+            await self._enable_session_bank(model, limit)
+            self.guard = build_guard(path, model, limit)
             await self._on_owner(lambda: apply_mlx_limits(self.guard))
             self.model, self.state, self.loaded_at = model, "loaded", time.time()
             log.info("loaded %s in %.1fs (%s)", model_id, time.monotonic() - started, model.info.mode)
@@ -167,14 +168,14 @@ class Runtime:
                 await self._on_owner(lambda: _retire(model))
             return model is not None
 
-    async def _enable_session_bank(self, model: Any) -> None:
+    async def _enable_session_bank(self, model: Any, limit_bytes: int) -> None:
         """Give a freshly loaded model its session bank, sized from the memory limit."""
         from mtplxd.engine.session_bank import bank_settings
 
         options = self.bank_options
         settings = bank_settings(options.ram, options.ssd_enabled and options.ssd_dir is not None,
                                  options.ssd_dir or Path(), options.ssd,
-                                 limit_bytes=resolve_limit(self.memory_limit, psutil.virtual_memory().total),
+                                 limit_bytes=limit_bytes,
                                  weights_bytes=model.info.weights_bytes)
         if settings is not None:
             await self._on_owner(lambda: model.enable_session_bank(settings))
@@ -278,11 +279,10 @@ async def _unwrap(receive: trio.MemoryReceiveChannel) -> AsyncIterator[Any]:
         yield item
 
 
-def build_guard(path: Path, model: Any, memory_limit: str | float) -> MemoryGuard:
+def build_guard(path: Path, model: Any, limit_bytes: int) -> MemoryGuard:
     """The memory guard of a freshly loaded model, from its config.json geometry."""
     config = json.loads((Path(path) / "config.json").read_text())
     plan = plan_for_config(config, model.info.weights_bytes)
-    limit = resolve_limit(memory_limit, psutil.virtual_memory().total)
 
     def system_available() -> int:
         # Other processes count too: never plan into memory the OS does not have to give.
@@ -290,7 +290,7 @@ def build_guard(path: Path, model: Any, memory_limit: str | float) -> MemoryGuar
 
     bank = getattr(model, "session_bank", None)
     return MemoryGuard(
-        plan, limit,
+        plan, limit_bytes,
         bank_bytes=bank.bytes_held if bank is not None else (lambda: 0),
         release_bank=bank.release_idle if bank is not None else (lambda needed: 0),
         system_available=system_available,
