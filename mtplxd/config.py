@@ -119,6 +119,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("port", 8000, _as_int(0, 65535), "HTTP port (0 picks a free port)."),
         Setting("depth", "auto", _as_depth,
                 "MTP draft depth: auto (the model's recommended depth, else 3), 0 (plain AR) to 8."),
+        Setting("decode_loop", "auto", _as_choice("auto", "fused", "stepwise"),
+                "Decode loop: fused (each MTP cycle one compiled device graph, read a cycle "
+                "late), stepwise (the host reads every cycle), or auto (fused on CUDA)."),
         Setting("memory_limit", "auto", _as_memory_limit,
                 "Memory limit: auto, max, or GiB."),
         Setting("fan_mode", "auto", _as_choice("auto", "max", "smart"),

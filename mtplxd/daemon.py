@@ -58,7 +58,8 @@ class Daemon:
         bank = BankOptions(ram=config.session_bank_bytes, ssd_enabled=config.session_bank_ssd,
                            ssd_dir=paths.session_bank_dir, ssd=config.session_bank_ssd_bytes)
         depth = None if config.depth == "auto" else config.depth  # None: the model's own
-        self.runtime = Runtime(paths.models_dir, depth, config.memory_limit, bank)
+        self.runtime = Runtime(paths.models_dir, depth, config.memory_limit, bank,
+                               decode_loop=config.decode_loop)
         self.registry = MethodRegistry()
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()

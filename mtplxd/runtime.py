@@ -87,13 +87,15 @@ class Runtime:
     """Owns the model-owner thread and the loaded model's lifecycle."""
 
     def __init__(self, models_dir: Path, default_depth: int | None,
-                 memory_limit: str | float = "auto", bank: BankOptions = BankOptions()) -> None:
+                 memory_limit: str | float = "auto", bank: BankOptions = BankOptions(),
+                 decode_loop: str = "auto") -> None:
         from mtplxd.engine.owner import ModelOwner
 
         self.models_dir = models_dir
         self.default_depth = default_depth
         self.memory_limit = memory_limit
         self.bank_options = bank
+        self.decode_loop = decode_loop
         self.owner = ModelOwner()
         self.model: Any = None  # mtplxd.engine.LoadedModel once loaded
         self.guard: MemoryGuard | None = None  # the loaded model's memory guard
@@ -145,7 +147,8 @@ class Runtime:
             started = time.monotonic()
             try:
                 model = await self._on_owner(lambda: load_model(
-                    path, model_id=model_id, depth=self.default_depth if depth is None else depth))
+                    path, model_id=model_id, depth=self.default_depth if depth is None else depth,
+                    decode_loop=self.decode_loop))
             except Exception as exc:
                 self.state, self.error = "failed", str(exc)
                 log.error("model load failed: %s", exc)

@@ -128,7 +128,7 @@ def _print_table(report: dict[str, Any]) -> None:
     info = report["model"]
     table = Table(title=f"{info['id']} ({info['family']}, {info['quantization'] or 'float'}) "
                         f"depth {report['depth']}, {report['max_tokens']} tokens x "
-                        f"{report['runs_per_mode']} runs, device {report['device']}")
+                        f"{report['runs_per_mode']} runs, {report['decode_loop']} loop, device {report['device']}")
     for column in ("T", "AR tok/s", "MTP tok/s", "speedup", "acceptance by depth",
                    "tokens/cycle", "greedy identical"):
         table.add_column(column, justify="right", no_wrap=True)
@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="passes over the prompt set")
     parser.add_argument("--temperatures", default="0,0.6", help="comma-separated, e.g. 0,0.6")
     parser.add_argument("--json-out", type=Path, default=None, help="write the report here")
+    parser.add_argument("--decode-loop", choices=("auto", "fused", "stepwise"), default="auto",
+                        help="decode loop for AR and MTP alike (default: the backend's)")
     args = parser.parse_args(argv)
 
     import mlx.core as mx
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     from mtplxd.engine.model import load_model
 
     started = time.perf_counter()
-    model = load_model(args.model)
+    model = load_model(args.model, decode_loop=args.decode_loop)
     load_seconds = time.perf_counter() - started
     if model.info.mode != "mtp":
         print(f"{model.info.id} is served AR ({model.info.ar_reason}); nothing to compare", file=sys.stderr)
@@ -174,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     report.update({
         "model": model.info.to_dict(),
         "depth": depth,
+        "decode_loop": model.trunk.decode_loop,
         "max_tokens": args.max_tokens,
         "runs_per_mode": args.repeats * len(PROMPTS),
         "load_seconds": load_seconds,

@@ -69,7 +69,8 @@ class LoadedModel:
 def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                depth: int | None = None,
                session_bank: BankSettings | None = None,
-               draft_head_bits: int | None = None) -> LoadedModel:
+               draft_head_bits: int | None = None,
+               decode_loop: str = "auto") -> LoadedModel:
     """Load an HF-format folder for serving (owner thread only).
 
     Registered families with MTP tensors are served MTP at `depth` (default 3); anything else
@@ -77,7 +78,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     refused checkpoints (auto_map, unsupported quantization, missing files). With
     `session_bank` settings the model gets a session bank (prefix reuse; off by default).
     `draft_head_bits` (4 or 8) gives MTP drafting a quantized copy of an unquantized lm_head:
-    cheaper draft steps, same output (only acceptance can change).
+    cheaper draft steps, same output (only acceptance can change). `decode_loop` is "fused"
+    (each cycle one compiled device graph: fused.py), "stepwise", or "auto" (fused on CUDA).
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -91,6 +93,10 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp)
     spec = get_family(report.model_type)
     trunk = Trunk(model, spec)
+    if decode_loop not in ("auto", "fused", "stepwise"):
+        raise ModelLoadError(f"decode_loop must be auto, fused or stepwise, got {decode_loop!r}")
+    if decode_loop != "auto":
+        trunk.decode_loop = decode_loop
     if with_mtp and draft_head_bits is not None:
         trunk.quantize_draft_head(bits=draft_head_bits)
     text_config = config.get("text_config") or {}

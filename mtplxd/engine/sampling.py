@@ -31,6 +31,31 @@ def position_key(seed: int, position: int, purpose: int) -> mx.array:
     return mx.random.key(mixed % (1 << 63))
 
 
+def seed_words(seed: int) -> mx.array:
+    """The seed as two uint32 words, for keys derived on the device."""
+    seed %= 1 << 64
+    return mx.array([seed & 0xFFFFFFFF, seed >> 32], mx.uint32)
+
+
+def _mix32(x: mx.array) -> mx.array:
+    """lowbias32 (C. Wellons): a well-mixed bijection of uint32."""
+    x = x ^ (x >> 16)
+    x = x * mx.array(0x7FEB352D, mx.uint32)
+    x = x ^ (x >> 15)
+    x = x * mx.array(0x846CA68B, mx.uint32)
+    return x ^ (x >> 16)
+
+
+def device_position_keys(seed: mx.array, positions: mx.array, purpose: int) -> mx.array:
+    """(len(positions), 2) PRNG keys from (seed words, absolute positions, purpose), computed
+    on the device, so a position that is still a lazy array (the fused loop) gets its key
+    without a host sync. Distinct positions and purposes give unrelated keys."""
+    counter = positions.astype(mx.uint32) * 8 + purpose
+    first = _mix32(_mix32(counter ^ seed[0]) + seed[1])
+    second = _mix32(first ^ _mix32(counter + mx.array(0x9E3779B9, mx.uint32)) ^ seed[0])
+    return mx.stack([first, second], axis=-1)
+
+
 class TokenHistory:
     """Per-request token counts that the penalties read (kept on the device).
 

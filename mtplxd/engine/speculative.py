@@ -72,7 +72,7 @@ def residual_distribution(p: mx.array, q: mx.array) -> mx.array:
     return mx.where(total > 0, residual / mx.where(total > 0, total, 1.0), p)
 
 
-def _draw(probs: mx.array, key: mx.array) -> mx.array:
+def draw_rows(probs: mx.array, key: mx.array) -> mx.array:
     """One categorical draw per row of a (rows, V) probability matrix."""
     logw = mx.where(probs > 0, mx.log(mx.maximum(probs, 1e-38)), float("-inf"))
     return mx.random.categorical(logw, axis=-1, key=key)
@@ -225,7 +225,7 @@ class SpeculativeDecoder:
         accept = (uniforms < ratio).astype(mx.uint32)
         # Row i < K: the residual at a rejection of d_{i+1}; row K: the bonus, drawn from p.
         fallback = mx.concatenate([residual_distribution(p[:K], q), p[K:]], axis=0)
-        corrections = _draw(fallback, position_key(self.seed, n + 1, RESIDUAL)).astype(mx.uint32)
+        corrections = draw_rows(fallback, position_key(self.seed, n + 1, RESIDUAL)).astype(mx.uint32)
         return mx.stack([mx.concatenate([accept, mx.zeros((1,), mx.uint32)]), corrections])
 
 

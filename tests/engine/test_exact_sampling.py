@@ -12,6 +12,7 @@ from collections import Counter
 import mlx.core as mx
 import pytest
 
+import mtplxd.engine.fused as fused
 import mtplxd.engine.speculative as speculative
 from mtplxd.engine import GenerationRequest, SamplingParams
 from mtplxd.engine.sampling import probabilities
@@ -94,6 +95,15 @@ def prompt(tiny_qwen3):
     return tiny_qwen3.tokenizer.encode("def add(a, b):\n    ret")
 
 
+@pytest.fixture(params=["stepwise", "fused"], autouse=True)
+def decode_loop(request, tiny_qwen3):
+    """Every test here runs once per decode loop (fused.py and speculative.py)."""
+    default = tiny_qwen3.trunk.decode_loop
+    tiny_qwen3.trunk.decode_loop = request.param
+    yield request.param
+    tiny_qwen3.trunk.decode_loop = default
+
+
 @pytest.mark.parametrize(("params", "depth"), CONFIGS)
 def test_sampled_mtp_matches_the_exact_target_distribution(tiny_qwen3, prompt, params, depth):
     joint = exact_joint(tiny_qwen3, prompt, params)
@@ -105,6 +115,8 @@ def test_sampled_mtp_matches_the_exact_target_distribution(tiny_qwen3, prompt, p
 @pytest.mark.parametrize(("params", "depth"), CONFIGS)
 def test_a_wrong_residual_fails_the_same_test(tiny_qwen3, prompt, params, depth, monkeypatch):
     monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(fused, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(tiny_qwen3.trunk, "compiled_graphs", {})  # trace with the wrong rule
     joint = exact_joint(tiny_qwen3, prompt, params)
     counts = sampled_counts(tiny_qwen3, prompt, params, depth, N_SAMPLES)
     assert chi_square_p_value(joint, counts, N_SAMPLES) < 1e-3

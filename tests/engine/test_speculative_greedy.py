@@ -26,14 +26,18 @@ def greedy(model, ids, depth, max_tokens, **sampling):
     return list(model.generate(request))[-1]
 
 
-@pytest.fixture(scope="module")
-def models(tiny_model_factory):
-    """Dense qwen3 variants: predictable (many accepts), plain random trunk, 4-bit, 8-bit."""
+@pytest.fixture(scope="module", params=["stepwise", "fused"])
+def models(tiny_model_factory, request):
+    """Dense qwen3 variants: predictable (many accepts), plain random trunk, 4-bit, 8-bit;
+    once per decode loop (AR and MTP both run the loop under test)."""
+    def load(path):
+        return load_model(path, decode_loop=request.param)
+
     return {
-        "qwen3": load_model(tiny_model_factory("qwen3")),
-        "qwen3_plain": load_model(tiny_model_factory("qwen3", embed_scale=1.0, seed=1)),
-        "qwen3_q4": load_model(tiny_model_factory("qwen3", quantize_bits=4)),
-        "qwen3_q8": load_model(tiny_model_factory("qwen3", quantize_bits=8, seed=2)),
+        "qwen3": load(tiny_model_factory("qwen3")),
+        "qwen3_plain": load(tiny_model_factory("qwen3", embed_scale=1.0, seed=1)),
+        "qwen3_q4": load(tiny_model_factory("qwen3", quantize_bits=4)),
+        "qwen3_q8": load(tiny_model_factory("qwen3", quantize_bits=8, seed=2)),
     }
 
 
@@ -85,6 +89,7 @@ def test_greedy_mtp_with_penalties_equals_ar_with_penalties(models):
 
 
 def test_greedy_mtp_equals_ar_across_prefill_chunks(models, monkeypatch):
+    import mtplxd.engine.fused as fused
     import mtplxd.engine.speculative as speculative
     import mtplxd.engine.trunk as trunk
 
@@ -93,6 +98,7 @@ def test_greedy_mtp_equals_ar_across_prefill_chunks(models, monkeypatch):
     whole = greedy(model, ids, 0, 30)
     monkeypatch.setattr(trunk, "PREFILL_CHUNK", 6)
     monkeypatch.setattr(speculative, "PREFILL_CHUNK", 6)
+    monkeypatch.setattr(fused, "PREFILL_CHUNK", 6)
     assert greedy(model, ids, 0, 30).token_ids == whole.token_ids
     for depth in (1, 3):
         assert greedy(model, ids, depth, 30).token_ids == whole.token_ids

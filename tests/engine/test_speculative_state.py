@@ -5,10 +5,11 @@ import pytest
 
 from mtplxd.engine import SamplingParams
 from mtplxd.engine.sampling import TokenHistory, pick
+from mtplxd.engine.fused import FusedSpeculativeDecoder
 from mtplxd.engine.speculative import SpeculativeDecoder
 
 
-def run_cycles(model, prompt, params, depth, n_cycles):
+def run_cycles(model, prompt, params, depth, n_cycles, decoder_class=SpeculativeDecoder):
     """Prefill, run n_cycles speculative cycles, stop; return (decoder, cache, committed)."""
     trunk, head = model.trunk, model.head
     cache = trunk.make_cache()
@@ -16,7 +17,7 @@ def run_cycles(model, prompt, params, depth, n_cycles):
     hiddens, logits = trunk.prefill(prompt, cache)
     first = pick(logits[None], SamplingParams(), None, None, None).item()
     history.append([first])
-    decoder = SpeculativeDecoder(trunk, head, cache, params, history, seed=3, depth=depth)
+    decoder = decoder_class(trunk, head, cache, params, history, seed=3, depth=depth)
     committed = [first]
     cycles = decoder.cycles(hiddens, prompt, first)
     for _ in range(n_cycles):
@@ -25,15 +26,19 @@ def run_cycles(model, prompt, params, depth, n_cycles):
     return decoder, cache, committed
 
 
+@pytest.mark.parametrize("decoder_class", [SpeculativeDecoder, FusedSpeculativeDecoder],
+                         ids=["stepwise", "fused"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("depth", [1, 3])
-def test_caches_match_a_fresh_run_over_the_committed_history(tiny_qwen3, depth, temperature):
+def test_caches_match_a_fresh_run_over_the_committed_history(tiny_qwen3, depth, temperature,
+                                                             decoder_class):
     model = tiny_qwen3
     trunk, head = model.trunk, model.head
     prompt = model.tokenizer.encode("def add(a, b):\n    ret")
     params = SamplingParams(temperature=temperature, top_k=5)
     for n_cycles in (1, 2, 8):
-        decoder, cache, committed = run_cycles(model, prompt, params, depth, n_cycles)
+        decoder, cache, committed = run_cycles(model, prompt, params, depth, n_cycles,
+                                               decoder_class)
         n = len(prompt) + len(committed) - 1  # the last committed token is not fed yet
         assert all(entry.offset == n for entry in cache)
         pending = decoder.pending_hidden.shape[1]

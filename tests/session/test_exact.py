@@ -87,3 +87,28 @@ def test_seeded_sampling_identical_warm_and_cold(loaded, gen, toks, family):
     assert warm.stats.cached_tokens > 0
     assert warm.token_ids == cold.token_ids
     assert warm.stats.accepted_by_depth == cold.stats.accepted_by_depth
+
+
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, seed=7)], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("depth", [0, 3])
+def test_fused_loop_stores_and_resumes_exactly(loaded, gen, toks, depth, sampling):
+    """The fused loop hands back ordinary caches: the bank stores them, and a warm follow-up
+    equals a cold one (tokens, drafts and acceptance)."""
+    model = loaded("qwen3")
+    default = model.trunk.decode_loop
+    model.trunk.decode_loop = "fused"
+    try:
+        first = toks(6, 110)
+        model.enable_session_bank(BankSettings())
+        try:
+            turn1 = gen(model, first, depth=depth, **sampling)
+            follow = first + turn1.token_ids + toks(7, 25)
+            warm = gen(model, follow, depth=depth, **sampling)
+        finally:
+            model.bank = None
+        cold = gen(model, follow, depth=depth, **sampling)
+    finally:
+        model.trunk.decode_loop = default
+    assert warm.stats.cached_tokens >= len(first)
+    assert warm.token_ids == cold.token_ids
+    assert warm.stats.accepted_by_depth == cold.stats.accepted_by_depth

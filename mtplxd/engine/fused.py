@@ -1,0 +1,390 @@
+"""Device-resident decoding: each AR step or speculative cycle is one compiled graph.
+
+Why: a small model on a GPU is bound by kernel launches and by the host building graphs,
+not by weight reads. The stepwise loop (speculative.py) reads each cycle's accepted count
+back to the host before it can trim the caches and build the next cycle, so the device
+waits for the host every cycle. Here everything a cycle decides stays on the device: the
+cache offsets, the accepted count and the PENDING rows are arrays, so cycle c+1 is built
+on cycle c's lazy results and the host reads tokens one cycle behind, as AR does. Every
+cycle has the same shapes (the cache is a fixed-capacity buffer, the PENDING pass is
+always K+1 rows with the invalid ones ignored), so `mx.compile` traces it once per cache
+capacity and replays it after that.
+
+The arithmetic is the stepwise loop's (speculative.py's docstring has the cycle; the same
+acceptance and residual functions are called), so greedy MTP equals AR here too, bitwise
+on the CPU backend. What differs: the random keys of a speculative cycle are derived on
+the device from the (lazy) absolute position, so a seeded sampled request gives other
+(equally distributed) tokens than the stepwise loop.
+
+Only for models whose whole trunk cache is attention KV (dense qwen3); hybrid models keep
+the stepwise loop, whose rollback caches replay recurrent state on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Iterator
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from mtplxd.engine.interface import SamplingParams
+from mtplxd.engine.mtp_head import MTPHead
+from mtplxd.engine.sampling import (
+    ACCEPT, DRAFT, RESIDUAL, TARGET, TokenHistory, apply_penalties, device_position_keys,
+    pick, position_key, scaled_logits, seed_words,
+)
+from mtplxd.engine.speculative import (
+    AcceptanceStats, acceptance_probability, draw_rows, residual_distribution,
+)
+from mtplxd.engine.trunk import PREFILL_CHUNK, Trunk
+
+CAPACITY_STEP = 256  # cache buffers grow this many slots at a time (one retrace each)
+
+
+class StaticKVCache:
+    """An attention cache for mlx-lm layers: a fixed-capacity buffer and an array offset.
+
+    `update_and_fetch` writes the new keys at `offset` (a device scalar) and hands attention
+    the whole buffer; `make_mask` hides every slot past each query's own position. The
+    offset is not advanced here: the cycle sets it, because a PENDING pass writes K+1 rows
+    of which only the accepted ones count.
+    """
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array) -> None:
+        self.keys, self.values, self.offset = keys, values, offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write (B, heads, n, D) keys and values at the offset; return the whole buffers."""
+        start = mx.concatenate([mx.zeros((2,), mx.int32), self.offset.reshape(1), mx.zeros((1,), mx.int32)])
+        self.keys = mx.slice_update(self.keys, keys, start, axes=(0, 1, 2, 3))
+        self.values = mx.slice_update(self.values, values, start, axes=(0, 1, 2, 3))
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False,
+                  window_size: int | None = None) -> mx.array:
+        """(n, capacity) boolean mask: query i sees slots 0..offset+i."""
+        if window_size is not None:
+            raise ValueError("StaticKVCache does not support sliding-window attention")
+        slots = mx.arange(self.keys.shape[2])[None]
+        return slots <= self.offset + mx.arange(n)[:, None]
+
+
+def fused_supported(trunk: Trunk, cache: list[Any]) -> bool:
+    """True when every trunk cache entry is plain attention KV (the fused loops' domain)."""
+    return trunk.has_hidden and all(isinstance(entry, KVCache) for entry in cache)
+
+
+def capacity_for(tokens: int) -> int:
+    """Buffer slots for `tokens` cached tokens: the next multiple of CAPACITY_STEP."""
+    return max(CAPACITY_STEP, -(-tokens // CAPACITY_STEP) * CAPACITY_STEP)
+
+
+def to_buffers(cache: list[KVCache], capacity: int) -> list[mx.array]:
+    """[k0, v0, k1, v1, ...]: each entry's cached rows at the front of a `capacity` buffer."""
+    buffers = []
+    for entry in cache:
+        for array in (entry.keys, entry.values):
+            rows = array[..., :entry.offset, :]
+            pad = mx.zeros((*rows.shape[:2], capacity - entry.offset, rows.shape[3]), rows.dtype)
+            buffers.append(mx.concatenate([rows, pad], axis=2))
+    return buffers
+
+
+def grow_buffers(buffers: list[mx.array], capacity: int) -> list[mx.array]:
+    """The same buffers with free slots appended up to `capacity` (lazy)."""
+    out = []
+    for array in buffers:
+        missing = capacity - array.shape[2]
+        pad = mx.zeros((*array.shape[:2], missing, array.shape[3]), array.dtype)
+        out.append(mx.concatenate([array, pad], axis=2) if missing > 0 else array)
+    return out
+
+
+def to_kv_caches(buffers: list[mx.array], length: int) -> list[KVCache]:
+    """Plain KVCaches over the buffers with `length` rows cached (the session bank and every
+    caller after decoding see an ordinary cache; the free slots stay as its spare room)."""
+    caches = []
+    for i in range(0, len(buffers), 2):
+        entry = KVCache()
+        entry.state = (buffers[i], buffers[i + 1], length)
+        caches.append(entry)
+    return caches
+
+
+def _empty_kv(trunk: Trunk, head: MTPHead, capacity: int) -> list[mx.array]:
+    """Zero buffers for the head's one attention layer."""
+    attention = head.layers[0].self_attn
+    dtype = trunk.embed(mx.array([[0]])).dtype
+    shape = (1, attention.n_kv_heads, capacity, trunk.text.args.head_dim)
+    return [mx.zeros(shape, dtype), mx.zeros(shape, dtype)]
+
+
+def _static_caches(buffers: list[mx.array], offset: mx.array) -> list[StaticKVCache]:
+    return [StaticKVCache(buffers[i], buffers[i + 1], offset) for i in range(0, len(buffers), 2)]
+
+
+def _buffers_of(caches: list[StaticKVCache]) -> list[mx.array]:
+    return [array for entry in caches for array in (entry.keys, entry.values)]
+
+
+def _graph_key(params: SamplingParams) -> tuple:
+    """The sampling settings a compiled graph bakes in (everything but seed, stops, length)."""
+    skip = {"seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos"}
+    return tuple(getattr(params, f.name) for f in fields(params) if f.name not in skip)
+
+
+def _compiled(trunk: Trunk, key: tuple, build: Callable[[], Callable]) -> Callable:
+    """The trunk's compiled function for `key`, built on first use (a small LRU)."""
+    cache = trunk.compiled_graphs
+    if key in cache:
+        cache[key] = cache.pop(key)  # most recently used last
+        return cache[key]
+    if len(cache) >= 8:
+        cache.pop(next(iter(cache)))
+    cache[key] = mx.compile(build())
+    return cache[key]
+
+
+# --- AR ------------------------------------------------------------------------------------
+
+
+def fused_ar_cycles(trunk: Trunk, cache: list[Any], params: SamplingParams,
+                    history: TokenHistory, seed: int, last_token: int,
+                    position: int) -> Iterator[list[int]]:
+    """ar_cycles (autoregressive.py) with each step one compiled graph.
+
+    Same contract and same keys: a seeded request gives the stepwise loop's tokens. When
+    the caller closes the iterator, `cache` is replaced in place by plain KVCaches holding
+    exactly the committed tokens.
+    """
+    step = _compiled(trunk, ("ar", _graph_key(params)), lambda: _ar_step(trunk, params))
+    n = position  # tokens in the trunk cache; `last_token` sits at `position`, not yet fed
+    capacity = capacity_for(n + 2)
+    buffers = to_buffers(cache, capacity)
+    token = mx.array([last_token], mx.uint32)
+    counts, seen = history.counts, history.seen
+    committed = (buffers, n)  # the state that holds exactly the read tokens
+
+    def launch(token, buffers, counts, seen, n):
+        key = position_key(seed, n + 1, TARGET) if not params.greedy else mx.zeros((2,), mx.uint32)
+        out = step(token, mx.array(n, mx.int32), key, counts, seen, *buffers)
+        mx.async_eval(out[0])
+        return out
+
+    out = launch(token, buffers, counts, seen, n)
+    try:
+        while True:
+            if n + 3 > capacity:  # the step after next writes slot n + 1
+                capacity = capacity_for(n + CAPACITY_STEP)
+                out = (*out[:3], *grow_buffers(list(out[3:]), capacity))
+            nxt = launch(out[0], list(out[3:]), out[1], out[2], n + 1)
+            token_id = out[0].item()
+            committed = (list(out[3:]), n + 1)
+            history.counts, history.seen = out[1], out[2]
+            n += 1
+            out = nxt
+            yield [token_id]
+    finally:
+        cache[:] = to_kv_caches(*committed)
+
+
+def _ar_step(trunk: Trunk, params: SamplingParams) -> Callable:
+    def step(token, n, key, counts, seen, *buffers):
+        caches = _static_caches(list(buffers), n)
+        hidden = trunk.text.model(token.reshape(1, 1), caches)
+        logits = trunk.lm_head(hidden)[0]
+        chosen = pick(logits, params, counts[None], seen[None], None if params.greedy else [key])
+        if params.has_penalties:
+            onehot = (mx.arange(counts.shape[0]) == chosen[0]).astype(mx.float32)
+            counts, seen = counts + onehot, seen + onehot
+        return (chosen, counts, seen, *_buffers_of(caches))
+    return step
+
+
+# --- speculative ---------------------------------------------------------------------------
+
+
+@dataclass
+class _CycleState:
+    """What one cycle hands the next, all on the device."""
+
+    n: mx.array  # int32: tokens in the trunk cache (the position the verify starts at)
+    head_n: mx.array  # int32: committed pairs in the head cache
+    token: mx.array  # (1,) uint32: last committed token, not yet fed to the trunk
+    pending_h: mx.array  # (1, K+1, H): hiddens of the PENDING pairs (first `count` valid)
+    pending_tokens: mx.array  # (K+1,) uint32: the token of each PENDING pair
+    count: mx.array  # int32: valid PENDING rows
+    counts: mx.array  # (V,) float32 output-token counts (penalties)
+    seen: mx.array  # (V,) float32 prompt+output tokens seen (penalties)
+    trunk_kv: list[mx.array]
+    head_kv: list[mx.array]
+
+    def flat(self) -> list[mx.array]:
+        return [self.n, self.head_n, self.token, self.pending_h, self.pending_tokens,
+                self.count, self.counts, self.seen, *self.trunk_kv, *self.head_kv]
+
+    @classmethod
+    def unflat(cls, arrays: list[mx.array], trunk_entries: int) -> "_CycleState":
+        split = 8 + 2 * trunk_entries
+        return cls(*arrays[:8], trunk_kv=list(arrays[8:split]), head_kv=list(arrays[split:]))
+
+
+class FusedSpeculativeDecoder:
+    """SpeculativeDecoder's contract (cycles(), stats, head_cache, pending_hidden) with each
+    cycle one compiled device graph, read back one cycle late."""
+
+    def __init__(self, trunk: Trunk, head: MTPHead, cache: list[Any], params: SamplingParams,
+                 history: TokenHistory, seed: int, depth: int,
+                 head_cache: list[Any] | None = None) -> None:
+        self.trunk, self.head, self.cache = trunk, head, cache
+        self.params, self.history, self.seed, self.depth = params, history, seed, depth
+        self.head_cache = head_cache if head_cache is not None else head.make_cache()
+        self.pending_hidden: mx.array | None = None
+        self.stats = AcceptanceStats(depth)
+        self._cycle = _compiled(trunk, ("mtp", depth, _graph_key(params)),
+                                lambda: _speculative_cycle(trunk, head, params, depth))
+
+    def cycles(self, prompt_hiddens: list[mx.array], prompt_ids: list[int],
+               first_token: int, *, pending_from: int = 0) -> Iterator[list[int]]:
+        """Yield each cycle's committed tokens, forever (see SpeculativeDecoder.cycles).
+
+        On close the trunk `cache` list, `head_cache` and `pending_hidden` hold exactly the
+        committed state, as the stepwise decoder leaves them.
+        """
+        K = self.depth
+        n = len(prompt_ids)
+        state, capacity = self._initial_state(prompt_hiddens, prompt_ids, first_token,
+                                              pending_from)
+        seed = seed_words(self.seed)
+        committed, known_n = state, n
+        out = self._launch(state, seed)
+        try:
+            while True:
+                # The cycle after next writes at most 2(K+1) slots past the last read length.
+                if known_n + 2 * (K + 1) + 1 > capacity:
+                    capacity = capacity_for(known_n + CAPACITY_STEP)
+                    out = (out[0], out[1], _grown(out[2], capacity))
+                nxt = self._launch(out[2], seed)
+                tokens, count = out[0].tolist(), out[1].item()
+                committed, known_n = out[2], known_n + count
+                self.stats.record(count - 1, count)
+                out = nxt
+                yield tokens[:count]
+        finally:
+            self._write_back(committed)
+
+    def _launch(self, state: _CycleState, seed: mx.array):
+        arrays = self._cycle(seed, *state.flat())
+        tokens, count = arrays[0], arrays[1]
+        mx.async_eval(tokens, count)
+        return tokens, count, _CycleState.unflat(list(arrays[2:]), len(state.trunk_kv) // 2)
+
+    def _initial_state(self, prompt_hiddens, prompt_ids, first_token, pending_from):
+        """Feed the head every PENDING pair but the last (stepwise, in prefill chunks); the
+        last pair becomes the first cycle's one-row PENDING."""
+        K = self.depth
+        n = len(prompt_ids)
+        pending_h = mx.concatenate(prompt_hiddens, axis=1)
+        pending_tokens = prompt_ids[pending_from + 1:] + [first_token]
+        for start in range(0, len(pending_tokens) - 1, PREFILL_CHUNK):
+            stop = min(start + PREFILL_CHUNK, len(pending_tokens) - 1)
+            tokens = mx.array(pending_tokens[start:stop])[None]
+            self.head(pending_h[:, start:stop], self.trunk.embed(tokens), self.head_cache)
+        capacity = capacity_for(n + 2 * (K + 1) + 1)
+        head_kv = (to_buffers(self.head_cache, capacity) if self.head_cache[0].keys is not None
+                   else _empty_kv(self.trunk, self.head, capacity))
+        last_h = pending_h[:, -1:]
+        pad = mx.zeros((1, K, last_h.shape[-1]), last_h.dtype)
+        state = _CycleState(
+            n=mx.array(n, mx.int32), head_n=mx.array(self.head_cache[0].offset, mx.int32),
+            token=mx.array([first_token], mx.uint32),
+            pending_h=mx.concatenate([last_h, pad], axis=1),
+            pending_tokens=mx.array([first_token] + [0] * K, mx.uint32),
+            count=mx.array(1, mx.int32), counts=self.history.counts, seen=self.history.seen,
+            trunk_kv=to_buffers(self.cache, capacity), head_kv=head_kv)
+        return state, capacity
+
+    def _write_back(self, state: _CycleState) -> None:
+        """Hand back ordinary caches holding the committed state (session bank, callers)."""
+        n, head_n, count = state.n.item(), state.head_n.item(), state.count.item()
+        self.cache[:] = to_kv_caches(state.trunk_kv, n)
+        self.head_cache[:] = to_kv_caches(state.head_kv, head_n)
+        self.pending_hidden = state.pending_h[:, :count]
+        self.history.counts, self.history.seen = state.counts, state.seen
+
+
+def _grown(state: _CycleState, capacity: int) -> _CycleState:
+    state.trunk_kv = grow_buffers(state.trunk_kv, capacity)
+    state.head_kv = grow_buffers(state.head_kv, capacity)
+    return state
+
+
+def _speculative_cycle(trunk: Trunk, head: MTPHead, params: SamplingParams,
+                       K: int) -> Callable:
+    """The function compiled for one cycle at depth K (see speculative.py for the rules)."""
+    vocab = trunk.text.args.vocab_size
+    rows = mx.arange(K + 1)
+
+    def cycle(seed, *arrays):
+        s = _CycleState.unflat(list(arrays), (len(arrays) - 8 - 2) // 2)
+        # Head over PENDING: K+1 rows written at head_n, the first `count` of them valid.
+        head_cache = _static_caches(s.head_kv, s.head_n)
+        g = head(s.pending_h, trunk.embed(s.pending_tokens[None]), head_cache)
+        g = mx.take(g, (s.count - 1).reshape(1), axis=1)
+        head_n = s.head_n + s.count
+        head_cache[0].offset = head_n  # the chained steps overwrite the invalid rows
+        drafts, q_rows = [], []
+        counts, seen = s.counts[None], s.seen[None]
+        draft_keys = device_position_keys(seed, s.n + 1 + mx.arange(K), DRAFT)
+        for i in range(K):
+            logits = apply_penalties(trunk.draft_logits(g)[0], params, counts, seen)
+            if params.greedy:
+                d = mx.argmax(logits, axis=-1)
+            else:
+                weights = scaled_logits(logits, params)
+                d = mx.random.categorical(weights, key=draft_keys[i]).astype(mx.uint32)
+                q_rows.append(mx.softmax(weights, axis=-1)[0])
+            drafts.append(d[0].astype(mx.uint32))
+            if params.has_penalties:
+                onehot = (mx.arange(vocab) == d[:, None]).astype(mx.float32)
+                counts, seen = counts + onehot, seen + onehot
+            if i + 1 < K:
+                g = head(g, trunk.embed(d[None]), head_cache)
+                head_cache[0].offset = head_cache[0].offset + 1
+        drafts = mx.stack(drafts)
+        # Verify [token, d_1..d_K] at n.
+        caches = _static_caches(s.trunk_kv, s.n)
+        hidden = trunk.text.model(mx.concatenate([s.token, drafts])[None], caches)
+        logits = trunk.lm_head(hidden)[0]
+        onehot = (drafts[:, None] == mx.arange(vocab)[None]).astype(mx.float32)
+        prior = mx.concatenate([mx.zeros((1, vocab)), mx.cumsum(onehot, axis=0)], axis=0)
+        penalised = apply_penalties(logits, params, s.counts[None] + prior, s.seen[None] + prior)
+        if params.greedy:
+            targets = mx.argmax(penalised, axis=-1).astype(mx.uint32)
+            accept = drafts == targets[:K]
+        else:
+            p = mx.softmax(scaled_logits(penalised, params), axis=-1)
+            q = mx.stack(q_rows)
+            ratio = acceptance_probability(p[rows[:K], drafts], q[rows[:K], drafts])
+            accept_key = device_position_keys(seed, (s.n + 1).reshape(1), ACCEPT)[0]
+            accept = mx.random.uniform(shape=(K,), key=accept_key) < ratio
+            fallback = mx.concatenate([residual_distribution(p[:K], q), p[K:]], axis=0)
+            residual_key = device_position_keys(seed, (s.n + 1).reshape(1), RESIDUAL)[0]
+            targets = draw_rows(fallback, residual_key).astype(mx.uint32)
+        accepted = mx.sum(mx.cumprod(accept.astype(mx.int32)))
+        correction = mx.take(targets, accepted.reshape(1))
+        committed = mx.where(rows < accepted, mx.concatenate([drafts, correction]),
+                             mx.where(rows == accepted, correction, mx.zeros_like(correction)))
+        count = (accepted + 1).astype(mx.int32)
+        valid = (rows <= accepted).astype(mx.float32)[:, None]
+        gained = mx.sum((committed[:, None] == mx.arange(vocab)[None]).astype(mx.float32) * valid, axis=0)
+        nxt = _CycleState(
+            n=s.n + count, head_n=head_n, token=correction, pending_h=hidden,
+            pending_tokens=committed, count=count,
+            counts=s.counts + gained if params.has_penalties else s.counts,
+            seen=s.seen + gained if params.has_penalties else s.seen,
+            trunk_kv=_buffers_of(caches), head_kv=_buffers_of(head_cache))
+        return (committed, count, *nxt.flat())
+
+    return cycle

@@ -1,0 +1,93 @@
+"""The fused decode loop (mtplxd/engine/fused.py) against the stepwise one, on the CPU backend.
+
+The exactness gates themselves (greedy MTP == AR, the sampled distribution, the committed
+caches) run for both loops in test_speculative_greedy.py, test_exact_sampling.py and
+test_speculative_state.py; these tests cover what only the fused loop has.
+"""
+
+import mlx.core as mx
+import pytest
+
+import mtplxd.engine.fused as fused
+from mtplxd.engine import GenerationRequest, SamplingParams, load_model
+from mtplxd.engine.fused import StaticKVCache
+from mtplxd.engine.sampling import device_position_keys, seed_words
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_factory):
+    return load_model(tiny_model_factory("qwen3"), decode_loop="fused")
+
+
+def run(model, loop, depth, max_tokens=40, **sampling):
+    model.trunk.decode_loop = loop
+    try:
+        request = GenerationRequest(model.tokenizer.encode("def add(a, b):\n    ret"),
+                                    SamplingParams(max_tokens=max_tokens, **sampling), depth=depth)
+        return list(model.generate(request))[-1]
+    finally:
+        model.trunk.decode_loop = "fused"
+
+
+def test_fused_ar_gives_the_stepwise_tokens_greedy_and_seeded(model):
+    for sampling in (dict(), dict(temperature=0.8, top_p=0.9, seed=11)):
+        assert run(model, "fused", 0, **sampling).token_ids == run(model, "stepwise", 0, **sampling).token_ids
+
+
+def test_the_fused_loop_really_runs_compiled_graphs(model):
+    model.trunk.compiled_graphs.clear()
+    result = run(model, "fused", 3)
+    assert result.stats.cycles > 0 and result.stats.mean_accepted_length > 1.0
+    kinds = {key[0] for key in model.trunk.compiled_graphs}
+    assert kinds == {"mtp"}
+    run(model, "fused", 0)
+    assert {key[0] for key in model.trunk.compiled_graphs} == {"mtp", "ar"}
+
+
+def test_graphs_are_compiled_per_sampling_setting(model):
+    """A graph bakes its sampling settings in: another temperature must not reuse it."""
+    model.trunk.compiled_graphs.clear()
+    run(model, "fused", 2, temperature=0.5, seed=1)
+    run(model, "fused", 2, temperature=0.9, seed=1)
+    run(model, "fused", 2, temperature=0.9, seed=2, max_tokens=7)  # seed and length: same graph
+    assert len(model.trunk.compiled_graphs) == 2
+
+
+def test_cache_growth_keeps_greedy_mtp_equal_to_ar(model, monkeypatch):
+    """Buffers grow CAPACITY_STEP slots at a time (a retrace each); crossing several
+    boundaries mid-request changes nothing in the output."""
+    monkeypatch.setattr(fused, "CAPACITY_STEP", 16)
+    reference = run(model, "stepwise", 0, max_tokens=90, ignore_eos=True)
+    assert run(model, "fused", 0, max_tokens=90, ignore_eos=True).token_ids == reference.token_ids
+    for depth in (1, 4):
+        assert run(model, "fused", depth, max_tokens=90, ignore_eos=True).token_ids == reference.token_ids
+
+
+def test_static_cache_attention_equals_the_plain_cache(model):
+    """A masked forward over the fixed buffer gives the logits of mlx-lm's exact-length cache."""
+    trunk = model.trunk
+    tokens = model.tokenizer.encode("import os\nprint(os.getcwd())")
+    cache = trunk.make_cache()
+    _, expected = trunk.forward(mx.array(tokens)[None], cache, all_logits=True)
+    plain = trunk.make_cache()
+    trunk.forward(mx.array(tokens[:5])[None], plain, all_logits=False)
+    buffers = fused.to_buffers(plain, 64)
+    static = [StaticKVCache(buffers[i], buffers[i + 1], mx.array(5, mx.int32))
+              for i in range(0, len(buffers), 2)]
+    logits = trunk.lm_head(trunk.text.model(mx.array(tokens[5:])[None], static))
+    assert mx.array_equal(logits[0], expected[0, 5:])
+
+
+def test_device_keys_differ_by_seed_position_and_purpose():
+    keys = [device_position_keys(seed_words(seed), mx.array([pos]), purpose)[0].tolist()
+            for seed in (0, 1, 2**40) for pos in (0, 1, 77) for purpose in (1, 2, 3)]
+    assert len({tuple(k) for k in keys}) == len(keys)
+    again = device_position_keys(seed_words(1), mx.array([77]), 2)[0].tolist()
+    assert again == device_position_keys(seed_words(1), mx.array([77]), 2)[0].tolist()
+
+
+def test_an_unknown_decode_loop_is_refused(tiny_model_factory):
+    from mtplxd.engine import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="decode_loop"):
+        load_model(tiny_model_factory("qwen3"), decode_loop="warp")
