@@ -120,7 +120,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("depth", "auto", _as_depth,
                 "MTP draft depth: auto (the model's recommended depth, else 3), 0 (plain AR) to 8."),
         Setting("decode_loop", "auto", _as_choice("auto", "fused", "stepwise"),
-                "Decode loop: fused (each MTP cycle one compiled device graph, read a cycle "
+                "MTP decode loop: fused (each cycle one compiled device graph, read a cycle "
                 "late), stepwise (the host reads every cycle), or auto (fused on CUDA)."),
         Setting("memory_limit", "auto", _as_memory_limit,
                 "Memory limit: auto, max, or GiB."),

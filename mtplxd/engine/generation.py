@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from mtplxd.engine.autoregressive import ar_cycles
 from mtplxd.engine.detokenize import TextStream
-from mtplxd.engine.fused import FusedSpeculativeDecoder, fused_ar_cycles, fused_supported
+from mtplxd.engine.fused import FusedSpeculativeDecoder, fused_supported
 from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, GenerationStats, TokenDelta,
 )
@@ -117,15 +117,14 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
         yield delta
 
     decoder = None
-    fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache)
     if depth > 0:
+        fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache)
         decoder_class = FusedSpeculativeDecoder if fused else SpeculativeDecoder
         decoder = decoder_class(trunk, head, cache, params, history, seed, depth,
                                 head_cache=head_cache)
         cycles = decoder.cycles(hiddens, prompt, first, pending_from=pending_from)
     else:
-        loop = fused_ar_cycles if fused else ar_cycles
-        cycles = loop(trunk, cache, params, history, seed, first, len(prompt))
+        cycles = ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
     del hiddens
     produced = [first]  # every token the decoder committed (the bank keys the cache by them)
     reason = finish.reason

@@ -25,3 +25,23 @@ def test_bench_writes_report_with_speeds_ratio_and_acceptance(tiny_model_factory
 
 def test_bench_refuses_an_ar_only_model(tiny_model_factory):
     assert main(["--model", str(tiny_model_factory("llama")), "--repeats", "1"]) == 2
+
+
+def test_bench_runs_the_chosen_decode_loop(tiny_model_factory, tmp_path):
+    out = tmp_path / "bench.json"
+    assert main(["--model", str(tiny_model_factory("qwen3")), "--repeats", "1", "--max-tokens", "8",
+                 "--depth", "2", "--temperatures", "0", "--decode-loop", "fused",
+                 "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["decode_loop"] == "fused"
+    assert report["temperatures"]["0.0"]["greedy_identical"] is True
+
+
+def test_bench_pieces_times_every_piece(tiny_model_factory, tmp_path):
+    from mtplxd.engine.bench_pieces import main as pieces_main
+
+    out = tmp_path / "pieces.json"
+    assert pieces_main(["--model", str(tiny_model_factory("qwen3")), "--context", "20",
+                        "--json-out", str(out)]) == 0
+    latency = json.loads(out.read_text())["latency_ms"]
+    assert len(latency) == 10 and all(ms > 0 for ms in latency.values())

@@ -29,19 +29,13 @@ def run(model, loop, depth, max_tokens=40, **sampling):
         model.trunk.decode_loop = "fused"
 
 
-def test_fused_ar_gives_the_stepwise_tokens_greedy_and_seeded(model):
-    for sampling in (dict(), dict(temperature=0.8, top_p=0.9, seed=11)):
-        assert run(model, "fused", 0, **sampling).token_ids == run(model, "stepwise", 0, **sampling).token_ids
-
-
 def test_the_fused_loop_really_runs_compiled_graphs(model):
     model.trunk.compiled_graphs.clear()
     result = run(model, "fused", 3)
     assert result.stats.cycles > 0 and result.stats.mean_accepted_length > 1.0
-    kinds = {key[0] for key in model.trunk.compiled_graphs}
-    assert kinds == {"mtp"}
-    run(model, "fused", 0)
-    assert {key[0] for key in model.trunk.compiled_graphs} == {"mtp", "ar"}
+    assert [key[:2] for key in model.trunk.compiled_graphs] == [("mtp", 3)]
+    run(model, "fused", 0)  # AR keeps autoregressive.py's loop: nothing compiled
+    assert len(model.trunk.compiled_graphs) == 1
 
 
 def test_graphs_are_compiled_per_sampling_setting(model):
@@ -58,7 +52,6 @@ def test_cache_growth_keeps_greedy_mtp_equal_to_ar(model, monkeypatch):
     boundaries mid-request changes nothing in the output."""
     monkeypatch.setattr(fused, "CAPACITY_STEP", 16)
     reference = run(model, "stepwise", 0, max_tokens=90, ignore_eos=True)
-    assert run(model, "fused", 0, max_tokens=90, ignore_eos=True).token_ids == reference.token_ids
     for depth in (1, 4):
         assert run(model, "fused", depth, max_tokens=90, ignore_eos=True).token_ids == reference.token_ids
 
