@@ -282,10 +282,20 @@ async def _unwrap(receive: trio.MemoryReceiveChannel) -> AsyncIterator[Any]:
         yield item
 
 
+def decode_kv_copies(model: Any) -> int:
+    """2 when MTP requests decode in the fused loop (it holds two KV generations), else 1."""
+    from mtplxd.engine.fused import fused_supported
+
+    trunk = model.trunk
+    fused = (model.head is not None and trunk.decode_loop == "fused"
+             and fused_supported(trunk, trunk.make_cache()))
+    return 2 if fused else 1
+
+
 def build_guard(path: Path, model: Any, limit_bytes: int) -> MemoryGuard:
     """The memory guard of a freshly loaded model, from its config.json geometry."""
     config = json.loads((Path(path) / "config.json").read_text())
-    plan = plan_for_config(config, model.info.weights_bytes)
+    plan = plan_for_config(config, model.info.weights_bytes, kv_copies=decode_kv_copies(model))
 
     def system_available() -> int:
         # Other processes count too: never plan into memory the OS does not have to give.

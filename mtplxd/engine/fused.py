@@ -24,8 +24,8 @@ the stepwise loop, whose rollback caches replay recurrent state on the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Iterator, NamedTuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -177,6 +177,15 @@ class _CycleState:
         return cls(*arrays[:8], trunk_kv=list(arrays[8:split]), head_kv=list(arrays[split:]))
 
 
+class _Launched(NamedTuple):
+    """A cycle handed to the device: its committed tokens (K+1, padded), their count, and
+    the state it leaves for the next cycle (all lazy)."""
+
+    tokens: mx.array
+    count: mx.array
+    state: _CycleState
+
+
 class FusedSpeculativeDecoder:
     """SpeculativeDecoder's contract (cycles(), stats, head_cache, pending_hidden) with each
     cycle one compiled device graph, read back one cycle late."""
@@ -200,32 +209,36 @@ class FusedSpeculativeDecoder:
         committed state, as the stepwise decoder leaves them.
         """
         K = self.depth
-        n = len(prompt_ids)
         state, capacity = self._initial_state(prompt_hiddens, prompt_ids, first_token,
                                               pending_from)
         seed = seed_words(self.seed)
-        committed, known_n = state, n
-        out = self._launch(state, seed)
+        known_n = len(prompt_ids)  # trunk length after the last cycle read back
+        committed = state  # the last read cycle's state (its KV buffers are not kept: see below)
+        launched = self._launch(state, seed)
         try:
             while True:
                 # The cycle after next writes at most 2(K+1) slots past the last read length.
                 if known_n + 2 * (K + 1) + 1 > capacity:
                     capacity = capacity_for(known_n + CAPACITY_STEP)
-                    out = (out[0], out[1], _grown(out[2], capacity))
-                nxt = self._launch(out[2], seed)
-                tokens, count = out[0].tolist(), out[1].item()
-                committed, known_n = out[2], known_n + count
+                    launched = launched._replace(state=_grown(launched.state, capacity))
+                following = self._launch(launched.state, seed)
+                tokens, count = launched.tokens.tolist(), launched.count.item()
+                # Keeping this cycle's KV buffers would hold a third copy of the cache alive.
+                committed = replace(launched.state, trunk_kv=[], head_kv=[])
+                known_n += count
                 self.stats.record(count - 1, count)
-                out = nxt
+                launched = following
                 yield tokens[:count]
         finally:
-            self._write_back(committed)
+            # The newest buffers hold every committed row unchanged: later cycles only write
+            # at or past the committed lengths.
+            self._write_back(committed, launched.state)
 
-    def _launch(self, state: _CycleState, seed: mx.array):
+    def _launch(self, state: _CycleState, seed: mx.array) -> "_Launched":
         arrays = self._cycle(seed, *state.flat())
         tokens, count = arrays[0], arrays[1]
         mx.async_eval(tokens, count)
-        return tokens, count, _CycleState.unflat(list(arrays[2:]), len(state.trunk_kv) // 2)
+        return _Launched(tokens, count, _CycleState.unflat(list(arrays[2:]), len(state.trunk_kv) // 2))
 
     def _initial_state(self, prompt_hiddens, prompt_ids, first_token, pending_from):
         """Feed the head every PENDING pair but the last (stepwise, in prefill chunks); the
@@ -250,13 +263,17 @@ class FusedSpeculativeDecoder:
             pending_tokens=mx.array([first_token] + [0] * K, mx.uint32),
             count=mx.array(1, mx.int32), counts=self.history.counts, seen=self.history.seen,
             trunk_kv=to_buffers(self.cache, capacity), head_kv=head_kv)
+        # The buffers are copies: drop the prefill's caches (write-back refills the lists).
+        self.cache.clear()
+        self.head_cache.clear()
         return state, capacity
 
-    def _write_back(self, state: _CycleState) -> None:
-        """Hand back ordinary caches holding the committed state (session bank, callers)."""
+    def _write_back(self, state: _CycleState, newest: _CycleState) -> None:
+        """Hand back ordinary caches holding the committed `state` (session bank, callers),
+        over the KV buffers of the `newest` launched state."""
         n, head_n, count = state.n.item(), state.head_n.item(), state.count.item()
-        self.cache[:] = to_kv_caches(state.trunk_kv, n)
-        self.head_cache[:] = to_kv_caches(state.head_kv, head_n)
+        self.cache[:] = to_kv_caches(newest.trunk_kv, n)
+        self.head_cache[:] = to_kv_caches(newest.head_kv, head_n)
         self.pending_hidden = state.pending_h[:, :count]
         self.history.counts, self.history.seen = state.counts, state.seen
 
