@@ -30,8 +30,9 @@ class Trunk:
         self._draft_head: tuple | None = None  # (weight, scales, biases, group_size, bits)
         # Bucketed KV (shapes change every 256 tokens) where the backend compiles per shape.
         self.fixed_shapes = spec is not None and fixed_shapes_wanted()
-        # Decode loop for all-attention caches: "fused" (each cycle one compiled device graph,
-        # read back a cycle late: fused.py) or "stepwise" (speculative.py, autoregressive.py).
+        # MTP decode loop for all-attention caches: "fused" (each cycle one compiled device
+        # graph, read back a cycle late: fused.py) or "stepwise" (speculative.py). AR requests
+        # always run autoregressive.py.
         self.decode_loop = "fused" if self.fixed_shapes else "stepwise"
         # The fused loop's compiled graphs, by (loop kind, depth, sampling settings): fused.py.
         self.compiled_graphs: dict[tuple, Any] = {}
