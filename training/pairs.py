@@ -5,7 +5,8 @@ training/tasks.py), the user turn asks for the function by its signature and/or 
 of its docstring, and the assistant turn is the function's source in a ```python block, closed
 by `<|im_end|>`. The rendering matches the chat template shipped with the tokenizer
 (training/chat_template.jinja): optional system turn, and the empty `<think>\n\n</think>\n\n`
-block that the template emits when `enable_thinking=False`.
+block of `enable_thinking=False` (the template ends such a prompt after `</think>\n`: the
+tokenizer would merge a final `\n\n` into one token that never precedes code here).
 
     python -m training.pairs --corpus train-out/corpus --out train-out/pairs
 """
