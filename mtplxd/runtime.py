@@ -284,12 +284,7 @@ async def _unwrap(receive: trio.MemoryReceiveChannel) -> AsyncIterator[Any]:
 
 def decode_kv_copies(model: Any) -> int:
     """2 when MTP requests decode in the fused loop (it holds two KV generations), else 1."""
-    from mtplxd.engine.fused import fused_supported
-
-    trunk = model.trunk
-    fused = (model.head is not None and trunk.decode_loop == "fused"
-             and fused_supported(trunk, trunk.make_cache()))
-    return 2 if fused else 1
+    return 2 if model.info.decode_loop == "fused" else 1
 
 
 def build_guard(path: Path, model: Any, limit_bytes: int) -> MemoryGuard:

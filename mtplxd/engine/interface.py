@@ -113,6 +113,7 @@ class ModelInfo:
     quantization: str | None
     vocab_size: int
     weights_bytes: int
+    decode_loop: str = "stepwise"  # the loop MTP requests run: "fused" | "stepwise"
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mtplxd.engine.families import get_family
+from mtplxd.engine.fused import fused_supported
 from mtplxd.engine.generation import generate as run_generation
 from mtplxd.engine.generation import score as run_score
 from mtplxd.engine.interface import (
@@ -111,6 +112,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         quantization=report.quantization,
         vocab_size=int(config.get("vocab_size") or text_config.get("vocab_size")),
         weights_bytes=report.weights_bytes,
+        decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
+                     and fused_supported(trunk, trunk.make_cache()) else "stepwise"),
     )
     loaded = LoadedModel(model, tokenizer, info, trunk)
     if session_bank is not None:

@@ -84,3 +84,10 @@ def test_an_unknown_decode_loop_is_refused(tiny_model_factory):
 
     with pytest.raises(ModelLoadError, match="decode_loop"):
         load_model(tiny_model_factory("qwen3"), decode_loop="warp")
+
+
+def test_model_info_names_the_loop_mtp_requests_run(tiny_model_factory):
+    assert load_model(tiny_model_factory("qwen3"), decode_loop="fused").info.decode_loop == "fused"
+    assert load_model(tiny_model_factory("qwen3"), decode_loop="stepwise").info.decode_loop == "stepwise"
+    hybrid = load_model(tiny_model_factory("qwen3_5"), decode_loop="fused")
+    assert hybrid.info.decode_loop == "stepwise"  # recurrent state rolls back on the host
