@@ -167,14 +167,16 @@ class _CycleState:
     trunk_kv: list[mx.array]
     head_kv: list[mx.array]
 
+    SMALL = 8  # the fields before the KV buffers in flat()
+
     def flat(self) -> list[mx.array]:
         return [self.n, self.head_n, self.token, self.pending_h, self.pending_tokens,
                 self.count, self.counts, self.seen, *self.trunk_kv, *self.head_kv]
 
     @classmethod
     def unflat(cls, arrays: list[mx.array], trunk_entries: int) -> "_CycleState":
-        split = 8 + 2 * trunk_entries
-        return cls(*arrays[:8], trunk_kv=list(arrays[8:split]), head_kv=list(arrays[split:]))
+        split = cls.SMALL + 2 * trunk_entries
+        return cls(*arrays[:cls.SMALL], trunk_kv=list(arrays[8:split]), head_kv=list(arrays[split:]))
 
 
 class _Launched(NamedTuple):
@@ -286,69 +288,85 @@ def _grown(state: _CycleState, capacity: int) -> _CycleState:
 
 def _speculative_cycle(trunk: Trunk, head: MTPHead, params: SamplingParams,
                        K: int) -> Callable:
-    """The function compiled for one cycle at depth K (see speculative.py for the rules)."""
-    vocab = trunk.text.args.vocab_size
-    rows = mx.arange(K + 1)
+    """The function compiled for one cycle at depth K (see speculative.py for the rules):
+    (seed, *state) -> (committed tokens (K+1,), their count, *next state)."""
 
-    def cycle(seed, *arrays):
-        s = _CycleState.unflat(list(arrays), (len(arrays) - 8 - 2) // 2)
-        # Head over PENDING: K+1 rows written at head_n, the first `count` of them valid.
-        head_cache = static_caches(s.head_kv, s.head_n)
-        g = head(s.pending_h, trunk.embed(s.pending_tokens[None]), head_cache)
-        g = mx.take(g, (s.count - 1).reshape(1), axis=1)
-        head_n = s.head_n + s.count
-        head_cache[0].offset = head_n  # the chained steps overwrite the invalid rows
-        drafts, q_rows = [], []
-        counts, seen = s.counts[None], s.seen[None]
-        draft_keys = device_position_keys(seed, s.n + 1 + mx.arange(K), DRAFT)
-        for i in range(K):
-            logits = apply_penalties(trunk.draft_logits(g)[0], params, counts, seen)
-            if params.greedy:
-                d = mx.argmax(logits, axis=-1)
-            else:
-                weights = scaled_logits(logits, params)
-                d = mx.random.categorical(weights, key=draft_keys[i]).astype(mx.uint32)
-                q_rows.append(mx.softmax(weights, axis=-1)[0])
-            drafts.append(d[0].astype(mx.uint32))
-            if params.has_penalties:
-                onehot = (mx.arange(vocab) == d[:, None]).astype(mx.float32)
-                counts, seen = counts + onehot, seen + onehot
-            if i + 1 < K:
-                g = head(g, trunk.embed(d[None]), head_cache)
-                head_cache[0].offset = head_cache[0].offset + 1
-        drafts = mx.stack(drafts)
-        # Verify [token, d_1..d_K] at n.
+    def cycle(seed: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
+        s = _CycleState.unflat(list(arrays), (len(arrays) - _CycleState.SMALL - 2) // 2)
+        head_cache, drafts, q_rows = _draft(trunk, head, params, K, s, seed)
         caches = static_caches(s.trunk_kv, s.n)
         hidden = trunk.text.model(mx.concatenate([s.token, drafts])[None], caches)
-        logits = trunk.lm_head(hidden)[0]
-        onehot = (drafts[:, None] == mx.arange(vocab)[None]).astype(mx.float32)
-        prior = mx.concatenate([mx.zeros((1, vocab)), mx.cumsum(onehot, axis=0)], axis=0)
-        penalised = apply_penalties(logits, params, s.counts[None] + prior, s.seen[None] + prior)
-        if params.greedy:
-            targets = mx.argmax(penalised, axis=-1).astype(mx.uint32)
-            accept = drafts == targets[:K]
-        else:
-            p = mx.softmax(scaled_logits(penalised, params), axis=-1)
-            q = mx.stack(q_rows)
-            ratio = acceptance_probability(p[rows[:K], drafts], q[rows[:K], drafts])
-            accept_key = device_position_keys(seed, (s.n + 1).reshape(1), ACCEPT)[0]
-            accept = mx.random.uniform(shape=(K,), key=accept_key) < ratio
-            fallback = mx.concatenate([residual_distribution(p[:K], q), p[K:]], axis=0)
-            residual_key = device_position_keys(seed, (s.n + 1).reshape(1), RESIDUAL)[0]
-            targets = draw_rows(fallback, residual_key).astype(mx.uint32)
-        accepted = mx.sum(mx.cumprod(accept.astype(mx.int32)))
+        accepted, targets = _accept(trunk, params, K, s, seed, hidden, drafts, q_rows)
+        rows = mx.arange(K + 1)
         correction = mx.take(targets, accepted.reshape(1))
         committed = mx.where(rows < accepted, mx.concatenate([drafts, correction]),
                              mx.where(rows == accepted, correction, mx.zeros_like(correction)))
         count = (accepted + 1).astype(mx.int32)
-        valid = (rows <= accepted).astype(mx.float32)[:, None]
-        gained = mx.sum((committed[:, None] == mx.arange(vocab)[None]).astype(mx.float32) * valid, axis=0)
+        counts, seen = s.counts, s.seen
+        if params.has_penalties:
+            gained = mx.sum(_one_hot(committed, counts.shape[0]) * (rows <= accepted)[:, None], axis=0)
+            counts, seen = counts + gained, seen + gained
         nxt = _CycleState(
-            n=s.n + count, head_n=head_n, token=correction, pending_h=hidden,
-            pending_tokens=committed, count=count,
-            counts=s.counts + gained if params.has_penalties else s.counts,
-            seen=s.seen + gained if params.has_penalties else s.seen,
+            n=s.n + count, head_n=s.head_n + s.count, token=correction, pending_h=hidden,
+            pending_tokens=committed, count=count, counts=counts, seen=seen,
             trunk_kv=_buffers_of(caches), head_kv=_buffers_of(head_cache))
         return (committed, count, *nxt.flat())
 
     return cycle
+
+
+def _one_hot(tokens: mx.array, vocab: int) -> mx.array:
+    """(len(tokens), vocab) float32 one-hot rows."""
+    return (tokens[:, None] == mx.arange(vocab)[None]).astype(mx.float32)
+
+
+def _draft(trunk: Trunk, head: MTPHead, params: SamplingParams, K: int, s: _CycleState,
+           seed: mx.array) -> tuple[list[StaticKVCache], mx.array, list[mx.array]]:
+    """The head over PENDING, then K chained drafts: (head cache, drafts (K,), q rows)."""
+    # PENDING: K+1 rows written at head_n, of which the first `count` are real pairs.
+    head_cache = static_caches(s.head_kv, s.head_n)
+    g = head(s.pending_h, trunk.embed(s.pending_tokens[None]), head_cache)
+    g = mx.take(g, (s.count - 1).reshape(1), axis=1)
+    head_cache[0].offset = s.head_n + s.count  # the chained steps overwrite the invalid rows
+    drafts, q_rows = [], []
+    counts, seen = s.counts[None], s.seen[None]
+    keys = device_position_keys(seed, s.n + 1 + mx.arange(K), DRAFT)
+    for i in range(K):
+        logits = apply_penalties(trunk.draft_logits(g)[0], params, counts, seen)
+        if params.greedy:
+            d = mx.argmax(logits, axis=-1)
+        else:
+            weights = scaled_logits(logits, params)
+            d = mx.random.categorical(weights, key=keys[i]).astype(mx.uint32)
+            q_rows.append(mx.softmax(weights, axis=-1)[0])
+        drafts.append(d[0].astype(mx.uint32))
+        if params.has_penalties:
+            onehot = _one_hot(d, counts.shape[-1])
+            counts, seen = counts + onehot, seen + onehot
+        if i + 1 < K:
+            g = head(g, trunk.embed(d[None]), head_cache)
+            head_cache[0].offset = head_cache[0].offset + 1
+    return head_cache, mx.stack(drafts), q_rows
+
+
+def _accept(trunk: Trunk, params: SamplingParams, K: int, s: _CycleState, seed: mx.array,
+            hidden: mx.array, drafts: mx.array, q_rows: list[mx.array]) -> tuple[mx.array, mx.array]:
+    """(accepted drafts, the token to emit at each possible first rejection, bonus last)."""
+    logits = trunk.lm_head(hidden)[0]
+    # Row i's penalties also count the drafts before it.
+    prior = mx.concatenate([mx.zeros((1, logits.shape[-1])),
+                            mx.cumsum(_one_hot(drafts, logits.shape[-1]), axis=0)], axis=0)
+    penalised = apply_penalties(logits, params, s.counts[None] + prior, s.seen[None] + prior)
+    if params.greedy:
+        targets = mx.argmax(penalised, axis=-1).astype(mx.uint32)
+        accept = drafts == targets[:K]
+    else:
+        p = mx.softmax(scaled_logits(penalised, params), axis=-1)
+        q = mx.stack(q_rows)
+        rows = mx.arange(K)
+        ratio = acceptance_probability(p[rows, drafts], q[rows, drafts])
+        start = (s.n + 1).reshape(1)  # one key per cycle and purpose, as the stepwise loop
+        accept = mx.random.uniform(shape=(K,), key=device_position_keys(seed, start, ACCEPT)[0]) < ratio
+        fallback = mx.concatenate([residual_distribution(p[:K], q), p[K:]], axis=0)
+        targets = draw_rows(fallback, device_position_keys(seed, start, RESIDUAL)[0]).astype(mx.uint32)
+    return mx.sum(mx.cumprod(accept.astype(mx.int32))), targets
