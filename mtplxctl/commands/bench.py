@@ -23,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--repeats", type=int, default=3, help="passes over the prompt set")
     bench.add_argument("--temperatures", default="0,0.6", help="comma-separated (default 0,0.6)")
     bench.add_argument("--json-out", help="where to save the report")
+    bench.add_argument("--decode-loop", choices=("auto", "fused", "stepwise"),
+                       help="MTP decode loop (default: the configured decode_loop)")
     bench.set_defaults(func=cmd_bench)
 
 
@@ -31,13 +33,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     paths = Paths.from_env()
     try:
-        spec = args.model or load_config(paths.config_file).model
-        folder, _ = resolve_model(spec, paths.models_dir)
+        config = load_config(paths.config_file)
+        folder, _ = resolve_model(args.model or config.model, paths.models_dir)
     except (ConfigError, ModelLoadFailed) as exc:
         return fail(str(exc))
     out = args.json_out or str(paths.metrics_dir / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json")
     argv = ["--model", str(folder), "--max-tokens", str(args.max_tokens), "--repeats",
-            str(args.repeats), "--temperatures", args.temperatures, "--json-out", out]
+            str(args.repeats), "--temperatures", args.temperatures, "--json-out", out,
+            "--decode-loop", args.decode_loop or config.decode_loop]
     if args.depth is not None:
         argv += ["--depth", str(args.depth)]
     return bench.main(argv)

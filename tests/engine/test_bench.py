@@ -45,3 +45,18 @@ def test_bench_pieces_times_every_piece(tiny_model_factory, tmp_path):
                         "--json-out", str(out)]) == 0
     latency = json.loads(out.read_text())["latency_ms"]
     assert len(latency) == 10 and all(ms > 0 for ms in latency.values())
+
+
+def test_mtplxctl_bench_measures_the_configured_decode_loop(tiny_model_factory, tmp_path):
+    from mtplxd.paths import Paths
+    from support.daemon import run_ctl
+
+    Paths.from_env().config_file.parent.mkdir(parents=True, exist_ok=True)
+    Paths.from_env().config_file.write_text('decode_loop = "fused"\n')
+    common = ["bench", "--model", str(tiny_model_factory("qwen3")), "--repeats", "1",
+              "--max-tokens", "6", "--depth", "2", "--temperatures", "0"]
+    for extra, expected in (([], "fused"), (["--decode-loop", "stepwise"], "stepwise")):
+        out = tmp_path / f"{expected}.json"
+        result = run_ctl(*common, *extra, "--json-out", str(out), timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(out.read_text())["decode_loop"] == expected
