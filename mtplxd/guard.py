@@ -65,13 +65,6 @@ class MemoryPlan:
     recurrent_layers: int
     dtype_bytes: int
     context_length: int
-    # KV buffers alive at once during decode: 2 under the fused MTP loop, whose cycle writes
-    # new buffers while its input buffers are still referenced (engine/fused.py).
-    kv_copies: int = 1
-
-    def kv_bytes_per_context_token(self) -> int:
-        """Peak KV bytes per token of context, trunk and MTP head, every live copy."""
-        return (self.kv_bytes_per_token + self.mtp_kv_bytes_per_token) * self.kv_copies
 
     def kv_tokens(self, tokens: int) -> int:
         """Tokens the KV buffers hold for `tokens`, at the cache's allocation granularity."""
@@ -80,7 +73,7 @@ class MemoryPlan:
     def request_bytes(self, prompt_tokens: int, max_tokens: int, prefill_chunk: int) -> int:
         """A request's peak bytes beyond the resident weights."""
         tokens = self.kv_tokens(prompt_tokens + max_tokens)
-        kv = tokens * self.kv_bytes_per_context_token()
+        kv = tokens * (self.kv_bytes_per_token + self.mtp_kv_bytes_per_token)
         chunk = min(prefill_chunk, max(prompt_tokens, 1))
         return kv + self.recurrent_bytes_per_sequence + chunk * self.activation_bytes_per_prefill_token
 
@@ -112,9 +105,8 @@ def _layer_kinds(config: dict[str, Any]) -> tuple[int, int]:
     return layers, 0
 
 
-def plan_for_config(config: dict[str, Any], weights_bytes: int, *, kv_copies: int = 1) -> MemoryPlan:
-    """Compute the MemoryPlan of a model from its config.json and its weights' size
-    (`kv_copies`: see MemoryPlan)."""
+def plan_for_config(config: dict[str, Any], weights_bytes: int) -> MemoryPlan:
+    """Compute the MemoryPlan of a model from its config.json and its weights' size."""
     text = _text_config(config)
     dtype = _dtype_bytes(text)
     hidden = int(text["hidden_size"])
@@ -146,7 +138,6 @@ def plan_for_config(config: dict[str, Any], weights_bytes: int, *, kv_copies: in
         recurrent_layers=recurrent_layers,
         dtype_bytes=dtype,
         context_length=int(text.get("max_position_embeddings") or 0),
-        kv_copies=kv_copies,
     )
 
 
@@ -268,7 +259,7 @@ class MemoryGuard:
         """The longest prompt + output one request can have with nothing else running."""
         budget = self.limit_bytes - self.plan.weights_bytes - self.plan.recurrent_bytes_per_sequence \
             - SMALLEST_PREFILL_CHUNK * self.plan.activation_bytes_per_prefill_token
-        per_token = self.plan.kv_bytes_per_context_token()
+        per_token = self.plan.kv_bytes_per_token + self.plan.mtp_kv_bytes_per_token
         if budget <= 0:
             return 0
         tokens = budget // per_token if per_token else self.plan.context_length

@@ -282,15 +282,10 @@ async def _unwrap(receive: trio.MemoryReceiveChannel) -> AsyncIterator[Any]:
         yield item
 
 
-def decode_kv_copies(model: Any) -> int:
-    """2 when MTP requests decode in the fused loop (it holds two KV generations), else 1."""
-    return 2 if model.info.decode_loop == "fused" else 1
-
-
 def build_guard(path: Path, model: Any, limit_bytes: int) -> MemoryGuard:
     """The memory guard of a freshly loaded model, from its config.json geometry."""
     config = json.loads((Path(path) / "config.json").read_text())
-    plan = plan_for_config(config, model.info.weights_bytes, kv_copies=decode_kv_copies(model))
+    plan = plan_for_config(config, model.info.weights_bytes)
 
     def system_available() -> int:
         # Other processes count too: never plan into memory the OS does not have to give.

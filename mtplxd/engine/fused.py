@@ -24,7 +24,7 @@ the stepwise loop, whose rollback caches replay recurrent state on the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator, NamedTuple
 
 import mlx.core as mx
@@ -215,21 +215,19 @@ class FusedSpeculativeDecoder:
                                               pending_from)
         seed = seed_words(self.seed)
         known_n = len(prompt_ids)  # trunk length after the last cycle read back
-        committed = state  # the last read cycle's state (its KV buffers are not kept: see below)
+        committed = state  # the last read cycle's state (scalars; its buffers move on)
         launched = self._launch(state, seed)
         try:
             while True:
                 # The cycle after next writes at most 2(K+1) slots past the last read length.
                 if known_n + 2 * (K + 1) + 1 > capacity:
                     capacity = capacity_for(known_n + CAPACITY_STEP)
-                    launched = launched._replace(state=_grown(launched.state, capacity))
-                following = self._launch(launched.state, seed)
-                tokens, count = launched.tokens.tolist(), launched.count.item()
-                # Keeping this cycle's KV buffers would hold a third copy of the cache alive.
-                committed = replace(launched.state, trunk_kv=[], head_kv=[])
+                    _grow(launched.state, capacity)
+                reading, launched = launched, self._launch(launched.state, seed)
+                tokens, count = reading.tokens.tolist(), reading.count.item()
+                committed = reading.state  # its KV buffers went to the launched cycle
                 known_n += count
                 self.stats.record(count - 1, count)
-                launched = following
                 yield tokens[:count]
         finally:
             # The newest buffers hold every committed row unchanged: later cycles only write
@@ -237,10 +235,15 @@ class FusedSpeculativeDecoder:
             self._write_back(committed, launched.state)
 
     def _launch(self, state: _CycleState, seed: mx.array) -> "_Launched":
+        """Hand one cycle to the device. It takes `state`'s KV buffers: with no other
+        reference left, the cycle's cache writes can reuse them in place instead of
+        holding a second copy of the cache."""
         arrays = self._cycle(seed, *state.flat())
+        following = _CycleState.unflat(list(arrays[2:]), len(state.trunk_kv) // 2)
+        state.trunk_kv, state.head_kv = [], []
         tokens, count = arrays[0], arrays[1]
         mx.async_eval(tokens, count)
-        return _Launched(tokens, count, _CycleState.unflat(list(arrays[2:]), len(state.trunk_kv) // 2))
+        return _Launched(tokens, count, following)
 
     def _initial_state(self, prompt_hiddens, prompt_ids, first_token, pending_from):
         """Feed the head every PENDING pair but the last (stepwise, in prefill chunks); the
@@ -280,10 +283,10 @@ class FusedSpeculativeDecoder:
         self.history.counts, self.history.seen = state.counts, state.seen
 
 
-def _grown(state: _CycleState, capacity: int) -> _CycleState:
+def _grow(state: _CycleState, capacity: int) -> None:
+    """Give the state's KV buffers free slots up to `capacity` (in place)."""
     state.trunk_kv = grow_buffers(state.trunk_kv, capacity)
     state.head_kv = grow_buffers(state.head_kv, capacity)
-    return state
 
 
 def _speculative_cycle(trunk: Trunk, head: MTPHead, params: SamplingParams,

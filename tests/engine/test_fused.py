@@ -91,3 +91,26 @@ def test_model_info_names_the_loop_mtp_requests_run(tiny_model_factory):
     assert load_model(tiny_model_factory("qwen3"), decode_loop="stepwise").info.decode_loop == "stepwise"
     hybrid = load_model(tiny_model_factory("qwen3_5"), decode_loop="fused")
     assert hybrid.info.decode_loop == "stepwise"  # recurrent state rolls back on the host
+
+
+def test_fused_decoding_holds_one_copy_of_the_cache(tiny_model_factory):
+    """Each cycle takes its input buffers over (no other reference is kept), so MLX writes
+    the cache in place: decode memory is the stepwise loop's, not one more cache copy."""
+    path = tiny_model_factory("qwen3", num_key_value_heads=4, head_dim=64, num_attention_heads=4)
+    prompt = [(7 * i) % 200 + 3 for i in range(3000)]
+    peaks = {}
+    for loop in ("stepwise", "fused"):
+        model = load_model(path, decode_loop=loop)
+        request = GenerationRequest(prompt, SamplingParams(max_tokens=40, ignore_eos=True), depth=2)
+        stream = model.generate(request)
+        for _ in range(4):  # past the prefill and the first cycles' head pass over the prompt
+            next(stream)
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        start = mx.get_active_memory()
+        for _ in stream:
+            pass
+        peaks[loop] = mx.get_peak_memory() - start
+    config = model.trunk.text.args
+    one_copy = config.num_hidden_layers * 2 * 4 * 64 * 4 * 3072  # K+V, fp32, 3072 slots
+    assert peaks["fused"] < peaks["stepwise"] + one_copy // 2, (peaks, one_copy)

@@ -49,6 +49,7 @@ def test_caches_match_a_fresh_run_over_the_committed_history(tiny_qwen3, depth, 
     fed = mx.array(sequence[:n])[None]
     fresh_cache = trunk.make_cache()
     hidden, _ = trunk.forward(fed, fresh_cache, all_logits=False)
+    assert len(cache) == len(fresh_cache) and len(decoder.head_cache) == 1
     for layer, fresh_layer in zip(cache, fresh_cache):
         assert mx.allclose(layer.keys[..., :n, :], fresh_layer.keys[..., :n, :], atol=1e-5)
         assert mx.allclose(layer.values[..., :n, :], fresh_layer.values[..., :n, :], atol=1e-5)

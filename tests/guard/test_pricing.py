@@ -176,26 +176,3 @@ def test_pressure_loop_sheds_the_bank():
 
     trio.run(main)
     assert bank["bytes"] == 0
-
-
-def test_the_fused_loop_prices_two_kv_generations():
-    """Under the fused MTP loop a cycle writes new KV buffers while its inputs are alive."""
-    single = plan_for_config(QWEN3_4B, weights_bytes=8 * GIB)
-    fused = plan_for_config(QWEN3_4B, weights_bytes=8 * GIB, kv_copies=2)
-    kv = 256 * (147_456 + 4_096)
-    assert fused.request_bytes(10, 10, 512) - single.request_bytes(10, 10, 512) == kv
-    plain_context = MemoryGuard(single, limit_bytes=12 * GIB).max_context_tokens()
-    fused_context = MemoryGuard(fused, limit_bytes=12 * GIB).max_context_tokens()
-    assert abs(fused_context - plain_context // 2) <= 256
-
-
-def test_runtime_asks_for_two_kv_copies_only_when_mtp_runs_fused(tiny_model_factory):
-    from mtplxd.engine import load_model
-    from mtplxd.runtime import decode_kv_copies
-
-    path = tiny_model_factory("qwen3")
-    assert decode_kv_copies(load_model(path, decode_loop="stepwise")) == 1
-    assert decode_kv_copies(load_model(path, decode_loop="fused")) == 2
-    assert decode_kv_copies(load_model(path, depth=0, decode_loop="fused")) == 2  # requests may ask MTP
-    hybrid = tiny_model_factory("qwen3_5")
-    assert decode_kv_copies(load_model(hybrid, decode_loop="fused")) == 1  # hybrids run stepwise
