@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtplxd.engine.interface import GenerationRequest, GenerationResult, SamplingParams
+from mtplxd.engine.interface import (
+    DECODE_LOOP_CHOICES, GenerationRequest, GenerationResult, SamplingParams,
+)
 
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="passes over the prompt set")
     parser.add_argument("--temperatures", default="0,0.6", help="comma-separated, e.g. 0,0.6")
     parser.add_argument("--json-out", type=Path, default=None, help="write the report here")
-    parser.add_argument("--decode-loop", choices=("auto", "fused", "stepwise"), default="auto",
+    parser.add_argument("--decode-loop", choices=DECODE_LOOP_CHOICES, default="auto",
                         help="decode loop for AR and MTP alike (default: the backend's)")
     args = parser.parse_args(argv)
 

@@ -14,29 +14,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
 
 from mtplxd.engine import fused
+from mtplxd.engine.bench_verify import measure_forward_costs, median_ms
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.sampling import scaled_logits
 
 
 def latency_ms(fn: Callable[[], mx.array], repeats: int = 30) -> float:
     """Median wall time of fn() evaluated alone, after five warm-up calls."""
-    for _ in range(5):
-        mx.eval(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        mx.eval(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return median_ms(lambda: mx.eval(fn()), repeats, warmup=5)
 
 
 def measure(model, context: int) -> dict[str, float]:
@@ -62,18 +54,9 @@ def measure(model, context: int) -> dict[str, float]:
         results[f"trunk forward, {rows} token(s), fixed buffer, compiled"] = latency_ms(
             lambda: forward(tokens, offset, *buffers))
 
-    def plain(rows: int) -> Callable[[], mx.array]:
-        tokens = mx.array([[5] * rows])
-
-        def run() -> mx.array:
-            _, logits = trunk.forward(tokens, cache, all_logits=True)
-            for entry in cache:
-                entry.trim(rows)
-            return logits
-        return run
-
-    for rows in (1, 3):
-        results[f"trunk forward, {rows} token(s), exact-length cache"] = latency_ms(plain(rows))
+    plain = measure_forward_costs(trunk, cache, text.args.vocab_size, 0, 30, token_counts=(1, 3))
+    for rows, ms in plain.items():
+        results[f"trunk forward, {rows} token(s), exact-length cache"] = ms
     hidden_size = text.args.hidden_size
     dtype = buffers[0].dtype
     for rows in (1, 3):

@@ -23,7 +23,7 @@ import json
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import mlx.core as mx
 
@@ -56,7 +56,8 @@ def build_random_model(dims: str, dtype: mx.Dtype, seed: int = 0):
     return model, config
 
 
-def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
+def median_ms(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
+    """Median wall milliseconds of fn() over `repeats` calls, after `warmup` calls."""
     for _ in range(warmup):
         fn()
     times = []
@@ -67,10 +68,12 @@ def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure_forward_costs(trunk, cache, vocab: int, max_depth: int, repeats: int) -> dict[str, float]:
-    """Median ms of a trunk forward over T = 1..max_depth+1 tokens at the cache's context."""
+def measure_forward_costs(trunk, cache, vocab: int, max_depth: int, repeats: int, *,
+                          token_counts: Iterable[int] | None = None) -> dict[str, float]:
+    """Median ms of a trunk forward over T = 1..max_depth+1 tokens (or `token_counts`) at the
+    cache's context; the cache is trimmed back after each call."""
     costs = {}
-    for tokens in range(1, max_depth + 2):
+    for tokens in token_counts or range(1, max_depth + 2):
         block = mx.random.randint(0, vocab, (1, tokens))
 
         def call(block=block, tokens=tokens):
@@ -79,7 +82,7 @@ def measure_forward_costs(trunk, cache, vocab: int, max_depth: int, repeats: int
             for entry in cache:
                 entry.trim(tokens)
 
-        costs[str(tokens)] = _median_ms(call, repeats)
+        costs[str(tokens)] = median_ms(call, repeats)
     return costs
 
 
@@ -94,7 +97,7 @@ def measure_ar_step(trunk, cache, params, repeats: int) -> float:
         for entry in cache:
             entry.trim(1)
 
-    return _median_ms(step, repeats)
+    return median_ms(step, repeats)
 
 
 def measure_sampling_ops(vocab: int, depth: int, repeats: int) -> dict[str, float]:
@@ -108,14 +111,14 @@ def measure_sampling_ops(vocab: int, depth: int, repeats: int) -> dict[str, floa
     mx.eval(row, rows)
     plain = SamplingParams(temperature=0.6)
     return {
-        "argmax_1row": _median_ms(lambda: mx.eval(mx.argmax(row, axis=-1)), repeats),
-        "scaled_logits_top_p_1row": _median_ms(lambda: mx.eval(scaled_logits(row, params)), repeats),
-        "scaled_logits_no_filter_1row": _median_ms(lambda: mx.eval(scaled_logits(row, plain)), repeats),
-        "categorical_1row": _median_ms(lambda: mx.eval(mx.random.categorical(
+        "argmax_1row": median_ms(lambda: mx.eval(mx.argmax(row, axis=-1)), repeats),
+        "scaled_logits_top_p_1row": median_ms(lambda: mx.eval(scaled_logits(row, params)), repeats),
+        "scaled_logits_no_filter_1row": median_ms(lambda: mx.eval(scaled_logits(row, plain)), repeats),
+        "categorical_1row": median_ms(lambda: mx.eval(mx.random.categorical(
             row, key=position_key(0, 1, DRAFT))), repeats),
-        "probabilities_top_p_k+1_rows": _median_ms(lambda: mx.eval(probabilities(rows, params, None, None)),
+        "probabilities_top_p_k+1_rows": median_ms(lambda: mx.eval(probabilities(rows, params, None, None)),
                                                    repeats),
-        "argsort_1row": _median_ms(lambda: mx.eval(mx.argsort(row, axis=-1)), repeats),
+        "argsort_1row": median_ms(lambda: mx.eval(mx.argsort(row, axis=-1)), repeats),
     }
 
 
@@ -139,7 +142,7 @@ def measure_draft_cost(trunk, head, prompt: list[int], hiddens, depth: int, repe
         for entry in decoder.head_cache:
             entry.trim(entry.offset - start)
 
-    return _median_ms(draft, repeats)
+    return median_ms(draft, repeats)
 
 
 def measure_cycle_costs(trunk, head, cache, prompt: list[int], hiddens, max_depth: int,
@@ -172,7 +175,7 @@ def measure_cycle_costs(trunk, head, cache, prompt: list[int], hiddens, max_dept
             for entry in decoder.head_cache:
                 entry.trim(entry.offset - len(prompt))
 
-        costs[str(depth)] = _median_ms(cycle, repeats)
+        costs[str(depth)] = median_ms(cycle, repeats)
     return costs
 
 

@@ -33,8 +33,8 @@ from mlx_lm.models.cache import KVCache
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.mtp_head import MTPHead
 from mtplxd.engine.sampling import (
-    ACCEPT, DRAFT, RESIDUAL, TokenHistory, apply_penalties, device_position_keys,
-    scaled_logits, seed_words,
+    ACCEPT, DRAFT, RESIDUAL, TokenHistory, apply_penalties, device_position_keys, history_rows,
+    one_hot, scaled_logits, seed_words,
 )
 from mtplxd.engine.speculative import (
     AcceptanceStats, acceptance_probability, draw_rows, residual_distribution,
@@ -84,13 +84,8 @@ def capacity_for(tokens: int) -> int:
 
 def to_buffers(cache: list[KVCache], capacity: int) -> list[mx.array]:
     """[k0, v0, k1, v1, ...]: each entry's cached rows at the front of a `capacity` buffer."""
-    buffers = []
-    for entry in cache:
-        for array in (entry.keys, entry.values):
-            rows = array[..., :entry.offset, :]
-            pad = mx.zeros((*rows.shape[:2], capacity - entry.offset, rows.shape[3]), rows.dtype)
-            buffers.append(mx.concatenate([rows, pad], axis=2))
-    return buffers
+    rows = [array[..., :entry.offset, :] for entry in cache for array in (entry.keys, entry.values)]
+    return grow_buffers(rows, capacity)
 
 
 def grow_buffers(buffers: list[mx.array], capacity: int) -> list[mx.array]:
@@ -307,7 +302,7 @@ def _speculative_cycle(trunk: Trunk, head: MTPHead, params: SamplingParams,
         count = (accepted + 1).astype(mx.int32)
         counts, seen = s.counts, s.seen
         if params.has_penalties:
-            gained = mx.sum(_one_hot(committed, counts.shape[0]) * (rows <= accepted)[:, None], axis=0)
+            gained = mx.sum(one_hot(committed, counts.shape[0]) * (rows <= accepted)[:, None], axis=0)
             counts, seen = counts + gained, seen + gained
         nxt = _CycleState(
             n=s.n + count, head_n=s.head_n + s.count, token=correction, pending_h=hidden,
@@ -316,11 +311,6 @@ def _speculative_cycle(trunk: Trunk, head: MTPHead, params: SamplingParams,
         return (committed, count, *nxt.flat())
 
     return cycle
-
-
-def _one_hot(tokens: mx.array, vocab: int) -> mx.array:
-    """(len(tokens), vocab) float32 one-hot rows."""
-    return (tokens[:, None] == mx.arange(vocab)[None]).astype(mx.float32)
 
 
 def _draft(trunk: Trunk, head: MTPHead, params: SamplingParams, K: int, s: _CycleState,
@@ -344,7 +334,7 @@ def _draft(trunk: Trunk, head: MTPHead, params: SamplingParams, K: int, s: _Cycl
             q_rows.append(mx.softmax(weights, axis=-1)[0])
         drafts.append(d[0].astype(mx.uint32))
         if params.has_penalties:
-            onehot = _one_hot(d, counts.shape[-1])
+            onehot = one_hot(d, counts.shape[-1])
             counts, seen = counts + onehot, seen + onehot
         if i + 1 < K:
             g = head(g, trunk.embed(d[None]), head_cache)
@@ -356,10 +346,8 @@ def _accept(trunk: Trunk, params: SamplingParams, K: int, s: _CycleState, seed: 
             hidden: mx.array, drafts: mx.array, q_rows: list[mx.array]) -> tuple[mx.array, mx.array]:
     """(accepted drafts, the token to emit at each possible first rejection, bonus last)."""
     logits = trunk.lm_head(hidden)[0]
-    # Row i's penalties also count the drafts before it.
-    prior = mx.concatenate([mx.zeros((1, logits.shape[-1])),
-                            mx.cumsum(_one_hot(drafts, logits.shape[-1]), axis=0)], axis=0)
-    penalised = apply_penalties(logits, params, s.counts[None] + prior, s.seen[None] + prior)
+    counts, seen = history_rows(s.counts, s.seen, drafts, K + 1)  # row i counts d_1..d_i too
+    penalised = apply_penalties(logits, params, counts, seen)
     if params.greedy:
         targets = mx.argmax(penalised, axis=-1).astype(mx.uint32)
         accept = drafts == targets[:K]

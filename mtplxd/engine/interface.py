@@ -12,6 +12,10 @@ class ModelLoadError(Exception):
     """A checkpoint was refused or could not be loaded; the message says what to do."""
 
 
+# How MTP requests decode: "fused" (fused.py), "stepwise" (speculative.py), or "auto"
+# (fused where the backend builds kernels per shape, i.e. CUDA).
+DECODE_LOOP_CHOICES = ("auto", "fused", "stepwise")
+
 @dataclass
 class SamplingParams:
     """How to pick tokens. Temperature 0 means greedy (argmax)."""

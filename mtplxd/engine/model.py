@@ -11,7 +11,7 @@ from mtplxd.engine.fused import fused_supported
 from mtplxd.engine.generation import generate as run_generation
 from mtplxd.engine.generation import score as run_score
 from mtplxd.engine.interface import (
-    GenerationRequest, GenerationResult, ModelInfo, ModelLoadError, TokenDelta,
+    DECODE_LOOP_CHOICES, GenerationRequest, GenerationResult, ModelInfo, ModelLoadError, TokenDelta,
 )
 from mtplxd.engine.loader import (
     MAX_DEPTH, inspect_checkpoint, load_checkpoint, recommended_depth,
@@ -94,8 +94,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp)
     spec = get_family(report.model_type)
     trunk = Trunk(model, spec)
-    if decode_loop not in ("auto", "fused", "stepwise"):
-        raise ModelLoadError(f"decode_loop must be auto, fused or stepwise, got {decode_loop!r}")
+    if decode_loop not in DECODE_LOOP_CHOICES:
+        raise ModelLoadError(f"decode_loop must be one of {', '.join(DECODE_LOOP_CHOICES)}, "
+                             f"got {decode_loop!r}")
     if decode_loop != "auto":
         trunk.decode_loop = decode_loop
     if with_mtp and draft_head_bits is not None:

@@ -56,6 +56,26 @@ def device_position_keys(seed: mx.array, positions: mx.array, purpose: int) -> m
     return mx.stack([first, second], axis=-1)
 
 
+def one_hot(tokens: mx.array, vocab_size: int) -> mx.array:
+    """(len(tokens), vocab_size) float32 rows, 1 at each token id (penalty counts)."""
+    return (tokens[:, None] == mx.arange(vocab_size)[None]).astype(mx.float32)
+
+
+def history_rows(counts: mx.array, seen: mx.array, extra: mx.array | None,
+                 n_rows: int) -> tuple[mx.array, mx.array]:
+    """(counts, seen) of (V,) histories for n_rows positions: row i also holds extra[:i]
+    (the drafts before it)."""
+    vocab_size = counts.shape[-1]
+    counts = mx.broadcast_to(counts, (n_rows, vocab_size))
+    seen = mx.broadcast_to(seen, (n_rows, vocab_size))
+    if extra is not None and n_rows > 1:
+        cum = mx.concatenate([mx.zeros((1, vocab_size)),
+                              mx.cumsum(one_hot(extra[:n_rows - 1], vocab_size), axis=0)], axis=0)
+        counts = counts + cum
+        seen = seen + cum
+    return counts, seen
+
+
 class TokenHistory:
     """Per-request token counts that the penalties read (kept on the device).
 
@@ -81,14 +101,7 @@ class TokenHistory:
 
     def rows(self, extra: mx.array | None, n_rows: int) -> tuple[mx.array, mx.array]:
         """(counts, seen) for n_rows positions: row i also holds extra[:i] (drafts so far)."""
-        counts = mx.broadcast_to(self.counts, (n_rows, self.vocab_size))
-        seen = mx.broadcast_to(self.seen, (n_rows, self.vocab_size))
-        if extra is not None and n_rows > 1:
-            onehot = (extra[:n_rows - 1, None] == mx.arange(self.vocab_size)[None]).astype(mx.float32)
-            cum = mx.concatenate([mx.zeros((1, self.vocab_size)), mx.cumsum(onehot, axis=0)], axis=0)
-            counts = counts + cum
-            seen = seen + cum
-        return counts, seen
+        return history_rows(self.counts, self.seen, extra, n_rows)
 
 
 def apply_penalties(logits: mx.array, params: SamplingParams, counts: mx.array,

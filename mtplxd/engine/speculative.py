@@ -30,7 +30,8 @@ import mlx.core as mx
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.mtp_head import MTPHead
 from mtplxd.engine.sampling import (
-    ACCEPT, DRAFT, RESIDUAL, TokenHistory, apply_penalties, position_key, scaled_logits,
+    ACCEPT, DRAFT, RESIDUAL, TokenHistory, apply_penalties, one_hot, position_key,
+    scaled_logits,
 )
 from mtplxd.engine.trunk import PREFILL_CHUNK, Trunk
 
@@ -152,7 +153,7 @@ class SpeculativeDecoder:
                 q_rows.append(mx.softmax(weights, axis=-1)[0])
             drafts.append(d[0])
             if params.has_penalties:
-                onehot = (mx.arange(counts.shape[-1]) == d[:, None]).astype(mx.float32)
+                onehot = one_hot(d, counts.shape[-1])
                 counts, seen = counts + onehot, seen + onehot
             if i < self.depth:
                 g = self.head(g, self.trunk.embed(d[None]), self.head_cache)
