@@ -89,11 +89,7 @@ def _run(model, ids: list[int], temperature: float, depth: int, max_tokens: int,
     # ignore_eos: every run decodes max_tokens, so speeds compare like for like.
     sampling = SamplingParams(temperature=temperature, top_p=0.95 if temperature > 0 else 1.0,
                               seed=seed, max_tokens=max_tokens, ignore_eos=True)
-    result = None
-    for item in model.generate(GenerationRequest(ids, sampling, depth=depth)):
-        result = item
-    assert isinstance(result, GenerationResult)
-    return result
+    return model.complete(GenerationRequest(ids, sampling, depth=depth))
 
 
 def run_bench(model, *, depth: int, max_tokens: int, repeats: int,

@@ -62,6 +62,16 @@ class LoadedModel:
         return run_generation(self.trunk, self.head, self.tokenizer, request, depth,
                               self.info.vocab_size, should_stop, self.bank)
 
+    def complete(self, request: GenerationRequest,
+                 should_stop: Callable[[], bool] = lambda: False) -> GenerationResult:
+        """Run a request to its end and return its GenerationResult (generate's last item);
+        for callers that do not stream (benchmarks, tests)."""
+        result = None
+        for item in self.generate(request, should_stop):
+            result = item
+        assert isinstance(result, GenerationResult)
+        return result
+
     def score(self, prompt_ids: list[int]) -> list[float | None]:
         """Log-probability of each prompt token given its prefix; the first is None."""
         return run_score(self.trunk, list(prompt_ids))

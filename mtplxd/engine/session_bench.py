@@ -66,12 +66,7 @@ def render(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
 def run(model: Any, prompt: list[int], max_tokens: int, depth: int | None) -> GenerationResult:
     request = GenerationRequest(prompt_ids=prompt, depth=depth, session_id="bench",
                                 sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-    result = None
-    for item in model.generate(request):
-        if isinstance(item, GenerationResult):
-            result = item
-    assert result is not None
-    return result
+    return model.complete(request)
 
 
 def measure(model_path: str, target_tokens: int, repeats: int, depth: int | None,

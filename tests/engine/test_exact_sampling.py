@@ -54,7 +54,7 @@ def sampled_counts(model, prompt, params, depth, n):
     for seed in range(n):
         sampling = SamplingParams(temperature=params.temperature, top_p=params.top_p,
                                   top_k=params.top_k, seed=seed, max_tokens=N_TOKENS)
-        result = list(model.generate(GenerationRequest(prompt, sampling, depth=depth)))[-1]
+        result = model.complete(GenerationRequest(prompt, sampling, depth=depth))
         key = tuple(result.token_ids) + ((EOS,) if result.finish_reason == "stop" else ())
         counts[key] += 1
     return counts
@@ -125,7 +125,7 @@ def test_a_wrong_residual_fails_the_same_test(tiny_qwen3, prompt, params, depth,
 def test_same_seed_same_sampled_mtp_output(tiny_qwen3, prompt):
     def run(seed, depth):
         sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=seed, max_tokens=40)
-        return list(tiny_qwen3.generate(GenerationRequest(prompt, sampling, depth=depth)))[-1].token_ids
+        return tiny_qwen3.complete(GenerationRequest(prompt, sampling, depth=depth)).token_ids
 
     assert run(5, 3) == run(5, 3)
     assert run(5, 3) != run(6, 3)

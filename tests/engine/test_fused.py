@@ -24,7 +24,7 @@ def run(model, loop, depth, max_tokens=40, **sampling):
     try:
         request = GenerationRequest(model.tokenizer.encode("def add(a, b):\n    ret"),
                                     SamplingParams(max_tokens=max_tokens, **sampling), depth=depth)
-        return list(model.generate(request))[-1]
+        return model.complete(request)
     finally:
         model.trunk.decode_loop = "fused"
 

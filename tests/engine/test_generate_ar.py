@@ -214,7 +214,7 @@ def test_cancellation_during_a_chunked_prefill(tiny_qwen3):
 
     ids = prompt(tiny_qwen3, "a prompt long enough for several chunks")
     request = GenerationRequest(ids, SamplingParams(max_tokens=10), depth=0, prefill_chunk=4)
-    result = list(tiny_qwen3.generate(request, should_stop))[-1]
+    result = tiny_qwen3.complete(request, should_stop)
     assert result.finish_reason == "cancelled" and result.token_ids == []
     assert result.stats.completion_tokens == 0
     assert calls["n"] == 3

@@ -30,11 +30,11 @@ def test_bucketed_mask_hides_unused_slots_and_matches_growth():
 def test_bucketed_caches_keep_greedy_mtp_equal_to_ar(tiny_model_factory, family):
     model = load_model(tiny_model_factory(family))
     ids = model.tokenizer.encode("def add(a, b):\n    ret")
-    plain = list(model.generate(GenerationRequest(ids, SamplingParams(max_tokens=40), depth=0)))[-1]
+    plain = model.complete(GenerationRequest(ids, SamplingParams(max_tokens=40), depth=0))
     model.trunk.fixed_shapes = True
     assert any(isinstance(c, BucketedKVCache) for c in model.trunk.make_cache())
     for depth in (0, 1, 3):
-        result = list(model.generate(GenerationRequest(ids, SamplingParams(max_tokens=40), depth=depth)))[-1]
+        result = model.complete(GenerationRequest(ids, SamplingParams(max_tokens=40), depth=depth))
         assert result.token_ids == plain.token_ids
 
 

@@ -23,7 +23,7 @@ def prompt_ids(model, name):
 
 def greedy(model, ids, depth, max_tokens, **sampling):
     request = GenerationRequest(ids, SamplingParams(max_tokens=max_tokens, **sampling), depth=depth)
-    return list(model.generate(request))[-1]
+    return model.complete(request)
 
 
 @pytest.fixture(scope="module", params=["stepwise", "fused"])

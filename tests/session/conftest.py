@@ -54,12 +54,7 @@ def run(model: Any, prompt: list[int], *, depth: int | None = None, max_tokens: 
         prompt_ids=list(prompt), depth=depth, prefill_chunk=prefill_chunk, session_id=session_id,
         sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature,
                                 seed=seed))
-    result = None
-    for item in model.generate(request):
-        if isinstance(item, GenerationResult):
-            result = item
-    assert result is not None
-    return result
+    return model.complete(request)
 
 
 def tokens(seed: int, n: int, low: int = 5, high: int = 300) -> list[int]:

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from mtplxd.engine import GenerationRequest, GenerationResult, SamplingParams, load_model
+from mtplxd.engine import GenerationRequest, SamplingParams, load_model
 
 from .conftest import EMBEDDED_DIR
 
@@ -69,7 +69,7 @@ def test_chat_request_for_fibonacci_gets_python_that_parses_and_ends_with_im_end
     prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": FIB_REQUEST}],
                                                  add_generation_prompt=True, **kwargs)
     request = GenerationRequest(prompt_ids=list(prompt), sampling=SamplingParams(temperature=0.0, max_tokens=300))
-    result = [item for item in model.generate(request) if isinstance(item, GenerationResult)][0]
+    result = model.complete(request)
     # The only EOS is <|im_end|>, and with no stop strings or stop ids requested, finish_reason
     # "stop" means the model emitted it (the engine leaves EOS out of token_ids and text).
     assert model.tokenizer.eos_token_ids == {model.tokenizer.convert_tokens_to_ids("<|im_end|>")}
