@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any, Callable
 
+from mtplxd.control.protocol import INTERNAL_ERROR, RpcError, encode
 from mtplxd.paths import Paths
 
 Notification = Callable[[str, dict[str, Any]], None]
@@ -17,15 +18,9 @@ class DaemonNotRunning(Exception):
     """Nothing answers on the control socket."""
 
 
-class ControlError(Exception):
-    """The daemon answered with a JSON-RPC error; `reason` is the stable name."""
-
-    def __init__(self, code: int, message: str, reason: str, data: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.reason = reason
-        self.data = data or {}
+class ControlError(RpcError):
+    """The daemon answered with a JSON-RPC error (the wire shape the server's RpcError
+    sends); `reason` is the stable name."""
 
 
 class ControlClient:
@@ -51,7 +46,7 @@ class ControlClient:
         request_id = next(self._ids)
         payload = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}}
         with self._connect(self.timeout if timeout == -1 else timeout) as sock:
-            sock.sendall(json.dumps(payload).encode() + b"\n")
+            sock.sendall(encode(payload))
             reader = sock.makefile("rb")
             for line in reader:
                 message = json.loads(line)
@@ -66,7 +61,7 @@ class ControlClient:
                                        data.get("reason", "error"), data)
                 if message.get("id") == request_id:
                     return message.get("result")
-        raise ControlError(-32603, "the daemon closed the connection without answering", "no_answer")
+        raise ControlError(INTERNAL_ERROR, "the daemon closed the connection without answering", "no_answer")
 
     def _connect(self, timeout: float | None) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
