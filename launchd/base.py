@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from mtplxd.atomic import write_atomic
 
@@ -141,6 +142,17 @@ class ServiceManager(ABC):
         # launchd and systemd read these as the user; 0644 as Homebrew writes them (no secrets).
         write_atomic(self.service_file, content, mode=0o644)
         self.actions.append(f"wrote {self.service_file}")
+
+    @contextmanager
+    def _removed_if_refused(self, first_install: bool) -> Iterator[None]:
+        """Run the activation steps of install; when the manager refuses a first install,
+        remove the file it just wrote (a failed first install leaves nothing behind)."""
+        try:
+            yield
+        except ServiceError:
+            if first_install:
+                self._remove_file()
+            raise
 
     def _remove_file(self) -> bool:
         try:

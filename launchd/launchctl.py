@@ -96,16 +96,11 @@ class LaunchdManager(ServiceManager):
             self.agents_dir.mkdir(parents=True, exist_ok=True)
             self.spec.log_file.parent.mkdir(parents=True, exist_ok=True)
             self._write(new)
-        try:
+        with self._removed_if_refused(first_install=old is None):
             if job is None or changed:
                 self._load()
             elif not job.running:
                 self._run("launchctl", "kickstart", self.target)
-        except ServiceError:
-            if old is None:
-                # A first install that could not load leaves nothing behind.
-                self._remove_file()
-            raise
         return self._take_actions(changed)
 
     def uninstall(self) -> ChangeReport:

@@ -91,16 +91,11 @@ class SystemdManager(ServiceManager):
         if changed:
             self.spec.log_file.parent.mkdir(parents=True, exist_ok=True)
             self._write(new)
-        try:
+        with self._removed_if_refused(first_install=old is None):
             self._systemctl("daemon-reload")
             self._systemctl("enable", "--now", self.target, timeout=START_TIMEOUT_SECONDS)
             if was_active and changed:
                 self._systemctl("restart", self.target, timeout=self._stop_start_timeout())
-        except ServiceError:
-            if old is None:
-                # A first install that systemd refused leaves nothing behind.
-                self._remove_file()
-            raise
         return self._take_actions(changed)
 
     def uninstall(self) -> ChangeReport:
