@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -187,35 +187,26 @@ def layer_types_refusal(config: Mapping[str, Any]) -> str | None:
     return None
 
 
-FAMILIES: dict[str, FamilySpec] = {
-    "qwen3_5": FamilySpec(
-        model_type="qwen3_5",
-        build_mtp_layer=build_qwen3_5_mtp_layer,
-        norm_shift=lambda w: norm_shift("qwen3_5", w),
+def _hybrid_spec(model_type: str, build_mtp_layer: Callable[[Any], nn.Module],
+                 text_model: Callable[[Any], Any], text_args: Callable[[Any], Any]) -> FamilySpec:
+    """The FamilySpec of one hybrid family: the cache, norm shift and MTP sanitizing are
+    shared; the MTP layer and where the text model sits differ."""
+    return FamilySpec(
+        model_type=model_type,
+        build_mtp_layer=build_mtp_layer,
+        norm_shift=lambda w: norm_shift(model_type, w),
         make_cache=make_cache,
-        text_model=_language_model,
-        text_args=_qwen3_5_text_args,
+        text_model=text_model,
+        text_args=text_args,
         sanitize_mtp=sanitize_mtp_weights,
-    ),
-    "qwen3_5_moe": FamilySpec(
-        model_type="qwen3_5_moe",
-        build_mtp_layer=build_qwen3_5_mtp_layer,
-        norm_shift=lambda w: norm_shift("qwen3_5_moe", w),
-        make_cache=make_cache,
-        text_model=_language_model,
-        text_args=_qwen3_5_text_args,
-        sanitize_mtp=sanitize_mtp_weights,
-    ),
-    "qwen3_next": FamilySpec(
-        model_type="qwen3_next",
-        build_mtp_layer=build_qwen3_next_mtp_layer,
-        norm_shift=lambda w: norm_shift("qwen3_next", w),
-        make_cache=make_cache,
-        text_model=_identity,
-        text_args=_identity,
-        sanitize_mtp=sanitize_mtp_weights,
-    ),
-}
+    )
+
+
+FAMILIES: dict[str, FamilySpec] = {spec.model_type: spec for spec in (
+    _hybrid_spec("qwen3_5", build_qwen3_5_mtp_layer, _language_model, _qwen3_5_text_args),
+    _hybrid_spec("qwen3_5_moe", build_qwen3_5_mtp_layer, _language_model, _qwen3_5_text_args),
+    _hybrid_spec("qwen3_next", build_qwen3_next_mtp_layer, _identity, _identity),
+)}
 
 for _spec in FAMILIES.values():
     register_family(_spec)
