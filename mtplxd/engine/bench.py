@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mtplxd.engine.interface import (
-    DECODE_LOOP_CHOICES, GenerationRequest, GenerationResult, SamplingParams,
+    DECODE_LOOP_CHOICES, QUANTIZE_CHOICES, GenerationRequest, GenerationResult, SamplingParams,
 )
 
 PROMPTS = (
@@ -154,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperatures", default="0,0.6", help="comma-separated, e.g. 0,0.6")
     parser.add_argument("--json-out", type=Path, default=None, help="write the report here")
     parser.add_argument("--decode-loop", choices=DECODE_LOOP_CHOICES, default="auto",
-                        help="decode loop for AR and MTP alike (default: the backend's)")
+                        help="MTP decode loop (default: the backend's); AR always runs the plain loop")
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto",
+                        help="quantize the weights as they load (default: what the checkpoint asks for)")
     args = parser.parse_args(argv)
 
     import mlx.core as mx
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     from mtplxd.engine.model import load_model
 
     started = time.perf_counter()
-    model = load_model(args.model, decode_loop=args.decode_loop)
+    model = load_model(args.model, decode_loop=args.decode_loop, quantize=args.quantize)
     load_seconds = time.perf_counter() - started
     if model.info.mode != "mtp":
         print(f"{model.info.id} is served AR ({model.info.ar_reason}); nothing to compare", file=sys.stderr)

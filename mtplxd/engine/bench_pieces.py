@@ -2,7 +2,7 @@
 
     python -m mtplxd.engine.bench_pieces --model PATH [--context 300] [--json-out FILE]
 
-Times, one call at a time (median of 30 after warm-up): a trunk forward over 1..4 tokens
+Times, one call at a time (median of 30 after warm-up): a trunk forward over 1..5 tokens
 with the fused loop's fixed buffer (compiled) and with mlx-lm's exact-length cache
 (uncompiled), the MTP head over 1 and 3 rows, and lm_head with greedy and top-p picks. On a
 device bound by launches rather than weight reads, a forward over K+1 tokens costs about
@@ -22,7 +22,7 @@ import mlx.core as mx
 
 from mtplxd.engine import fused
 from mtplxd.engine.bench_verify import measure_forward_costs, median_ms
-from mtplxd.engine.interface import SamplingParams
+from mtplxd.engine.interface import QUANTIZE_CHOICES, SamplingParams
 from mtplxd.engine.sampling import scaled_logits
 
 
@@ -49,7 +49,7 @@ def measure(model, context: int) -> dict[str, float]:
 
     forward, head_step = mx.compile(static_forward), mx.compile(head_forward)
     results: dict[str, float] = {}
-    for rows in (1, 2, 3, 4):
+    for rows in (1, 2, 3, 4, 5):
         tokens = mx.array([[5] * rows])
         results[f"trunk forward, {rows} token(s), fixed buffer, compiled"] = latency_ms(
             lambda: forward(tokens, offset, *buffers))
@@ -81,12 +81,14 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="HF-format model folder with an MTP head")
     parser.add_argument("--context", type=int, default=300, help="tokens in the cache while timing")
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto",
+                        help="quantize the weights as they load (default: what the checkpoint asks for)")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
 
     from mtplxd.engine.model import load_model
 
-    model = load_model(args.model)
+    model = load_model(args.model, quantize=args.quantize)
     if model.head is None or not fused.fused_supported(model.trunk, model.trunk.make_cache()):
         print(f"{model.info.id}: needs a dense model with an MTP head", file=sys.stderr)
         return 2
@@ -94,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, ms in results.items():
         print(f"{name:55s} {ms:8.3f} ms")
     if args.json_out:
-        report = {"model": model.info.id, "device": str(mx.default_device()),
+        report = {"model": model.info.id, "quantization": model.info.quantization,
+                  "device": str(mx.default_device()),
                   "context": args.context, "latency_ms": results}
         args.json_out.write_text(json.dumps(report, indent=2))
     return 0

@@ -15,6 +15,9 @@ class ModelLoadError(Exception):
 # How MTP requests decode: "fused" (fused.py), "stepwise" (speculative.py), or "auto"
 # (fused where the backend builds kernels per shape, i.e. CUDA).
 DECODE_LOOP_CHOICES = ("auto", "fused", "stepwise")
+# Quantizing an unquantized checkpoint as it loads: "auto" (what the checkpoint's config asks
+# for on this backend: loader.CUDA_QUANTIZATION_KEY), "none", or MLX affine "8bit" / "4bit".
+QUANTIZE_CHOICES = ("auto", "none", "8bit", "4bit")
 
 @dataclass
 class SamplingParams:

@@ -24,6 +24,13 @@ SUPPORTED_BITS = (4, 8)
 DEFAULT_DEPTH = 3
 # A checkpoint may name the depth its head was tuned for (config.json "mtplx_default_depth").
 RECOMMENDED_DEPTH_KEY = "mtplx_default_depth"
+# A checkpoint may ask to be served quantized on CUDA (config.json, e.g. {"bits": 8,
+# "group_size": 64}). There a matmul over 2-5 rows of bf16 weights runs a gemm that costs
+# about twice the 1-row gemv, while MLX's quantized matmul serves 1-8 rows with one kernel
+# of the gemv's cost: a speculative verify then costs what a decode step costs. On the CPU
+# quantized matmuls are ~10x slower than bf16 ones, so the shipped file stays bf16.
+CUDA_QUANTIZATION_KEY = "mtplx_cuda_quantization"
+LOAD_QUANTIZE_GROUP_SIZE = 64
 
 
 def recommended_depth(config: dict[str, Any]) -> int:
@@ -235,6 +242,39 @@ def load_checkpoint(path: Path, *, with_mtp: bool):
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelLoadError(f"could not load {path}: {exc}") from exc
     return model, config, tokenizer
+
+
+def quantize_on_load(model, config: dict[str, Any], choice: str, on_cuda: bool) -> str | None:
+    """Quantize an unquantized model in place as `choice` asks; return the label applied.
+
+    "auto" applies the checkpoint's CUDA_QUANTIZATION_KEY when `on_cuda`; "8bit"/"4bit"
+    always apply (group size 64); "none" never. A checkpoint that is already quantized is
+    left as it is. Linear and embedding layers of trunk and MTP head are quantized alike
+    (layers whose input width the group size does not divide stay as they are).
+    """
+    import mlx.nn as nn
+
+    if config.get("quantization") or config.get("quantization_config"):
+        return None
+    if choice == "auto":
+        wanted = config.get(CUDA_QUANTIZATION_KEY) if on_cuda else None
+        if not wanted:
+            return None
+        bits, group_size = int(wanted["bits"]), int(wanted.get("group_size", LOAD_QUANTIZE_GROUP_SIZE))
+    elif choice in ("8bit", "4bit"):
+        bits, group_size = int(choice[0]), LOAD_QUANTIZE_GROUP_SIZE
+    else:
+        return None
+    if bits not in SUPPORTED_BITS:
+        raise ModelLoadError(f"{CUDA_QUANTIZATION_KEY}: {bits}-bit is not supported; use 4 or 8")
+
+    def quantizable(_path: str, module) -> bool:
+        weight = getattr(module, "weight", None)
+        return (hasattr(module, "to_quantized") and weight is not None
+                and weight.shape[-1] % group_size == 0)
+
+    nn.quantize(model, group_size=group_size, bits=bits, class_predicate=quantizable)
+    return f"{bits}bit, at load"
 
 
 def _drop_mtp_classes(config: dict[str, Any]):

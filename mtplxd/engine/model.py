@@ -11,10 +11,12 @@ from mtplxd.engine.fused import fused_supported
 from mtplxd.engine.generation import generate as run_generation
 from mtplxd.engine.generation import score as run_score
 from mtplxd.engine.interface import (
-    DECODE_LOOP_CHOICES, GenerationRequest, GenerationResult, ModelInfo, ModelLoadError, TokenDelta,
+    DECODE_LOOP_CHOICES, QUANTIZE_CHOICES, GenerationRequest, GenerationResult, ModelInfo,
+    ModelLoadError, TokenDelta,
 )
+from mtplxd.engine.kv_cache import fixed_shapes_wanted
 from mtplxd.engine.loader import (
-    MAX_DEPTH, inspect_checkpoint, load_checkpoint, recommended_depth,
+    MAX_DEPTH, inspect_checkpoint, load_checkpoint, quantize_on_load, recommended_depth,
 )
 from mtplxd.engine.session_bank import BankSettings, SessionBank, identity_for
 from mtplxd.engine.trunk import Trunk
@@ -81,7 +83,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                depth: int | None = None,
                session_bank: BankSettings | None = None,
                draft_head_bits: int | None = None,
-               decode_loop: str = "auto") -> LoadedModel:
+               decode_loop: str = "auto",
+               quantize: str = "auto") -> LoadedModel:
     """Load an HF-format folder for serving (owner thread only).
 
     Registered families with MTP tensors are served MTP at `depth` (default 3); anything else
@@ -91,6 +94,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     `draft_head_bits` (4 or 8) gives MTP drafting a quantized copy of an unquantized lm_head:
     cheaper draft steps, same output (only acceptance can change). `decode_loop` is "fused"
     (each cycle one compiled device graph: fused.py), "stepwise", or "auto" (fused on CUDA).
+    `quantize` quantizes an unquantized checkpoint as it loads: "8bit" or "4bit", "none", or
+    "auto" (what the checkpoint's config asks for on CUDA; see loader.CUDA_QUANTIZATION_KEY).
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -100,8 +105,11 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         raise ModelLoadError(f"{path.name}: {report.reason}")
     if depth is not None and not 0 <= depth <= MAX_DEPTH:
         raise ModelLoadError(f"mtp depth must be between 0 and {MAX_DEPTH}, got {depth}")
+    if quantize not in QUANTIZE_CHOICES:
+        raise ModelLoadError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
     with_mtp = report.mode == "mtp"
     model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp)
+    quantized_at_load = quantize_on_load(model, config, quantize, on_cuda=fixed_shapes_wanted())
     spec = get_family(report.model_type)
     trunk = Trunk(model, spec)
     if decode_loop not in DECODE_LOOP_CHOICES:
@@ -120,7 +128,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         ar_reason=report.reason if report.mode == "ar" else None,
         depth=(recommended_depth(config) if depth is None else depth) if with_mtp else 0,
         context_length=int(report.context_length or 0),
-        quantization=report.quantization,
+        quantization=quantized_at_load or report.quantization,
         vocab_size=int(config.get("vocab_size") or text_config.get("vocab_size")),
         weights_bytes=report.weights_bytes,
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"

@@ -43,8 +43,27 @@ def test_bench_pieces_times_every_piece(tiny_model_factory, tmp_path):
     out = tmp_path / "pieces.json"
     assert pieces_main(["--model", str(tiny_model_factory("qwen3")), "--context", "20",
                         "--json-out", str(out)]) == 0
-    latency = json.loads(out.read_text())["latency_ms"]
-    assert len(latency) == 10 and all(ms > 0 for ms in latency.values())
+    report = json.loads(out.read_text())
+    latency = report["latency_ms"]
+    assert len(latency) == 11 and all(ms > 0 for ms in latency.values())  # verify of 1..5 tokens
+    assert report["quantization"] is None
+
+
+def test_bench_pieces_and_bench_time_a_model_quantized_at_load(tiny_model_factory, tmp_path):
+    from mtplxd.engine.bench import main as bench_main
+    from mtplxd.engine.bench_pieces import main as pieces_main
+
+    model = str(tiny_model_factory("qwen3"))
+    out = tmp_path / "pieces.json"
+    assert pieces_main(["--model", model, "--context", "20", "--quantize", "8bit",
+                        "--json-out", str(out)]) == 0
+    assert json.loads(out.read_text())["quantization"] == "8bit, at load"
+    out = tmp_path / "bench.json"
+    assert bench_main(["--model", model, "--repeats", "1", "--max-tokens", "6", "--depth", "2",
+                       "--temperatures", "0", "--quantize", "8bit", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["model"]["quantization"] == "8bit, at load"
+    assert report["temperatures"]["0.0"]["greedy_identical"] is True
 
 
 def test_mtplxctl_bench_measures_the_configured_decode_loop(tiny_model_factory, tmp_path):
@@ -60,3 +79,14 @@ def test_mtplxctl_bench_measures_the_configured_decode_loop(tiny_model_factory, 
         result = run_ctl(*common, *extra, "--json-out", str(out), timeout=300)
         assert result.returncode == 0, result.stderr
         assert json.loads(out.read_text())["decode_loop"] == expected
+
+
+def test_bench_ops_times_ops_by_section(tmp_path):
+    from mtplxd.engine.bench_ops import main as ops_main
+
+    out = tmp_path / "ops.json"
+    assert ops_main([str(out), "norm"]) == 0
+    timed = json.loads(out.read_text())["us_per_op"]
+    assert set(timed) == {"elementwise add [1,384]", "rms_norm M=1", "rope M=1", "rms_norm M=4", "rope M=4"}
+    assert all(us > 0 for us in timed.values())
+    assert ops_main([]) == 2

@@ -1,0 +1,187 @@
+"""What single ops cost on this device, by row count: the kernels a verify and a draft use.
+
+    python -m mtplxd.engine.bench_ops OUT.json [mm,sdpa,norm,samp,big]
+
+Each figure is the median time per op of a chain of ops evaluated together (after warm-up),
+so on a GPU it is the op's launch and run time, not a host round trip. Sections: bf16 and
+quantized matmuls at 1-8 rows ("mm"), attention over a 512-slot buffer with and without
+masks ("sdpa"), rms_norm and rope ("norm"), the sampling pieces over an 8192 vocabulary
+("samp"), and a training-sized matmul in float32 and bfloat16 ("big").
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Callable
+
+import mlx.core as mx
+
+from mtplxd.engine.interface import SamplingParams
+from mtplxd.engine.sampling import scaled_logits
+
+SECTIONS = ("mm", "sdpa", "norm", "samp", "big")
+
+
+def per_op_us(build: Callable[[int], object], n: int = 32, repeats: int = 20) -> float:
+    """Median microseconds per op, where build(n) returns the lazy result of n chained ops."""
+    for _ in range(3):
+        mx.eval(build(n))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mx.eval(build(n))
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2] / n * 1e6
+
+
+def _matmuls(record) -> None:
+    dt = mx.bfloat16
+    for (n_out, n_in) in ((384, 384), (1024, 384), (384, 1024)):
+        w = (mx.random.normal((n_out, n_in)) * 0.05).astype(dt)
+        w_back = (mx.random.normal((n_in, n_out)) * 0.05).astype(dt)
+        mx.eval(w, w_back)
+        for rows in (1, 2, 3, 4, 5, 8):
+            x = mx.random.normal((rows, n_in)).astype(dt)
+            mx.eval(x)
+
+            def dense(n, x=x, w=w, w_back=w_back):
+                y = x
+                for _ in range(n // 2):
+                    y = (y @ w.T) @ w_back.T
+                return y
+            record(f"matmul bf16 {n_in}->{n_out} M={rows}", per_op_us(dense))
+            for bits in (4, 8):
+                q = mx.quantize(w, 64, bits)
+                q_back = mx.quantize(w_back, 64, bits)
+                mx.eval(q, q_back)
+
+                def quantized(n, x=x, q=q, q_back=q_back, bits=bits):
+                    y = x
+                    for _ in range(n // 2):
+                        y = mx.quantized_matmul(y, *q, transpose=True, group_size=64, bits=bits)
+                        y = mx.quantized_matmul(y, *q_back, transpose=True, group_size=64, bits=bits)
+                    return y
+                record(f"qmatmul q{bits} {n_in}->{n_out} M={rows}", per_op_us(quantized))
+
+
+def _attention(record) -> None:
+    dt, slots, valid = mx.bfloat16, 512, 300
+    k = mx.random.normal((1, 2, slots, 64)).astype(dt)
+    v = mx.random.normal((1, 2, slots, 64)).astype(dt)
+    mx.eval(k, v)
+    for rows in (1, 2, 3, 4, 5):
+        q = mx.random.normal((1, 6, rows, 64)).astype(dt)
+        bool_mask = mx.arange(slots)[None, :] <= (valid + mx.arange(rows))[:, None]
+        additive = mx.where(bool_mask, 0.0, -1e9).astype(dt)
+        mx.eval(q, bool_mask, additive)
+        for name, mask in (("none", None), ("bool", bool_mask), ("additive", additive)):
+            def attend(n, q=q, mask=mask):
+                y = q
+                for _ in range(n):
+                    y = mx.fast.scaled_dot_product_attention(y, k, v, scale=0.125, mask=mask)
+                return y
+            record(f"sdpa q={rows} kv={slots} mask={name}", per_op_us(attend))
+        k_exact, v_exact = k[:, :, :valid + rows], v[:, :, :valid + rows]
+        mx.eval(k_exact, v_exact)
+
+        def attend_exact(n, q=q, rows=rows):
+            y = q
+            for _ in range(n):
+                y = mx.fast.scaled_dot_product_attention(y, k_exact, v_exact, scale=0.125,
+                                                         mask="causal" if rows > 1 else None)
+            return y
+        record(f"sdpa q={rows} kv={valid + rows} exact causal", per_op_us(attend_exact))
+
+
+def _norms(record) -> None:
+    dt = mx.bfloat16
+    weight = mx.ones((384,), dt)
+    for rows in (1, 4):
+        x = mx.random.normal((1, rows, 384)).astype(dt)
+        heads = mx.random.normal((1, 6, rows, 64)).astype(dt)
+        mx.eval(x, heads)
+
+        def norms(n, y=x):
+            for _ in range(n):
+                y = mx.fast.rms_norm(y, weight, 1e-6)
+            return y
+
+        def ropes(n, y=heads):
+            for _ in range(n):
+                y = mx.fast.rope(y, 64, traditional=False, base=10000.0, scale=1.0, offset=300)
+            return y
+        record(f"rms_norm M={rows}", per_op_us(norms))
+        record(f"rope M={rows}", per_op_us(ropes))
+
+
+def _sampling(record) -> None:
+    vocab, key = 8192, mx.random.key(0)
+    top_p = SamplingParams(temperature=0.6, top_p=0.95)
+    plain = SamplingParams(temperature=0.6, top_p=1.0)
+    pieces = {
+        "argmax": lambda x: mx.argmax(x, -1),
+        "argsort": lambda x: mx.argsort(-x, -1),
+        "sort": lambda x: mx.sort(x, -1),
+        "cumsum": lambda x: mx.cumsum(x, -1),
+        "logsumexp": lambda x: mx.logsumexp(x, -1, keepdims=True),
+        "put_along_axis": lambda x: mx.put_along_axis(mx.zeros_like(x), mx.argsort(x, -1), x, -1),
+        "categorical": lambda x: mx.random.categorical(x, key=key),
+        "scaled_logits top-p": lambda x: scaled_logits(x, top_p),
+        "scaled_logits plain": lambda x: scaled_logits(x, plain),
+        "draw top-p": lambda x: mx.random.categorical(scaled_logits(x, top_p), key=key),
+        "draw plain": lambda x: mx.random.categorical(scaled_logits(x, plain), key=key),
+    }
+    for rows in (1, 5):
+        logits = mx.random.normal((rows, vocab))
+        mx.eval(logits)
+        for name, fn in pieces.items():
+            compiled = mx.compile(fn)
+            record(f"{name} [{rows},{vocab}] compiled, alone",
+                   per_op_us(lambda n, c=compiled: [c(logits) for _ in range(n)], n=8))
+
+
+def _training_matmul(record) -> None:
+    for dt in (mx.float32, mx.bfloat16):
+        a = mx.random.normal((32768, 384)).astype(dt)
+        b = mx.random.normal((384, 1024)).astype(dt)
+        mx.eval(a, b)
+        us = per_op_us(lambda n: [a @ b for _ in range(n)], n=8)
+        record(f"training matmul 32768x384x1024 {dt} (TFLOP/s={2 * 32768 * 384 * 1024 / us / 1e6:.0f})", us)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0].startswith("-"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    sections = argv[1].split(",") if len(argv) > 1 else list(SECTIONS)
+    results: dict[str, float] = {}
+
+    def record(name: str, us: float) -> None:
+        results[name] = round(us, 2)
+        print(f"{name:60s} {us:9.2f} us", flush=True)
+
+    x = mx.ones((1, 384), mx.bfloat16)
+    mx.eval(x)
+
+    def adds(n, y=x):
+        for _ in range(n):
+            y = y + 1
+        return y
+    record("elementwise add [1,384]", per_op_us(adds))
+    runners = {"mm": _matmuls, "sdpa": _attention, "norm": _norms, "samp": _sampling,
+               "big": _training_matmul}
+    for name in sections:
+        runners[name](record)
+    with open(argv[0], "w") as f:
+        json.dump({"device": str(mx.default_device()), "mlx_version": mx.__version__,
+                   "us_per_op": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
