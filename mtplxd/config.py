@@ -122,6 +122,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("decode_loop", "auto", _as_choice("auto", "fused", "stepwise"),
                 "MTP decode loop: fused (each cycle one compiled device graph, read a cycle "
                 "late), stepwise (the host reads every cycle), or auto (fused on CUDA)."),
+        Setting("quantize", "auto", _as_choice("auto", "none", "8bit", "4bit"),
+                "Quantize an unquantized model as it loads: 8bit, 4bit, none, or auto (what the "
+                "model's config asks for on CUDA; the embedded model asks for 8bit there)."),
         Setting("memory_limit", "auto", _as_memory_limit,
                 "Memory limit: auto, max, or GiB."),
         Setting("fan_mode", "auto", _as_choice("auto", "max", "smart"),

@@ -59,7 +59,7 @@ class Daemon:
                            ssd_dir=paths.session_bank_dir, ssd=config.session_bank_ssd_bytes)
         depth = None if config.depth == "auto" else config.depth  # None: the model's own
         self.runtime = Runtime(paths.models_dir, depth, config.memory_limit, bank,
-                               decode_loop=config.decode_loop)
+                               decode_loop=config.decode_loop, quantize=config.quantize)
         self.registry = MethodRegistry()
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()

@@ -88,7 +88,7 @@ class Runtime:
 
     def __init__(self, models_dir: Path, default_depth: int | None,
                  memory_limit: str | float = "auto", bank: BankOptions = BankOptions(),
-                 decode_loop: str = "auto") -> None:
+                 decode_loop: str = "auto", quantize: str = "auto") -> None:
         from mtplxd.engine.owner import ModelOwner
 
         self.models_dir = models_dir
@@ -96,6 +96,7 @@ class Runtime:
         self.memory_limit = memory_limit
         self.bank_options = bank
         self.decode_loop = decode_loop
+        self.quantize = quantize
         self.owner = ModelOwner()
         self.model: Any = None  # mtplxd.engine.LoadedModel once loaded
         self.guard: MemoryGuard | None = None  # the loaded model's memory guard
@@ -148,7 +149,7 @@ class Runtime:
             try:
                 model = await self._on_owner(lambda: load_model(
                     path, model_id=model_id, depth=self.default_depth if depth is None else depth,
-                    decode_loop=self.decode_loop))
+                    decode_loop=self.decode_loop, quantize=self.quantize))
             except Exception as exc:
                 self.state, self.error = "failed", str(exc)
                 log.error("model load failed: %s", exc)

@@ -25,6 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--json-out", help="where to save the report")
     bench.add_argument("--decode-loop", choices=("auto", "fused", "stepwise"),
                        help="MTP decode loop (default: the configured decode_loop)")
+    bench.add_argument("--quantize", choices=("auto", "none", "8bit", "4bit"),
+                       help="quantize the weights as they load (default: the configured quantize)")
     bench.set_defaults(func=cmd_bench)
 
 
@@ -40,7 +42,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out = args.json_out or str(paths.metrics_dir / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json")
     argv = ["--model", str(folder), "--max-tokens", str(args.max_tokens), "--repeats",
             str(args.repeats), "--temperatures", args.temperatures, "--json-out", out,
-            "--decode-loop", args.decode_loop or config.decode_loop]
+            "--decode-loop", args.decode_loop or config.decode_loop,
+            "--quantize", args.quantize or config.quantize]
     if args.depth is not None:
         argv += ["--depth", str(args.depth)]
     return bench.main(argv)

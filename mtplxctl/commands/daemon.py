@@ -222,7 +222,8 @@ def _report_started(status: dict[str, Any], as_json: bool) -> int:
 def _mode_text(model: dict[str, Any]) -> str:
     if model.get("mode") == "mtp":
         loop = " (fused loop)" if model.get("decode_loop") == "fused" else ""
-        return f"MTP depth {model.get('depth')}{loop}"
+        weights = f", {model['quantization']}" if model.get("quantization") else ""
+        return f"MTP depth {model.get('depth')}{loop}{weights}"
     return f"AR: {model.get('ar_reason') or 'no MTP head'}"
 
 

@@ -161,6 +161,31 @@ def test_decode_loop_setting_reaches_the_engine_and_serves(tiny_model_factory, m
         assert run_ctl("stop").returncode == 0
 
 
+def test_quantize_setting_reaches_the_engine_and_serves(tiny_model_factory, monkeypatch):
+    """`quantize = 8bit` (here from the environment) quantizes the model as it loads; status
+    says so, and greedy MTP through the HTTP API still gives the AR tokens."""
+    import httpx
+
+    monkeypatch.setenv("MTPLX_QUANTIZE", "8bit")
+    model = tiny_model_factory("qwen3")
+    started = run_ctl("start", "--port", "0", "--model", str(model), "--json")
+    try:
+        assert started.returncode == 0, started.stderr
+        status = json.loads(started.stdout)
+        assert status["model"]["quantization"] == "8bit, at load"
+        assert "8bit, at load" in run_ctl("status").stdout
+        answers = []
+        for depth in (0, 3):
+            body = {"model": status["model"]["id"], "prompt": "def add(a, b):", "max_tokens": 24,
+                    "temperature": 0, "mtp_depth": depth}
+            reply = httpx.post(status["http"]["base_url"] + "/completions", json=body, timeout=60)
+            assert reply.status_code == 200, reply.text
+            answers.append(reply.json()["choices"][0]["text"])
+        assert answers[0] == answers[1] and answers[0]
+    finally:
+        assert run_ctl("stop").returncode == 0
+
+
 def test_start_with_a_bad_model_says_what_to_do():
     result = run_ctl("start", "--port", "0", "--model", "no-such-org/no-such-model")
     try:
