@@ -136,11 +136,23 @@ def test_start_with_a_model_loads_it_and_status_shows_it(tiny_model_factory):
         assert run_ctl("stop").returncode == 0
 
 
+def assert_greedy_mtp_equals_ar_over_http(status: dict) -> None:
+    """A greedy completion at depth 0 and at depth 3 through the daemon's HTTP API agree."""
+    import httpx
+
+    answers = []
+    for depth in (0, 3):
+        body = {"model": status["model"]["id"], "prompt": "def add(a, b):", "max_tokens": 24,
+                "temperature": 0, "mtp_depth": depth}
+        reply = httpx.post(status["http"]["base_url"] + "/completions", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        answers.append(reply.json()["choices"][0]["text"])
+    assert answers[0] == answers[1] and answers[0]
+
+
 def test_decode_loop_setting_reaches_the_engine_and_serves(tiny_model_factory, monkeypatch):
     """`decode_loop = fused` (here from the environment) is what the loaded model runs, and a
     greedy MTP request through the HTTP API gives the AR tokens."""
-    import httpx
-
     monkeypatch.setenv("MTPLX_DECODE_LOOP", "fused")
     model = tiny_model_factory("qwen3")
     started = run_ctl("start", "--port", "0", "--model", str(model), "--json")
@@ -149,14 +161,7 @@ def test_decode_loop_setting_reaches_the_engine_and_serves(tiny_model_factory, m
         status = json.loads(started.stdout)
         assert status["model"]["decode_loop"] == "fused"
         assert "(fused loop)" in run_ctl("status").stdout
-        answers = []
-        for depth in (0, 3):
-            body = {"model": status["model"]["id"], "prompt": "def add(a, b):", "max_tokens": 24,
-                    "temperature": 0, "mtp_depth": depth}
-            reply = httpx.post(status["http"]["base_url"] + "/completions", json=body, timeout=60)
-            assert reply.status_code == 200, reply.text
-            answers.append(reply.json()["choices"][0]["text"])
-        assert answers[0] == answers[1] and answers[0]
+        assert_greedy_mtp_equals_ar_over_http(status)
     finally:
         assert run_ctl("stop").returncode == 0
 
@@ -164,8 +169,6 @@ def test_decode_loop_setting_reaches_the_engine_and_serves(tiny_model_factory, m
 def test_quantize_setting_reaches_the_engine_and_serves(tiny_model_factory, monkeypatch):
     """`quantize = 8bit` (here from the environment) quantizes the model as it loads; status
     says so, and greedy MTP through the HTTP API still gives the AR tokens."""
-    import httpx
-
     monkeypatch.setenv("MTPLX_QUANTIZE", "8bit")
     model = tiny_model_factory("qwen3")
     started = run_ctl("start", "--port", "0", "--model", str(model), "--json")
@@ -174,14 +177,7 @@ def test_quantize_setting_reaches_the_engine_and_serves(tiny_model_factory, monk
         status = json.loads(started.stdout)
         assert status["model"]["quantization"] == "8bit, at load"
         assert "8bit, at load" in run_ctl("status").stdout
-        answers = []
-        for depth in (0, 3):
-            body = {"model": status["model"]["id"], "prompt": "def add(a, b):", "max_tokens": 24,
-                    "temperature": 0, "mtp_depth": depth}
-            reply = httpx.post(status["http"]["base_url"] + "/completions", json=body, timeout=60)
-            assert reply.status_code == 200, reply.text
-            answers.append(reply.json()["choices"][0]["text"])
-        assert answers[0] == answers[1] and answers[0]
+        assert_greedy_mtp_equals_ar_over_http(status)
     finally:
         assert run_ctl("stop").returncode == 0
 
