@@ -1,7 +1,8 @@
 """AR against MTP on the same prompts, interleaved: decode speed, ratio, acceptance by depth.
 
     python -m mtplxd.engine.bench --model PATH [--depth 3] [--max-tokens 128]
-        [--repeats 3] [--temperatures 0,0.6] [--json-out FILE]
+        [--repeats 3] [--temperatures 0,0.6] [--decode-loop auto|fused|stepwise]
+        [--quantize auto|none|8bit|4bit] [--json-out FILE]
 
 For every temperature, each repeat runs every prompt twice back to back, AR then MTP, so
 slow drifts of the machine (thermals, other load) hit both alike. Figures are medians over

@@ -1,6 +1,7 @@
 """What each piece of a speculative cycle costs on this device, for a real checkpoint.
 
-    python -m mtplxd.engine.bench_pieces --model PATH [--context 300] [--json-out FILE]
+    python -m mtplxd.engine.bench_pieces --model PATH [--context 300] [--quantize auto|none|8bit|4bit]
+        [--json-out FILE]
 
 Times, one call at a time (median of 30 after warm-up): a trunk forward over 1..5 tokens
 with the fused loop's fixed buffer (compiled) and with mlx-lm's exact-length cache
