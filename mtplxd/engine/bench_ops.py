@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from typing import Callable
 
 import mlx.core as mx
 
+from mtplxd.engine.bench_verify import median_ms
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.sampling import scaled_logits
 
@@ -26,15 +26,7 @@ SECTIONS = ("mm", "sdpa", "norm", "samp", "big")
 
 def per_op_us(build: Callable[[int], object], n: int = 32, repeats: int = 20) -> float:
     """Median microseconds per op, where build(n) returns the lazy result of n chained ops."""
-    for _ in range(3):
-        mx.eval(build(n))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        mx.eval(build(n))
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2] / n * 1e6
+    return median_ms(lambda: mx.eval(build(n)), repeats) / n * 1000
 
 
 def _matmuls(record) -> None:
