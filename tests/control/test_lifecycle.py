@@ -7,6 +7,9 @@ import os
 import signal
 import stat
 
+import httpx
+import pytest
+
 from mtplxd.instance import lock_is_held
 from mtplxd.paths import Paths
 
@@ -136,48 +139,31 @@ def test_start_with_a_model_loads_it_and_status_shows_it(tiny_model_factory):
         assert run_ctl("stop").returncode == 0
 
 
-def assert_greedy_mtp_equals_ar_over_http(status: dict) -> None:
-    """A greedy completion at depth 0 and at depth 3 through the daemon's HTTP API agree."""
-    import httpx
-
-    answers = []
-    for depth in (0, 3):
-        body = {"model": status["model"]["id"], "prompt": "def add(a, b):", "max_tokens": 24,
-                "temperature": 0, "mtp_depth": depth}
-        reply = httpx.post(status["http"]["base_url"] + "/completions", json=body, timeout=60)
-        assert reply.status_code == 200, reply.text
-        answers.append(reply.json()["choices"][0]["text"])
-    assert answers[0] == answers[1] and answers[0]
-
-
-def test_decode_loop_setting_reaches_the_engine_and_serves(tiny_model_factory, monkeypatch):
-    """`decode_loop = fused` (here from the environment) is what the loaded model runs, and a
-    greedy MTP request through the HTTP API gives the AR tokens."""
-    monkeypatch.setenv("MTPLX_DECODE_LOOP", "fused")
+@pytest.mark.parametrize("variable, value, field, served, shown", [
+    ("MTPLX_DECODE_LOOP", "fused", "decode_loop", "fused", "(fused loop)"),
+    ("MTPLX_QUANTIZE", "8bit", "quantization", "8bit, at load", "8bit, at load"),
+])
+def test_engine_setting_reaches_the_engine_and_serves(tiny_model_factory, monkeypatch,
+                                                      variable, value, field, served, shown):
+    """`decode_loop = fused` and `quantize = 8bit` (here from the environment) are what the
+    loaded model runs and what status shows, and a greedy MTP request through the HTTP API
+    still gives the AR tokens."""
+    monkeypatch.setenv(variable, value)
     model = tiny_model_factory("qwen3")
     started = run_ctl("start", "--port", "0", "--model", str(model), "--json")
     try:
         assert started.returncode == 0, started.stderr
         status = json.loads(started.stdout)
-        assert status["model"]["decode_loop"] == "fused"
-        assert "(fused loop)" in run_ctl("status").stdout
-        assert_greedy_mtp_equals_ar_over_http(status)
-    finally:
-        assert run_ctl("stop").returncode == 0
-
-
-def test_quantize_setting_reaches_the_engine_and_serves(tiny_model_factory, monkeypatch):
-    """`quantize = 8bit` (here from the environment) quantizes the model as it loads; status
-    says so, and greedy MTP through the HTTP API still gives the AR tokens."""
-    monkeypatch.setenv("MTPLX_QUANTIZE", "8bit")
-    model = tiny_model_factory("qwen3")
-    started = run_ctl("start", "--port", "0", "--model", str(model), "--json")
-    try:
-        assert started.returncode == 0, started.stderr
-        status = json.loads(started.stdout)
-        assert status["model"]["quantization"] == "8bit, at load"
-        assert "8bit, at load" in run_ctl("status").stdout
-        assert_greedy_mtp_equals_ar_over_http(status)
+        assert status["model"][field] == served
+        assert shown in run_ctl("status").stdout
+        answers = []
+        for depth in (0, 3):
+            body = {"model": status["model"]["id"], "prompt": "def add(a, b):", "max_tokens": 24,
+                    "temperature": 0, "mtp_depth": depth}
+            reply = httpx.post(status["http"]["base_url"] + "/completions", json=body, timeout=60)
+            assert reply.status_code == 200, reply.text
+            answers.append(reply.json()["choices"][0]["text"])
+        assert answers[0] == answers[1] and answers[0]
     finally:
         assert run_ctl("stop").returncode == 0
 
