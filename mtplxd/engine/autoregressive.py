@@ -7,7 +7,7 @@ The arithmetic is the same as an unpipelined loop; only the scheduling differs.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
@@ -16,13 +16,10 @@ from mtplxd.engine.sampling import TARGET, TokenHistory, pick, position_key
 from mtplxd.engine.trunk import Trunk
 
 
-def ar_cycles(trunk: Trunk, cache: list[Any], params: SamplingParams, history: TokenHistory,
-              seed: int, last_token: int, position: int) -> Iterator[list[int]]:
-    """Yield one committed token per step, forever (the caller stops iterating).
-
-    `last_token` is the committed token at absolute `position`, already in `history` but not
-    yet fed to the trunk.
-    """
+def ar_step(trunk: Trunk, cache: list[Any], params: SamplingParams, history: TokenHistory,
+            seed: int) -> Callable[[mx.array, int], mx.array]:
+    """step(token, position): the lazy graph that feeds `token` (shape (1,)) and picks the
+    token at absolute `position`, recorded in `history`."""
 
     def step(token: mx.array, position: int) -> mx.array:
         _, logits = trunk.forward(token.reshape(1, 1), cache, all_logits=True)
@@ -32,6 +29,17 @@ def ar_cycles(trunk: Trunk, cache: list[Any], params: SamplingParams, history: T
         history.append(chosen)  # lazily: the next step's penalties see this token
         return chosen
 
+    return step
+
+
+def ar_cycles(trunk: Trunk, cache: list[Any], params: SamplingParams, history: TokenHistory,
+              seed: int, last_token: int, position: int) -> Iterator[list[int]]:
+    """Yield one committed token per step, forever (the caller stops iterating).
+
+    `last_token` is the committed token at absolute `position`, already in `history` but not
+    yet fed to the trunk.
+    """
+    step = ar_step(trunk, cache, params, history, seed)
     position += 1
     pending = step(mx.array([last_token]), position)
     mx.async_eval(pending)

@@ -79,7 +79,8 @@ class RunSet:
         }
 
 
-def _prompt_ids(tokenizer, text: str) -> list[int]:
+def prompt_ids_for(tokenizer, text: str) -> list[int]:
+    """The token ids the bench sends for a prompt text (chat-templated when the model has one)."""
     if getattr(tokenizer, "has_chat_template", False):
         return tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                              add_generation_prompt=True)
@@ -96,11 +97,13 @@ def _run(model, ids: list[int], temperature: float, depth: int, max_tokens: int,
 def run_bench(model, *, depth: int, max_tokens: int, repeats: int,
               temperatures: list[float], prompts: tuple[str, ...] = PROMPTS) -> dict[str, Any]:
     """Run AR and MTP interleaved on every prompt; return the JSON-ready report."""
-    prompt_ids = [_prompt_ids(model.tokenizer, p) for p in prompts]
-    _run(model, prompt_ids[0], 0.0, 0, 8, 0)  # warm-up: first-call costs stay out of the figures
-    _run(model, prompt_ids[0], 0.0, depth, 8, 0)
+    prompt_ids = [prompt_ids_for(model.tokenizer, p) for p in prompts]
     report: dict[str, Any] = {"temperatures": {}}
     for temperature in temperatures:
+        # Warm-up: a temperature's first request compiles its graphs (on CUDA, JIT kernels
+        # for tens of seconds); first-call costs stay out of the figures.
+        _run(model, prompt_ids[0], temperature, 0, 8, 0)
+        _run(model, prompt_ids[0], temperature, depth, 8, 0)
         ar, mtp = RunSet(), RunSet()
         for repeat in range(repeats):
             for index, ids in enumerate(prompt_ids):
@@ -144,6 +147,12 @@ def _print_table(report: dict[str, Any]) -> None:
     Console().print(table)
 
 
+def add_quantize_option(parser: argparse.ArgumentParser) -> None:
+    """--quantize, as every engine bench takes it."""
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto",
+                        help="quantize the weights as they load (default: what the checkpoint asks for)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench", description=__doc__,
@@ -156,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-out", type=Path, default=None, help="write the report here")
     parser.add_argument("--decode-loop", choices=DECODE_LOOP_CHOICES, default="auto",
                         help="MTP decode loop (default: the backend's); AR always runs the plain loop")
-    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto",
-                        help="quantize the weights as they load (default: what the checkpoint asks for)")
+    add_quantize_option(parser)
     args = parser.parse_args(argv)
 
     import mlx.core as mx

@@ -5,10 +5,11 @@
 
 Times, one call at a time (median of 30 after warm-up): a trunk forward over 1..5 tokens
 with the fused loop's fixed buffer (compiled) and with mlx-lm's exact-length cache
-(uncompiled), the MTP head over 1 and 3 rows, and lm_head with greedy and top-p picks. On a
-device bound by launches rather than weight reads, a forward over K+1 tokens costs about
-one over 1 token, and the draft's share of a cycle is the head's and lm_head's cost
-against the trunk's.
+(uncompiled), the MTP head over 1 and 3 rows, and lm_head with a greedy pick, a top-p draw
+(AR's and the verify's filter) and a sampled draft's draw (no top-p, its noise drawn once per
+cycle). On a device bound by launches rather than weight reads, a forward over K+1 tokens
+costs about one over 1 token, and the draft's share of a cycle is the head's and lm_head's
+cost against the trunk's.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Callable
 import mlx.core as mx
 
 from mtplxd.engine import fused
+from mtplxd.engine.bench import add_quantize_option
 from mtplxd.engine.bench_verify import measure_forward_costs, median_ms
-from mtplxd.engine.interface import QUANTIZE_CHOICES, SamplingParams
-from mtplxd.engine.sampling import scaled_logits
+from mtplxd.engine.interface import SamplingParams
+from mtplxd.engine.sampling import draft_weights, scaled_logits
 
 
 def latency_ms(fn: Callable[[], mx.array], repeats: int = 30) -> float:
@@ -71,27 +73,45 @@ def measure(model, context: int) -> dict[str, float]:
     params = SamplingParams(temperature=0.6, top_p=0.95)
     sampled = mx.compile(lambda g, k: mx.random.categorical(
         scaled_logits(trunk.draft_logits(g)[0].astype(mx.float32), params), key=k))
+    noise = mx.random.gumbel(shape=(text.args.vocab_size,), key=key)
+    drafted = mx.compile(lambda g: mx.argmax(
+        draft_weights(trunk.draft_logits(g)[0].astype(mx.float32), params) + noise, axis=-1))
     results["lm_head + argmax, compiled"] = latency_ms(lambda: greedy(g))
     results["lm_head + T=0.6 top-p 0.95 draw, compiled"] = latency_ms(lambda: sampled(g, key))
+    results["lm_head + T=0.6 draft draw (no top-p, noise drawn), compiled"] = latency_ms(lambda: drafted(g))
     return results
+
+
+def cycle_bench_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A parser with the options every fused-cycle bench takes: --model, --quantize, --json-out."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="HF-format model folder with an MTP head")
+    add_quantize_option(parser)
+    parser.add_argument("--json-out", type=Path, default=None)
+    return parser
+
+
+def load_dense_mtp_model(path: str, quantize: str):
+    """The model at `path` for the fused-cycle benches; None (said on stderr) when it is not a
+    dense model with an MTP head."""
+    from mtplxd.engine.model import load_model
+
+    model = load_model(path, quantize=quantize)
+    if model.head is None or not fused.fused_supported(model.trunk, model.trunk.make_cache()):
+        print(f"{model.info.id}: needs a dense model with an MTP head", file=sys.stderr)
+        return None
+    return model
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench_pieces", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="HF-format model folder with an MTP head")
+    parser = cycle_bench_parser("python -m mtplxd.engine.bench_pieces", __doc__)
     parser.add_argument("--context", type=int, default=300, help="tokens in the cache while timing")
-    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto",
-                        help="quantize the weights as they load (default: what the checkpoint asks for)")
-    parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    from mtplxd.engine.model import load_model
-
-    model = load_model(args.model, quantize=args.quantize)
-    if model.head is None or not fused.fused_supported(model.trunk, model.trunk.make_cache()):
-        print(f"{model.info.id}: needs a dense model with an MTP head", file=sys.stderr)
+    model = load_dense_mtp_model(args.model, args.quantize)
+    if model is None:
         return 2
     results = measure(model, args.context)
     for name, ms in results.items():

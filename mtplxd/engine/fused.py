@@ -14,9 +14,10 @@ H200 than a masked step over the fixed buffer (1.25 against 1.41 ms).
 
 The arithmetic is the stepwise loop's (speculative.py's docstring has the cycle; the same
 acceptance and residual functions are called), so greedy MTP equals AR here too, bitwise
-on the CPU backend. What differs: the random keys of a speculative cycle are derived on
-the device from the (lazy) absolute position, so a seeded sampled request gives other
-(equally distributed) tokens than the stepwise loop.
+on the CPU backend. What differs: a sampled cycle takes all its random numbers from one
+draw, keyed on the device by the (lazy) absolute position (`_cycle_noise`), and draws by
+Gumbel-max with them, so a seeded sampled request gives other (equally distributed) tokens
+than the stepwise loop.
 
 Only for models whose whole trunk cache is attention KV (dense qwen3); hybrid models keep
 the stepwise loop, whose rollback caches replay recurrent state on the host.
@@ -33,11 +34,11 @@ from mlx_lm.models.cache import KVCache
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.mtp_head import MTPHead
 from mtplxd.engine.sampling import (
-    ACCEPT, DRAFT, RESIDUAL, TokenHistory, apply_penalties, device_position_keys, history_rows,
+    DRAFT, TokenHistory, apply_penalties, device_position_keys, draft_weights, history_rows,
     one_hot, scaled_logits, seed_words,
 )
 from mtplxd.engine.speculative import (
-    AcceptanceStats, acceptance_probability, draw_rows, residual_distribution,
+    AcceptanceStats, acceptance_probability, log_weights, residual_distribution,
 )
 from mtplxd.engine.trunk import PREFILL_CHUNK, Trunk
 
@@ -291,10 +292,12 @@ def _speculative_cycle(trunk: Trunk, head: MTPHead, params: SamplingParams,
 
     def cycle(seed: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
         s = _CycleState.unflat(list(arrays), (len(arrays) - _CycleState.SMALL - 2) // 2)
-        head_cache, drafts, q_rows = _draft(trunk, head, params, K, s, seed)
+        noise = None if params.greedy else _cycle_noise(seed, s, K, s.counts.shape[0])
+        head_cache, drafts, q_weights = _draft(trunk, head, params, K, s,
+                                               None if noise is None else noise.drafts)
         caches = static_caches(s.trunk_kv, s.n)
         hidden = trunk.text.model(mx.concatenate([s.token, drafts])[None], caches)
-        accepted, targets = _accept(trunk, params, K, s, seed, hidden, drafts, q_rows)
+        accepted, targets = _accept(trunk, params, K, s, noise, hidden, drafts, q_weights)
         rows = mx.arange(K + 1)
         correction = mx.take(targets, accepted.reshape(1))
         committed = mx.where(rows < accepted, mx.concatenate([drafts, correction]),
@@ -314,24 +317,24 @@ def _speculative_cycle(trunk: Trunk, head: MTPHead, params: SamplingParams,
 
 
 def _draft(trunk: Trunk, head: MTPHead, params: SamplingParams, K: int, s: _CycleState,
-           seed: mx.array) -> tuple[list[StaticKVCache], mx.array, list[mx.array]]:
-    """The head over PENDING, then K chained drafts: (head cache, drafts (K,), q rows)."""
+           draft_noise: mx.array | None) -> tuple[list[StaticKVCache], mx.array, mx.array | None]:
+    """The head over PENDING, then K chained drafts: (head cache, drafts (K,), and when
+    sampling the drafts' log-weights (K, V), q = their softmax)."""
     # PENDING: K+1 rows written at head_n, of which the first `count` are real pairs.
     head_cache = static_caches(s.head_kv, s.head_n)
     g = head(s.pending_h, trunk.embed(s.pending_tokens[None]), head_cache)
     g = mx.take(g, (s.count - 1).reshape(1), axis=1)
     head_cache[0].offset = s.head_n + s.count  # the chained steps overwrite the invalid rows
-    drafts, q_rows = [], []
+    drafts, q_weights = [], []
     counts, seen = s.counts[None], s.seen[None]
-    keys = device_position_keys(seed, s.n + 1 + mx.arange(K), DRAFT)
     for i in range(K):
         logits = apply_penalties(trunk.draft_logits(g)[0], params, counts, seen)
         if params.greedy:
             d = mx.argmax(logits, axis=-1)
-        else:
-            weights = scaled_logits(logits, params)
-            d = mx.random.categorical(weights, key=keys[i]).astype(mx.uint32)
-            q_rows.append(mx.softmax(weights, axis=-1)[0])
+        else:  # Gumbel-max: argmax(w + Gumbel noise) is a draw from softmax(w)
+            weights = draft_weights(logits, params)
+            d = mx.argmax(weights + draft_noise[i], axis=-1)
+            q_weights.append(weights[0])
         drafts.append(d[0].astype(mx.uint32))
         if params.has_penalties:
             onehot = one_hot(d, counts.shape[-1])
@@ -339,11 +342,34 @@ def _draft(trunk: Trunk, head: MTPHead, params: SamplingParams, K: int, s: _Cycl
         if i + 1 < K:
             g = head(g, trunk.embed(d[None]), head_cache)
             head_cache[0].offset = head_cache[0].offset + 1
-    return head_cache, mx.stack(drafts), q_rows
+    return head_cache, mx.stack(drafts), mx.stack(q_weights) if q_weights else None
 
 
-def _accept(trunk: Trunk, params: SamplingParams, K: int, s: _CycleState, seed: mx.array,
-            hidden: mx.array, drafts: mx.array, q_rows: list[mx.array]) -> tuple[mx.array, mx.array]:
+class _CycleNoise(NamedTuple):
+    """A sampled cycle's randomness."""
+
+    drafts: mx.array  # (K, V) Gumbel noise, one row per draft
+    fallback: mx.array  # (K+1, V) Gumbel noise, one row per possible first rejection, bonus last
+    accept: mx.array  # (K,) uniforms in [0, 1), one per acceptance test
+
+
+def _cycle_noise(seed: mx.array, s: _CycleState, K: int, vocab_size: int) -> _CycleNoise:
+    """All of a sampled cycle's random numbers from one key and one draw.
+
+    Why one draw: on a GPU each random draw is its own kernels, and a cycle used 2K+2 of
+    them. The numbers are independent of each other and of everything the cycle computes,
+    which is all exactness asks. Keyed by the cycle's absolute start position, so a seeded
+    request replays the same output.
+    """
+    key = device_position_keys(seed, (s.n + 1).reshape(1), DRAFT)[0]
+    uniform = mx.random.uniform(shape=(2 * K + 2, vocab_size), key=key)
+    gumbel = -mx.log(-mx.log(uniform[:2 * K + 1]))  # as mx.random.gumbel
+    return _CycleNoise(gumbel[:K], gumbel[K:], uniform[2 * K + 1, :K])
+
+
+def _accept(trunk: Trunk, params: SamplingParams, K: int, s: _CycleState, noise: _CycleNoise | None,
+            hidden: mx.array, drafts: mx.array,
+            q_weights: mx.array | None) -> tuple[mx.array, mx.array]:
     """(accepted drafts, the token to emit at each possible first rejection, bonus last)."""
     logits = trunk.lm_head(hidden)[0]
     counts, seen = history_rows(s.counts, s.seen, drafts, K + 1)  # row i counts d_1..d_i too
@@ -353,11 +379,9 @@ def _accept(trunk: Trunk, params: SamplingParams, K: int, s: _CycleState, seed: 
         accept = drafts == targets[:K]
     else:
         p = mx.softmax(scaled_logits(penalised, params), axis=-1)
-        q = mx.stack(q_rows)
+        q = mx.softmax(q_weights, axis=-1)
         rows = mx.arange(K)
-        ratio = acceptance_probability(p[rows, drafts], q[rows, drafts])
-        start = (s.n + 1).reshape(1)  # one key per cycle and purpose, as the stepwise loop
-        accept = mx.random.uniform(shape=(K,), key=device_position_keys(seed, start, ACCEPT)[0]) < ratio
+        accept = noise.accept < acceptance_probability(p[rows, drafts], q[rows, drafts])
         fallback = mx.concatenate([residual_distribution(p[:K], q), p[K:]], axis=0)
-        targets = draw_rows(fallback, device_position_keys(seed, start, RESIDUAL)[0]).astype(mx.uint32)
+        targets = mx.argmax(log_weights(fallback) + noise.fallback, axis=-1).astype(mx.uint32)
     return mx.sum(mx.cumprod(accept.astype(mx.int32))), targets

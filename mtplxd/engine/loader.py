@@ -24,6 +24,10 @@ SUPPORTED_BITS = (4, 8)
 DEFAULT_DEPTH = 3
 # A checkpoint may name the depth its head was tuned for (config.json "mtplx_default_depth").
 RECOMMENDED_DEPTH_KEY = "mtplx_default_depth"
+# ... and another for CUDA ("mtplx_cuda_default_depth"). There a small model's decode is bound
+# by the host building and launching each step's kernels, not by the device, so a cycle's
+# cost grows slowly with depth and deeper drafts pay off where on the CPU they do not.
+CUDA_DEPTH_KEY = "mtplx_cuda_default_depth"
 # A checkpoint may ask to be served quantized on CUDA (config.json, e.g. {"bits": 8,
 # "group_size": 64}). There a matmul over 2-5 rows of bf16 weights runs a gemm that costs
 # about twice the 1-row gemv, while MLX's quantized matmul serves 1-8 rows with one kernel
@@ -33,11 +37,18 @@ CUDA_QUANTIZATION_KEY = "mtplx_cuda_quantization"
 LOAD_QUANTIZE_GROUP_SIZE = 64
 
 
-def recommended_depth(config: dict[str, Any]) -> int:
-    """The checkpoint's own recommended MTP depth, else DEFAULT_DEPTH."""
-    value = config.get(RECOMMENDED_DEPTH_KEY)
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else DEFAULT_DEPTH
 MAX_DEPTH = 8
+
+
+def recommended_depth(config: dict[str, Any], on_cuda: bool = False) -> int:
+    """The checkpoint's own recommended MTP depth (on CUDA its CUDA_DEPTH_KEY, when it names
+    one), else DEFAULT_DEPTH."""
+    keys = (CUDA_DEPTH_KEY, RECOMMENDED_DEPTH_KEY) if on_cuda else (RECOMMENDED_DEPTH_KEY,)
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_DEPTH:
+            return value
+    return DEFAULT_DEPTH
 
 
 def _read_config(path: Path) -> dict[str, Any]:

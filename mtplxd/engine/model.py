@@ -87,7 +87,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                quantize: str = "auto") -> LoadedModel:
     """Load an HF-format folder for serving (owner thread only).
 
-    Registered families with MTP tensors are served MTP at `depth` (default 3); anything else
+    Registered families with MTP tensors are served MTP at `depth` (default: the checkpoint's
+    recommended depth, see loader.recommended_depth, else 3); anything else
     mlx-lm loads is served AR with `info.ar_reason` saying why. Raises ModelLoadError for
     refused checkpoints (auto_map, unsupported quantization, missing files). With
     `session_bank` settings the model gets a session bank (prefix reuse; off by default).
@@ -109,7 +110,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         raise ModelLoadError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
     with_mtp = report.mode == "mtp"
     model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp)
-    quantized_at_load = quantize_on_load(model, config, quantize, on_cuda=fixed_shapes_wanted())
+    on_cuda = fixed_shapes_wanted()
+    quantized_at_load = quantize_on_load(model, config, quantize, on_cuda=on_cuda)
     spec = get_family(report.model_type)
     trunk = Trunk(model, spec)
     if decode_loop not in DECODE_LOOP_CHOICES:
@@ -126,7 +128,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         family=report.model_type,
         mode=report.mode,
         ar_reason=report.reason if report.mode == "ar" else None,
-        depth=(recommended_depth(config) if depth is None else depth) if with_mtp else 0,
+        depth=(recommended_depth(config, on_cuda) if depth is None else depth) if with_mtp else 0,
         context_length=int(report.context_length or 0),
         quantization=quantized_at_load or report.quantization,
         vocab_size=int(config.get("vocab_size") or text_config.get("vocab_size")),

@@ -156,6 +156,21 @@ def scaled_logits(penalised: mx.array, params: SamplingParams) -> mx.array:
     return logprobs / params.temperature
 
 
+def draft_weights(penalised: mx.array, params: SamplingParams) -> mx.array:
+    """The MTP draft's log-weights, q = softmax(result): the penalised logits with min-p,
+    divided by the temperature, but without the filters that need a sort (top-p, top-k).
+
+    Why: speculative sampling is exact for any draft distribution q (the residual
+    norm(max(0, p - q)) corrects it), so the draft need not be filtered like the target. A
+    sort over the vocabulary per drafted token was most of a sampled draft's cost on a GPU;
+    drafting from the wider q costs little acceptance (docs/engine.md, "Sampled drafts").
+    Requires temperature > 0.
+    """
+    if params.min_p > 0.0:  # min-p needs no sort; the threshold is the same on logits
+        penalised = _min_p(penalised, params.min_p)
+    return penalised / params.temperature
+
+
 def probabilities(logits: mx.array, params: SamplingParams, counts: mx.array,
                   seen: mx.array) -> mx.array:
     """The exact float32 sampling distribution for each row of raw logits (temperature > 0)."""

@@ -4,7 +4,7 @@ Cycle (reference engine.md 2.5; n = number of tokens in the trunk cache, x_n = t
 committed token, not yet fed):
   draft   the head runs over PENDING pairs (h_j, x_{j+1}) with true trunk hiddens, gives d_1;
           then K-1 chained steps feed (g, d_i) back and give d_2..d_K (q_i = their
-          distributions when sampling).
+          distributions when sampling: sampling.draft_weights, unfiltered by top-p/top-k).
   verify  one trunk forward over [x_n, d_1..d_K] (always K+1 rows: a fixed shape per depth).
   accept  temperature 0: d_i accepted while it equals the argmax of p_i; the first mismatch
           emits that argmax, a full accept emits the bonus argmax of row K+1.
@@ -30,7 +30,7 @@ import mlx.core as mx
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.mtp_head import MTPHead
 from mtplxd.engine.sampling import (
-    ACCEPT, DRAFT, RESIDUAL, TokenHistory, apply_penalties, one_hot, position_key,
+    ACCEPT, DRAFT, RESIDUAL, TokenHistory, apply_penalties, draft_weights, one_hot, position_key,
     scaled_logits,
 )
 from mtplxd.engine.trunk import PREFILL_CHUNK, Trunk
@@ -73,10 +73,14 @@ def residual_distribution(p: mx.array, q: mx.array) -> mx.array:
     return mx.where(total > 0, residual / mx.where(total > 0, total, 1.0), p)
 
 
+def log_weights(probs: mx.array) -> mx.array:
+    """log(probs), with -inf (never drawn) where a probability is 0."""
+    return mx.where(probs > 0, mx.log(mx.maximum(probs, 1e-38)), float("-inf"))
+
+
 def draw_rows(probs: mx.array, key: mx.array) -> mx.array:
     """One categorical draw per row of a (rows, V) probability matrix."""
-    logw = mx.where(probs > 0, mx.log(mx.maximum(probs, 1e-38)), float("-inf"))
-    return mx.random.categorical(logw, axis=-1, key=key)
+    return mx.random.categorical(log_weights(probs), axis=-1, key=key)
 
 
 class SpeculativeDecoder:
@@ -148,7 +152,7 @@ class SpeculativeDecoder:
             if params.greedy:
                 d = mx.argmax(apply_penalties(logits, params, counts, seen), axis=-1)
             else:
-                weights = scaled_logits(apply_penalties(logits, params, counts, seen), params)
+                weights = draft_weights(apply_penalties(logits, params, counts, seen), params)
                 d = mx.random.categorical(weights, key=position_key(self.seed, n + i, DRAFT))
                 q_rows.append(mx.softmax(weights, axis=-1)[0])
             drafts.append(d[0])

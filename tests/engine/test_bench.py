@@ -45,7 +45,8 @@ def test_bench_pieces_times_every_piece(tiny_model_factory, tmp_path):
                         "--json-out", str(out)]) == 0
     report = json.loads(out.read_text())
     latency = report["latency_ms"]
-    assert len(latency) == 11 and all(ms > 0 for ms in latency.values())  # verify of 1..5 tokens
+    assert len(latency) == 12 and all(ms > 0 for ms in latency.values())  # verify of 1..5 tokens
+    assert "lm_head + T=0.6 draft draw (no top-p, noise drawn), compiled" in latency
     assert report["quantization"] is None
 
 
@@ -92,3 +93,30 @@ def test_bench_ops_times_ops_by_section(tmp_path):
     assert set(timed) == {"elementwise add [1,384]", "rms_norm M=1", "rope M=1", "rms_norm M=4", "rope M=4"}
     assert all(us > 0 for us in timed.values())
     assert ops_main([]) == 2
+
+
+def test_bench_host_splits_each_step_into_host_and_wait_and_counts_primitives(tiny_model_factory, tmp_path, capsys):
+    from mtplxd.engine.bench_host import main as host_main
+
+    out = tmp_path / "host.json"
+    assert host_main(["--model", str(tiny_model_factory("qwen3")), "--depth", "2", "--tokens", "24",
+                      "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["depth"] == 2 and set(report["settings"]) == {"T=0", "T=0.6"}
+    for setting in report["settings"].values():
+        for row in setting.values():
+            assert row["host_ms"] > 0 and row["wait_ms"] >= 0
+            assert row["wall_ms"] >= row["host_ms"] * 0.99
+            assert row["primitives"] == sum(row["by_primitive"].values()) > 0
+        assert 1 <= setting["mtp"]["tokens_per_cycle"] <= 3  # depth 2: one to three per cycle
+        # a cycle holds a K+1-row verify and the head's steps: more than one AR step
+        assert setting["mtp"]["primitives"] > setting["ar"]["primitives"]
+    # sampling adds the noise draw, the softmaxes and the residual to a cycle
+    assert report["settings"]["T=0.6"]["mtp"]["primitives"] > report["settings"]["T=0"]["mtp"]["primitives"]
+    assert "primitives" in capsys.readouterr().out
+
+
+def test_bench_host_refuses_an_ar_only_model(tiny_model_factory):
+    from mtplxd.engine.bench_host import main as host_main
+
+    assert host_main(["--model", str(tiny_model_factory("llama"))]) == 2
