@@ -118,10 +118,12 @@ SETTINGS: dict[str, Setting] = {
         Setting("host", "127.0.0.1", _as_str, "HTTP bind address. Non-loopback needs an API key."),
         Setting("port", 8000, _as_int(0, 65535), "HTTP port (0 picks a free port)."),
         Setting("depth", "auto", _as_depth,
-                "MTP draft depth: auto (the model's recommended depth, else 3), 0 (plain AR) to 8."),
+                "MTP draft depth: auto (the model's recommended depth for this backend, else "
+                "3), 0 (plain AR) to 8."),
         Setting("decode_loop", "auto", _as_choice("auto", "fused", "stepwise"),
                 "MTP decode loop: fused (each cycle one compiled device graph, read a cycle "
-                "late), stepwise (the host reads every cycle), or auto (fused on CUDA)."),
+                "late), stepwise (the host reads every cycle), or auto (fused on CUDA and CPU, "
+                "stepwise on Metal)."),
         Setting("quantize", "auto", _as_choice("auto", "none", "8bit", "4bit"),
                 "Quantize an unquantized model as it loads: 8bit, 4bit, none, or auto (what the "
                 "model's config asks for on CUDA; the embedded model asks for 8bit there)."),

@@ -93,6 +93,14 @@ def test_model_info_names_the_loop_mtp_requests_run(tiny_model_factory):
     assert hybrid.info.decode_loop == "stepwise"  # recurrent state rolls back on the host
 
 
+def test_auto_picks_the_fused_loop_on_cuda_and_cpu_and_stepwise_on_metal(tiny_model_factory, monkeypatch):
+    assert load_model(tiny_model_factory("qwen3")).info.decode_loop == "fused"  # this CPU backend
+    monkeypatch.setattr("mtplxd.engine.trunk.mx.default_device", lambda: mx.Device(mx.gpu))
+    assert load_model(tiny_model_factory("qwen3")).info.decode_loop == "stepwise"  # "Metal"
+    monkeypatch.setattr("mtplxd.engine.trunk.fixed_shapes_wanted", lambda: True)
+    assert load_model(tiny_model_factory("qwen3")).info.decode_loop == "fused"  # "CUDA"
+
+
 def test_fused_decoding_holds_one_copy_of_the_cache(tiny_model_factory):
     """Each cycle takes its input buffers over (no other reference is kept), so MLX writes
     the cache in place: decode memory is the stepwise loop's, not one more cache copy."""
