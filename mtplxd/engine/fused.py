@@ -34,7 +34,7 @@ from mlx_lm.models.cache import KVCache
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.mtp_head import MTPHead
 from mtplxd.engine.sampling import (
-    DRAFT, TokenHistory, apply_penalties, device_position_keys, draft_weights, history_rows,
+    CYCLE, TokenHistory, apply_penalties, device_position_keys, draft_weights, history_rows,
     one_hot, scaled_logits, seed_words,
 )
 from mtplxd.engine.speculative import (
@@ -361,7 +361,7 @@ def _cycle_noise(seed: mx.array, s: _CycleState, K: int, vocab_size: int) -> _Cy
     which is all exactness asks. Keyed by the cycle's absolute start position, so a seeded
     request replays the same output.
     """
-    key = device_position_keys(seed, (s.n + 1).reshape(1), DRAFT)[0]
+    key = device_position_keys(seed, (s.n + 1).reshape(1), CYCLE)[0]
     uniform = mx.random.uniform(shape=(2 * K + 2, vocab_size), key=key)
     gumbel = -mx.log(-mx.log(uniform[:2 * K + 1]))  # as mx.random.gumbel
     return _CycleNoise(gumbel[:K], gumbel[K:], uniform[2 * K + 1, :K])

@@ -20,8 +20,9 @@ import mlx.core as mx
 
 from mtplxd.engine.interface import SamplingParams
 
-# Purposes of a random draw; each gets its own key stream.
-DRAFT, ACCEPT, RESIDUAL, TARGET = 1, 2, 3, 4
+# Purposes of a random draw; each gets its own key stream. CYCLE: all of a fused cycle's
+# random numbers, drawn at once (fused._cycle_noise).
+DRAFT, ACCEPT, RESIDUAL, TARGET, CYCLE = 1, 2, 3, 4, 5
 _NEG_INF = float("-inf")
 
 
