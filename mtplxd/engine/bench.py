@@ -44,6 +44,9 @@ class RunSet:
     accepted_by_depth: list[int] = field(default_factory=list)
     committed: int = 0
     cycles: int = 0
+    # Per run, so that with decode_tps each run's time per cycle can be told apart from how
+    # much its text let MTP accept (sampled runs differ in both).
+    tokens_per_cycle: list[float] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)
 
     def add(self, result: GenerationResult) -> None:
@@ -53,6 +56,7 @@ class RunSet:
         self.prefill_tps.append(stats.prefill_tokens_per_second)
         self.ttft.append(stats.ttft_seconds)
         self.tokens.append(result.token_ids)
+        self.tokens_per_cycle.append(stats.mean_accepted_length)
         if stats.drafted_by_depth:
             if not self.drafted_by_depth:
                 self.drafted_by_depth = [0] * len(stats.drafted_by_depth)
@@ -76,6 +80,7 @@ class RunSet:
             "drafted_by_depth": self.drafted_by_depth,
             "accepted_by_depth": self.accepted_by_depth,
             "mean_accepted_length": self.committed / self.cycles if self.cycles else 1.0,
+            "mean_accepted_length_all": [round(x, 3) for x in self.tokens_per_cycle],
         }
 
 

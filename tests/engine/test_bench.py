@@ -18,6 +18,9 @@ def test_bench_writes_report_with_speeds_ratio_and_acceptance(tiny_model_factory
     assert greedy["ar"]["decode_tokens_per_second_median"] > 0
     assert greedy["speedup"] > 0
     assert len(greedy["mtp"]["acceptance_by_depth"]) == 2
+    assert greedy["ar"]["mean_accepted_length_all"] == [1.0] * 4
+    per_run = greedy["mtp"]["mean_accepted_length_all"]
+    assert len(per_run) == 4 and all(1 <= x <= 3 for x in per_run)  # depth 2: 1 to 3 per cycle
     assert report["depth"] == 2 and report["model"]["family"] == "qwen3"
     printed = capsys.readouterr().out
     assert "depth 2" in printed and "saved" in printed
