@@ -34,7 +34,7 @@ from mtplxd.engine.bench import PROMPTS, prompt_ids_for
 from mtplxd.engine.bench_pieces import cycle_bench_parser, load_dense_mtp_model
 from mtplxd.engine.fused import FusedSpeculativeDecoder
 from mtplxd.engine.interface import SamplingParams
-from mtplxd.engine.sampling import TARGET, TokenHistory, pick, position_key
+from mtplxd.engine.sampling import TokenHistory, pick_first
 
 SETTINGS = {"T=0": SamplingParams(temperature=0.0),
             "T=0.6": SamplingParams(temperature=0.6, top_p=0.95)}
@@ -61,16 +61,17 @@ def measure_ar(model, ids: list[int], params: SamplingParams, steps: int) -> dic
     """The AR loop's step: host, wait and wall ms, and its primitives."""
     trunk = model.trunk
     cache = trunk.make_cache()
-    trunk.prefill(ids, cache)
+    _, logits = trunk.prefill(ids, cache)
     history = TokenHistory(model.info.vocab_size, ids)
+    first = pick_first(logits, params, history, 0, len(ids))
     step = ar_step(trunk, cache, params, history, seed=0)
-    current = step(mx.array([ids[-1]]), len(ids))
+    current = step(mx.array([first]), len(ids) + 1)
     counts = primitives([current])
     mx.eval(current)
-    pending = step(current, len(ids) + 1)
+    pending = step(current, len(ids) + 2)
     mx.async_eval(pending)
     host, wait = [], []
-    for position in range(len(ids) + 2, len(ids) + 2 + steps):
+    for position in range(len(ids) + 3, len(ids) + 3 + steps):
         current, started = pending, time.perf_counter()
         pending = step(current, position)
         mx.async_eval(pending)
@@ -106,11 +107,10 @@ def measure_mtp(model, ids: list[int], params: SamplingParams, depth: int,
     cache = trunk.make_cache()
     hiddens, logits = trunk.prefill(ids, cache)
     history = TokenHistory(model.info.vocab_size, ids)
-    first = pick(logits[None], params, history.counts[None], history.seen[None],
-                 None if params.greedy else [position_key(0, len(ids), TARGET)])
+    first = pick_first(logits, params, history, 0, len(ids))
     decoder = _TimedDecoder(trunk, model.head, cache, params, history, 0, depth)
     walls, committed = [], 0
-    cycles = decoder.cycles(hiddens, ids, int(first.item()))
+    cycles = decoder.cycles(hiddens, ids, first)
     started = time.perf_counter()
     for out in cycles:
         now = time.perf_counter()

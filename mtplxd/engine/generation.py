@@ -20,7 +20,7 @@ from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, GenerationStats, TokenDelta,
 )
 from mtplxd.engine.mtp_head import MTPHead
-from mtplxd.engine.sampling import TARGET, TokenHistory, pick, position_key
+from mtplxd.engine.sampling import TokenHistory, pick_first
 from mtplxd.engine.session_bank import SessionBank
 from mtplxd.engine.speculative import SpeculativeDecoder
 from mtplxd.engine.trunk import PREFILL_CHUNK, Trunk
@@ -106,10 +106,7 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
         yield _result(finish, stats, "cancelled", start, now, now)
         return
     hiddens, last_logits = prefilled
-    counts, seen = history.rows(None, 1)
-    keys = None if params.greedy else [position_key(seed, len(prompt), TARGET)]
-    first = pick(last_logits[None], params, counts, seen, keys).item()
-    history.append([first])
+    first = pick_first(last_logits, params, history, seed, len(prompt))
     prefill_done = time.perf_counter()
     stats.ttft_seconds = prefill_done - start
     delta = finish.take([first])

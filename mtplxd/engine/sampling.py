@@ -187,3 +187,14 @@ def pick(logits: mx.array, params: SamplingParams, counts: mx.array, seen: mx.ar
     weights = scaled_logits(penalised, params)
     assert keys is not None and len(keys) == weights.shape[0]
     return mx.stack([mx.random.categorical(weights[i], key=keys[i]) for i in range(len(keys))])
+
+
+def pick_first(last_logits: mx.array, params: SamplingParams, history: TokenHistory, seed: int,
+               position: int) -> int:
+    """The first generated token, picked from the prompt's last-row logits (V,) as the token
+    at absolute `position` (the prompt's length), and recorded in `history`."""
+    counts, seen = history.rows(None, 1)
+    keys = None if params.greedy else [position_key(seed, position, TARGET)]
+    first = pick(last_logits[None], params, counts, seen, keys).item()
+    history.append([first])
+    return first
