@@ -34,8 +34,8 @@ PRESETS = {
     "coder": dict(hidden_size=384, num_hidden_layers=8, intermediate_size=1024,
                   num_attention_heads=6, num_key_value_heads=2, head_dim=64),
     # The shipped model (18.1M parameters, 36 MB in bfloat16). The same size, deeper and
-    # narrower: on a launch-bound GPU an MTP draft step costs about one
-    # layer, so the draft is cheaper relative to the trunk the more layers the trunk has.
+    # narrower: on a launch-bound GPU an MTP draft step costs about one layer, so the draft
+    # is cheaper relative to the trunk the more layers the trunk has.
     "coder-deep": dict(hidden_size=256, num_hidden_layers=22, intermediate_size=640,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=64),
     # For the CPU test and the end-to-end dry run.

@@ -13,7 +13,7 @@ class ModelLoadError(Exception):
 
 
 # How MTP requests decode: "fused" (fused.py), "stepwise" (speculative.py), or "auto"
-# (fused where the backend builds kernels per shape, i.e. CUDA).
+# (trunk.default_decode_loop: fused on CUDA and CPU, stepwise on Metal).
 DECODE_LOOP_CHOICES = ("auto", "fused", "stepwise")
 # Quantizing an unquantized checkpoint as it loads: "auto" (what the checkpoint's config asks
 # for on this backend: loader.CUDA_QUANTIZATION_KEY), "none", or MLX affine "8bit" / "4bit".

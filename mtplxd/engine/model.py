@@ -94,7 +94,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     `session_bank` settings the model gets a session bank (prefix reuse; off by default).
     `draft_head_bits` (4 or 8) gives MTP drafting a quantized copy of an unquantized lm_head:
     cheaper draft steps, same output (only acceptance can change). `decode_loop` is "fused"
-    (each cycle one compiled device graph: fused.py), "stepwise", or "auto" (fused on CUDA).
+    (each cycle one compiled device graph: fused.py), "stepwise", or "auto"
+    (trunk.default_decode_loop: fused on CUDA and CPU, stepwise on Metal).
     `quantize` quantizes an unquantized checkpoint as it loads: "8bit" or "4bit", "none", or
     "auto" (what the checkpoint's config asks for on CUDA; see loader.CUDA_QUANTIZATION_KEY).
     """
@@ -108,15 +109,15 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         raise ModelLoadError(f"mtp depth must be between 0 and {MAX_DEPTH}, got {depth}")
     if quantize not in QUANTIZE_CHOICES:
         raise ModelLoadError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
+    if decode_loop not in DECODE_LOOP_CHOICES:
+        raise ModelLoadError(f"decode_loop must be one of {', '.join(DECODE_LOOP_CHOICES)}, "
+                             f"got {decode_loop!r}")
     with_mtp = report.mode == "mtp"
     model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp)
     on_cuda = fixed_shapes_wanted()
     quantized_at_load = quantize_on_load(model, config, quantize, on_cuda=on_cuda)
     spec = get_family(report.model_type)
     trunk = Trunk(model, spec)
-    if decode_loop not in DECODE_LOOP_CHOICES:
-        raise ModelLoadError(f"decode_loop must be one of {', '.join(DECODE_LOOP_CHOICES)}, "
-                             f"got {decode_loop!r}")
     if decode_loop != "auto":
         trunk.decode_loop = decode_loop
     if with_mtp and draft_head_bits is not None:
