@@ -5,7 +5,7 @@
 Each figure is the median time per op of a chain of ops evaluated together (after warm-up),
 so on a GPU it is the op's launch and run time, not a host round trip. Sections: bf16 and
 quantized matmuls at 1-8 rows ("mm"), attention over a 512-slot buffer with and without
-masks ("sdpa"), rms_norm and rope ("norm"), the sampling pieces over an 8192 vocabulary
+masks, and on CUDA through the fused cycle's buffer kernel ("sdpa"), rms_norm and rope ("norm"), the sampling pieces over an 8192 vocabulary
 ("samp"), and a training-sized matmul in float32 and bfloat16 ("big").
 """
 
@@ -17,6 +17,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+from mtplxd.engine import buffer_attention
 from mtplxd.engine.bench_verify import median_ms
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.sampling import scaled_logits
@@ -64,7 +65,7 @@ def _attention(record) -> None:
     k = mx.random.normal((1, 2, slots, 64)).astype(dt)
     v = mx.random.normal((1, 2, slots, 64)).astype(dt)
     mx.eval(k, v)
-    for rows in (1, 2, 3, 4, 5):
+    for rows in (1, 2, 3, 4, 5, 7):
         q = mx.random.normal((1, 6, rows, 64)).astype(dt)
         bool_mask = mx.arange(slots)[None, :] <= (valid + mx.arange(rows))[:, None]
         additive = mx.where(bool_mask, 0.0, -1e9).astype(dt)
@@ -76,6 +77,13 @@ def _attention(record) -> None:
                     y = mx.fast.scaled_dot_product_attention(y, k, v, scale=0.125, mask=mask)
                 return y
             record(f"sdpa q={rows} kv={slots} mask={name}", per_op_us(attend))
+        if buffer_attention.usable():  # the fused cycle's kernel on CUDA
+            def attend_buffer(n, q=q):
+                y = q
+                for _ in range(n):
+                    y = buffer_attention.buffer_attention(y, k, v, mx.array(valid, mx.int32), 0.125)
+                return y
+            record(f"buffer attention kernel q={rows} kv={slots}", per_op_us(attend_buffer))
         k_exact, v_exact = k[:, :, :valid + rows], v[:, :, :valid + rows]
         mx.eval(k_exact, v_exact)
 

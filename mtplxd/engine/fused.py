@@ -29,8 +29,11 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator, NamedTuple
 
 import mlx.core as mx
+import mlx_lm.models.qwen3 as mlx_lm_qwen3
+from mlx_lm.models.base import scaled_dot_product_attention as mlx_lm_attention
 from mlx_lm.models.cache import KVCache
 
+from mtplxd.engine import buffer_attention
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.mtp_head import MTPHead
 from mtplxd.engine.sampling import (
@@ -71,6 +74,28 @@ class StaticKVCache:
             raise ValueError("StaticKVCache does not support sliding-window attention")
         slots = mx.arange(self.keys.shape[2])[None]
         return slots <= self.offset + mx.arange(n)[:, None]
+
+
+def static_cache_attention(queries: mx.array, keys: mx.array, values: mx.array, cache: Any,
+                           scale: float, mask: Any, sinks: mx.array | None = None) -> mx.array:
+    """mlx-lm's attention, except over a StaticKVCache on CUDA: there one kernel that reads
+    each query's visible slots (buffer_attention.py says why) instead of a masked call."""
+    if (isinstance(cache, StaticKVCache) and sinks is None and buffer_attention.usable()
+            and buffer_attention.shape_supported(queries, keys)):
+        return buffer_attention.buffer_attention(queries, keys, values, cache.offset, scale)
+    return mlx_lm_attention(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def route_static_cache_attention() -> None:
+    """Make mlx-lm's qwen3 layers (trunk and MTP layer) call `static_cache_attention`.
+
+    mlx-lm's Attention calls its module's `scaled_dot_product_attention` and offers no other
+    hook. The replacement behaves as the original for every cache but a StaticKVCache, which
+    only the fused cycles create, so installing it once for the process is safe. The kernel's
+    one-time probe runs here, before any graph is traced (it evaluates arrays).
+    """
+    buffer_attention.usable()
+    mlx_lm_qwen3.scaled_dot_product_attention = static_cache_attention
 
 
 def fused_supported(trunk: Trunk, cache: list[Any]) -> bool:
@@ -196,6 +221,7 @@ class FusedSpeculativeDecoder:
         self.head_cache = head_cache if head_cache is not None else head.make_cache()
         self.pending_hidden: mx.array | None = None
         self.stats = AcceptanceStats(depth)
+        route_static_cache_attention()
         self._cycle = _compiled(trunk, ("mtp", depth, _graph_key(params)),
                                 lambda: _speculative_cycle(trunk, head, params, depth))
 

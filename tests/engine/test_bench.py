@@ -2,7 +2,7 @@
 
 import json
 
-from mtplxd.engine.bench import main
+from mtplxd.engine.bench import main, paired_speedups
 
 
 def test_bench_writes_report_with_speeds_ratio_and_acceptance(tiny_model_factory, tmp_path, capsys):
@@ -17,13 +17,24 @@ def test_bench_writes_report_with_speeds_ratio_and_acceptance(tiny_model_factory
     assert greedy["ar"]["runs"] == greedy["mtp"]["runs"] == 4
     assert greedy["ar"]["decode_tokens_per_second_median"] > 0
     assert greedy["speedup"] > 0
+    assert greedy["speedup_pairs_min"] <= greedy["speedup_pairs_median"]
+    assert greedy["speedup_all_tokens"] > 0
     assert len(greedy["mtp"]["acceptance_by_depth"]) == 2
     assert greedy["ar"]["mean_accepted_length_all"] == [1.0] * 4
     per_run = greedy["mtp"]["mean_accepted_length_all"]
     assert len(per_run) == 4 and all(1 <= x <= 3 for x in per_run)  # depth 2: 1 to 3 per cycle
     assert report["depth"] == 2 and report["model"]["family"] == "qwen3"
     printed = capsys.readouterr().out
-    assert "depth 2" in printed and "saved" in printed
+    assert "depth 2" in printed and "saved" in printed and "back-to-back pairs median" in printed
+
+
+def test_paired_speedups_weigh_every_token_and_every_pair():
+    # Two prompts: MTP 3x on the first, 1.5x on the second.
+    ratios = paired_speedups([100.0, 200.0], [300.0, 300.0])
+    # All tokens: equal-length runs take 1/100 + 1/200 against 1/300 + 1/300 time units.
+    assert abs(ratios["speedup_all_tokens"] - (1 / 100 + 1 / 200) / (2 / 300)) < 1e-12
+    assert ratios["speedup_pairs_median"] == 2.25 and ratios["speedup_pairs_min"] == 1.5
+    assert paired_speedups([], [])["speedup_pairs_median"] == 0.0
 
 
 def test_bench_refuses_an_ar_only_model(tiny_model_factory):

@@ -1,0 +1,175 @@
+"""Attention of a few query rows over a fixed-capacity KV buffer, in one CUDA kernel.
+
+Why: the fused cycle (fused.py) attends over whole cache buffers with a mask that hides the
+slots past each query's position. MLX has no single kernel for that shape on CUDA: the
+verify's K+1 rows go to cuDNN, whose per-call cost on the host is several times a plain
+kernel's, and a chained draft step's one masked row falls back to a chain of ordinary ops.
+On the H200, where a small model's decode is bound by the host, this kernel made the
+embedded model's depth-6 cycle about 15% faster (docs/benchmarks.md, "Attention over the
+cache buffer"; `python -m mtplxd.engine.bench_ops OUT.json sdpa` times one call of each).
+
+The kernel computes each query row as MLX's one-pass vector kernel for decoding computes its
+one query (`kernel_sdpav_1pass` in mlx/backend/cuda/scaled_dot_product_attention.cu: the
+same work split, the same arithmetic in the same order), over the first `offset + i + 1` key
+slots for row i. A verify row therefore rounds as the AR decode step over the same keys,
+which keeps greedy MTP equal to greedy AR on CUDA while MLX runs AR steps on that kernel
+(it does below 256 cached keys; from there its decode steps may go to cuDNN, and the two
+can round apart, as they could before). Other backends keep
+mx.fast.scaled_dot_product_attention with the mask.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import mlx.core as mx
+
+from mtplxd.engine.kv_cache import fixed_shapes_wanted
+
+log = logging.getLogger(__name__)
+
+_HEADER = "#include <cooperative_groups/reduce.h>\n"
+
+# Grid: x = query head, y = query row; a block of 32 warps. Warp w takes key slots w, w+32,
+# w+64, ... below the row's limit; lane l holds head-dim elements [l*E, l*E+E) of q, k, v and
+# of its running output. Scores are in base 2 (q pre-multiplied by scale*log2(e)) and the
+# softmax runs online; the 32 warps' partial results are then merged through shared memory.
+# Each step, and its order, is that of MLX's decode kernel, so the result rounds the same.
+_SOURCE = r"""
+    constexpr int WARPS = 32;
+    constexpr int E = D / 32;
+    __shared__ float warp_max[WARPS];
+    __shared__ float warp_sum[WARPS];
+    __shared__ float exchange[WARPS][WARPS + 1];
+
+    auto block = cg::this_thread_block();
+    auto warp = cg::tiled_partition<32>(block);
+    const int lane = warp.thread_rank();
+    const int w = warp.meta_group_rank();
+
+    const int rows = queries_shape[2];
+    const int slots = keys_shape[2];
+    const int head = blockIdx.x;
+    const int row = blockIdx.y;
+    const int kv_head = head / (queries_shape[1] / keys_shape[1]);
+    const int limit = min(offset[0] + row + 1, slots);  // slots this row may see
+
+    const T* q_row = queries + ((size_t)head * rows + row) * D + lane * E;
+    const T* k_slot = keys + ((size_t)kv_head * slots + w) * D + lane * E;
+    const T* v_slot = values + ((size_t)kv_head * slots + w) * D + lane * E;
+    const float q_scale = (float)((double)scale[0] * 1.4426950408889634);  // * log2(e)
+
+    float qs[E], acc[E];
+    for (int e = 0; e < E; ++e) {
+        qs[e] = q_scale * static_cast<float>(q_row[e]);
+        acc[e] = 0.f;
+    }
+    float run_max = Limits<float>::finite_min();
+    float run_sum = 0.f;
+    for (int slot = w; slot < limit; slot += WARPS) {
+        float ks[E];
+        for (int e = 0; e < E; ++e) ks[e] = k_slot[e];
+        float score = 0.f;
+        for (int e = 0; e < E; ++e) score += qs[e] * ks[e];
+        score = cg::reduce(warp, score, cg::plus<float>());
+        const float top = max(run_max, score);
+        const float rescale = exp2f(run_max - top);
+        const float weight = exp2f(score - top);
+        run_max = top;
+        run_sum = run_sum * rescale + weight;
+        for (int e = 0; e < E; ++e) acc[e] = acc[e] * rescale + weight * static_cast<float>(v_slot[e]);
+        k_slot += WARPS * D;
+        v_slot += WARPS * D;
+    }
+
+    // Merge: lane j of every warp stands for warp j's partial result.
+    if (lane == 0) {
+        warp_max[w] = run_max;
+        warp_sum[w] = run_sum;
+    }
+    block.sync();
+    const float top = cg::reduce(warp, warp_max[lane], cg::greater<float>());
+    const float rescale = exp2f(warp_max[lane] - top);
+    float total = cg::reduce(warp, warp_sum[lane] * rescale, cg::plus<float>());
+    total = total == 0 ? 0 : __frcp_rn(total);
+    for (int e = 0; e < E; ++e) {
+        exchange[lane][w] = acc[e];  // element lane*E+e of warp w's partial
+        block.sync();
+        // Now warp w sums element w*E+e over the 32 partials, one per lane.
+        acc[e] = cg::reduce(warp, exchange[w][lane] * rescale, cg::plus<float>()) * total;
+        block.sync();
+    }
+    if (lane == 0) {
+        T* out_row = out + ((size_t)head * rows + row) * D + w * E;
+        for (int e = 0; e < E; ++e) out_row[e] = static_cast<T>(acc[e]);
+    }
+"""
+
+_kernel = None
+_usable: bool | None = None
+
+
+def _buffer_kernel():
+    global _kernel
+    if _kernel is None:
+        _kernel = mx.fast.cuda_kernel(
+            name="mtplx_buffer_attention", input_names=["queries", "keys", "values", "offset", "scale"],
+            output_names=["out"], source=_SOURCE, header=_HEADER)
+    return _kernel
+
+
+def buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
+                     scale: float) -> mx.array:
+    """softmax(q k^T * scale) v with query row i seeing key slots 0..offset+i.
+
+    queries (1, Hq, L, D); keys and values (1, Hkv, S, D) buffers; `offset` an int scalar
+    array (the cache position of query row 0). CUDA only: see `usable`.
+    """
+    _, heads, rows, dim = queries.shape
+    return _buffer_kernel()(
+        inputs=[queries, keys, values, offset.astype(mx.int32).reshape(1),
+                mx.array([scale], mx.float32)],
+        template=[("T", queries.dtype), ("D", dim)],
+        grid=(heads * 1024, rows, 1), threadgroup=(1024, 1, 1),
+        output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
+
+
+def shape_supported(queries: mx.array, keys: mx.array) -> bool:
+    """The kernel's domain: batch 1, a head size that 32 lanes split evenly, whole GQA groups."""
+    return (queries.shape[0] == 1 and keys.shape[0] == 1 and queries.shape[-1] % 32 == 0
+            and queries.shape[-1] <= 256 and queries.shape[1] % keys.shape[1] == 0
+            and queries.dtype in (mx.bfloat16, mx.float16, mx.float32))
+
+
+def usable() -> bool:
+    """True on CUDA once the kernel has compiled and matched mx.fast's attention on a probe.
+
+    Checked once per process; any failure (no CUDA, a JIT error) leaves the caller on
+    mx.fast.scaled_dot_product_attention, and is logged.
+    """
+    global _usable
+    if _usable is None:
+        _usable = fixed_shapes_wanted() and _probe()
+    return _usable
+
+
+def _probe() -> bool:
+    try:
+        rows, dim, slots, offset = 3, 64, 40, 20
+        q = mx.random.normal((1, 4, rows, dim), key=mx.random.key(0)).astype(mx.bfloat16)
+        k = mx.random.normal((1, 2, slots, dim), key=mx.random.key(1)).astype(mx.bfloat16)
+        v = mx.random.normal((1, 2, slots, dim), key=mx.random.key(2)).astype(mx.bfloat16)
+        mask = mx.arange(slots)[None] <= offset + mx.arange(rows)[:, None]
+        scale = 1 / math.sqrt(dim)
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+        got = buffer_attention(q, k, v, mx.array(offset), scale)
+        error = mx.max(mx.abs(got.astype(mx.float32) - want.astype(mx.float32))).item()
+    except Exception as exc:  # noqa: BLE001 - any JIT or launch failure means "not here"
+        log.warning("buffer attention kernel unavailable, using mx.fast attention: %s", exc)
+        return False
+    if not error < 0.05:
+        log.warning("buffer attention kernel disagrees with mx.fast attention (max error %s); "
+                    "not using it", error)
+        return False
+    return True

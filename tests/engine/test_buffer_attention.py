@@ -1,0 +1,107 @@
+"""buffer_attention.py (the CUDA kernel for attention over a cache buffer) and its routing.
+
+The kernel needs MLX's CUDA backend: those tests skip elsewhere and were run on the H200
+(docs/benchmarks.md says when). On other backends the routing must leave mlx-lm's masked
+attention in place, which the CPU tests here and the fused loop's exactness gates check.
+"""
+
+import math
+
+import mlx.core as mx
+import mlx_lm.models.qwen3 as mlx_lm_qwen3
+import pytest
+from mlx_lm.models.cache import KVCache
+
+from mtplxd.engine import GenerationRequest, SamplingParams, buffer_attention, fused, load_model
+from mtplxd.engine.kv_cache import fixed_shapes_wanted
+
+needs_cuda = pytest.mark.skipif(not fixed_shapes_wanted(), reason="the kernel needs MLX's CUDA backend")
+
+
+def attention_inputs(heads, kv_heads, rows, dim, slots, seed=0):
+    keys = mx.random.split(mx.random.key(seed), 3)
+    q = mx.random.normal((1, heads, rows, dim), key=keys[0]).astype(mx.bfloat16)
+    k = mx.random.normal((1, kv_heads, slots, dim), key=keys[1]).astype(mx.bfloat16)
+    v = mx.random.normal((1, kv_heads, slots, dim), key=keys[2]).astype(mx.bfloat16)
+    return q, k, v
+
+
+def masked_attention(q, k, v, offset, scale):
+    rows, slots = q.shape[2], k.shape[2]
+    mask = mx.arange(slots)[None] <= offset + mx.arange(rows)[:, None]
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
+def test_the_fused_decoder_routes_mlx_lm_attention_and_other_caches_are_untouched():
+    fused.route_static_cache_attention()
+    assert mlx_lm_qwen3.scaled_dot_product_attention is fused.static_cache_attention
+    q, k, v = attention_inputs(4, 2, 3, 16, 12)
+    plain = KVCache()
+    plain.update_and_fetch(k, v)
+    mask = mx.arange(12)[None] <= 9 + mx.arange(3)[:, None]
+    got = fused.static_cache_attention(q, k, v, plain, 0.25, mask)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
+    assert mx.array_equal(got, want)
+
+
+@pytest.mark.skipif(fixed_shapes_wanted(), reason="off CUDA only")
+def test_off_cuda_a_static_cache_keeps_the_masked_attention():
+    assert not buffer_attention.usable()
+    q, k, v = attention_inputs(4, 2, 5, 64, 32)
+    cache = fused.StaticKVCache(k, v, mx.array(20, mx.int32))
+    got = fused.static_cache_attention(q, k, v, cache, 0.125, cache.make_mask(5))
+    assert mx.array_equal(got, masked_attention(q, k, v, 20, 0.125))
+
+
+def test_shape_supported_is_the_kernels_domain():
+    q, k, _ = attention_inputs(4, 2, 7, 64, 16)
+    assert buffer_attention.shape_supported(q, k)
+    q16, k16, _ = attention_inputs(4, 2, 7, 16, 16)  # 32 lanes cannot split 16 values
+    assert not buffer_attention.shape_supported(q16, k16)
+    q3, k3, _ = attention_inputs(6, 4, 7, 64, 16)  # not whole GQA groups
+    assert not buffer_attention.shape_supported(q3, k3)
+
+
+@needs_cuda
+@pytest.mark.parametrize("heads,kv_heads,dim,rows,offset,slots", [
+    (4, 2, 64, 7, 300, 512),  # the embedded model's verify
+    (4, 2, 64, 1, 0, 256),  # a chained draft step at the first slot
+    (32, 8, 128, 5, 1000, 1280),  # a Qwen3-4B-like verify
+    (8, 8, 64, 9, 40, 256),  # no GQA
+    (4, 2, 96, 3, 250, 256),  # the last rows reach the end of the buffer
+])
+def test_kernel_matches_masked_attention(heads, kv_heads, dim, rows, offset, slots):
+    assert buffer_attention.usable()
+    q, k, v = attention_inputs(heads, kv_heads, rows, dim, slots, seed=rows)
+    scale = 1 / math.sqrt(dim)
+    got = buffer_attention.buffer_attention(q, k, v, mx.array(offset, mx.int32), scale)
+    want = masked_attention(q, k, v, offset, scale)
+    assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=2e-2, rtol=2e-2)
+
+
+@needs_cuda
+def test_each_row_rounds_as_an_ar_decode_step():
+    """Row i equals, bit for bit, one query attending to the first offset+i+1 keys with no
+    mask (MLX's vector kernel, what an AR step of mlx-lm's cache runs below 256 keys)."""
+    q, k, v = attention_inputs(4, 2, 7, 64, 256, seed=3)
+    offset, scale = 100, 1 / 8
+    got = buffer_attention.buffer_attention(q, k, v, mx.array(offset, mx.int32), scale)
+    for i in range(7):
+        n = offset + i + 1
+        step = mx.fast.scaled_dot_product_attention(q[:, :, i:i + 1], k[:, :, :n], v[:, :, :n], scale=scale)
+        assert mx.array_equal(got[:, :, i:i + 1], step), f"row {i}"
+
+
+@needs_cuda
+@pytest.mark.parametrize("depth", [1, 4])
+def test_fused_greedy_with_the_kernel_equals_ar(tiny_model_factory, depth):
+    """A head size the kernel takes (64), so the fused verify and draft steps run it; 8-bit
+    weights, so that K+1 rows and one row go through the same matrix-vector kernel."""
+    model = load_model(tiny_model_factory("qwen3", head_dim=64, quantize_bits=8), decode_loop="fused")
+    ids = model.tokenizer.encode("def add(a, b):\n    ret")
+
+    def complete(d):
+        request = GenerationRequest(ids, SamplingParams(max_tokens=60, ignore_eos=True), depth=d)
+        return model.complete(request)
+
+    assert complete(depth).token_ids == complete(0).token_ids
