@@ -94,8 +94,9 @@ def test_model_info_names_the_loop_mtp_requests_run(tiny_model_factory):
 
 
 def test_auto_picks_the_fused_loop_on_cuda_and_cpu_and_stepwise_on_metal(tiny_model_factory, monkeypatch):
-    assert load_model(tiny_model_factory("qwen3")).info.decode_loop == "fused"  # this CPU backend
+    assert load_model(tiny_model_factory("qwen3")).info.decode_loop == "fused"  # this backend
     monkeypatch.setattr("mtplxd.engine.trunk.mx.default_device", lambda: mx.Device(mx.gpu))
+    monkeypatch.setattr("mtplxd.engine.trunk.fixed_shapes_wanted", lambda: False)
     assert load_model(tiny_model_factory("qwen3")).info.decode_loop == "stepwise"  # "Metal"
     monkeypatch.setattr("mtplxd.engine.trunk.fixed_shapes_wanted", lambda: True)
     assert load_model(tiny_model_factory("qwen3")).info.decode_loop == "fused"  # "CUDA"
