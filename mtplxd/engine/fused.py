@@ -52,7 +52,8 @@ class StaticKVCache:
     """An attention cache for mlx-lm layers: a fixed-capacity buffer and an array offset.
 
     `update_and_fetch` writes the new keys at `offset` (a device scalar) and hands attention
-    the whole buffer; `make_mask` hides every slot past each query's own position. The
+    the whole buffer; `make_mask` hides every slot past each query's own position (on CUDA
+    `static_cache_attention` reads only those slots instead, and no mask is built). The
     offset is not advanced here: the cycle sets it, because a PENDING pass writes K+1 rows
     of which only the accepted ones count.
     """
