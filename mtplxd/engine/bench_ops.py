@@ -5,8 +5,9 @@
 Each figure is the median time per op of a chain of ops evaluated together (after warm-up),
 so on a GPU it is the op's launch and run time, not a host round trip. Sections: bf16 and
 quantized matmuls at 1-8 rows ("mm"), attention over a 512-slot buffer with and without
-masks, and on CUDA through the fused cycle's buffer kernel ("sdpa"), rms_norm and rope ("norm"), the sampling pieces over an 8192 vocabulary
-("samp"), and a training-sized matmul in float32 and bfloat16 ("big").
+masks, and on CUDA through the fused cycle's buffer kernel ("sdpa"), rms_norm and rope
+("norm"), the sampling pieces over an 8192 vocabulary ("samp"), and a training-sized matmul
+in float32 and bfloat16 ("big").
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class StaticKVCache:
 
     `update_and_fetch` writes the new keys at `offset` (a device scalar) and hands attention
     the whole buffer; `make_mask` hides every slot past each query's own position (on CUDA
-    `static_cache_attention` reads only those slots instead, and no mask is built). The
+    `static_cache_attention` reads only those slots instead, and the mask goes unused). The
     offset is not advanced here: the cycle sets it, because a PENDING pass writes K+1 rows
     of which only the accepted ones count.
     """
