@@ -125,8 +125,7 @@ def run_bench(model, *, depth: int, max_tokens: int, repeats: int,
             "ar": ar_summary,
             "mtp": mtp_summary,
             "speedup": mtp_summary["decode_tokens_per_second_median"] / ar_tps if ar_tps else 0.0,
-            **paired_speedups(ar_summary["decode_tokens_per_second_all"],
-                              mtp_summary["decode_tokens_per_second_all"]),
+            **paired_speedups(ar.decode_tps, mtp.decode_tps),
         }
         if temperature == 0:
             entry["greedy_identical"] = ar.tokens == mtp.tokens
@@ -136,11 +135,14 @@ def run_bench(model, *, depth: int, max_tokens: int, repeats: int,
 
 def paired_speedups(ar_rates: list[float], mtp_rates: list[float]) -> dict[str, float]:
     """MTP/AR over all tokens (ratio of the harmonic means of equal-length runs' rates) and
-    the median and lowest ratio of the back-to-back pairs (run i of each list)."""
-    pairs = [mtp / ar for ar, mtp in zip(ar_rates, mtp_rates) if ar > 0 and mtp > 0]
-    if not pairs:
+    the median and lowest ratio of the back-to-back pairs (run i of each list). Pairs with a
+    zero rate (a run that decoded nothing) are left out of all three."""
+    valid = [(ar, mtp) for ar, mtp in zip(ar_rates, mtp_rates) if ar > 0 and mtp > 0]
+    if not valid:
         return {"speedup_all_tokens": 0.0, "speedup_pairs_median": 0.0, "speedup_pairs_min": 0.0}
-    return {"speedup_all_tokens": statistics.harmonic_mean(mtp_rates) / statistics.harmonic_mean(ar_rates),
+    ar_kept, mtp_kept = zip(*valid)
+    pairs = [mtp / ar for ar, mtp in valid]
+    return {"speedup_all_tokens": statistics.harmonic_mean(mtp_kept) / statistics.harmonic_mean(ar_kept),
             "speedup_pairs_median": statistics.median(pairs), "speedup_pairs_min": min(pairs)}
 
 

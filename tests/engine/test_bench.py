@@ -35,6 +35,8 @@ def test_paired_speedups_weigh_every_token_and_every_pair():
     assert abs(ratios["speedup_all_tokens"] - (1 / 100 + 1 / 200) / (2 / 300)) < 1e-12
     assert ratios["speedup_pairs_median"] == 2.25 and ratios["speedup_pairs_min"] == 1.5
     assert paired_speedups([], [])["speedup_pairs_median"] == 0.0
+    # A run that decoded nothing (rate 0) drops its pair instead of dividing by zero.
+    assert paired_speedups([100.0, 0.0], [300.0, 300.0])["speedup_all_tokens"] == 3.0
 
 
 def test_bench_refuses_an_ar_only_model(tiny_model_factory):
