@@ -52,15 +52,21 @@ def invalid_params(message: str) -> RpcError:
 class Request:
     method: str
     params: dict[str, Any]
-    id: int | str | None  # None: a notification, which gets no response
+    id: int | str | None
+    # JSON-RPC 2.0: a request without an `id` member is a notification and gets no response;
+    # `"id": null` is an ordinary request, answered with `"id": null`.
+    notification: bool = False
 
 
 def parse_request(line: bytes) -> Request:
     """Decode one line into a Request, or raise RpcError with the JSON-RPC code that fits."""
     try:
         message = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RpcError(PARSE_ERROR, f"parse error: {exc}", "parse_error") from None
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers bad UTF-8, bad JSON and integer literals past Python's digit limit;
+        # RecursionError a line nested deeper than the parser's stack.
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise RpcError(PARSE_ERROR, f"parse error: {reason}", "parse_error") from None
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
         raise RpcError(INVALID_REQUEST, "expected a JSON-RPC 2.0 object", "invalid_request")
     method = message.get("method")
@@ -74,7 +80,7 @@ def parse_request(line: bytes) -> Request:
         params = {}
     if not isinstance(params, dict):
         raise RpcError(INVALID_PARAMS, "params must be an object", "invalid_params")
-    return Request(method=method, params=params, id=request_id)
+    return Request(method=method, params=params, id=request_id, notification="id" not in message)
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -7,6 +7,7 @@ vanishes mid-request) costs that connection at most, never the daemon.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -95,20 +96,27 @@ async def _serve_connection(stream: trio.SocketStream, registry: MethodRegistry,
             await _request_loop(stream, registry)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return  # the peer went away; nothing to answer
+        except Exception as exc:  # noqa: BLE001 - whatever one connection raises ends it alone
+            log.exception("control: connection failed; closing it")
+            error = RpcError(protocol.INTERNAL_ERROR, f"internal error: {type(exc).__name__}",
+                             "internal_error")
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.send_all(protocol.error_message(None, error))
 
 
 async def _request_loop(stream: trio.SocketStream, registry: MethodRegistry) -> None:
     buffer = bytearray()
     while True:
         newline = buffer.find(b"\n")
+        # A line is too large whether or not its newline has arrived yet.
+        if (newline if newline >= 0 else len(buffer)) > protocol.MAX_MESSAGE_BYTES:
+            error = RpcError(protocol.INVALID_REQUEST,
+                             f"message larger than {protocol.MAX_MESSAGE_BYTES} bytes",
+                             "message_too_large")
+            await stream.send_all(protocol.error_message(None, error))
+            await _discard_input(stream)
+            return
         if newline < 0:
-            if len(buffer) > protocol.MAX_MESSAGE_BYTES:
-                error = RpcError(protocol.INVALID_REQUEST,
-                                 f"message larger than {protocol.MAX_MESSAGE_BYTES} bytes",
-                                 "message_too_large")
-                await stream.send_all(protocol.error_message(None, error))
-                await _discard_input(stream)
-                return
             chunk = await stream.receive_some(65536)
             if not chunk:
                 return
@@ -135,7 +143,7 @@ async def _handle_line(stream: trio.SocketStream, registry: MethodRegistry, line
         await stream.send_all(protocol.error_message(None, error))
         return
     reply = await _dispatch(stream, registry, request)
-    if request.id is not None:
+    if not request.notification:
         await stream.send_all(reply)
 
 

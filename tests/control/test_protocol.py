@@ -61,11 +61,52 @@ def test_notification_without_id_gets_no_answer(daemon):
     assert _exchange(daemon.paths.socket, json.dumps(message).encode() + b"\n") == []
 
 
+def test_request_with_a_null_id_is_answered_with_a_null_id(daemon):
+    message = {"jsonrpc": "2.0", "id": None, "method": "daemon.status"}
+    [answer] = _exchange(daemon.paths.socket, json.dumps(message).encode() + b"\n")
+    assert answer["id"] is None and answer["result"]["pid"] == daemon.pid
+
+
+@pytest.mark.parametrize("line", [
+    b"9" * 5000,  # an integer literal past Python's 4,300-digit limit: ValueError
+    b"[" * 5000 + b"]" * 5000,  # nested deeper than the parser's stack: RecursionError
+    b'{"jsonrpc":"2.0","id":1,"method":"daemon.status","params":{"x":' + b"[" * 3000 + b"]" * 3000 + b"}}",
+    b'{"jsonrpc":"2.0","id":1,"method":"logs.tail","params":{"lines":' + b"7" * 4400 + b"}}",
+], ids=["huge-integer", "deep-array", "deep-params", "huge-integer-param"])
+def test_a_line_the_json_parser_chokes_on_is_a_parse_error_not_a_dead_daemon(daemon, line):
+    ok = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "daemon.status"}).encode()
+    answers = _exchange(daemon.paths.socket, line + b"\n" + ok + b"\n")
+    assert answers[0]["error"]["code"] == protocol.PARSE_ERROR
+    assert answers[1]["id"] == 2, "the connection stays usable after a parse error"
+    assert daemon.process.poll() is None
+    assert daemon.client.call("daemon.status")["pid"] == daemon.pid
+
+
 def test_oversized_message_is_refused_and_the_connection_closed(daemon):
     payload = b"x" * (protocol.MAX_MESSAGE_BYTES + 70000)
     answers = _exchange(daemon.paths.socket, payload)
     assert answers[-1]["error"]["data"]["reason"] == "message_too_large"
     assert daemon.client.is_running()
+
+
+@pytest.mark.parametrize("excess", [1, 78, 65536])
+def test_a_complete_line_just_over_the_limit_is_refused_too(daemon, excess):
+    # The line and its newline arrive together: the size is checked on the line, not only on
+    # a buffer still waiting for its newline.
+    status = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "daemon.status", "params": {"pad": ""}}, separators=(",", ":"))
+    padding = protocol.MAX_MESSAGE_BYTES + excess - len(status)
+    line = status.replace('"pad":""', '"pad":"' + "x" * padding + '"').encode()
+    assert len(line) == protocol.MAX_MESSAGE_BYTES + excess
+    answers = _exchange(daemon.paths.socket, line + b"\n")
+    assert [a["error"]["data"]["reason"] for a in answers] == ["message_too_large"]
+    assert daemon.client.is_running()
+
+
+def test_a_line_exactly_at_the_limit_is_served(daemon):
+    status = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "daemon.status", "params": {"pad": ""}}, separators=(",", ":"))
+    line = status.replace('"pad":""', '"pad":"' + "x" * (protocol.MAX_MESSAGE_BYTES - len(status)) + '"')
+    [answer] = _exchange(daemon.paths.socket, line.encode() + b"\n")
+    assert answer["result"]["pid"] == daemon.pid
 
 
 def test_abrupt_disconnect_mid_message_is_harmless(daemon):
@@ -124,6 +165,69 @@ def test_fuzzed_input_never_kills_the_daemon(daemon, payload):
         pytest.fail("the daemon answered with something that is not JSON")
     assert daemon.process.poll() is None
     assert daemon.client.call("daemon.status")["pid"] == daemon.pid
+
+
+# Every method but daemon.shutdown, with the parameters it reads. Their values are never
+# strings, so no fuzzed call can name a model to load or pull (no network, no slow load), and
+# never null where null would mean "the configured model".
+METHOD_PARAMS = {
+    "daemon.status": [], "daemon.methods": [], "model.unload": [],
+    "model.load": ["model", "depth"], "config.get": ["key"], "config.set": ["key", "value"],
+    "logs.tail": ["lines"], "models.list": [], "models.catalog": [], "models.check": ["model"],
+    "models.pull": ["model"], "models.update": ["model"], "models.rm": ["model"],
+    "fans.status": [], "fans.set": ["mode"],
+}
+wrong_values = st.recursive(
+    st.booleans() | st.integers() | st.floats() | st.just(10 ** 4000),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children,
+                                                                       max_size=3),
+    max_leaves=6,
+)
+
+
+def test_the_fuzzed_method_table_names_every_method(daemon):
+    served = set(daemon.client.call("daemon.methods")["methods"])
+    assert served == set(METHOD_PARAMS) | {"daemon.shutdown"}
+
+
+@st.composite
+def wrongly_typed_calls(draw):
+    method = draw(st.sampled_from(sorted(METHOD_PARAMS)))
+    params = {key: draw(wrong_values) for key in METHOD_PARAMS[method]}
+    params.update(draw(st.dictionaries(st.text(max_size=6), wrong_values, max_size=2)))
+    params = {k: v for k, v in params.items() if k not in {"model", "key", "mode"} or v is not None}
+    return method, params
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(wrongly_typed_calls())
+def test_wrongly_typed_params_of_every_method_get_an_answer_never_a_dead_daemon(daemon, call):
+    method, params = call
+    # Integers past the JSON parser's digit limit are written by hand: json.dumps writes them.
+    line = json.dumps({"jsonrpc": "2.0", "id": 9, "method": method, "params": params}).encode()
+    answers = _exchange(daemon.paths.socket, line + b"\n")
+    assert len(answers) == 1 and answers[0]["id"] in (9, None)
+    if "error" in answers[0]:
+        assert answers[0]["error"]["code"] != protocol.INTERNAL_ERROR, answers[0]
+    assert daemon.process.poll() is None
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(
+    st.binary(min_size=1, max_size=400),
+    st.builds(lambda depth: b"[" * depth + b"]" * depth, st.integers(500, 50_000)),
+    st.builds(lambda depth: b'{"a":' * depth + b"1" + b"}" * depth, st.integers(500, 20_000)),
+    st.builds(lambda digits: b'{"jsonrpc":"2.0","id":' + b"1" * digits + b',"method":"daemon.status"}',
+              st.integers(4301, 20_000)),
+))
+def test_arbitrary_bytes_deep_nesting_and_huge_numbers_each_get_an_error_line(daemon, payload):
+    if b"\n" in payload:
+        payload = payload.replace(b"\n", b" ")
+    if not payload.strip():
+        return
+    answers = _exchange(daemon.paths.socket, payload + b"\n")
+    assert len(answers) == 1 and "error" in answers[0]
+    assert daemon.process.poll() is None
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid")
