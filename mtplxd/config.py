@@ -149,6 +149,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("session_bank_ssd_bytes", "auto", _as_auto_or_gib,
                 "Disk for the session bank under session-bank/: auto (32 GiB, never more "
                 "than half the free disk) or GiB."),
+        Setting("body_timeout_seconds", 30, _as_int(1, 3600),
+                "How long a client may take to send a request body before it gets a 408 "
+                "(a stalled or trickling upload must not hold a worker)."),
         Setting("shutdown_grace_seconds", 10, _as_int(0, 600),
                 "How long SIGTERM waits for in-flight requests before stopping."),
         Setting("log_level", "info", _as_choice("debug", "info", "warning", "error"),

@@ -10,6 +10,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from mtplxd.atomic import write_atomic
+
 
 class AlreadyRunning(Exception):
     """Another live daemon holds the lock; `pid` is its pid when known."""
@@ -39,9 +41,7 @@ class InstanceLock:
         # The lock file carries the pid too, so a reader never sees a pid file from a dead run.
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-        tmp = self.pid_file.with_suffix(".pid.tmp")
-        tmp.write_text(f"{os.getpid()}\n")
-        os.replace(tmp, self.pid_file)
+        write_atomic(self.pid_file, f"{os.getpid()}\n".encode(), mode=0o600)
 
     def release(self) -> None:
         if self._fd is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 import sys
 from collections import deque
 from pathlib import Path
@@ -13,13 +14,22 @@ MAX_BYTES = 10 * 1024 * 1024
 BACKUPS = 5
 
 
+class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A rotating log whose files are 0600: logs name models, paths and clients."""
+
+    def _open(self):  # type: ignore[no-untyped-def]
+        stream = super()._open()
+        os.chmod(self.baseFilename, 0o600)
+        return stream
+
+
 def setup_logging(log_file: Path, level: str = "info", to_stderr: bool = False) -> None:
-    """Send the daemon's logs to `log_file` (rotating at 10 MiB, 5 backups)."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
+    """Send the daemon's logs to `log_file` (0600, rotating at 10 MiB, 5 backups)."""
+    log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(level.upper())
-    handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=MAX_BYTES, backupCount=BACKUPS)
+    handler = PrivateRotatingFileHandler(log_file, maxBytes=MAX_BYTES, backupCount=BACKUPS)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root.addHandler(handler)
     if to_stderr:

@@ -100,10 +100,11 @@ class Paths:
         return self.home / "secrets"
 
     def ensure(self) -> None:
-        """Create the directories the daemon writes to; run/ and the socket dir are 0700."""
-        for directory in (self.home, self.logs_dir, self.models_dir, self.metrics_dir):
+        """Create the directories the daemon writes to; run/, logs/ and the socket dir are 0700
+        (logs name models, paths and clients)."""
+        for directory in (self.home, self.models_dir, self.metrics_dir):
             directory.mkdir(parents=True, exist_ok=True)
-        private = [self.run_dir]
+        private = [self.run_dir, self.logs_dir]
         if self.socket_is_fallback:
             private.append(self.socket.parent)
         for directory in private:

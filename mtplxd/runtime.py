@@ -184,6 +184,11 @@ class Runtime:
         if settings is not None:
             await self._on_owner(lambda: model.enable_session_bank(settings))
 
+    def session_bank_note(self) -> str | None:
+        """Why the session bank runs degraded (its SSD store moved aside or off), or None."""
+        bank = getattr(self.model, "session_bank", None)
+        return bank.health_note() if bank is not None else None
+
     def session_bank_stats(self) -> dict[str, Any]:
         """The session bank's counters for status (enabled: False when it is off)."""
         bank = getattr(self.model, "session_bank", None)

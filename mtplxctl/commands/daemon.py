@@ -127,7 +127,10 @@ def _launch(paths: Paths, args: argparse.Namespace) -> int | None:
         process = None
     else:
         paths.ensure()
-        out = open(paths.logs_dir / "mtplxd.out", "ab")
+        # 0600 like every log: it names models, paths and clients.
+        out = os.fdopen(os.open(paths.logs_dir / "mtplxd.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                                0o600), "ab")
+        os.fchmod(out.fileno(), 0o600)
         process = subprocess.Popen(
             [sys.executable, "-m", "mtplxd", *_daemon_flags(args)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, close_fds=True)
@@ -362,6 +365,8 @@ def status_table(status: dict[str, Any]) -> Table:
             table.add_row("session bank", f"{bank['entries']} entries, {human_bytes(bank['bytes'])} of "
                           f"{human_bytes(bank['cap_bytes'])}, hit rate {bank['hit_rate']:.0%}; disk "
                           f"{bank.get('ssd_entries', 0)} entries, {human_bytes(bank.get('ssd_bytes', 0))}")
+        if bank.get("note"):
+            table.add_row("", f"[yellow]{bank['note']}[/]")
     if status.get("fans"):
         from mtplxctl.commands.fans import summary_line
 

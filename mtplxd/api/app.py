@@ -46,7 +46,9 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
     app = QuartTrio("mtplxd")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.config["RESPONSE_TIMEOUT"] = None  # generations stream for as long as they need
-    app.config["BODY_TIMEOUT"] = 600
+    # The whole body must arrive within this, however slowly it trickles (hypercorn already
+    # closes a connection whose headers stall).
+    app.config["BODY_TIMEOUT"] = config.body_timeout_seconds
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
 
@@ -89,15 +91,28 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
         # field an agent sends that we refuse shows up without capturing its traffic.
         log.info("%s %s refused: %d %s%s: %s", request.method, request.path, error.status,
                  error.code or "error", f" ({error.param})" if error.param else "", error.message)
+        await _drain_body()
         return _error_response(error)
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
+        if error.code not in (408, 413):  # a body too slow or too large is not read on
+            await _drain_body()
         return _error_response(from_http_status(error.code or 500, error.description or error.name))
+
+    async def _drain_body() -> None:
+        # Answering before the request's body is read leaves its bytes on a keep-alive
+        # connection, and hypercorn then stalls the client's next request on it: read what is
+        # left (bounded by MAX_CONTENT_LENGTH and BODY_TIMEOUT) before any error answer.
+        try:
+            await request.get_data(cache=False)
+        except HTTPException:
+            pass
 
     @app.errorhandler(Exception)
     async def unexpected(error: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.path)
+        await _drain_body()
         return _error_response(APIError(500, f"internal error: {type(error).__name__}: {error}",
                                         code="internal_error"))
 
@@ -128,6 +143,9 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
         degradations = []
         if info and info.get("mode") == "ar":
             degradations.append({"what": "mtp", "why": info.get("ar_reason") or "no MTP head"})
+        bank_note = runtime.session_bank_note()
+        if bank_note:
+            degradations.append({"what": "session_bank", "why": bank_note})
         body = {
             "status": "ok" if runtime.state == "loaded" else "no_model",
             "state": runtime.state,

@@ -21,6 +21,7 @@ _ANTHROPIC_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "request_too_large",
     429: "rate_limit_error",
     503: "overloaded_error",
@@ -32,6 +33,7 @@ _OPENAI_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
@@ -106,9 +108,11 @@ def render_error(error: APIError, dialect: str) -> tuple[str, int, dict[str, str
 
 def from_http_status(status: int, description: str) -> APIError:
     """An APIError for a status Quart/Werkzeug raised itself (404 route, 405, 413, ...)."""
-    codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+    codes = {404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+             413: "request_too_large"}
     messages = {
         404: "no such endpoint; see docs/api.md for the routes this server answers",
+        408: "the request body did not arrive in time (body_timeout_seconds); send it whole",
         413: "the request body is larger than this server accepts",
     }
     return APIError(status, messages.get(status, description), code=codes.get(status))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -241,7 +242,37 @@ def require_json_object(raw: bytes) -> dict[str, Any]:
         raise invalid("the request body is not valid JSON", None, code="invalid_json") from None
     if not isinstance(data, dict):
         raise invalid("the request body must be a JSON object", None)
+    if _SURROGATE_ESCAPE.search(raw):
+        _refuse_lone_surrogates(data)
     return data
+
+
+# JSON may spell a UTF-16 surrogate as `\\uD800`; a valid pair decodes to one character, a lone
+# half survives as a string no tokenizer (or UTF-8 encoder) accepts.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _refuse_lone_surrogates(data: Any) -> None:
+    """A 400 naming the first field (by its full path) whose text holds a lone surrogate."""
+    pending: list[tuple[str, Any]] = [("", data)]
+    while pending:  # iterative: the body may nest as deep as the JSON parser allowed
+        path, value = pending.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                # The path itself may hold the surrogate (a key): show it escaped.
+                path = path.encode("utf-8", "backslashreplace").decode()
+                where = path or "the request body"
+                raise invalid(f"`{where}` contains a lone UTF-16 surrogate (an unpaired \\uD800-"
+                              "\\uDFFF escape), which is not text; send valid Unicode", path or None,
+                              code="invalid_unicode") from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                pending.append((f"{path}.{key}" if path else str(key), key))
+                pending.append((f"{path}.{key}" if path else str(key), item))
+        elif isinstance(value, list):
+            pending.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
 
 
 @lru_cache(maxsize=8)

@@ -381,10 +381,37 @@ class SessionBank:
         self._lock = threading.RLock()
         self.counters = _Counters()
         self.store = store
+        self.ssd_error: str | None = None  # why the SSD tier could not open, when it could not
         if store is None and self.settings.ssd_dir is not None:
-            from mtplxd.engine.session_store import SessionStore
+            self.store = self._open_store(self.settings.ssd_dir)
 
-            self.store = SessionStore(self.settings.ssd_dir, max_bytes=self.settings.ssd_bytes)
+    def _open_store(self, ssd_dir: Path) -> "SessionStore | None":
+        """The SSD tier, or None (RAM only, the reason kept) when its folder cannot be used even
+        after a damaged store was moved aside: the bank is a cache and never fatal."""
+        import sqlite3
+
+        from mtplxd.engine.session_store import SessionStore
+
+        try:
+            return SessionStore(ssd_dir, max_bytes=self.settings.ssd_bytes)
+        except (OSError, sqlite3.Error) as exc:
+            self.ssd_error = f"{type(exc).__name__}: {exc}"
+            log.warning("session bank: the SSD tier at %s cannot be used (%s); RAM only",
+                        ssd_dir, self.ssd_error)
+            return None
+
+    def health_note(self) -> str | None:
+        """One sentence when the SSD tier is degraded (moved aside or off), else None; cheap,
+        for /health and status."""
+        if self.ssd_error is not None:
+            return (f"the session bank's SSD tier is off: {self.ssd_error}; check the folder "
+                    f"{self.settings.ssd_dir}")
+        quarantined = self.store.quarantined if self.store is not None else None
+        if quarantined:
+            return (f"the session bank's SSD store was damaged ({quarantined['reason']}); it was "
+                    f"moved aside to {quarantined['path']} and started empty (delete that folder "
+                    "to free its space)")
+        return None
 
     # -- guard and status (any thread) ----------------------------------------------------
 
@@ -434,7 +461,9 @@ class SessionBank:
         if self.store is not None:
             out.update({f"ssd_{k}": v for k, v in self.store.stats().items()})
         else:
-            out.update({"ssd_enabled": False, "ssd_entries": 0, "ssd_bytes": 0})
+            out.update({"ssd_enabled": False, "ssd_entries": 0, "ssd_bytes": 0,
+                        "ssd_error": self.ssd_error})
+        out["note"] = self.health_note()
         return out
 
     def close(self) -> None:

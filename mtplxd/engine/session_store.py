@@ -179,6 +179,22 @@ def entry_from_arrays(arrays: dict[str, mx.array], meta: dict[str, Any],
 # --- the store ---------------------------------------------------------------------------
 
 
+def _connect_manifest(path: Path) -> sqlite3.Connection:
+    """Open the manifest, create its schema and run SQLite's quick integrity check; raises
+    sqlite3.DatabaseError (connection closed) when the file is damaged."""
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.executescript(SCHEMA)
+        verdict = db.execute("PRAGMA quick_check").fetchone()[0]
+        if verdict != "ok":
+            raise sqlite3.DatabaseError(f"integrity check failed: {verdict}")
+    except sqlite3.DatabaseError:
+        db.close()
+        raise
+    return db
+
+
 class SessionStore:
     """Content-addressed entry blobs + a SQLite manifest (see the module docstring)."""
 
@@ -190,10 +206,9 @@ class SessionStore:
         os.chmod(self.root, 0o700)
         self.max_bytes = max_bytes
         self.backlog_bytes = backlog_bytes
-        self._db = sqlite3.connect(self.root / "manifest.sqlite", check_same_thread=False,
-                                   isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(SCHEMA)
+        # Set when a damaged store was moved aside at open: {"path", "reason", "at"}.
+        self.quarantined: dict[str, Any] | None = None
+        self._db = self._open_manifest()
         self._db_lock = threading.Lock()
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._backlog = 0
@@ -206,6 +221,27 @@ class SessionStore:
         self._writer = threading.Thread(target=self._write_loop, name="mtplx-session-ssd",
                                         daemon=True)
         self._writer.start()
+
+    def _open_manifest(self) -> sqlite3.Connection:
+        """The manifest, checked at open. A damaged store is moved aside and an empty one
+        begun: the bank is a cache, and a cache must never keep the daemon from serving."""
+        try:
+            return _connect_manifest(self.root / "manifest.sqlite")
+        except sqlite3.DatabaseError as exc:
+            self.quarantined = self._quarantine(str(exc))
+            return _connect_manifest(self.root / "manifest.sqlite")
+
+    def _quarantine(self, reason: str) -> dict[str, Any]:
+        """Rename the whole store (manifest, its WAL, blobs) to `<dir>.damaged`, replacing an
+        older one, and start an empty store in its place."""
+        aside = self.root.with_name(self.root.name + ".damaged")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(self.root, aside)
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        log.warning("session bank: the SSD store was damaged (%s); moved aside to %s and "
+                    "started empty", reason, aside)
+        return {"path": str(aside), "reason": reason, "at": time.time()}
 
     # -- owner thread ---------------------------------------------------------------------
 
@@ -292,7 +328,8 @@ class SessionStore:
         return {"enabled": True, "entries": count, "bytes": total, "cap_bytes": self.max_bytes,
                 "queued": self._queue.qsize(), "written": self.written,
                 "dropped_backlog": self.dropped_backlog, "corrupt_dropped": self.corrupt_dropped,
-                "write_errors": self.write_errors, "dir": str(self.root)}
+                "write_errors": self.write_errors, "dir": str(self.root),
+                "quarantined": self.quarantined}
 
     def flush(self, timeout: float = 60.0) -> bool:
         """Wait until every queued write is on disk; False on timeout."""

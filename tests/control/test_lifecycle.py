@@ -94,6 +94,29 @@ def test_run_directory_is_0700_and_socket_is_0600(daemon):
     assert stat.S_ISSOCK(os.stat(daemon.paths.socket).st_mode)
 
 
+def test_pid_and_log_files_are_0600_and_logs_is_0700(daemon):
+    # Logs name models, paths and clients: private like the run directory.
+    def mode(path):
+        return stat.S_IMODE(os.stat(path).st_mode)
+
+    assert mode(daemon.paths.pid_file) == 0o600
+    assert mode(daemon.paths.log_file) == 0o600
+    assert mode(daemon.paths.logs_dir) == 0o700
+
+
+def test_a_log_file_left_world_readable_is_made_private_at_start():
+    home = Paths.from_env().home
+    (home / "logs").mkdir(parents=True, mode=0o755)
+    (home / "logs" / "mtplxd.log").write_text("an older run's line\n")
+    os.chmod(home / "logs" / "mtplxd.log", 0o644)
+    running = start_daemon("--no-model")
+    try:
+        assert stat.S_IMODE(os.stat(home / "logs").st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(home / "logs" / "mtplxd.log").st_mode) == 0o600
+    finally:
+        running.stop()
+
+
 def test_long_home_falls_back_to_a_short_socket_path(tmp_path, monkeypatch):
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     monkeypatch.setenv("MTPLX_HOME", str(deep))

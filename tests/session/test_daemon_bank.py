@@ -49,3 +49,39 @@ def test_follow_up_turn_reuses_the_prefix_and_survives_a_restart(tiny_model_fact
         assert restarted.client.call("daemon.status")["session_bank"]["ssd_hits"] >= 1
     finally:
         restarted.stop()
+
+
+def test_a_damaged_store_is_quarantined_and_the_daemon_starts_and_serves(tiny_model_factory, tmp_path):
+    import httpx
+
+    tiny_checkpoint = tiny_model_factory("qwen3")
+    home = tmp_path / "home"
+    daemon = start_api_daemon(home, MTPLX_MODEL=str(tiny_checkpoint))
+    conversation = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": "Write a function that adds two numbers."}]
+    try:
+        client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused")
+        _turn(client, conversation, "agent-1")
+    finally:
+        daemon.stop()
+    bank_dir = home / "session-bank"
+    blob = next((bank_dir / "blobs").glob("*/*.safetensors"))
+    blob.write_bytes(blob.read_bytes()[:100])  # a truncated blob
+    (bank_dir / "manifest.sqlite").write_bytes(b"\x00garbage" * 1000)  # and a damaged manifest
+
+    restarted = start_api_daemon(home, MTPLX_MODEL=str(tiny_checkpoint))
+    try:
+        status = restarted.client.call("daemon.status")
+        assert status["model"]["state"] == "loaded"
+        assert "moved aside" in status["session_bank"]["note"]
+        health = httpx.get(f"{restarted.base_url}/health").json()
+        assert [d["what"] for d in health["degradations"]] == ["session_bank"]
+        assert str(home / "session-bank.damaged") in health["degradations"][0]["why"]
+        client = openai.OpenAI(base_url=f"{restarted.base_url}/v1", api_key="unused")
+        answer = _turn(client, conversation, "agent-1")
+        assert answer.usage.prompt_tokens_details.cached_tokens == 0  # nothing damaged is served
+        assert _turn(client, conversation, "agent-1").usage.prompt_tokens_details.cached_tokens > 0
+        assert "moved aside" in (home / "logs" / "mtplxd.log").read_text()
+    finally:
+        restarted.stop()
+    assert (home / "session-bank.damaged" / "manifest.sqlite").exists()

@@ -133,3 +133,60 @@ def test_blob_format_is_safetensors_readable_by_mlx(tmp_path):
             assert np.array_equal(np.array(loaded_arrays[k].astype(mx.float32)), np.array(v.astype(mx.float32)))
     with pytest.raises(ValueError):
         decode_safetensors(data[:20])
+
+
+def _fill(root) -> int:
+    """A store at `root` with three entries, closed; returns the manifest's size in bytes."""
+    store = SessionStore(root, max_bytes=1 << 30)
+    for value in (1000.0, 2000.0, 3000.0):
+        store.put("id", _entry(100, value))
+    assert store.flush()
+    store.close()
+    return (root / "manifest.sqlite").stat().st_size
+
+
+@pytest.mark.parametrize("damage", ["header", "page", "garbage-file"])
+def test_a_damaged_manifest_is_moved_aside_and_the_store_starts_empty(tmp_path, damage):
+    root = tmp_path / "session-bank"
+    size = _fill(root)
+    manifest = root / "manifest.sqlite"
+    with open(manifest, "r+b") as f:
+        if damage == "header":
+            f.write(b"\xff" * 100)
+        elif damage == "page":  # every page after the first: the table and its index
+            f.seek(4096)
+            f.write(bytes(range(256)) * ((size - 4096) // 256))
+        else:
+            f.truncate(0)
+            f.write(b"not a database at all" * 300)
+
+    store = SessionStore(root, max_bytes=1 << 30)
+    try:
+        assert store.quarantined is not None
+        aside = tmp_path / "session-bank.damaged"
+        assert store.quarantined["path"] == str(aside) and (aside / "manifest.sqlite").exists()
+        assert store.stats()["entries"] == 0 and store.stats()["quarantined"] == store.quarantined
+        store.put("id", _entry(100, 4000.0))  # the new store works
+        assert store.flush()
+        assert store.best_match("id", list(range(4000, 4100)) + [1], False, 0) is not None
+    finally:
+        store.close()
+    again = SessionStore(root, max_bytes=1 << 30)  # and is healthy next time
+    try:
+        assert again.quarantined is None and again.stats()["entries"] == 1
+    finally:
+        again.close()
+
+
+def test_an_unusable_ssd_folder_leaves_the_bank_in_ram_with_the_reason(loaded, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the bank's folder should be")
+    model = loaded("qwen3")
+    bank = model.enable_session_bank(settings(blocker / "session-bank"))
+    try:
+        assert bank.store is None and bank.ssd_error
+        stats = bank.stats()
+        assert stats["ssd_enabled"] is False and "SSD tier is off" in stats["note"]
+    finally:
+        bank.close()
+        model.bank = None
