@@ -13,8 +13,8 @@ from mtplxd.engine.interface import (
     SamplingParams,
     TokenDelta,
 )
-from mtplxd.engine.loader import inspect_checkpoint
-from mtplxd.engine.model import LoadedModel, load_model
+from mtplxd.engine.model.loader import inspect_checkpoint
+from mtplxd.engine.loaded_model import LoadedModel, load_model
 from mtplxd.engine.owner import ModelOwner
 
 __all__ = [

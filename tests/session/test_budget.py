@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from mtplxd.engine.session_bank import (
+from mtplxd.engine.session.bank import (
     KV, BankEntry, BankIdentity, BankSettings, SessionBank, bank_settings,
 )
 

@@ -48,12 +48,12 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from mtplxd.engine.kv_cache import BucketedKVCache
-from mtplxd.engine.trunk import Trunk
+from mtplxd.engine.model.kv_cache import BucketedKVCache
+from mtplxd.engine.model.trunk import Trunk
 
 if TYPE_CHECKING:
-    from mtplxd.engine.mtp_head import MTPHead
-    from mtplxd.engine.session_store import SessionStore
+    from mtplxd.engine.model.mtp_head import MTPHead
+    from mtplxd.engine.session.store import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -382,7 +382,7 @@ class SessionBank:
         self.counters = _Counters()
         self.store = store
         if store is None and self.settings.ssd_dir is not None:
-            from mtplxd.engine.session_store import SessionStore
+            from mtplxd.engine.session.store import SessionStore
 
             self.store = SessionStore(self.settings.ssd_dir, max_bytes=self.settings.ssd_bytes)
 

@@ -1,6 +1,6 @@
 """What a verify costs on this device, and whether greedy MTP reproduces AR here.
 
-    python -m mtplxd.engine.bench_verify [--dims qwen3-4b] [--dtype bfloat16] [--context 512]
+    python -m mtplxd.engine.bench.verify [--dims qwen3-4b] [--dtype bfloat16] [--context 512]
         [--max-depth 5] [--json-out FILE]
 
 Builds a random-weight dense qwen3 of the given dimensions in memory (no checkpoint needed),
@@ -42,8 +42,8 @@ def build_random_model(dims: str, dtype: mx.Dtype, seed: int = 0):
     """(mlx-lm qwen3 Model with an `.mtp` MTPHead, its config) with random weights in `dtype`."""
     from mlx_lm.models import qwen3
 
-    from mtplxd.engine.families import get_family
-    from mtplxd.engine.mtp_head import MTPHead
+    from mtplxd.engine.model.families import get_family
+    from mtplxd.engine.model.mtp_head import MTPHead
 
     config = dict(model_type="qwen3", rms_norm_eps=1e-6, max_position_embeddings=40960,
                   rope_theta=1000000.0, **DIMS[dims])
@@ -88,7 +88,7 @@ def measure_forward_costs(trunk, cache, vocab: int, max_depth: int, repeats: int
 
 def measure_ar_step(trunk, cache, params, repeats: int) -> float:
     """Median ms of one AR step (1-token forward + picking the token) at a fixed context."""
-    from mtplxd.engine.sampling import TARGET, pick, position_key
+    from mtplxd.engine.decoding.sampling import TARGET, pick, position_key
 
     def step():
         _, logits = trunk.forward(mx.array([[7]]), cache, all_logits=True)
@@ -103,7 +103,7 @@ def measure_ar_step(trunk, cache, params, repeats: int) -> float:
 def measure_sampling_ops(vocab: int, depth: int, repeats: int) -> dict[str, float]:
     """Median ms of the sampling pieces alone on random logits (1 or depth+1 rows of vocab)."""
     from mtplxd.engine.interface import SamplingParams
-    from mtplxd.engine.sampling import DRAFT, position_key, probabilities, scaled_logits
+    from mtplxd.engine.decoding.sampling import DRAFT, position_key, probabilities, scaled_logits
 
     params = SamplingParams(temperature=0.6, top_p=0.95)
     row = mx.random.normal((1, vocab))
@@ -125,8 +125,8 @@ def measure_sampling_ops(vocab: int, depth: int, repeats: int) -> dict[str, floa
 def measure_draft_cost(trunk, head, prompt: list[int], hiddens, depth: int, repeats: int,
                        params) -> float:
     """Median ms of the K chained drafts alone (head steps, draft logits and picks)."""
-    from mtplxd.engine.sampling import TokenHistory
-    from mtplxd.engine.speculative import SpeculativeDecoder
+    from mtplxd.engine.decoding.sampling import TokenHistory
+    from mtplxd.engine.decoding.speculative import SpeculativeDecoder
 
     vocab = trunk.text.model.embed_tokens.weight.shape[0]
     decoder = SpeculativeDecoder(trunk, head, trunk.make_cache(), params, TokenHistory(vocab, prompt),
@@ -150,8 +150,8 @@ def measure_cycle_costs(trunk, head, cache, prompt: list[int], hiddens, max_dept
     """Median ms of one whole speculative cycle at each depth (drafts, verify, accept, commit);
     greedy unless `params` says otherwise."""
     from mtplxd.engine.interface import SamplingParams
-    from mtplxd.engine.sampling import TokenHistory
-    from mtplxd.engine.speculative import SpeculativeDecoder
+    from mtplxd.engine.decoding.sampling import TokenHistory
+    from mtplxd.engine.decoding.speculative import SpeculativeDecoder
 
     params = params or SamplingParams()
     costs = {}
@@ -181,10 +181,10 @@ def measure_cycle_costs(trunk, head, cache, prompt: list[int], hiddens, max_dept
 
 def greedy_agreement(trunk, head, prompt: list[int], vocab: int, depth: int, tokens: int) -> dict[str, Any]:
     """Greedy AR and greedy MTP side by side: agreement and the first divergence's logit gap."""
-    from mtplxd.engine.autoregressive import ar_cycles
+    from mtplxd.engine.decoding.autoregressive import ar_cycles
     from mtplxd.engine.interface import SamplingParams
-    from mtplxd.engine.sampling import TokenHistory, pick
-    from mtplxd.engine.speculative import SpeculativeDecoder
+    from mtplxd.engine.decoding.sampling import TokenHistory, pick
+    from mtplxd.engine.decoding.speculative import SpeculativeDecoder
 
     params = SamplingParams()
 
@@ -244,7 +244,7 @@ def _greedy_both_caches(trunk, head, prompt: list[int], vocab: int, tokens: int)
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench_verify", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench.verify", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dims", choices=sorted(DIMS), default="qwen3-4b")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -255,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args(argv)
 
-    from mtplxd.engine.families import get_family
-    from mtplxd.engine.trunk import Trunk
+    from mtplxd.engine.model.families import get_family
+    from mtplxd.engine.model.trunk import Trunk
 
     started = time.perf_counter()
     model, config = build_random_model(args.dims, getattr(mx, args.dtype))
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         "cycle_ms_by_depth_q4_draft_head": cycles_q4,
         "cycle_over_decode_by_depth_q4_draft_head": {k: v / decode for k, v in cycles_q4.items()},
         "greedy": _greedy_both_caches(trunk, model.mtp, prompt[:64], vocab, args.greedy_tokens),
-        "command": " ".join(["python -m mtplxd.engine.bench_verify"] + (argv if argv is not None else sys.argv[1:])),
+        "command": " ".join(["python -m mtplxd.engine.bench.verify"] + (argv if argv is not None else sys.argv[1:])),
     }
     print(json.dumps(report, indent=2))
     if args.json_out:

@@ -1,6 +1,6 @@
 """What each piece of a speculative cycle costs on this device, for a real checkpoint.
 
-    python -m mtplxd.engine.bench_pieces --model PATH [--context 300] [--quantize auto|none|8bit|4bit]
+    python -m mtplxd.engine.bench.pieces --model PATH [--context 300] [--quantize auto|none|8bit|4bit]
         [--json-out FILE]
 
 Times, one call at a time (median of 30 after warm-up): a trunk forward over 1..5 tokens
@@ -22,11 +22,11 @@ from typing import Callable
 
 import mlx.core as mx
 
-from mtplxd.engine import fused
-from mtplxd.engine.bench import add_quantize_option
-from mtplxd.engine.bench_verify import measure_forward_costs, median_ms
+from mtplxd.engine.decoding import fused
+from mtplxd.engine.bench.decode import add_quantize_option
+from mtplxd.engine.bench.verify import measure_forward_costs, median_ms
 from mtplxd.engine.interface import SamplingParams
-from mtplxd.engine.sampling import draft_weights, scaled_logits
+from mtplxd.engine.decoding.sampling import draft_weights, scaled_logits
 
 
 def latency_ms(fn: Callable[[], mx.array], repeats: int = 30) -> float:
@@ -96,7 +96,7 @@ def cycle_bench_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
 def load_dense_mtp_model(path: str, quantize: str):
     """The model at `path` for the fused-cycle benches; None (said on stderr) when it is not a
     dense model with an MTP head."""
-    from mtplxd.engine.model import load_model
+    from mtplxd.engine.loaded_model import load_model
 
     model = load_model(path, quantize=quantize)
     if model.head is None or not fused.fused_supported(model.trunk, model.trunk.make_cache()):
@@ -107,7 +107,7 @@ def load_dense_mtp_model(path: str, quantize: str):
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    parser = cycle_bench_parser("python -m mtplxd.engine.bench_pieces", __doc__)
+    parser = cycle_bench_parser("python -m mtplxd.engine.bench.pieces", __doc__)
     parser.add_argument("--context", type=int, default=300, help="tokens in the cache while timing")
     args = parser.parse_args(argv)
 

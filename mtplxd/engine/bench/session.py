@@ -1,6 +1,6 @@
 """Time to first token of an agent's follow-up turn: cold, warm (RAM bank), after a restart (SSD).
 
-    python -m mtplxd.engine.session_bench --model PATH [--tokens 4096] [--repeats 3]
+    python -m mtplxd.engine.bench.session --model PATH [--tokens 4096] [--repeats 3]
         [--depth N] [--json-out FILE]
 
 A coding conversation of about `--tokens` tokens is rendered with the model's chat template.
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, SamplingParams
-from mtplxd.engine.session_bank import BankSettings, SessionBank
+from mtplxd.engine.session.bank import BankSettings, SessionBank
 
 CODE = '''def merge_intervals(intervals):
     """Merge overlapping [start, end] intervals and return them sorted."""
@@ -145,7 +145,7 @@ def print_table(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.session_bench",
+    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench.session",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="model folder")
     parser.add_argument("--tokens", type=int, default=4096, help="conversation length (tokens)")

@@ -1,6 +1,6 @@
 """What single ops cost on this device, by row count: the kernels a verify and a draft use.
 
-    python -m mtplxd.engine.bench_ops OUT.json [mm,sdpa,norm,samp,big]
+    python -m mtplxd.engine.bench.ops OUT.json [mm,sdpa,norm,samp,big]
 
 Each figure is the median time per op of a chain of ops evaluated together (after warm-up),
 so on a GPU it is the op's launch and run time, not a host round trip. Sections: bf16 and
@@ -18,10 +18,10 @@ from typing import Callable
 
 import mlx.core as mx
 
-from mtplxd.engine import buffer_attention
-from mtplxd.engine.bench_verify import median_ms
+from mtplxd.engine.decoding import buffer_attention
+from mtplxd.engine.bench.verify import median_ms
 from mtplxd.engine.interface import SamplingParams
-from mtplxd.engine.sampling import scaled_logits
+from mtplxd.engine.decoding.sampling import scaled_logits
 
 SECTIONS = ("mm", "sdpa", "norm", "samp", "big")
 

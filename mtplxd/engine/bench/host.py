@@ -1,7 +1,7 @@
 """Is decoding bound by the host or by the device? Host time per step against wall time per
 step, and the primitives in each step's graph, for the AR loop and the fused MTP cycle.
 
-    python -m mtplxd.engine.bench_host --model PATH [--depth D] [--tokens 128]
+    python -m mtplxd.engine.bench.host --model PATH [--depth D] [--tokens 128]
         [--quantize auto|none|8bit|4bit] [--json-out FILE]
 
 Both loops build step t+1 and hand it to the device before they read step t. `host_ms` is
@@ -29,12 +29,12 @@ from typing import Any
 
 import mlx.core as mx
 
-from mtplxd.engine.autoregressive import ar_step
-from mtplxd.engine.bench import PROMPTS, prompt_ids_for
-from mtplxd.engine.bench_pieces import cycle_bench_parser, load_dense_mtp_model
-from mtplxd.engine.fused import FusedSpeculativeDecoder
+from mtplxd.engine.decoding.autoregressive import ar_step
+from mtplxd.engine.bench.decode import PROMPTS, prompt_ids_for
+from mtplxd.engine.bench.pieces import cycle_bench_parser, load_dense_mtp_model
+from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder
 from mtplxd.engine.interface import SamplingParams
-from mtplxd.engine.sampling import TokenHistory, pick_first
+from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
 
 SETTINGS = {"T=0": SamplingParams(temperature=0.0),
             "T=0.6": SamplingParams(temperature=0.6, top_p=0.95)}
@@ -142,7 +142,7 @@ def run(model, depth: int, tokens: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    parser = cycle_bench_parser("python -m mtplxd.engine.bench_host", __doc__)
+    parser = cycle_bench_parser("python -m mtplxd.engine.bench.host", __doc__)
     parser.add_argument("--depth", type=int, default=None, help="MTP depth (default: the model's)")
     parser.add_argument("--tokens", type=int, default=128, help="tokens decoded per measurement")
     args = parser.parse_args(argv)

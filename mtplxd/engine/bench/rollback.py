@@ -1,6 +1,6 @@
 """What GDN rollback costs: verify of K+1 tokens vs R1 `trim` (GDN replay) vs R0 (re-forward).
 
-    python -m mtplxd.engine.rollback_bench [--family qwen3_5] [--depth 3] [--prompt 32]
+    python -m mtplxd.engine.bench.rollback [--family qwen3_5] [--depth 3] [--prompt 32]
         [--repeats 9] [--set KEY=JSON ...] [--json-out FILE]
 
 Writes a random hybrid checkpoint (default: hidden 512, 8 layers of which 6 GDN, Hk/Hv 4/8,
@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from mtplxd.engine.hybrid import HYBRID_MODEL_TYPES, write_tiny_hybrid_checkpoint
-from mtplxd.engine.rollback import make_rollback_cache, rollback_by_reforward
+from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES, write_tiny_hybrid_checkpoint
+from mtplxd.engine.model.rollback import make_rollback_cache, rollback_by_reforward
 
 DEFAULT_DIMS: dict[str, Any] = {
     "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
@@ -77,7 +77,7 @@ def run(family: str, depth: int, prompt_tokens: int, repeats: int, dims: dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.rollback_bench",
+    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench.rollback",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--family", default="qwen3_5", choices=HYBRID_MODEL_TYPES)
     parser.add_argument("--depth", type=int, default=3)

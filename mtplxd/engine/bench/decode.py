@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import mlx.core as mx
 
-    from mtplxd.engine.model import load_model
+    from mtplxd.engine.loaded_model import load_model
 
     started = time.perf_counter()
     model = load_model(args.model, decode_loop=args.decode_loop, quantize=args.quantize)

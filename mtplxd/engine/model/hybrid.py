@@ -1,6 +1,6 @@
 """The hybrid Qwen3.5/3.6/3.8 families: Gated DeltaNet + gated attention, with an MTP head.
 
-Registers three `FamilySpec`s with `mtplxd.engine.families` when imported (the registry
+Registers three `FamilySpec`s with `mtplxd.engine.model.families` when imported (the registry
 imports this module lazily):
 
 - ``qwen3_5``      Qwen3.5/3.6 dense (HF VLM layout: ``model.language_model.*`` + top-level ``mtp.*``)
@@ -42,8 +42,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import qwen3_5, qwen3_next
 
-from mtplxd.engine.families import FamilySpec, register_family
-from mtplxd.engine.rollback import make_rollback_cache
+from mtplxd.engine.model.families import FamilySpec, register_family
+from mtplxd.engine.model.rollback import make_rollback_cache
 
 HYBRID_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
@@ -444,7 +444,7 @@ def _mlx_quantized_tensors(
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 
-    from mtplxd.engine.mtp_head import MTPHead, is_mtp_norm
+    from mtplxd.engine.model.mtp_head import MTPHead, is_mtp_norm
 
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
@@ -503,7 +503,7 @@ def write_tiny_hybrid_checkpoint(
     ``tie_word_embeddings=True`` a draft-friendly model repeats one token: use False there.)
     Tokenizer files come from ``tiny.write_tiny_tokenizer``. Same seed, same bytes.
     """
-    from mtplxd.engine.tiny import EOS_TOKEN, PAD_TOKEN, _token_id, write_tiny_tokenizer
+    from mtplxd.engine.fixtures.tiny import EOS_TOKEN, PAD_TOKEN, _token_id, write_tiny_tokenizer
 
     if family not in HYBRID_MODEL_TYPES:
         raise ValueError(f"not a hybrid family: {family!r}; choose one of {HYBRID_MODEL_TYPES}")
