@@ -18,11 +18,11 @@ from mtplxd.engine.model.hybrid import (
     check_layer_types,
     norm_shift,
     sanitize_mtp_weights,
-    write_tiny_hybrid_checkpoint,
 )
 from mtplxd.engine.model.mtp_head import is_mtp_norm
 from mtplxd.engine.model.rollback import RollbackArraysCache
 from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
+from mtplxd.engine.fixtures.tiny_hybrid import write_tiny_hybrid_checkpoint
 
 MTP_NORMS = (
     "mtp.pre_fc_norm_embedding.weight",

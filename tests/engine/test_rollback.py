@@ -7,7 +7,8 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, can_trim_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import load_model
 
-from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES, write_tiny_hybrid_checkpoint
+from mtplxd.engine.fixtures.tiny_hybrid import write_tiny_hybrid_checkpoint
+from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
 from mtplxd.engine.model.rollback import (
     RollbackArraysCache,
     enable_gdn_capture,

@@ -5,7 +5,7 @@ import json
 from mlx_lm.utils import load_config, load_tokenizer
 
 from mtplxd.engine import inspect_checkpoint
-from mtplxd.engine.fixtures.tiny import MARKUP_TOKENS, SPECIAL_TOKENS
+from mtplxd.engine.fixtures.tokenizer import MARKUP_TOKENS, SPECIAL_TOKENS
 
 
 def test_tiny_checkpoint_tokenizer_loads_through_mlx_lm_with_bpe_detokenizer(tiny_model_factory):

@@ -6,7 +6,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mtplxd.engine.session.bank import KV, BankEntry, BankSettings
+from mtplxd.engine.session.bank import BankSettings
+from mtplxd.engine.session.types import KV, BankEntry
 from mtplxd.engine.session.store import SessionStore, decode_safetensors, encode_safetensors, to_host
 
 

@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES, write_tiny_hybrid_checkpoint
+from mtplxd.engine.fixtures.tiny_hybrid import write_tiny_hybrid_checkpoint
+from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
 from mtplxd.engine.model.rollback import make_rollback_cache, rollback_by_reforward
 
 DEFAULT_DIMS: dict[str, Any] = {
