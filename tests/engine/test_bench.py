@@ -2,7 +2,8 @@
 
 import json
 
-from mtplxd.engine.bench.decode import main, paired_speedups
+from mtplxd.engine.bench.decode import main
+from mtplxd.engine.bench.harness import paired_speedups
 
 
 def test_bench_writes_report_with_speeds_ratio_and_acceptance(tiny_model_factory, tmp_path, capsys):

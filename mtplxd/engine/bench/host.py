@@ -18,9 +18,7 @@ count each fused kernel once). Runs on the first bench prompt at T=0 and at T=0.
 from __future__ import annotations
 
 import collections
-import json
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -29,9 +27,10 @@ from typing import Any
 
 import mlx.core as mx
 
+from mtplxd.engine.bench.harness import (
+    PROMPTS, cycle_bench_parser, device_name, load_dense_mtp_model, median, prompt_ids_for, write_report,
+)
 from mtplxd.engine.decoding.autoregressive import ar_step
-from mtplxd.engine.bench.decode import PROMPTS, prompt_ids_for
-from mtplxd.engine.bench.pieces import cycle_bench_parser, load_dense_mtp_model
 from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
@@ -52,8 +51,8 @@ def primitives(arrays: list[mx.array]) -> dict[str, int]:
 def _summary(host: list[float], wait: list[float], counts: dict[str, int]) -> dict[str, Any]:
     skipped = min(SKIPPED, len(host) - 1)  # a short warm-up run keeps its last step
     host, wait = host[skipped:], wait[skipped:]
-    return {"host_ms": 1e3 * statistics.median(host), "wait_ms": 1e3 * statistics.median(wait),
-            "wall_ms": 1e3 * statistics.median([h + w for h, w in zip(host, wait)]),
+    return {"host_ms": 1e3 * median(host), "wait_ms": 1e3 * median(wait),
+            "wall_ms": 1e3 * median([h + w for h, w in zip(host, wait)]),
             "primitives": sum(counts.values()), "by_primitive": counts}
 
 
@@ -159,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"wall {row['wall_ms']:7.3f} ms  {row['primitives']:5d} primitives{extra}")
     if args.json_out:
         report = {"model": model.info.id, "quantization": model.info.quantization, "depth": depth,
-                  "device": str(mx.default_device()), "mlx_version": mx.__version__,
+                  "device": device_name(), "mlx_version": mx.__version__,
                   "settings": report}
-        args.json_out.write_text(json.dumps(report, indent=2))
+        write_report(args.json_out, report)
     return 0
 
 

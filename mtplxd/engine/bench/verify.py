@@ -18,14 +18,16 @@ Medians over `--repeats` timed calls after warm-up.
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import sys
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import mlx.core as mx
+
+from mtplxd.engine.bench.harness import bench_parser, command_line, device_name, median_ms, write_report
+
+PROG = "python -m mtplxd.engine.bench.verify"
 
 DIMS: dict[str, dict[str, Any]] = {
     # Qwen/Qwen3-4B (config.json of the release): 36 layers, hidden 2560, GQA 32/8 x 128.
@@ -54,18 +56,6 @@ def build_random_model(dims: str, dtype: mx.Dtype, seed: int = 0):
     model.set_dtype(dtype)
     mx.eval(model.parameters())
     return model, config
-
-
-def median_ms(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
-    """Median wall milliseconds of fn() over `repeats` calls, after `warmup` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
 
 
 def measure_forward_costs(trunk, cache, vocab: int, max_depth: int, repeats: int, *,
@@ -244,8 +234,7 @@ def _greedy_both_caches(trunk, head, prompt: list[int], vocab: int, tokens: int)
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench.verify", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(PROG, __doc__)
     parser.add_argument("--dims", choices=sorted(DIMS), default="qwen3-4b")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--context", type=int, default=512, help="prompt tokens before timing")
@@ -282,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     cycles_q4 = (measure_cycle_costs(trunk, model.mtp, cache, prompt, hiddens, args.max_depth, args.repeats)
                  if quantized_draft else {})
     report = {
-        "device": str(mx.default_device()),
+        "device": device_name(),
         "device_info": {k: str(v) for k, v in mx.device_info().items()} if hasattr(mx, "device_info") else {},
         "mlx_version": mx.__version__,
         "dims": args.dims, "dtype": args.dtype, "context": args.context,
@@ -300,12 +289,11 @@ def main(argv: list[str] | None = None) -> int:
         "cycle_ms_by_depth_q4_draft_head": cycles_q4,
         "cycle_over_decode_by_depth_q4_draft_head": {k: v / decode for k, v in cycles_q4.items()},
         "greedy": _greedy_both_caches(trunk, model.mtp, prompt[:64], vocab, args.greedy_tokens),
-        "command": " ".join(["python -m mtplxd.engine.bench.verify"] + (argv if argv is not None else sys.argv[1:])),
+        "command": command_line(PROG, argv),
     }
     print(json.dumps(report, indent=2))
     if args.json_out:
-        with open(args.json_out, "w") as handle:
-            json.dump(report, handle, indent=2)
+        write_report(args.json_out, report)
     return 0
 
 
