@@ -16,14 +16,14 @@ import mlx.core as mx
 from mtplxd.engine.decoding.autoregressive import ar_cycles
 from mtplxd.engine.decoding.detokenize import TextStream
 from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
+from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
+from mtplxd.engine.decoding.speculative import SpeculativeDecoder
 from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, GenerationStats, TokenDelta,
 )
 from mtplxd.engine.model.mtp_head import MTPHead
-from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
-from mtplxd.engine.session.bank import SessionBank
-from mtplxd.engine.decoding.speculative import SpeculativeDecoder
 from mtplxd.engine.model.trunk import PREFILL_CHUNK, Trunk
+from mtplxd.engine.session.bank import SessionBank
 
 
 class _Finish:

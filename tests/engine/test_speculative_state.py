@@ -4,8 +4,8 @@ import mlx.core as mx
 import pytest
 
 from mtplxd.engine import SamplingParams
-from mtplxd.engine.decoding.sampling import TokenHistory, pick
 from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder
+from mtplxd.engine.decoding.sampling import TokenHistory, pick
 from mtplxd.engine.decoding.speculative import SpeculativeDecoder
 
 

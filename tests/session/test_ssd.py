@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from mtplxd.engine.session.bank import BankSettings
-from mtplxd.engine.session.types import KV, BankEntry
 from mtplxd.engine.session.store import SessionStore, decode_safetensors, encode_safetensors, to_host
+from mtplxd.engine.session.types import KV, BankEntry
 
 
 def settings(root, **kw) -> BankSettings:

@@ -22,8 +22,8 @@ import mlx.core as mx
 import numpy as np
 
 from mtplxd.engine.bench.harness import bench_parser, command_line, write_report
-from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.decoding.sampling import draft_weights, probabilities, scaled_logits
+from mtplxd.engine.interface import SamplingParams
 
 PROG = "python -m mtplxd.engine.bench.draft_overlap"
 SETTINGS = (

@@ -32,8 +32,8 @@ from mtplxd.engine.bench.harness import (
 )
 from mtplxd.engine.decoding.autoregressive import ar_step
 from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder
-from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
+from mtplxd.engine.interface import SamplingParams
 
 SETTINGS = {"T=0": SamplingParams(temperature=0.0),
             "T=0.6": SamplingParams(temperature=0.6, top_p=0.95)}

@@ -19,8 +19,8 @@ import mlx.core as mx
 
 from mtplxd.engine.bench.harness import device_name, median_ms, write_report
 from mtplxd.engine.decoding import buffer_attention
-from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.decoding.sampling import scaled_logits
+from mtplxd.engine.interface import SamplingParams
 
 SECTIONS = ("mm", "sdpa", "norm", "samp", "big")
 

@@ -22,8 +22,8 @@ import mlx.core as mx
 from mtplxd.engine.bench.harness import cycle_bench_parser, device_name, load_dense_mtp_model, median_ms, write_report
 from mtplxd.engine.bench.verify import measure_forward_costs
 from mtplxd.engine.decoding import fused
-from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.decoding.sampling import draft_weights, scaled_logits
+from mtplxd.engine.interface import SamplingParams
 
 
 def latency_ms(fn: Callable[[], mx.array], repeats: int = 30) -> float:

@@ -92,8 +92,8 @@ def measure_ar_step(trunk, cache, params, repeats: int) -> float:
 
 def measure_sampling_ops(vocab: int, depth: int, repeats: int) -> dict[str, float]:
     """Median ms of the sampling pieces alone on random logits (1 or depth+1 rows of vocab)."""
-    from mtplxd.engine.interface import SamplingParams
     from mtplxd.engine.decoding.sampling import DRAFT, position_key, probabilities, scaled_logits
+    from mtplxd.engine.interface import SamplingParams
 
     params = SamplingParams(temperature=0.6, top_p=0.95)
     row = mx.random.normal((1, vocab))
@@ -139,9 +139,9 @@ def measure_cycle_costs(trunk, head, cache, prompt: list[int], hiddens, max_dept
                         repeats: int, params=None) -> dict[str, float]:
     """Median ms of one whole speculative cycle at each depth (drafts, verify, accept, commit);
     greedy unless `params` says otherwise."""
-    from mtplxd.engine.interface import SamplingParams
     from mtplxd.engine.decoding.sampling import TokenHistory
     from mtplxd.engine.decoding.speculative import SpeculativeDecoder
+    from mtplxd.engine.interface import SamplingParams
 
     params = params or SamplingParams()
     costs = {}
@@ -172,9 +172,9 @@ def measure_cycle_costs(trunk, head, cache, prompt: list[int], hiddens, max_dept
 def greedy_agreement(trunk, head, prompt: list[int], vocab: int, depth: int, tokens: int) -> dict[str, Any]:
     """Greedy AR and greedy MTP side by side: agreement and the first divergence's logit gap."""
     from mtplxd.engine.decoding.autoregressive import ar_cycles
-    from mtplxd.engine.interface import SamplingParams
     from mtplxd.engine.decoding.sampling import TokenHistory, pick
     from mtplxd.engine.decoding.speculative import SpeculativeDecoder
+    from mtplxd.engine.interface import SamplingParams
 
     params = SamplingParams()
 

@@ -11,8 +11,8 @@ from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
-from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.decoding.sampling import TARGET, TokenHistory, pick, position_key
+from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.trunk import Trunk
 
 

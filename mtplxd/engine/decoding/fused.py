@@ -34,8 +34,6 @@ from mlx_lm.models.base import scaled_dot_product_attention as mlx_lm_attention
 from mlx_lm.models.cache import KVCache
 
 from mtplxd.engine.decoding import buffer_attention
-from mtplxd.engine.interface import SamplingParams
-from mtplxd.engine.model.mtp_head import MTPHead
 from mtplxd.engine.decoding.sampling import (
     CYCLE, TokenHistory, apply_penalties, device_position_keys, draft_weights, history_rows,
     one_hot, scaled_logits, seed_words,
@@ -43,6 +41,8 @@ from mtplxd.engine.decoding.sampling import (
 from mtplxd.engine.decoding.speculative import (
     AcceptanceStats, acceptance_probability, log_weights, residual_distribution,
 )
+from mtplxd.engine.interface import SamplingParams
+from mtplxd.engine.model.mtp_head import MTPHead
 from mtplxd.engine.model.trunk import PREFILL_CHUNK, Trunk
 
 CAPACITY_STEP = 256  # cache buffers grow this many slots at a time (one retrace each)
