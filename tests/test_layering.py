@@ -3,7 +3,7 @@ modules, each engine room imports only the rooms its docstring allows, and the r
 (loading, generation, the daemon) imports no benchmark or fixture module.
 
 The graph is read from the source with `ast`, every import counted: module level, inside
-functions (lazy imports) and under TYPE_CHECKING. Importing `a.b.c` is an edge to `a.b.c`
+functions (lazy imports), under TYPE_CHECKING and `importlib.import_module("literal")`. Importing `a.b.c` is an edge to `a.b.c`
 alone (not to the packages above it, whose `__init__` runs first either way).
 """
 
@@ -69,6 +69,10 @@ def _imports(module: str, path: Path) -> set[str]:
             # `from pkg import name`: the submodule pkg.name when there is one, else pkg.
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
                        for alias in node.names]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module" and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            targets = [node.args[0].value]  # importlib.import_module("a.b"): an import all the same
         else:
             continue
         out.update(t for t in map(_resolve, targets) if t and t != module)
