@@ -10,9 +10,10 @@ import sys
 import trio
 
 from mtplxd import POWERED_BY, __version__
-from mtplxd.config import ConfigError, load_config
+from mtplxd.api.address import is_loopback
 from mtplxd.api.auth import load_key
-from mtplxd.daemon import Daemon, is_loopback
+from mtplxd.config import ConfigError, load_config
+from mtplxd.daemon import Daemon
 from mtplxd.instance import AlreadyRunning, InstanceLock
 from mtplxd.logs import setup_logging
 from mtplxd.paths import Paths

@@ -8,7 +8,6 @@ background. SIGTERM/SIGINT (what launchd and systemd send) drain in-flight reque
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import signal
 import time
@@ -20,6 +19,7 @@ import hypercorn.trio
 import trio
 
 from mtplxd import __version__
+from mtplxd.api.address import http_status
 from mtplxd.api.app import create_app
 from mtplxd.config import Config
 from mtplxd.control.methods import register_daemon_methods
@@ -34,16 +34,6 @@ from mtplxd.runtime import BankOptions, ModelLoadFailed, Runtime
 from mtplxd.supervisor import detect_supervisor, sd_notify
 
 log = logging.getLogger(__name__)
-
-
-def is_loopback(host: str) -> bool:
-    """True for loopback bind addresses (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class Daemon:
@@ -75,20 +65,8 @@ class Daemon:
             self._shutdown.set()
 
     def http_status(self) -> dict[str, Any]:
-        host, port = self.config.host, self.config.port
-        if self.http_binds:
-            # hypercorn reports what it bound, with the real port when port 0 was asked for.
-            port = int(self.http_binds[0].rsplit(":", 1)[1])
-        # A wildcard bind serves every interface; clients on this machine reach it on loopback.
-        shown = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(host, f"[{host}]" if ":" in host else host)
-        return {
-            "host": host,
-            "port": port,
-            "base_url": f"http://{shown}:{port}/v1",
-            "binds": self.http_binds,
-            "key_required": not is_loopback(host),
-            "key_env": "MTPLX_API_KEY",
-        }
+        """The HTTP endpoint as `daemon.status` reports it (see `api.address.http_status`)."""
+        return http_status(self.config.host, self.config.port, self.http_binds)
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until shutdown is requested, then drain and stop every service."""

@@ -174,7 +174,7 @@ class Runtime:
 
     async def _enable_session_bank(self, model: Any, limit_bytes: int) -> None:
         """Give a freshly loaded model its session bank, sized from the memory limit."""
-        from mtplxd.engine.session_bank import bank_settings
+        from mtplxd.engine.session.bank import bank_settings
 
         options = self.bank_options
         settings = bank_settings(options.ram, options.ssd_enabled and options.ssd_dir is not None,

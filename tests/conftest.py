@@ -41,7 +41,7 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[...
     kwargs are those of `write_tiny_checkpoint` (seed, with_mtp, quantize_bits, overrides).
     Tests must not modify the returned folder; copy it first.
     """
-    from mtplxd.engine.tiny import write_tiny_checkpoint
+    from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("tiny-models")
     cache: dict[str, Path] = {}

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from mtplxd.engine import bench
+    from mtplxd.engine.bench import decode as bench
 
     paths = Paths.from_env()
     try:

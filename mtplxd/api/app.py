@@ -16,6 +16,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from mtplxd.api import anthropic, openai, responses
+from mtplxd.api.address import is_loopback
 from mtplxd.api.auth import is_authorized, load_key
 from mtplxd.api.cors import browser_origin, cors_headers, origin_allowed
 from mtplxd.api.errors import APIError, dialect_for_path, from_http_status, render_error
@@ -35,12 +36,6 @@ KEEPALIVE_SECONDS = 5.0
 OPEN_PATHS = {"/health"}  # answered without a key (liveness probes)
 
 
-def _is_loopback(host: str) -> bool:
-    from mtplxd.daemon import is_loopback  # imported here: the daemon module imports this one
-
-    return is_loopback(host)
-
-
 def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = KEEPALIVE_SECONDS) -> QuartTrio:
     """Build the app over the daemon's runtime (the model owner) and its settings."""
     app = QuartTrio("mtplxd")
@@ -52,7 +47,7 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
 
-    key_required = not _is_loopback(config.host)
+    key_required = not is_loopback(config.host)
     stored = load_key(Paths.from_env()) if key_required else None
     api_key = stored.key if stored else None
     allowed_origins = list(config.cors_origins)

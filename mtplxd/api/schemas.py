@@ -18,7 +18,7 @@ from typing import Any
 
 from mtplxd.api.errors import APIError, invalid
 
-MAX_DEPTH = 8  # mirrors mtplxd.engine.loader.MAX_DEPTH (kept import-light)
+MAX_DEPTH = 8  # mirrors mtplxd.engine.model.loader.MAX_DEPTH (kept import-light)
 MAX_STOP_SEQUENCES = 16
 
 

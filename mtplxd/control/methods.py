@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
@@ -20,7 +20,10 @@ from mtplxd.logs import tail
 from mtplxd.runtime import EMBEDDED_MODEL_ID, ModelLoadFailed
 
 if TYPE_CHECKING:
-    from mtplxd.daemon import Daemon
+    from mtplxd.config import Config
+    from mtplxd.fans.controller import FanController
+    from mtplxd.paths import Paths
+    from mtplxd.runtime import Runtime
 
 # Settings the running daemon cannot change under its feet.
 RESTART_KEYS = {"host", "port", "log_level", "cors_origins"}
@@ -28,6 +31,22 @@ DEMO_HINT = ("mtplx-tiny-coder is a small demo model shipped with mtplx; for rea
              "Qwen MTP model: `mtplxctl models list --available`, then "
              "`mtplxctl models pull REPO` and `mtplxctl start --model REPO`")
 MAX_LOG_LINES = 10_000
+
+
+class Daemon(Protocol):
+    """What these methods need of the running daemon (`mtplxd.daemon.Daemon` is one). A
+    protocol, not an import: the daemon module imports this one to register the methods."""
+
+    config: "Config"
+    paths: "Paths"
+    runtime: "Runtime"
+    fans: "FanController"
+    supervisor: str | None
+    started_at: float
+
+    def request_shutdown(self, why: str) -> None: ...
+
+    def http_status(self) -> dict[str, Any]: ...
 
 
 def register_daemon_methods(registry: MethodRegistry, daemon: "Daemon") -> None:

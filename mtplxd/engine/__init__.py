@@ -1,6 +1,14 @@
 """The MLX engine: load a model, generate with exact MTP speculative decoding or plain AR.
 
-Imports mlx, mlx-lm and numpy only (no trio, no HTTP), so it runs alone on any machine.
+Imports mlx, mlx-lm and numpy only (no trio, no HTTP, nothing else of mtplxd), so it runs
+alone on any machine. Its rooms, each importing only the ones below it:
+
+- `interface`: the types every room shares (requests, results, stats, model info).
+- `model/`: loader, families, trunk, MTP head, hybrid layers, KV and rollback caches.
+- `decoding/`: the speculative, fused and AR loops, sampling, detokenizing.
+- `session/`: the session bank (RAM and SSD tiers).
+- `loaded_model`, `generation`, `owner` (this level): the runtime that ties them together.
+- `fixtures/` and `bench/`: tiny checkpoints and benchmarks; the runtime never imports them.
 """
 
 from mtplxd.engine.interface import (
@@ -13,8 +21,8 @@ from mtplxd.engine.interface import (
     SamplingParams,
     TokenDelta,
 )
-from mtplxd.engine.loader import inspect_checkpoint
-from mtplxd.engine.model import LoadedModel, load_model
+from mtplxd.engine.loaded_model import LoadedModel, load_model
+from mtplxd.engine.model.loader import inspect_checkpoint
 from mtplxd.engine.owner import ModelOwner
 
 __all__ = [

@@ -13,17 +13,17 @@ from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
-from mtplxd.engine.autoregressive import ar_cycles
-from mtplxd.engine.detokenize import TextStream
-from mtplxd.engine.fused import FusedSpeculativeDecoder, fused_supported
+from mtplxd.engine.decoding.autoregressive import ar_cycles
+from mtplxd.engine.decoding.detokenize import TextStream
+from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
+from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
+from mtplxd.engine.decoding.speculative import SpeculativeDecoder
 from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, GenerationStats, TokenDelta,
 )
-from mtplxd.engine.mtp_head import MTPHead
-from mtplxd.engine.sampling import TokenHistory, pick_first
-from mtplxd.engine.session_bank import SessionBank
-from mtplxd.engine.speculative import SpeculativeDecoder
-from mtplxd.engine.trunk import PREFILL_CHUNK, Trunk
+from mtplxd.engine.model.mtp_head import MTPHead
+from mtplxd.engine.model.trunk import PREFILL_CHUNK, Trunk
+from mtplxd.engine.session.bank import SessionBank
 
 
 class _Finish:

@@ -41,7 +41,7 @@ def test_doctor_without_a_daemon_exits_3(capsys):
 @pytest.fixture
 def daemon(tmp_path):
     """A real mtplxd on a free port serving a tiny random-weight model; yields its status."""
-    from mtplxd.engine.tiny import write_tiny_checkpoint
+    from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
 
     running = start_daemon("--model", str(write_tiny_checkpoint(tmp_path / "tiny-coder")))
     try:

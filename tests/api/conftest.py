@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from mtplxd.engine.tiny import write_tiny_checkpoint
+from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
 from support.api_daemon import MODEL_ID, ApiDaemon, start_api_daemon
 
 

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from mtplxd.engine.tiny import write_tiny_checkpoint
+from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
 from support.api_daemon import start_api_daemon
 
 

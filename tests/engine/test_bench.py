@@ -2,7 +2,8 @@
 
 import json
 
-from mtplxd.engine.bench import main, paired_speedups
+from mtplxd.engine.bench.decode import main
+from mtplxd.engine.bench.harness import paired_speedups
 
 
 def test_bench_writes_report_with_speeds_ratio_and_acceptance(tiny_model_factory, tmp_path, capsys):
@@ -54,7 +55,7 @@ def test_bench_runs_the_chosen_decode_loop(tiny_model_factory, tmp_path):
 
 
 def test_bench_pieces_times_every_piece(tiny_model_factory, tmp_path):
-    from mtplxd.engine.bench_pieces import main as pieces_main
+    from mtplxd.engine.bench.pieces import main as pieces_main
 
     out = tmp_path / "pieces.json"
     assert pieces_main(["--model", str(tiny_model_factory("qwen3")), "--context", "20",
@@ -67,8 +68,8 @@ def test_bench_pieces_times_every_piece(tiny_model_factory, tmp_path):
 
 
 def test_bench_pieces_and_bench_time_a_model_quantized_at_load(tiny_model_factory, tmp_path):
-    from mtplxd.engine.bench import main as bench_main
-    from mtplxd.engine.bench_pieces import main as pieces_main
+    from mtplxd.engine.bench.decode import main as bench_main
+    from mtplxd.engine.bench.pieces import main as pieces_main
 
     model = str(tiny_model_factory("qwen3"))
     out = tmp_path / "pieces.json"
@@ -101,7 +102,7 @@ def test_mtplxctl_bench_measures_the_configured_decode_loop_and_quantize(tiny_mo
 
 
 def test_bench_ops_times_ops_by_section(tmp_path):
-    from mtplxd.engine.bench_ops import main as ops_main
+    from mtplxd.engine.bench.ops import main as ops_main
 
     out = tmp_path / "ops.json"
     assert ops_main([str(out), "norm"]) == 0
@@ -112,7 +113,7 @@ def test_bench_ops_times_ops_by_section(tmp_path):
 
 
 def test_bench_host_splits_each_step_into_host_and_wait_and_counts_primitives(tiny_model_factory, tmp_path, capsys):
-    from mtplxd.engine.bench_host import main as host_main
+    from mtplxd.engine.bench.host import main as host_main
 
     out = tmp_path / "host.json"
     assert host_main(["--model", str(tiny_model_factory("qwen3")), "--depth", "2", "--tokens", "24",
@@ -133,6 +134,6 @@ def test_bench_host_splits_each_step_into_host_and_wait_and_counts_primitives(ti
 
 
 def test_bench_host_refuses_an_ar_only_model(tiny_model_factory):
-    from mtplxd.engine.bench_host import main as host_main
+    from mtplxd.engine.bench.host import main as host_main
 
     assert host_main(["--model", str(tiny_model_factory("llama"))]) == 2

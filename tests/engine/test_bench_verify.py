@@ -2,7 +2,7 @@
 
 import json
 
-from mtplxd.engine.bench_verify import main
+from mtplxd.engine.bench.verify import main
 
 
 def test_bench_verify_reports_costs_and_greedy_agreement(tmp_path):

@@ -12,8 +12,9 @@ import mlx_lm.models.qwen3 as mlx_lm_qwen3
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from mtplxd.engine import GenerationRequest, SamplingParams, buffer_attention, fused, load_model
-from mtplxd.engine.kv_cache import fixed_shapes_wanted
+from mtplxd.engine import GenerationRequest, SamplingParams, load_model
+from mtplxd.engine.decoding import buffer_attention, fused
+from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 
 needs_cuda = pytest.mark.skipif(not fixed_shapes_wanted(), reason="the kernel needs MLX's CUDA backend")
 

@@ -12,10 +12,10 @@ from collections import Counter
 import mlx.core as mx
 import pytest
 
-import mtplxd.engine.fused as fused
-import mtplxd.engine.speculative as speculative
+import mtplxd.engine.decoding.fused as fused
+import mtplxd.engine.decoding.speculative as speculative
 from mtplxd.engine import GenerationRequest, SamplingParams
-from mtplxd.engine.sampling import probabilities
+from mtplxd.engine.decoding.sampling import probabilities
 
 N_TOKENS = 3
 EOS = "eos"

@@ -1,4 +1,4 @@
-"""The fused decode loop (mtplxd/engine/fused.py) against the stepwise one, on the CPU backend.
+"""The fused decode loop (mtplxd/engine/decoding/fused.py) against the stepwise one, on the CPU backend.
 
 The exactness gates themselves (greedy MTP == AR, the sampled distribution, the committed
 caches) run for both loops in test_speculative_greedy.py, test_exact_sampling.py and
@@ -8,10 +8,10 @@ test_speculative_state.py; these tests cover what only the fused loop has.
 import mlx.core as mx
 import pytest
 
-import mtplxd.engine.fused as fused
+import mtplxd.engine.decoding.fused as fused
 from mtplxd.engine import GenerationRequest, SamplingParams, load_model
-from mtplxd.engine.fused import StaticKVCache
-from mtplxd.engine.sampling import device_position_keys, seed_words
+from mtplxd.engine.decoding.fused import StaticKVCache
+from mtplxd.engine.decoding.sampling import device_position_keys, seed_words
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +95,10 @@ def test_model_info_names_the_loop_mtp_requests_run(tiny_model_factory):
 
 def test_auto_picks_the_fused_loop_on_cuda_and_cpu_and_stepwise_on_metal(tiny_model_factory, monkeypatch):
     assert load_model(tiny_model_factory("qwen3")).info.decode_loop == "fused"  # this backend
-    monkeypatch.setattr("mtplxd.engine.trunk.mx.default_device", lambda: mx.Device(mx.gpu))
-    monkeypatch.setattr("mtplxd.engine.trunk.fixed_shapes_wanted", lambda: False)
+    monkeypatch.setattr("mtplxd.engine.model.trunk.mx.default_device", lambda: mx.Device(mx.gpu))
+    monkeypatch.setattr("mtplxd.engine.model.trunk.fixed_shapes_wanted", lambda: False)
     assert load_model(tiny_model_factory("qwen3")).info.decode_loop == "stepwise"  # "Metal"
-    monkeypatch.setattr("mtplxd.engine.trunk.fixed_shapes_wanted", lambda: True)
+    monkeypatch.setattr("mtplxd.engine.model.trunk.fixed_shapes_wanted", lambda: True)
     assert load_model(tiny_model_factory("qwen3")).info.decode_loop == "fused"  # "CUDA"
 
 

@@ -90,7 +90,7 @@ def test_streaming_text_is_utf8_safe(tiny_qwen3):
     tok = tiny_qwen3.tokenizer
     target = "café 😀 日本語"
     token_ids = tok.encode(target)
-    from mtplxd.engine.detokenize import TextStream
+    from mtplxd.engine.decoding.detokenize import TextStream
 
     stream = TextStream(tok, [])
     pieces = [stream.add(t) for t in token_ids] + [stream.finish()]
@@ -99,7 +99,7 @@ def test_streaming_text_is_utf8_safe(tiny_qwen3):
 
 
 def test_stop_string_split_across_tokens_is_held_back():
-    from mtplxd.engine.detokenize import TextStream
+    from mtplxd.engine.decoding.detokenize import TextStream
 
     class Detok:
         def __init__(self):

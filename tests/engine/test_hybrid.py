@@ -12,17 +12,17 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from mtplxd.engine import GenerationRequest, GenerationResult, SamplingParams, inspect_checkpoint, load_model
-from mtplxd.engine.families import get_family
-from mtplxd.engine.hybrid import (
+from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
+from mtplxd.engine.fixtures.tiny_hybrid import write_tiny_hybrid_checkpoint
+from mtplxd.engine.model.families import get_family
+from mtplxd.engine.model.hybrid import (
     HYBRID_MODEL_TYPES,
     check_layer_types,
     norm_shift,
     sanitize_mtp_weights,
-    write_tiny_hybrid_checkpoint,
 )
-from mtplxd.engine.mtp_head import is_mtp_norm
-from mtplxd.engine.rollback import RollbackArraysCache
-from mtplxd.engine.tiny import write_tiny_checkpoint
+from mtplxd.engine.model.mtp_head import is_mtp_norm
+from mtplxd.engine.model.rollback import RollbackArraysCache
 
 MTP_NORMS = (
     "mtp.pre_fc_norm_embedding.weight",

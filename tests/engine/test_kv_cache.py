@@ -4,7 +4,7 @@ import mlx.core as mx
 import pytest
 
 from mtplxd.engine import GenerationRequest, SamplingParams, load_model
-from mtplxd.engine.kv_cache import BucketedKVCache
+from mtplxd.engine.model.kv_cache import BucketedKVCache
 
 
 def test_bucketed_mask_hides_unused_slots_and_matches_growth():

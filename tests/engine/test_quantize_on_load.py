@@ -15,7 +15,7 @@ import pytest
 
 from mtplxd.engine import GenerationRequest, SamplingParams, load_model
 from mtplxd.engine.interface import ModelLoadError
-from mtplxd.engine.loader import CUDA_QUANTIZATION_KEY
+from mtplxd.engine.model.loader import CUDA_QUANTIZATION_KEY
 from mtplxd.runtime import EMBEDDED_MODEL_DIR
 
 PROMPT = [5, 17, 3, 99, 42, 8, 23, 61]
@@ -53,7 +53,7 @@ def test_auto_quantizes_what_the_checkpoint_asks_for_on_cuda_only(tiny_model_fac
     assert on_cpu.info.quantization is None
     assert quantized_layers(on_cpu.model) == {"trunk": 0, "head": 0, "embedding": 0}
 
-    monkeypatch.setattr("mtplxd.engine.model.fixed_shapes_wanted", lambda: True)  # "CUDA"
+    monkeypatch.setattr("mtplxd.engine.loaded_model.fixed_shapes_wanted", lambda: True)  # "CUDA"
     on_cuda = load_model(folder)
     assert on_cuda.info.quantization == "8bit, at load"
     layers = quantized_layers(on_cuda.model)
@@ -85,7 +85,7 @@ def test_bad_choices_are_refused(tiny_model_factory, tmp_path, monkeypatch):
     config = json.loads((folder / "config.json").read_text())
     config[CUDA_QUANTIZATION_KEY] = {"bits": 3}
     (folder / "config.json").write_text(json.dumps(config))
-    monkeypatch.setattr("mtplxd.engine.model.fixed_shapes_wanted", lambda: True)
+    monkeypatch.setattr("mtplxd.engine.loaded_model.fixed_shapes_wanted", lambda: True)
     with pytest.raises(ModelLoadError, match="3-bit is not supported"):
         load_model(folder)
 

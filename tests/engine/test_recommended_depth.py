@@ -6,7 +6,7 @@ import json
 import shutil
 
 from mtplxd.engine import load_model
-from mtplxd.engine.loader import DEFAULT_DEPTH, MAX_DEPTH, recommended_depth
+from mtplxd.engine.model.loader import DEFAULT_DEPTH, MAX_DEPTH, recommended_depth
 from mtplxd.runtime import EMBEDDED_MODEL_DIR
 
 
@@ -28,7 +28,7 @@ def test_a_cuda_depth_applies_on_cuda_only(tiny_model_factory, tmp_path, monkeyp
     config.update(mtplx_default_depth=2, mtplx_cuda_default_depth=5)
     (folder / "config.json").write_text(json.dumps(config))
     assert load_model(folder).info.depth == 2
-    monkeypatch.setattr("mtplxd.engine.model.fixed_shapes_wanted", lambda: True)  # "CUDA"
+    monkeypatch.setattr("mtplxd.engine.loaded_model.fixed_shapes_wanted", lambda: True)  # "CUDA"
     assert load_model(folder).info.depth == 5
     assert load_model(folder, depth=1).info.depth == 1
     del config["mtplx_cuda_default_depth"]

@@ -7,8 +7,9 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, can_trim_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import load_model
 
-from mtplxd.engine.hybrid import HYBRID_MODEL_TYPES, write_tiny_hybrid_checkpoint
-from mtplxd.engine.rollback import (
+from mtplxd.engine.fixtures.tiny_hybrid import write_tiny_hybrid_checkpoint
+from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
+from mtplxd.engine.model.rollback import (
     RollbackArraysCache,
     enable_gdn_capture,
     make_rollback_cache,
@@ -184,7 +185,7 @@ def test_trim_releases_the_capture(model):
 
 
 def test_rollback_bench_runs_and_reports_every_accept_count(tmp_path):
-    from mtplxd.engine.rollback_bench import main
+    from mtplxd.engine.bench.rollback import main
 
     out = tmp_path / "rb.json"
     small = ["hidden_size=64", "intermediate_size=128", "num_hidden_layers=4", "num_attention_heads=4",

@@ -89,9 +89,9 @@ def test_greedy_mtp_with_penalties_equals_ar_with_penalties(models):
 
 
 def test_greedy_mtp_equals_ar_across_prefill_chunks(models, monkeypatch):
-    import mtplxd.engine.fused as fused
-    import mtplxd.engine.speculative as speculative
-    import mtplxd.engine.trunk as trunk
+    import mtplxd.engine.decoding.fused as fused
+    import mtplxd.engine.decoding.speculative as speculative
+    import mtplxd.engine.model.trunk as trunk
 
     model = models["qwen3"]
     ids = prompt_ids(model, "chat") + prompt_ids(model, "code")

@@ -4,9 +4,9 @@ import mlx.core as mx
 import pytest
 
 from mtplxd.engine import SamplingParams
-from mtplxd.engine.sampling import TokenHistory, pick
-from mtplxd.engine.fused import FusedSpeculativeDecoder
-from mtplxd.engine.speculative import SpeculativeDecoder
+from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder
+from mtplxd.engine.decoding.sampling import TokenHistory, pick
+from mtplxd.engine.decoding.speculative import SpeculativeDecoder
 
 
 def run_cycles(model, prompt, params, depth, n_cycles, decoder_class=SpeculativeDecoder):

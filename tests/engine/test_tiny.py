@@ -5,7 +5,7 @@ import json
 from mlx_lm.utils import load_config, load_tokenizer
 
 from mtplxd.engine import inspect_checkpoint
-from mtplxd.engine.tiny import MARKUP_TOKENS, SPECIAL_TOKENS
+from mtplxd.engine.fixtures.tokenizer import MARKUP_TOKENS, SPECIAL_TOKENS
 
 
 def test_tiny_checkpoint_tokenizer_loads_through_mlx_lm_with_bpe_detokenizer(tiny_model_factory):
@@ -47,7 +47,7 @@ def test_tiny_chat_template_renders_tools_tool_calls_and_disabled_thinking(tiny_
 
 
 def test_tiny_checkpoint_is_deterministic_per_seed(tmp_path):
-    from mtplxd.engine.tiny import write_tiny_checkpoint
+    from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
 
     a = write_tiny_checkpoint(tmp_path / "a", seed=3)
     b = write_tiny_checkpoint(tmp_path / "b", seed=3)

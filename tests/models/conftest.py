@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 
 from models.fake_hub import FakeHub
-from mtplxd.engine.tiny import write_tiny_checkpoint
+from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
 from mtplxd.models.store import ModelStore
 
 REPO = "mtplx-test/Tiny-MTP"

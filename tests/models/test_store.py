@@ -263,7 +263,7 @@ def test_resolve_pulled_is_none_for_unknown_specs(store):
 
 
 def test_pull_reports_ar_and_why_for_a_checkpoint_without_mtp_tensors(hub, store, tmp_path):
-    from mtplxd.engine.tiny import write_tiny_checkpoint
+    from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
 
     folder = write_tiny_checkpoint(tmp_path / "plain", "qwen3", with_mtp=False, fit_mtp=False)
     hub.commit("mtplx-test/Plain", {p.name: p.read_bytes() for p in folder.iterdir()})

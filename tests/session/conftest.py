@@ -10,7 +10,7 @@ from typing import Any, Callable
 import pytest
 
 from mtplxd.engine import GenerationRequest, GenerationResult, SamplingParams
-from mtplxd.engine.tiny import write_tiny_checkpoint
+from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
 
 FAMILIES = ("qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next")
 

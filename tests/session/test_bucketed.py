@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mtplxd.engine.kv_cache import BucketedKVCache
-from mtplxd.engine.session_bank import BankSettings
+from mtplxd.engine.model.kv_cache import BucketedKVCache
+from mtplxd.engine.session.bank import BankSettings
 
 
 def test_bank_restores_bucketed_caches_exactly(loaded, gen, toks):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from mtplxd.engine.session_bank import (
-    KV, BankEntry, BankIdentity, BankSettings, SessionBank, bank_settings,
-)
+from mtplxd.engine.session.bank import BankIdentity, BankSettings, SessionBank, bank_settings
+from mtplxd.engine.session.types import KV, BankEntry
 
 IDENTITY = BankIdentity(model_path="/m", weights_fingerprint="w", template_hash="t",
                         quantization=None, dtype="float32", mlx_version="x", mlx_lm_version="y",

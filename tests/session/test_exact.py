@@ -7,7 +7,7 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 
-from mtplxd.engine.session_bank import BankSettings
+from mtplxd.engine.session.bank import BankSettings
 
 FAMILY_PARAMS = ["qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from mtplxd.engine.session_bank import BankSettings
+from mtplxd.engine.session.bank import BankSettings
 from mtplxd.guard import MemoryGuard, plan_for_config
 
 

@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mtplxd.engine.session_bank import BankSettings
+from mtplxd.engine.session.bank import BankSettings
 
 CHUNK = 32  # the tests' prefill chunk: hybrid boundaries land every 32 tokens
 SYSTEM = {"role": "system", "content": "You are a terse coding assistant. " * 6}

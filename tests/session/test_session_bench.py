@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from mtplxd.engine import session_bench
+from mtplxd.engine.bench import session as session_bench
 
 
 def test_bench_on_tiny_model(tiny_checkpoint, tmp_path, capsys):

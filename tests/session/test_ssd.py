@@ -6,8 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mtplxd.engine.session_bank import KV, BankEntry, BankSettings
-from mtplxd.engine.session_store import SessionStore, decode_safetensors, encode_safetensors, to_host
+from mtplxd.engine.session.bank import BankSettings
+from mtplxd.engine.session.store import SessionStore, decode_safetensors, encode_safetensors, to_host
+from mtplxd.engine.session.types import KV, BankEntry
 
 
 def settings(root, **kw) -> BankSettings:

@@ -1,6 +1,6 @@
 """Time to first token of an agent's follow-up turn: cold, warm (RAM bank), after a restart (SSD).
 
-    python -m mtplxd.engine.session_bench --model PATH [--tokens 4096] [--repeats 3]
+    python -m mtplxd.engine.bench.session --model PATH [--tokens 4096] [--repeats 3]
         [--depth N] [--json-out FILE]
 
 A coding conversation of about `--tokens` tokens is rendered with the model's chat template.
@@ -16,17 +16,16 @@ The output tokens of all three must be identical (greedy). Figures are medians.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from mtplxd.engine.bench.harness import median, write_report
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, SamplingParams
-from mtplxd.engine.session_bank import BankSettings, SessionBank
+from mtplxd.engine.session.bank import BankSettings, SessionBank
 
 CODE = '''def merge_intervals(intervals):
     """Merge overlapping [start, end] intervals and return them sorted."""
@@ -108,7 +107,7 @@ def measure(model_path: str, target_tokens: int, repeats: int, depth: int | None
             "ssd_ttft_s": ssd.stats.ttft_seconds, "ssd_cached_tokens": ssd.stats.cached_tokens,
             "identical_output": cold.token_ids == warm.token_ids == ssd.token_ids,
         })
-    med = {key: statistics.median(r[key] for r in runs)
+    med = {key: median(r[key] for r in runs)
            for key in ("cold_ttft_s", "warm_ttft_s", "ssd_ttft_s")}
     return {
         "model": model_path, "family": model.info.family, "mode": model.info.mode,
@@ -145,7 +144,7 @@ def print_table(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.session_bench",
+    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench.session",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="model folder")
     parser.add_argument("--tokens", type=int, default=4096, help="conversation length (tokens)")
@@ -157,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     report = measure(args.model, args.tokens, args.repeats, args.depth, args.answer_tokens)
     print_table(report)
     if args.json_out is not None:
-        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+        write_report(args.json_out, report)
     return 0 if report["identical_output"] else 1
 
 

@@ -15,27 +15,19 @@ the bench also checks that MTP produced exactly the AR tokens.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtplxd.engine.interface import (
-    DECODE_LOOP_CHOICES, QUANTIZE_CHOICES, GenerationRequest, GenerationResult, SamplingParams,
+from mtplxd.engine.bench.harness import (
+    PROMPTS, add_quantize_option, bench_parser, command_line, interleaved, machine, median,
+    paired_speedups, prompt_ids_for, write_report,
 )
+from mtplxd.engine.interface import DECODE_LOOP_CHOICES, GenerationRequest, GenerationResult, SamplingParams
 
-PROMPTS = (
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Explain what a KV cache is in two sentences.",
-    "def parse_args(argv):\n    \"\"\"Parse command line arguments.\"\"\"\n",
-    "Refactor this loop into a list comprehension: for x in xs: if x > 0: out.append(x * 2)",
-)
-
+PROG = "python -m mtplxd.engine.bench"
 
 @dataclass
 class RunSet:
@@ -52,6 +44,14 @@ class RunSet:
     # much its text let MTP accept (sampled runs differ in both).
     tokens_per_cycle: list[float] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, results: list[GenerationResult]) -> "RunSet":
+        """The set of `results`, in run order."""
+        runs = cls()
+        for result in results:
+            runs.add(result)
+        return runs
 
     def add(self, result: GenerationResult) -> None:
         """Fold one request's stats in."""
@@ -76,10 +76,10 @@ class RunSet:
         acceptance = [a / d if d else 0.0 for a, d in zip(self.accepted_by_depth, self.drafted_by_depth)]
         return {
             "runs": len(self.decode_tps),
-            "decode_tokens_per_second_median": statistics.median(self.decode_tps) if self.decode_tps else 0.0,
+            "decode_tokens_per_second_median": median(self.decode_tps),
             "decode_tokens_per_second_all": [round(x, 2) for x in self.decode_tps],
-            "prefill_tokens_per_second_median": statistics.median(self.prefill_tps) if self.prefill_tps else 0.0,
-            "ttft_seconds_median": statistics.median(self.ttft) if self.ttft else 0.0,
+            "prefill_tokens_per_second_median": median(self.prefill_tps),
+            "ttft_seconds_median": median(self.ttft),
             "acceptance_by_depth": [round(x, 4) for x in acceptance],
             "drafted_by_depth": self.drafted_by_depth,
             "accepted_by_depth": self.accepted_by_depth,
@@ -88,19 +88,16 @@ class RunSet:
         }
 
 
-def prompt_ids_for(tokenizer, text: str) -> list[int]:
-    """The token ids the bench sends for a prompt text (chat-templated when the model has one)."""
-    if getattr(tokenizer, "has_chat_template", False):
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                             add_generation_prompt=True)
-    return tokenizer.encode(text)
-
-
 def _run(model, ids: list[int], temperature: float, depth: int, max_tokens: int, seed: int) -> GenerationResult:
     # ignore_eos: every run decodes max_tokens, so speeds compare like for like.
     sampling = SamplingParams(temperature=temperature, top_p=0.95 if temperature > 0 else 1.0,
                               seed=seed, max_tokens=max_tokens, ignore_eos=True)
     return model.complete(GenerationRequest(ids, sampling, depth=depth))
+
+
+def _arm(model, temperature: float, depth: int, max_tokens: int):
+    """One side of the comparison: run(ids, repeat, index) -> its result (depth 0: AR)."""
+    return lambda ids, repeat, index: _run(model, ids, temperature, depth, max_tokens, 1000 * repeat + index)
 
 
 def run_bench(model, *, depth: int, max_tokens: int, repeats: int,
@@ -113,12 +110,9 @@ def run_bench(model, *, depth: int, max_tokens: int, repeats: int,
         # for tens of seconds); first-call costs stay out of the figures.
         _run(model, prompt_ids[0], temperature, 0, 8, 0)
         _run(model, prompt_ids[0], temperature, depth, 8, 0)
-        ar, mtp = RunSet(), RunSet()
-        for repeat in range(repeats):
-            for index, ids in enumerate(prompt_ids):
-                seed = 1000 * repeat + index
-                ar.add(_run(model, ids, temperature, 0, max_tokens, seed))
-                mtp.add(_run(model, ids, temperature, depth, max_tokens, seed))
+        # Each prompt runs AR then MTP back to back, both with the same seed.
+        arms = [_arm(model, temperature, d, max_tokens) for d in (0, depth)]
+        ar, mtp = (RunSet.of(results) for results in interleaved(prompt_ids, repeats, arms))
         ar_summary, mtp_summary = ar.summary(), mtp.summary()
         ar_tps = ar_summary["decode_tokens_per_second_median"]
         entry = {
@@ -131,19 +125,6 @@ def run_bench(model, *, depth: int, max_tokens: int, repeats: int,
             entry["greedy_identical"] = ar.tokens == mtp.tokens
         report["temperatures"][str(temperature)] = entry
     return report
-
-
-def paired_speedups(ar_rates: list[float], mtp_rates: list[float]) -> dict[str, float]:
-    """MTP/AR over all tokens (ratio of the harmonic means of equal-length runs' rates) and
-    the median and lowest ratio of the back-to-back pairs (run i of each list). Pairs with a
-    zero rate (a run that decoded nothing) are left out of all three."""
-    valid = [(ar, mtp) for ar, mtp in zip(ar_rates, mtp_rates) if ar > 0 and mtp > 0]
-    if not valid:
-        return {"speedup_all_tokens": 0.0, "speedup_pairs_median": 0.0, "speedup_pairs_min": 0.0}
-    ar_kept, mtp_kept = zip(*valid)
-    pairs = [mtp / ar for ar, mtp in valid]
-    return {"speedup_all_tokens": statistics.harmonic_mean(mtp_kept) / statistics.harmonic_mean(ar_kept),
-            "speedup_pairs_median": statistics.median(pairs), "speedup_pairs_min": min(pairs)}
 
 
 def _print_table(report: dict[str, Any]) -> None:
@@ -175,16 +156,9 @@ def _print_table(report: dict[str, Any]) -> None:
                       f"lowest {entry['speedup_pairs_min']:.2f}x")
 
 
-def add_quantize_option(parser: argparse.ArgumentParser) -> None:
-    """--quantize, as every engine bench takes it."""
-    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto",
-                        help="quantize the weights as they load (default: what the checkpoint asks for)")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(PROG, __doc__)
     parser.add_argument("--model", required=True, help="HF-format model folder")
     parser.add_argument("--depth", type=int, default=None, help="MTP depth (default: the model's)")
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -196,9 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     add_quantize_option(parser)
     args = parser.parse_args(argv)
 
-    import mlx.core as mx
-
-    from mtplxd.engine.model import load_model
+    from mtplxd.engine.loaded_model import load_model
 
     started = time.perf_counter()
     model = load_model(args.model, decode_loop=args.decode_loop, quantize=args.quantize)
@@ -217,16 +189,12 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "runs_per_mode": args.repeats * len(PROMPTS),
         "load_seconds": load_seconds,
-        "device": str(mx.default_device()),
-        "mlx_version": mx.__version__,
-        "platform": platform.platform(),
-        "command": " ".join(["python -m mtplxd.engine.bench"] + (argv if argv is not None else sys.argv[1:])),
+        **machine(),
+        "command": command_line(PROG, argv),
     })
     _print_table(report)
     if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(report, indent=2))
-        print(f"saved {args.json_out}")
+        write_report(args.json_out, report, announce=True)
     return 0
 
 

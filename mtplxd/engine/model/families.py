@@ -6,7 +6,7 @@ trunk cache, and where the text model sits inside mlx-lm's `Model`. Any other `m
 mlx-lm can load is served plain autoregressive (AR).
 
 Dense `qwen3` is registered here. The hybrid Gated-DeltaNet families (`qwen3_5`,
-`qwen3_5_moe`, `qwen3_next`) register themselves from `mtplxd.engine.hybrid`, imported lazily
+`qwen3_5_moe`, `qwen3_next`) register themselves from `mtplxd.engine.model.hybrid`, imported lazily
 the first time the registry is consulted.
 """
 
@@ -64,7 +64,7 @@ class FamilySpec:
 
 
 _REGISTRY: dict[str, FamilySpec] = {}
-_PLUGINS = ("mtplxd.engine.hybrid",)
+_PLUGINS = ("mtplxd.engine.model.hybrid",)
 _plugins_loaded = False
 
 

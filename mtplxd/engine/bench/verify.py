@@ -1,6 +1,6 @@
 """What a verify costs on this device, and whether greedy MTP reproduces AR here.
 
-    python -m mtplxd.engine.bench_verify [--dims qwen3-4b] [--dtype bfloat16] [--context 512]
+    python -m mtplxd.engine.bench.verify [--dims qwen3-4b] [--dtype bfloat16] [--context 512]
         [--max-depth 5] [--json-out FILE]
 
 Builds a random-weight dense qwen3 of the given dimensions in memory (no checkpoint needed),
@@ -18,14 +18,16 @@ Medians over `--repeats` timed calls after warm-up.
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import sys
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import mlx.core as mx
+
+from mtplxd.engine.bench.harness import bench_parser, command_line, device_name, median_ms, write_report
+
+PROG = "python -m mtplxd.engine.bench.verify"
 
 DIMS: dict[str, dict[str, Any]] = {
     # Qwen/Qwen3-4B (config.json of the release): 36 layers, hidden 2560, GQA 32/8 x 128.
@@ -42,8 +44,8 @@ def build_random_model(dims: str, dtype: mx.Dtype, seed: int = 0):
     """(mlx-lm qwen3 Model with an `.mtp` MTPHead, its config) with random weights in `dtype`."""
     from mlx_lm.models import qwen3
 
-    from mtplxd.engine.families import get_family
-    from mtplxd.engine.mtp_head import MTPHead
+    from mtplxd.engine.model.families import get_family
+    from mtplxd.engine.model.mtp_head import MTPHead
 
     config = dict(model_type="qwen3", rms_norm_eps=1e-6, max_position_embeddings=40960,
                   rope_theta=1000000.0, **DIMS[dims])
@@ -54,18 +56,6 @@ def build_random_model(dims: str, dtype: mx.Dtype, seed: int = 0):
     model.set_dtype(dtype)
     mx.eval(model.parameters())
     return model, config
-
-
-def median_ms(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
-    """Median wall milliseconds of fn() over `repeats` calls, after `warmup` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
 
 
 def measure_forward_costs(trunk, cache, vocab: int, max_depth: int, repeats: int, *,
@@ -88,7 +78,7 @@ def measure_forward_costs(trunk, cache, vocab: int, max_depth: int, repeats: int
 
 def measure_ar_step(trunk, cache, params, repeats: int) -> float:
     """Median ms of one AR step (1-token forward + picking the token) at a fixed context."""
-    from mtplxd.engine.sampling import TARGET, pick, position_key
+    from mtplxd.engine.decoding.sampling import TARGET, pick, position_key
 
     def step():
         _, logits = trunk.forward(mx.array([[7]]), cache, all_logits=True)
@@ -102,8 +92,8 @@ def measure_ar_step(trunk, cache, params, repeats: int) -> float:
 
 def measure_sampling_ops(vocab: int, depth: int, repeats: int) -> dict[str, float]:
     """Median ms of the sampling pieces alone on random logits (1 or depth+1 rows of vocab)."""
+    from mtplxd.engine.decoding.sampling import DRAFT, position_key, probabilities, scaled_logits
     from mtplxd.engine.interface import SamplingParams
-    from mtplxd.engine.sampling import DRAFT, position_key, probabilities, scaled_logits
 
     params = SamplingParams(temperature=0.6, top_p=0.95)
     row = mx.random.normal((1, vocab))
@@ -125,8 +115,8 @@ def measure_sampling_ops(vocab: int, depth: int, repeats: int) -> dict[str, floa
 def measure_draft_cost(trunk, head, prompt: list[int], hiddens, depth: int, repeats: int,
                        params) -> float:
     """Median ms of the K chained drafts alone (head steps, draft logits and picks)."""
-    from mtplxd.engine.sampling import TokenHistory
-    from mtplxd.engine.speculative import SpeculativeDecoder
+    from mtplxd.engine.decoding.sampling import TokenHistory
+    from mtplxd.engine.decoding.speculative import SpeculativeDecoder
 
     vocab = trunk.text.model.embed_tokens.weight.shape[0]
     decoder = SpeculativeDecoder(trunk, head, trunk.make_cache(), params, TokenHistory(vocab, prompt),
@@ -149,9 +139,9 @@ def measure_cycle_costs(trunk, head, cache, prompt: list[int], hiddens, max_dept
                         repeats: int, params=None) -> dict[str, float]:
     """Median ms of one whole speculative cycle at each depth (drafts, verify, accept, commit);
     greedy unless `params` says otherwise."""
+    from mtplxd.engine.decoding.sampling import TokenHistory
+    from mtplxd.engine.decoding.speculative import SpeculativeDecoder
     from mtplxd.engine.interface import SamplingParams
-    from mtplxd.engine.sampling import TokenHistory
-    from mtplxd.engine.speculative import SpeculativeDecoder
 
     params = params or SamplingParams()
     costs = {}
@@ -181,10 +171,10 @@ def measure_cycle_costs(trunk, head, cache, prompt: list[int], hiddens, max_dept
 
 def greedy_agreement(trunk, head, prompt: list[int], vocab: int, depth: int, tokens: int) -> dict[str, Any]:
     """Greedy AR and greedy MTP side by side: agreement and the first divergence's logit gap."""
-    from mtplxd.engine.autoregressive import ar_cycles
+    from mtplxd.engine.decoding.autoregressive import ar_cycles
+    from mtplxd.engine.decoding.sampling import TokenHistory, pick
+    from mtplxd.engine.decoding.speculative import SpeculativeDecoder
     from mtplxd.engine.interface import SamplingParams
-    from mtplxd.engine.sampling import TokenHistory, pick
-    from mtplxd.engine.speculative import SpeculativeDecoder
 
     params = SamplingParams()
 
@@ -244,8 +234,7 @@ def _greedy_both_caches(trunk, head, prompt: list[int], vocab: int, tokens: int)
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench_verify", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(PROG, __doc__)
     parser.add_argument("--dims", choices=sorted(DIMS), default="qwen3-4b")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--context", type=int, default=512, help="prompt tokens before timing")
@@ -255,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args(argv)
 
-    from mtplxd.engine.families import get_family
-    from mtplxd.engine.trunk import Trunk
+    from mtplxd.engine.model.families import get_family
+    from mtplxd.engine.model.trunk import Trunk
 
     started = time.perf_counter()
     model, config = build_random_model(args.dims, getattr(mx, args.dtype))
@@ -282,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     cycles_q4 = (measure_cycle_costs(trunk, model.mtp, cache, prompt, hiddens, args.max_depth, args.repeats)
                  if quantized_draft else {})
     report = {
-        "device": str(mx.default_device()),
+        "device": device_name(),
         "device_info": {k: str(v) for k, v in mx.device_info().items()} if hasattr(mx, "device_info") else {},
         "mlx_version": mx.__version__,
         "dims": args.dims, "dtype": args.dtype, "context": args.context,
@@ -300,12 +289,11 @@ def main(argv: list[str] | None = None) -> int:
         "cycle_ms_by_depth_q4_draft_head": cycles_q4,
         "cycle_over_decode_by_depth_q4_draft_head": {k: v / decode for k, v in cycles_q4.items()},
         "greedy": _greedy_both_caches(trunk, model.mtp, prompt[:64], vocab, args.greedy_tokens),
-        "command": " ".join(["python -m mtplxd.engine.bench_verify"] + (argv if argv is not None else sys.argv[1:])),
+        "command": command_line(PROG, argv),
     }
     print(json.dumps(report, indent=2))
     if args.json_out:
-        with open(args.json_out, "w") as handle:
-            json.dump(report, handle, indent=2)
+        write_report(args.json_out, report)
     return 0
 
 

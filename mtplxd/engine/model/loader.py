@@ -130,7 +130,7 @@ def refusal_reason(path: Path, config: dict[str, Any]) -> str | None:
     if reason:
         return reason
     if config["model_type"] in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
-        from mtplxd.engine.hybrid import layer_types_refusal  # mlx-lm ignores layer_types
+        from mtplxd.engine.model.hybrid import layer_types_refusal  # mlx-lm ignores layer_types
 
         if reason := layer_types_refusal(config):
             return reason
@@ -155,7 +155,7 @@ def inspect_checkpoint(path: str | os.PathLike) -> CheckpointReport:
     mode is "mtp" (a registered family with its MTP tensors), "ar" (served plain
     autoregressive; reason says why) or "refused" (reason says what to do).
     """
-    from mtplxd.engine.families import get_family
+    from mtplxd.engine.model.families import get_family
 
     path = Path(path)
     config = _read_config(path)
@@ -207,7 +207,7 @@ def _model_classes_with_mtp(spec, config: dict[str, Any]):
     """mlx-lm's (Model, ModelArgs) for `config`, the Model subclassed to own an MTP head."""
     from mlx_lm.utils import _get_classes
 
-    from mtplxd.engine.mtp_head import MTPHead, is_mtp_norm
+    from mtplxd.engine.model.mtp_head import MTPHead, is_mtp_norm
 
     base_class, args_class = _get_classes(config)
 
@@ -239,7 +239,7 @@ def load_checkpoint(path: Path, *, with_mtp: bool):
     """
     from mlx_lm.utils import load_config, load_model, load_tokenizer
 
-    from mtplxd.engine.families import get_family
+    from mtplxd.engine.model.families import get_family
 
     config = load_config(path)
     spec = get_family(config["model_type"])

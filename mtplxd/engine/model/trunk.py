@@ -14,8 +14,8 @@ from typing import Any, Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from mtplxd.engine.families import FamilySpec, default_make_cache
-from mtplxd.engine.kv_cache import bucket_kv_caches, fixed_shapes_wanted
+from mtplxd.engine.model.families import FamilySpec, default_make_cache
+from mtplxd.engine.model.kv_cache import bucket_kv_caches, fixed_shapes_wanted
 
 PREFILL_CHUNK = 512  # tokens per prefill forward; fixed so every path splits prompts alike
 

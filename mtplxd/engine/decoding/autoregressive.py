@@ -11,9 +11,9 @@ from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
+from mtplxd.engine.decoding.sampling import TARGET, TokenHistory, pick, position_key
 from mtplxd.engine.interface import SamplingParams
-from mtplxd.engine.sampling import TARGET, TokenHistory, pick, position_key
-from mtplxd.engine.trunk import Trunk
+from mtplxd.engine.model.trunk import Trunk
 
 
 def ar_step(trunk: Trunk, cache: list[Any], params: SamplingParams, history: TokenHistory,

@@ -6,20 +6,20 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator
 
-from mtplxd.engine.families import get_family
-from mtplxd.engine.fused import fused_supported
+from mtplxd.engine.decoding.fused import fused_supported
 from mtplxd.engine.generation import generate as run_generation
 from mtplxd.engine.generation import score as run_score
 from mtplxd.engine.interface import (
     DECODE_LOOP_CHOICES, QUANTIZE_CHOICES, GenerationRequest, GenerationResult, ModelInfo,
     ModelLoadError, TokenDelta,
 )
-from mtplxd.engine.kv_cache import fixed_shapes_wanted
-from mtplxd.engine.loader import (
+from mtplxd.engine.model.families import get_family
+from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
+from mtplxd.engine.model.loader import (
     MAX_DEPTH, inspect_checkpoint, load_checkpoint, quantize_on_load, recommended_depth,
 )
-from mtplxd.engine.session_bank import BankSettings, SessionBank, identity_for
-from mtplxd.engine.trunk import Trunk
+from mtplxd.engine.model.trunk import Trunk
+from mtplxd.engine.session.bank import BankSettings, SessionBank, identity_for
 
 
 class LoadedModel:

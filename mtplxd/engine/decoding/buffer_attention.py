@@ -6,7 +6,7 @@ verify's K+1 rows go to cuDNN, whose per-call cost on the host is several times 
 kernel's, and a chained draft step's one masked row falls back to a chain of ordinary ops.
 On the H200, where a small model's decode is bound by the host, this kernel made the
 embedded model's depth-6 cycle about 15% faster (docs/benchmarks.md, "Attention over the
-cache buffer"; `python -m mtplxd.engine.bench_ops OUT.json sdpa` times one call of each).
+cache buffer"; `python -m mtplxd.engine.bench.ops OUT.json sdpa` times one call of each).
 
 The kernel computes each query row as MLX's one-pass vector kernel for decoding computes its
 one query (`kernel_sdpav_1pass` in mlx/backend/cuda/scaled_dot_product_attention.cu: the
@@ -25,7 +25,7 @@ import math
 
 import mlx.core as mx
 
-from mtplxd.engine.kv_cache import fixed_shapes_wanted
+from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 
 log = logging.getLogger(__name__)
 

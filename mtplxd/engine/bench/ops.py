@@ -1,6 +1,6 @@
 """What single ops cost on this device, by row count: the kernels a verify and a draft use.
 
-    python -m mtplxd.engine.bench_ops OUT.json [mm,sdpa,norm,samp,big]
+    python -m mtplxd.engine.bench.ops OUT.json [mm,sdpa,norm,samp,big]
 
 Each figure is the median time per op of a chain of ops evaluated together (after warm-up),
 so on a GPU it is the op's launch and run time, not a host round trip. Sections: bf16 and
@@ -12,16 +12,15 @@ in float32 and bfloat16 ("big").
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Callable
 
 import mlx.core as mx
 
-from mtplxd.engine import buffer_attention
-from mtplxd.engine.bench_verify import median_ms
+from mtplxd.engine.bench.harness import device_name, median_ms, write_report
+from mtplxd.engine.decoding import buffer_attention
+from mtplxd.engine.decoding.sampling import scaled_logits
 from mtplxd.engine.interface import SamplingParams
-from mtplxd.engine.sampling import scaled_logits
 
 SECTIONS = ("mm", "sdpa", "norm", "samp", "big")
 
@@ -178,9 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                "big": _training_matmul}
     for name in sections:
         runners[name](record)
-    with open(argv[0], "w") as f:
-        json.dump({"device": str(mx.default_device()), "mlx_version": mx.__version__,
-                   "us_per_op": results}, f, indent=1)
+    write_report(argv[0], {"device": device_name(), "mlx_version": mx.__version__,
+                           "us_per_op": results}, indent=1)
     return 0
 
 

@@ -27,13 +27,13 @@ from typing import Any, Iterator
 
 import mlx.core as mx
 
-from mtplxd.engine.interface import SamplingParams
-from mtplxd.engine.mtp_head import MTPHead
-from mtplxd.engine.sampling import (
+from mtplxd.engine.decoding.sampling import (
     ACCEPT, DRAFT, RESIDUAL, TokenHistory, apply_penalties, draft_weights, one_hot, position_key,
     scaled_logits,
 )
-from mtplxd.engine.trunk import PREFILL_CHUNK, Trunk
+from mtplxd.engine.interface import SamplingParams
+from mtplxd.engine.model.mtp_head import MTPHead
+from mtplxd.engine.model.trunk import PREFILL_CHUNK, Trunk
 
 
 @dataclass

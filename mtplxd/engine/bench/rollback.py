@@ -1,6 +1,6 @@
 """What GDN rollback costs: verify of K+1 tokens vs R1 `trim` (GDN replay) vs R0 (re-forward).
 
-    python -m mtplxd.engine.rollback_bench [--family qwen3_5] [--depth 3] [--prompt 32]
+    python -m mtplxd.engine.bench.rollback [--family qwen3_5] [--depth 3] [--prompt 32]
         [--repeats 9] [--set KEY=JSON ...] [--json-out FILE]
 
 Writes a random hybrid checkpoint (default: hidden 512, 8 layers of which 6 GDN, Hk/Hv 4/8,
@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import mlx.core as mx
 
-from mtplxd.engine.hybrid import HYBRID_MODEL_TYPES, write_tiny_hybrid_checkpoint
-from mtplxd.engine.rollback import make_rollback_cache, rollback_by_reforward
+from mtplxd.engine.bench.harness import elapsed_ms, median, write_report
+from mtplxd.engine.fixtures.tiny_hybrid import write_tiny_hybrid_checkpoint
+from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
+from mtplxd.engine.model.rollback import make_rollback_cache, rollback_by_reforward
 
+PROG = "python -m mtplxd.engine.bench.rollback"
 DEFAULT_DIMS: dict[str, Any] = {
     "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
     "full_attention_interval": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -45,15 +46,9 @@ def time_rollback(model: Any, prompt: mx.array, block: mx.array,
         cache = make_rollback_cache(model)
         mx.eval(model(prompt, cache=cache))
         _sync(cache)
-        start = time.perf_counter()
-        mx.eval(model(block, cache=cache))
-        _sync(cache)
-        verify.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        rollback(cache)
-        _sync(cache)
-        undo.append(time.perf_counter() - start)
-    return statistics.median(verify) * 1e3, statistics.median(undo) * 1e3
+        verify.append(elapsed_ms(lambda: (mx.eval(model(block, cache=cache)), _sync(cache))))
+        undo.append(elapsed_ms(lambda: (rollback(cache), _sync(cache))))
+    return median(verify), median(undo)
 
 
 def run(family: str, depth: int, prompt_tokens: int, repeats: int, dims: dict[str, Any]) -> dict[str, Any]:
@@ -77,8 +72,7 @@ def run(family: str, depth: int, prompt_tokens: int, repeats: int, dims: dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.rollback_bench",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--family", default="qwen3_5", choices=HYBRID_MODEL_TYPES)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens before the verify")
@@ -98,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  accepted {row['accepted']}: verify {row['verify_ms']:.2f} ms | "
               f"R1 trim {row['r1_trim_ms']:.2f} ms | R0 restore+re-forward {row['r0_reforward_ms']:.2f} ms")
     if args.json_out:
-        args.json_out.write_text(json.dumps(report, indent=2))
+        write_report(args.json_out, report)
     return 0
 
 

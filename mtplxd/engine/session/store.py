@@ -36,7 +36,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from mtplxd.engine.session_bank import (
+from mtplxd.engine.session.types import (
     GDN, KV, BankEntry, RestorePlan, common_prefix, plan_restore,
 )
 

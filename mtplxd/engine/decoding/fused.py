@@ -33,17 +33,17 @@ import mlx_lm.models.qwen3 as mlx_lm_qwen3
 from mlx_lm.models.base import scaled_dot_product_attention as mlx_lm_attention
 from mlx_lm.models.cache import KVCache
 
-from mtplxd.engine import buffer_attention
-from mtplxd.engine.interface import SamplingParams
-from mtplxd.engine.mtp_head import MTPHead
-from mtplxd.engine.sampling import (
+from mtplxd.engine.decoding import buffer_attention
+from mtplxd.engine.decoding.sampling import (
     CYCLE, TokenHistory, apply_penalties, device_position_keys, draft_weights, history_rows,
     one_hot, scaled_logits, seed_words,
 )
-from mtplxd.engine.speculative import (
+from mtplxd.engine.decoding.speculative import (
     AcceptanceStats, acceptance_probability, log_weights, residual_distribution,
 )
-from mtplxd.engine.trunk import PREFILL_CHUNK, Trunk
+from mtplxd.engine.interface import SamplingParams
+from mtplxd.engine.model.mtp_head import MTPHead
+from mtplxd.engine.model.trunk import PREFILL_CHUNK, Trunk
 
 CAPACITY_STEP = 256  # cache buffers grow this many slots at a time (one retrace each)
 

@@ -25,7 +25,7 @@ chat template and numerics (dtype/quantization, MLX version, device).
 
 Budget: a byte cap (LRU by session: the session used longest ago loses its oldest entry
 first), an idle TTL and a per-session entry cap. `release_idle(n)` serves the memory guard.
-The SSD tier (`session_store.SessionStore`) is optional: entries of at least
+The SSD tier (`store.SessionStore`) is optional: entries of at least
 `ssd_min_tokens` tokens are written there off the request path and read back on a RAM miss.
 
 Threading: everything that touches MLX runs on the model-owner thread. `bytes_held`,
@@ -45,15 +45,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import mlx.core as mx
-import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from mtplxd.engine.kv_cache import BucketedKVCache
-from mtplxd.engine.trunk import Trunk
+from mtplxd.engine.model.kv_cache import BucketedKVCache
+from mtplxd.engine.model.trunk import Trunk
+from mtplxd.engine.session.types import (
+    ANONYMOUS, GDN, KV, BankEntry, GDNState, RestorePlan, common_prefix, plan_restore,
+)
 
 if TYPE_CHECKING:
-    from mtplxd.engine.mtp_head import MTPHead
-    from mtplxd.engine.session_store import SessionStore
+    from mtplxd.engine.model.mtp_head import MTPHead
+    from mtplxd.engine.session.store import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +69,6 @@ DEFAULT_SSD_MIN_TOKENS = 512
 # right after prefill) are not kept: such an entry then restores the head only up to head_len.
 MAX_TAIL_HIDDEN_ROWS = 64
 FORMAT_VERSION = 1
-ANONYMOUS = ""
-
-KV, GDN = "kv", "gdn"
 
 
 @dataclass(frozen=True)
@@ -141,104 +140,6 @@ def _first_params(model: Any, limit: int = 16) -> list[tuple[str, mx.array]]:
     from mlx.utils import tree_flatten
 
     return tree_flatten(model.parameters())[:limit]
-
-
-# --- entries -----------------------------------------------------------------------------
-
-
-GDNState = list[tuple[mx.array, mx.array]]  # (conv, recurrent) per GDN layer, in layer order
-
-
-@dataclass
-class BankEntry:
-    """The committed state over `tokens` (see the module docstring for what each field is)."""
-
-    tokens: tuple[int, ...]
-    kinds: tuple[str, ...]  # per trunk layer: KV or GDN
-    kv: list[tuple[mx.array, mx.array] | None]  # per trunk layer; (1, H, S, D) arrays
-    boundaries: dict[int, GDNState]  # hybrid only: token count -> state after that many
-    head_kv: tuple[mx.array, mx.array] | None = None  # (1, H, head_len, D)
-    head_len: int = 0
-    tail_hidden: mx.array | None = None  # (1, S - head_len, H) trunk hiddens, or None
-    session_id: str = ANONYMOUS
-    last_used: float = 0.0
-    hits: int = 0
-    nbytes: int = 0
-    on_ssd: bool = False
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def hybrid(self) -> bool:
-        return GDN in self.kinds
-
-    def arrays(self) -> list[mx.array]:
-        """Every array the entry holds (for eval and byte accounting)."""
-        out: list[mx.array] = []
-        for pair in self.kv:
-            if pair is not None:
-                out.extend(pair)
-        for state in self.boundaries.values():
-            for conv, rec in state:
-                out.extend(a for a in (conv, rec) if a is not None)
-        if self.head_kv is not None:
-            out.extend(self.head_kv)
-        if self.tail_hidden is not None:
-            out.append(self.tail_hidden)
-        return out
-
-    def compute_nbytes(self) -> int:
-        self.nbytes = sum(a.nbytes for a in self.arrays()) + 8 * self.length
-        return self.nbytes
-
-
-def common_prefix(a: tuple[int, ...] | list[int], b: list[int] | np.ndarray) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    x = np.asarray(a[:n], dtype=np.int64)
-    y = np.asarray(b[:n], dtype=np.int64)
-    diff = np.nonzero(x != y)[0]
-    return int(diff[0]) if diff.size else n
-
-
-@dataclass(frozen=True)
-class RestorePlan:
-    """Where a request resumes: trunk at `trunk_len` tokens, head at `head_len` pairs."""
-
-    trunk_len: int
-    head_len: int
-
-
-def plan_restore(length: int, boundaries: list[int] | None, head_len: int, tail_rows: int,
-                 matched: int, prompt_len: int, need_head: bool) -> RestorePlan | None:
-    """The deepest exact restore of a stored state for a prompt, or None.
-
-    `length`: tokens the entry covers; `boundaries`: allowed trunk lengths for a hybrid
-    entry (None: any length, dense); `head_len`/`tail_rows`: the head's pairs and the kept
-    hiddens after them; `matched`: common prefix of entry and prompt. At least one prompt
-    token is always left to prefill (its logits pick the first output token).
-    """
-    limit = min(matched, prompt_len - 1, length)
-    if limit <= 0:
-        return None
-    if boundaries is None:
-        candidates = [limit]
-    else:
-        candidates = sorted((b for b in boundaries if 0 < b <= limit), reverse=True)
-    for r in candidates:
-        if not need_head:
-            return RestorePlan(r, 0)
-        # Head pair j is (h_j, x_{j+1}): pair r-1 is valid only if x_r matched too.
-        p = min(head_len, r, matched - 1)
-        if p == r or (p == head_len and head_len + tail_rows >= r):
-            return RestorePlan(r, p) if r > 0 else None
-        if boundaries is None and p > 0:
-            return RestorePlan(p, p)
-    return None
 
 
 def _copy_rows(x: mx.array, axis: int, n: int) -> mx.array:
@@ -390,7 +291,7 @@ class SessionBank:
         after a damaged store was moved aside: the bank is a cache and never fatal."""
         import sqlite3
 
-        from mtplxd.engine.session_store import SessionStore
+        from mtplxd.engine.session.store import SessionStore
 
         try:
             return SessionStore(ssd_dir, max_bytes=self.settings.ssd_bytes)

@@ -2,7 +2,7 @@
 held-out tokens, with the draft's q filtered like p (the old rule) and without top-p/top-k
 (sampling.draft_weights, the engine's rule).
 
-    python -m mtplxd.engine.draft_overlap --model PATH --tokens FILE.npz:ARRAY
+    python -m mtplxd.engine.bench.draft_overlap --model PATH --tokens FILE.npz:ARRAY
         [--windows 8] [--length 256] [--json-out FILE]
 
 For each position t of a window, the head drafts from the trunk's true hidden h_t and the
@@ -14,7 +14,6 @@ token; the figures are its mean over all positions. The embedded model's held-ou
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -22,9 +21,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from mtplxd.engine.bench.harness import bench_parser, command_line, write_report
+from mtplxd.engine.decoding.sampling import draft_weights, probabilities, scaled_logits
 from mtplxd.engine.interface import SamplingParams
-from mtplxd.engine.sampling import draft_weights, probabilities, scaled_logits
 
+PROG = "python -m mtplxd.engine.bench.draft_overlap"
 SETTINGS = (
     SamplingParams(temperature=0.6, top_p=0.95),
     SamplingParams(temperature=0.6, top_p=0.95, top_k=20),  # Qwen3's thinking-mode advice
@@ -52,8 +53,7 @@ def acceptance(p_logits: mx.array, q_logits: mx.array, params: SamplingParams) -
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.draft_overlap", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(PROG, __doc__)
     parser.add_argument("--model", required=True, help="HF-format model folder with an MTP head")
     parser.add_argument("--tokens", required=True, help="FILE.npz:ARRAY of held-out token ids")
     parser.add_argument("--windows", type=int, default=8)
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    from mtplxd.engine.model import load_model
+    from mtplxd.engine.loaded_model import load_model
 
     model = load_model(args.model, quantize="none")
     if model.head is None:
@@ -81,10 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         report.append(row)
         print(json.dumps(row))
     if args.json_out:
-        args.json_out.write_text(json.dumps({"positions": int(p_all.shape[0]), "settings": report,
-                                             "command": " ".join(["python -m mtplxd.engine.draft_overlap"]
-                                                                 + (argv if argv is not None else sys.argv[1:]))},
-                                            indent=2))
+        write_report(args.json_out, {"positions": int(p_all.shape[0]), "settings": report,
+                                     "command": command_line(PROG, argv)})
     return 0
 
 

@@ -1,6 +1,6 @@
 """What each piece of a speculative cycle costs on this device, for a real checkpoint.
 
-    python -m mtplxd.engine.bench_pieces --model PATH [--context 300] [--quantize auto|none|8bit|4bit]
+    python -m mtplxd.engine.bench.pieces --model PATH [--context 300] [--quantize auto|none|8bit|4bit]
         [--json-out FILE]
 
 Times, one call at a time (median of 30 after warm-up): a trunk forward over 1..5 tokens
@@ -14,19 +14,16 @@ cost against the trunk's.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
 
-from mtplxd.engine import fused
-from mtplxd.engine.bench import add_quantize_option
-from mtplxd.engine.bench_verify import measure_forward_costs, median_ms
+from mtplxd.engine.bench.harness import cycle_bench_parser, device_name, load_dense_mtp_model, median_ms, write_report
+from mtplxd.engine.bench.verify import measure_forward_costs
+from mtplxd.engine.decoding import fused
+from mtplxd.engine.decoding.sampling import draft_weights, scaled_logits
 from mtplxd.engine.interface import SamplingParams
-from mtplxd.engine.sampling import draft_weights, scaled_logits
 
 
 def latency_ms(fn: Callable[[], mx.array], repeats: int = 30) -> float:
@@ -83,31 +80,9 @@ def measure(model, context: int) -> dict[str, float]:
     return results
 
 
-def cycle_bench_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
-    """A parser with the options every fused-cycle bench takes: --model, --quantize, --json-out."""
-    parser = argparse.ArgumentParser(prog=prog, description=doc,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="HF-format model folder with an MTP head")
-    add_quantize_option(parser)
-    parser.add_argument("--json-out", type=Path, default=None)
-    return parser
-
-
-def load_dense_mtp_model(path: str, quantize: str):
-    """The model at `path` for the fused-cycle benches; None (said on stderr) when it is not a
-    dense model with an MTP head."""
-    from mtplxd.engine.model import load_model
-
-    model = load_model(path, quantize=quantize)
-    if model.head is None or not fused.fused_supported(model.trunk, model.trunk.make_cache()):
-        print(f"{model.info.id}: needs a dense model with an MTP head", file=sys.stderr)
-        return None
-    return model
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    parser = cycle_bench_parser("python -m mtplxd.engine.bench_pieces", __doc__)
+    parser = cycle_bench_parser("python -m mtplxd.engine.bench.pieces", __doc__)
     parser.add_argument("--context", type=int, default=300, help="tokens in the cache while timing")
     args = parser.parse_args(argv)
 
@@ -119,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:55s} {ms:8.3f} ms")
     if args.json_out:
         report = {"model": model.info.id, "quantization": model.info.quantization,
-                  "device": str(mx.default_device()),
+                  "device": device_name(),
                   "context": args.context, "latency_ms": results}
-        args.json_out.write_text(json.dumps(report, indent=2))
+        write_report(args.json_out, report)
     return 0
 
 

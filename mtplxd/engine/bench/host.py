@@ -1,7 +1,7 @@
 """Is decoding bound by the host or by the device? Host time per step against wall time per
 step, and the primitives in each step's graph, for the AR loop and the fused MTP cycle.
 
-    python -m mtplxd.engine.bench_host --model PATH [--depth D] [--tokens 128]
+    python -m mtplxd.engine.bench.host --model PATH [--depth D] [--tokens 128]
         [--quantize auto|none|8bit|4bit] [--json-out FILE]
 
 Both loops build step t+1 and hand it to the device before they read step t. `host_ms` is
@@ -18,9 +18,7 @@ count each fused kernel once). Runs on the first bench prompt at T=0 and at T=0.
 from __future__ import annotations
 
 import collections
-import json
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -29,12 +27,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from mtplxd.engine.autoregressive import ar_step
-from mtplxd.engine.bench import PROMPTS, prompt_ids_for
-from mtplxd.engine.bench_pieces import cycle_bench_parser, load_dense_mtp_model
-from mtplxd.engine.fused import FusedSpeculativeDecoder
+from mtplxd.engine.bench.harness import (
+    PROMPTS, cycle_bench_parser, device_name, load_dense_mtp_model, median, prompt_ids_for, write_report,
+)
+from mtplxd.engine.decoding.autoregressive import ar_step
+from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder
+from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
 from mtplxd.engine.interface import SamplingParams
-from mtplxd.engine.sampling import TokenHistory, pick_first
 
 SETTINGS = {"T=0": SamplingParams(temperature=0.0),
             "T=0.6": SamplingParams(temperature=0.6, top_p=0.95)}
@@ -52,8 +51,8 @@ def primitives(arrays: list[mx.array]) -> dict[str, int]:
 def _summary(host: list[float], wait: list[float], counts: dict[str, int]) -> dict[str, Any]:
     skipped = min(SKIPPED, len(host) - 1)  # a short warm-up run keeps its last step
     host, wait = host[skipped:], wait[skipped:]
-    return {"host_ms": 1e3 * statistics.median(host), "wait_ms": 1e3 * statistics.median(wait),
-            "wall_ms": 1e3 * statistics.median([h + w for h, w in zip(host, wait)]),
+    return {"host_ms": 1e3 * median(host), "wait_ms": 1e3 * median(wait),
+            "wall_ms": 1e3 * median([h + w for h, w in zip(host, wait)]),
             "primitives": sum(counts.values()), "by_primitive": counts}
 
 
@@ -142,7 +141,7 @@ def run(model, depth: int, tokens: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    parser = cycle_bench_parser("python -m mtplxd.engine.bench_host", __doc__)
+    parser = cycle_bench_parser("python -m mtplxd.engine.bench.host", __doc__)
     parser.add_argument("--depth", type=int, default=None, help="MTP depth (default: the model's)")
     parser.add_argument("--tokens", type=int, default=128, help="tokens decoded per measurement")
     args = parser.parse_args(argv)
@@ -159,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"wall {row['wall_ms']:7.3f} ms  {row['primitives']:5d} primitives{extra}")
     if args.json_out:
         report = {"model": model.info.id, "quantization": model.info.quantization, "depth": depth,
-                  "device": str(mx.default_device()), "mlx_version": mx.__version__,
+                  "device": device_name(), "mlx_version": mx.__version__,
                   "settings": report}
-        args.json_out.write_text(json.dumps(report, indent=2))
+        write_report(args.json_out, report)
     return 0
 
 

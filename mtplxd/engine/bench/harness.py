@@ -1,0 +1,156 @@
+"""What every benchmark shares: warm-up and median timing, interleaved A/B runs, paired
+ratios, the prompt set, the common command-line options and the JSON report.
+
+Figures are medians because the machines these run on are shared and noisy: one slow run
+moves a mean, not a median. Two arms of a comparison run interleaved (back to back on the
+same input) so slow drifts of the machine (thermals, other load) hit both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence, TypeVar
+
+from mtplxd.engine.interface import QUANTIZE_CHOICES
+
+Case = TypeVar("Case")
+Result = TypeVar("Result")
+
+# The decode benches' prompts: short chat requests of the kind a coding agent sends.
+PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain what a KV cache is in two sentences.",
+    "def parse_args(argv):\n    \"\"\"Parse command line arguments.\"\"\"\n",
+    "Refactor this loop into a list comprehension: for x in xs: if x > 0: out.append(x * 2)",
+)
+
+
+# --- timing ------------------------------------------------------------------------------
+
+
+def median(values: Iterable[float]) -> float:
+    """The median of `values`, 0.0 when there are none (a mode that never ran)."""
+    values = list(values)
+    return statistics.median(values) if values else 0.0
+
+
+def elapsed_ms(fn: Callable[[], Any]) -> float:
+    """Wall milliseconds of one call of fn()."""
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1000
+
+
+def median_ms(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
+    """Median wall milliseconds of fn() over `repeats` calls, after `warmup` calls (first-call
+    costs such as compiling a graph stay out of the figure)."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(elapsed_ms(fn) for _ in range(repeats))
+
+
+def interleaved(cases: Sequence[Case], repeats: int,
+                arms: Sequence[Callable[[Case, int, int], Result]]) -> list[list[Result]]:
+    """Run every arm on every case, back to back, `repeats` times over; per arm, its results
+    in run order. Each arm is called as arm(case, repeat, index)."""
+    results: list[list[Result]] = [[] for _ in arms]
+    for repeat in range(repeats):
+        for index, case in enumerate(cases):
+            for arm, out in zip(arms, results):
+                out.append(arm(case, repeat, index))
+    return results
+
+
+def paired_speedups(ar_rates: list[float], mtp_rates: list[float]) -> dict[str, float]:
+    """MTP/AR over all tokens (ratio of the harmonic means of equal-length runs' rates) and
+    the median and lowest ratio of the back-to-back pairs (run i of each list). Pairs with a
+    zero rate (a run that decoded nothing) are left out of all three."""
+    valid = [(ar, mtp) for ar, mtp in zip(ar_rates, mtp_rates) if ar > 0 and mtp > 0]
+    if not valid:
+        return {"speedup_all_tokens": 0.0, "speedup_pairs_median": 0.0, "speedup_pairs_min": 0.0}
+    ar_kept, mtp_kept = zip(*valid)
+    pairs = [mtp / ar for ar, mtp in valid]
+    return {"speedup_all_tokens": statistics.harmonic_mean(mtp_kept) / statistics.harmonic_mean(ar_kept),
+            "speedup_pairs_median": statistics.median(pairs), "speedup_pairs_min": min(pairs)}
+
+
+# --- prompts and models --------------------------------------------------------------------
+
+
+def prompt_ids_for(tokenizer: Any, text: str) -> list[int]:
+    """The token ids the bench sends for a prompt text (chat-templated when the model has one)."""
+    if getattr(tokenizer, "has_chat_template", False):
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                             add_generation_prompt=True)
+    return tokenizer.encode(text)
+
+
+def load_dense_mtp_model(path: str, quantize: str) -> Any:
+    """The model at `path` for the fused-cycle benches; None (said on stderr) when it is not a
+    dense model with an MTP head."""
+    from mtplxd.engine.decoding import fused
+    from mtplxd.engine.loaded_model import load_model
+
+    model = load_model(path, quantize=quantize)
+    if model.head is None or not fused.fused_supported(model.trunk, model.trunk.make_cache()):
+        print(f"{model.info.id}: needs a dense model with an MTP head", file=sys.stderr)
+        return None
+    return model
+
+
+# --- command line and report ---------------------------------------------------------------
+
+
+def bench_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A parser whose help shows the module docstring as written."""
+    return argparse.ArgumentParser(prog=prog, description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_quantize_option(parser: argparse.ArgumentParser) -> None:
+    """--quantize, as every engine bench takes it."""
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto",
+                        help="quantize the weights as they load (default: what the checkpoint asks for)")
+
+
+def cycle_bench_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A parser with the options every fused-cycle bench takes: --model, --quantize, --json-out."""
+    parser = bench_parser(prog, doc)
+    parser.add_argument("--model", required=True, help="HF-format model folder with an MTP head")
+    add_quantize_option(parser)
+    parser.add_argument("--json-out", type=Path, default=None)
+    return parser
+
+
+def command_line(prog: str, argv: list[str] | None) -> str:
+    """The command as run, for the report (so a figure can be reproduced)."""
+    return " ".join([prog] + (argv if argv is not None else sys.argv[1:]))
+
+
+def device_name() -> str:
+    """MLX's default device, as the reports name it (e.g. "Device(cpu, 0)")."""
+    import mlx.core as mx
+
+    return str(mx.default_device())
+
+
+def machine() -> dict[str, str]:
+    """The device, MLX version and platform a report's figures come from."""
+    import mlx.core as mx
+
+    return {"device": device_name(), "mlx_version": mx.__version__, "platform": platform.platform()}
+
+
+def write_report(path: str | Path, report: dict[str, Any], *, indent: int = 2, announce: bool = False) -> None:
+    """Write `report` as JSON to `path` (parent folders made); with `announce`, say so."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=indent) + "\n")
+    if announce:
+        print(f"saved {path}")

@@ -1,0 +1,108 @@
+"""The session bank's data types, shared by the RAM tier (`bank`) and the SSD tier (`store`):
+a stored entry, the layer kinds, and the rule that says where a prompt may resume from one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+ANONYMOUS = ""  # the session id of a request that names none
+
+KV, GDN = "kv", "gdn"
+
+GDNState = list[tuple[mx.array, mx.array]]  # (conv, recurrent) per GDN layer, in layer order
+
+
+@dataclass
+class BankEntry:
+    """The committed state over `tokens` (see the module docstring for what each field is)."""
+
+    tokens: tuple[int, ...]
+    kinds: tuple[str, ...]  # per trunk layer: KV or GDN
+    kv: list[tuple[mx.array, mx.array] | None]  # per trunk layer; (1, H, S, D) arrays
+    boundaries: dict[int, GDNState]  # hybrid only: token count -> state after that many
+    head_kv: tuple[mx.array, mx.array] | None = None  # (1, H, head_len, D)
+    head_len: int = 0
+    tail_hidden: mx.array | None = None  # (1, S - head_len, H) trunk hiddens, or None
+    session_id: str = ANONYMOUS
+    last_used: float = 0.0
+    hits: int = 0
+    nbytes: int = 0
+    on_ssd: bool = False
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def hybrid(self) -> bool:
+        return GDN in self.kinds
+
+    def arrays(self) -> list[mx.array]:
+        """Every array the entry holds (for eval and byte accounting)."""
+        out: list[mx.array] = []
+        for pair in self.kv:
+            if pair is not None:
+                out.extend(pair)
+        for state in self.boundaries.values():
+            for conv, rec in state:
+                out.extend(a for a in (conv, rec) if a is not None)
+        if self.head_kv is not None:
+            out.extend(self.head_kv)
+        if self.tail_hidden is not None:
+            out.append(self.tail_hidden)
+        return out
+
+    def compute_nbytes(self) -> int:
+        self.nbytes = sum(a.nbytes for a in self.arrays()) + 8 * self.length
+        return self.nbytes
+
+
+def common_prefix(a: tuple[int, ...] | list[int], b: list[int] | np.ndarray) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.nonzero(x != y)[0]
+    return int(diff[0]) if diff.size else n
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """Where a request resumes: trunk at `trunk_len` tokens, head at `head_len` pairs."""
+
+    trunk_len: int
+    head_len: int
+
+
+def plan_restore(length: int, boundaries: list[int] | None, head_len: int, tail_rows: int,
+                 matched: int, prompt_len: int, need_head: bool) -> RestorePlan | None:
+    """The deepest exact restore of a stored state for a prompt, or None.
+
+    `length`: tokens the entry covers; `boundaries`: allowed trunk lengths for a hybrid
+    entry (None: any length, dense); `head_len`/`tail_rows`: the head's pairs and the kept
+    hiddens after them; `matched`: common prefix of entry and prompt. At least one prompt
+    token is always left to prefill (its logits pick the first output token).
+    """
+    limit = min(matched, prompt_len - 1, length)
+    if limit <= 0:
+        return None
+    if boundaries is None:
+        candidates = [limit]
+    else:
+        candidates = sorted((b for b in boundaries if 0 < b <= limit), reverse=True)
+    for r in candidates:
+        if not need_head:
+            return RestorePlan(r, 0)
+        # Head pair j is (h_j, x_{j+1}): pair r-1 is valid only if x_r matched too.
+        p = min(head_len, r, matched - 1)
+        if p == r or (p == head_len and head_len + tail_rows >= r):
+            return RestorePlan(r, p) if r > 0 else None
+        if boundaries is None and p > 0:
+            return RestorePlan(p, p)
+    return None
