@@ -14,6 +14,14 @@ from hypothesis import strategies as st
 
 from mtplxd.control import protocol
 
+# 0: each fuzz test's CI-sized default; MTPLX_FUZZ_EXAMPLES=10000 runs the long campaign
+# (docs/reliability.md).
+EXAMPLES = int(os.environ.get("MTPLX_FUZZ_EXAMPLES", "0"))
+
+
+def examples(default: int) -> int:
+    return EXAMPLES or default
+
 
 def _exchange(path, payload: bytes, timeout: float = 10) -> list[dict]:
     """Send raw bytes, half-close, and read every answer line until the daemon closes."""
@@ -149,7 +157,7 @@ method_names = st.sampled_from(["daemon.status", "daemon.methods", "config.get",
                                 "logs.tail", "model.unload", "nope", ""]) | st.text(max_size=12)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.one_of(
     st.binary(max_size=300),
     st.builds(lambda m, p, i: json.dumps({"jsonrpc": "2.0", "id": i, "method": m, "params": p}).encode(),
@@ -199,7 +207,7 @@ def wrongly_typed_calls(draw):
     return method, params
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=list(HealthCheck))
 @given(wrongly_typed_calls())
 def test_wrongly_typed_params_of_every_method_get_an_answer_never_a_dead_daemon(daemon, call):
     method, params = call
@@ -212,7 +220,7 @@ def test_wrongly_typed_params_of_every_method_get_an_answer_never_a_dead_daemon(
     assert daemon.process.poll() is None
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.one_of(
     st.binary(min_size=1, max_size=400),
     st.builds(lambda depth: b"[" * depth + b"]" * depth, st.integers(500, 50_000)),
