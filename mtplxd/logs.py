@@ -40,6 +40,14 @@ def setup_logging(log_file: Path, level: str = "info", to_stderr: bool = False) 
     logging.getLogger("hypercorn.access").setLevel(logging.WARNING)
 
 
+def printable(text: str) -> str:
+    """`text` with control characters and lone surrogates escaped (`\\n`, `\\ud800`), for a log
+    line built from client input: a newline in a field name must not forge a log line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def tail(log_file: Path, lines: int) -> list[str]:
     """The last `lines` lines of `log_file` (empty when there is none)."""
     try:

@@ -26,6 +26,7 @@ from mtplxd.api.metrics import Metrics
 from mtplxd.api.schemas import require_json_object
 from mtplxd.api.service import Generations, served_context
 from mtplxd.config import Config
+from mtplxd.logs import printable
 from mtplxd.paths import Paths
 from mtplxd.runtime import Runtime
 
@@ -84,8 +85,9 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
     async def api_error(error: APIError) -> Response:
         # A refused request is otherwise invisible in `mtplxctl logs`: say what and why, so a
         # field an agent sends that we refuse shows up without capturing its traffic.
-        log.info("%s %s refused: %d %s%s: %s", request.method, request.path, error.status,
-                 error.code or "error", f" ({error.param})" if error.param else "", error.message)
+        log.info("%s %s refused: %d %s%s: %s", request.method, printable(request.path), error.status,
+                 error.code or "error", f" ({printable(error.param)})" if error.param else "",
+                 printable(error.message))
         await _drain_body()
         return _error_response(error)
 

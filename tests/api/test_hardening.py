@@ -162,3 +162,16 @@ def test_an_error_answered_before_the_body_was_read_does_not_stall_the_connectio
             refused = http.request(method, path, content=b'{"input": "' + b"x" * 2000 + b'"}')
             assert refused.status_code in (404, 405) and refused.json()["error"]
             assert http.get("/health").status_code == 200
+
+
+def test_a_refused_field_name_cannot_forge_a_log_line(api):
+    forged = "\n2026-01-01 00:00:00,000 ERROR mtplxd: forged\n"
+    body = {"model": MODEL_ID, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
+            "metadata": {"k" + forged + LONE: 1}}
+    with api.http() as http:
+        answer = http.post("/v1/chat/completions", content=json.dumps(body),
+                           headers={"content-type": "application/json"})
+    assert answer.status_code == 400
+    log = (api.home / "logs" / "mtplxd.log").read_text(errors="replace")
+    assert "refused: 400 invalid_unicode" in log
+    assert not any(line.startswith("2026-01-01") for line in log.splitlines())
