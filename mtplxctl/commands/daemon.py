@@ -349,6 +349,9 @@ def status_table(status: dict[str, Any]) -> Table:
                   f"{human_bytes(memory.get('system_available_bytes'))} free of "
                   f"{human_bytes(memory.get('system_total_bytes'))}")
     table.add_row("requests", f"{status.get('requests', {}).get('active', 0)} in flight")
+    if status.get("blas"):
+        level = "[yellow]" if status["blas"].get("degraded") else ""
+        table.add_row("BLAS", f"{level}{status['blas']['summary']}{'[/]' if level else ''}")
     guard = status.get("guard")
     if guard:
         table.add_row("memory guard", f"limit {human_bytes(guard['limit_bytes'])}, "

@@ -15,6 +15,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from mtplxd import blas
 from mtplxd.api import anthropic, openai, responses
 from mtplxd.api.auth import is_authorized, load_key
 from mtplxd.api.cors import browser_origin, cors_headers, origin_allowed
@@ -128,6 +129,9 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
         degradations = []
         if info and info.get("mode") == "ar":
             degradations.append({"what": "mtp", "why": info.get("ar_reason") or "no MTP head"})
+        chosen = blas.status()
+        if chosen is not None and chosen.degraded:
+            degradations.append({"what": "blas", "why": chosen.degraded})
         body = {
             "status": "ok" if runtime.state == "loaded" else "no_model",
             "state": runtime.state,

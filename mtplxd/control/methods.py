@@ -135,6 +135,14 @@ def model_snapshot(daemon: "Daemon") -> dict[str, Any] | None:
     return snapshot
 
 
+def blas_snapshot() -> dict[str, Any] | None:
+    """The BLAS this daemon's MLX calls (mtplxd.blas), or None before the engine was imported."""
+    from mtplxd import blas
+
+    chosen = blas.status()
+    return {**chosen.to_dict(), "summary": chosen.summary()} if chosen is not None else None
+
+
 def status_snapshot(daemon: "Daemon") -> dict[str, Any]:
     """The full `daemon.status` answer."""
     process = psutil.Process()
@@ -157,6 +165,7 @@ def status_snapshot(daemon: "Daemon") -> dict[str, Any]:
         "guard": daemon.runtime.guard.status() if daemon.runtime.guard is not None else None,
         "session_bank": daemon.runtime.session_bank_stats() if daemon.runtime.model is not None else None,
         "fans": daemon.fans.snapshot() if getattr(daemon, "fans", None) else None,
+        "blas": blas_snapshot(),
         "memory": {
             "rss_bytes": process.memory_info().rss,
             "system_total_bytes": vm.total,

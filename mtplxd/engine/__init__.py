@@ -3,6 +3,12 @@
 Imports mlx, mlx-lm and numpy only (no trio, no HTTP), so it runs alone on any machine.
 """
 
+# Every way into the engine (daemon, benchmarks, tests, scripts) passes here before the first
+# `import mlx`: the BLAS MLX's CPU backend binds to must be loaded first (see mtplxd.blas).
+from mtplxd import blas as _blas
+
+_blas.activate()
+
 from mtplxd.engine.interface import (
     CheckpointReport,
     GenerationRequest,

@@ -21,7 +21,10 @@ Exactness: a restore hands the engine the very arrays a cold run computes for th
 restore equal a cold prefill's (bitwise on the CPU backend, tested per family).
 
 Identity (`BankIdentity`): entries are only shared between requests with the same weights,
-chat template and numerics (dtype/quantization, MLX version, device).
+chat template and numerics (dtype/quantization, MLX version, device). Each entry also carries
+the dtype its state was computed in (`BankEntry.dtype`, read from its own arrays, so an SSD
+blob carries it in its tensor headers): an entry of another dtype than the running model's
+(a bfloat16 state met by a float32 run on the Linux CPU) is refused as a miss, never cast.
 
 Budget: a byte cap (LRU by session: the session used longest ago loses its oldest entry
 first), an idle TTL and a per-session entry cap. `release_idle(n)` serves the memory guard.
@@ -97,6 +100,7 @@ class BankIdentity:
     mlx_version: str
     mlx_lm_version: str
     device: str
+    cache_dtype: str = ""  # the dtype the model computes and caches in (ModelInfo.dtype)
     format_version: int = FORMAT_VERSION
 
     @property
@@ -134,6 +138,7 @@ def identity_for(info: Any, tokenizer: Any, model: Any) -> BankIdentity:
         mlx_version=mx.__version__,
         mlx_lm_version=getattr(mlx_lm, "__version__", "?"),
         device=str(mx.default_device()),
+        cache_dtype=str(getattr(info, "dtype", "")),
     )
 
 
@@ -174,6 +179,19 @@ class BankEntry:
     def hybrid(self) -> bool:
         return GDN in self.kinds
 
+    @property
+    def dtype(self) -> str | None:
+        """The float dtype the entry's state was computed in ("float32", ...), from its first
+        KV (or head KV, or conv state) array; None when it holds none."""
+        for pair in [*self.kv, self.head_kv]:
+            if pair is not None:
+                return _dtype_name(pair[0])
+        for state in self.boundaries.values():
+            for conv, _ in state:
+                if conv is not None:
+                    return _dtype_name(conv)
+        return None
+
     def arrays(self) -> list[mx.array]:
         """Every array the entry holds (for eval and byte accounting)."""
         out: list[mx.array] = []
@@ -192,6 +210,10 @@ class BankEntry:
     def compute_nbytes(self) -> int:
         self.nbytes = sum(a.nbytes for a in self.arrays()) + 8 * self.length
         return self.nbytes
+
+
+def _dtype_name(array: mx.array) -> str:
+    return str(array.dtype).rsplit(".", 1)[-1]
 
 
 def common_prefix(a: tuple[int, ...] | list[int], b: list[int] | np.ndarray) -> int:
@@ -488,6 +510,9 @@ class SessionBank:
 
     def _plan(self, entry: BankEntry, prompt: list[int], need_head: bool) -> RestorePlan | None:
         if need_head and entry.head_kv is None:
+            return None
+        if self.identity.cache_dtype and entry.dtype not in (None, self.identity.cache_dtype):
+            # Restoring it would mix dtypes into the cache: output no cold run produces.
             return None
         tail = entry.tail_hidden.shape[1] if entry.tail_hidden is not None else 0
         boundaries = sorted(entry.boundaries) if entry.hybrid else None
