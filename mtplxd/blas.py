@@ -27,6 +27,7 @@ import ctypes.util
 import json
 import os
 import platform as platform_module
+import shutil
 import subprocess
 import sys
 import time
@@ -38,9 +39,10 @@ ENV = "MTPLX_BLAS"
 ACCELERATE, OPENBLAS, BUNDLED = "accelerate", "openblas", "bundled"
 # Debian/Ubuntu: libopenblas0-pthread ships the library under openblas-pthread/ and points
 # the libopenblas.so.0 alternative at it; Fedora/RHEL name theirs libopenblasp.so.0.
-APT_FIX = "sudo apt-get install libopenblas0-pthread"
-FIX = (f"install OpenBLAS ({APT_FIX} on Debian/Ubuntu; dnf install openblas-threads on "
-       f"Fedora) or set {ENV} to the path of a CBLAS library, then restart the daemon")
+APT_PACKAGE = "libopenblas0-pthread"
+APT_FIX = f"sudo apt-get install {APT_PACKAGE}"
+FIX = (f"run `mtplxctl blas --install` ({APT_FIX} on Debian/Ubuntu; dnf install "
+       f"openblas-threads on Fedora) or set {ENV} to a CBLAS library, then restart the daemon")
 PROBE_TIMEOUT_S = 60.0
 # Shapes of the self-check: a decode row against transposed weights, odd sizes, a block.
 CHECK_SHAPES = ((1, 96, 160), (7, 300, 129), (64, 256, 64))
@@ -257,6 +259,53 @@ def _same_file(a: str | None, b: str | None) -> bool:
 
 def _degraded(why: str) -> str:
     return f"MLX runs on its bundled reference BLAS (~30x slower on CPU): {why}; fix: {FIX}"
+
+
+# --- installing the distribution's OpenBLAS ----------------------------------------------
+
+
+def install_commands(system: str, uid: int,
+                     which: Callable[[str], str | None] = shutil.which) -> list[list[str]] | None:
+    """The commands that install the distribution's OpenBLAS on this machine, in order (the
+    second, an index refresh, runs only when the first fails), or None where this cannot
+    (not an apt system, or neither root nor sudo)."""
+    if system != "linux" or which("apt-get") is None:
+        return None
+    prefix = [] if uid == 0 else ["sudo"] if which("sudo") else None
+    if prefix is None:
+        return None
+    install = [*prefix, "apt-get", "install", "-y", "-q", "--no-install-recommends", APT_PACKAGE]
+    return [install, [*prefix, "apt-get", "update", "-q"], install]
+
+
+def install(run: Callable[[list[str]], int] | None = None) -> tuple[bool, str]:
+    """Install the distribution's OpenBLAS when none is found; (found afterwards, one line).
+
+    Never raises: a machine where it cannot be installed keeps MLX's bundled BLAS.
+    """
+    def found() -> bool:
+        return plan(sys.platform, platform_module.machine(), {}).kind != BUNDLED
+
+    if sys.platform == "darwin":
+        return True, "macOS: MLX uses Accelerate; nothing to install"
+    if found():
+        return True, f"OpenBLAS already installed: {plan(sys.platform, platform_module.machine(), {}).library}"
+    commands = install_commands(sys.platform, os.getuid())
+    if commands is None:
+        return False, f"cannot install OpenBLAS here (no apt-get, or neither root nor sudo); {FIX}"
+    run = run or _run_quietly
+    first, refresh, again = commands
+    if run(first) != 0 and not (run(refresh) == 0 and run(again) == 0):
+        return False, f"`{' '.join(first)}` failed; {FIX}"
+    return (True, f"installed {APT_PACKAGE}") if found() else (False, f"installed, not found; {FIX}")
+
+
+def _run_quietly(command: list[str]) -> int:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        return subprocess.run(command, env=env, stdout=subprocess.DEVNULL, check=False).returncode
+    except OSError:
+        return 127
 
 
 def status() -> BlasStatus | None:

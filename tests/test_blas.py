@@ -130,3 +130,20 @@ def test_daemon_reports_its_blas():
     finally:
         running.stop()
     assert status["blas"]["kind"] == blas.activate().kind
+
+
+def test_install_uses_apt_as_root_sudo_otherwise_and_nothing_elsewhere():
+    tools = {"apt-get": "/usr/bin/apt-get", "sudo": "/usr/bin/sudo"}
+    root = blas.install_commands("linux", 0, tools.get)
+    assert root[0] == ["apt-get", "install", "-y", "-q", "--no-install-recommends", blas.APT_PACKAGE]
+    assert root[1] == ["apt-get", "update", "-q"] and root[2] == root[0]
+    assert blas.install_commands("linux", 1000, tools.get)[0][:2] == ["sudo", "apt-get"]
+    assert blas.install_commands("linux", 1000, {"apt-get": "/usr/bin/apt-get"}.get) is None
+    assert blas.install_commands("linux", 0, {}.get) is None  # not an apt system
+    assert blas.install_commands("darwin", 0, tools.get) is None
+
+
+def test_blas_command_reports_the_self_check():
+    shown = json.loads(run_ctl("blas", "--json").stdout)
+    assert shown["kind"] == blas.activate().kind and shown["install"] is None
+    assert shown["summary"]

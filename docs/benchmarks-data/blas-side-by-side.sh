@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Before/after of issue #29 on one machine, interleaved so that the machine's drifts hit both:
+# BEFORE is a checkout of the commit before the change (bfloat16, MLX's bundled BLAS) with its
+# own venv, AFTER this checkout (float32, the distribution's OpenBLAS). Usage:
+#   git archive f3697b1 | tar -x -C /tmp/before && (cd /tmp/before && python3 -m venv .venv &&
+#     .venv/bin/pip install -e ".[test]" && cp $AFTER/mtplxd/engine/bench_prefill.py mtplxd/engine/)
+#   BEFORE=/tmp/before AFTER=$PWD OUT=docs/benchmarks-data/blas bash docs/benchmarks-data/blas-side-by-side.sh
+set -euo pipefail
+: "${BEFORE:?}" "${AFTER:?}" "${OUT:?}"
+ROUNDS=${ROUNDS:-2}
+MODEL=$AFTER/mtplxd/models/embedded
+mkdir -p "$OUT"
+for round in $(seq "$ROUNDS"); do
+  for side in before after; do
+    root=$BEFORE; [ "$side" = after ] && root=$AFTER
+    (cd "$root" && .venv/bin/python -m mtplxd.engine.bench_prefill --model "$MODEL" \
+      --tokens 1024,4096,16384 --repeats 1 --json-out "$OUT/prefill-$side-$round.json")
+    (cd "$root" && .venv/bin/python -m mtplxd.engine.bench --model "$MODEL" --depth 3 \
+      --repeats 2 --max-tokens 96 --json-out "$OUT/bench-$side-$round.json")
+  done
+done
