@@ -313,6 +313,12 @@ def status() -> BlasStatus | None:
     return _active
 
 
+def snapshot() -> dict[str, Any] | None:
+    """`status()` as JSON with its summary line (daemon.status, benchmarks); None before
+    `activate` ran."""
+    return {**_active.to_dict(), "summary": _active.summary()} if _active is not None else None
+
+
 def _reset_for_tests() -> None:
     global _active
     _active = None

@@ -68,7 +68,7 @@ def exit_code(checks: list[Check], daemon_running: bool) -> int:
 def _local_blas() -> dict[str, Any]:
     from mtplxd import blas
 
-    found = blas.diagnose()
+    found = blas.diagnose()  # what a daemon started now would get, checked in a child
     return {**found.to_dict(), "summary": found.summary()}
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from mtplxd import POWERED_BY, __version__
+from mtplxd import POWERED_BY, __version__, blas
 from mtplxd.config import SETTINGS, ConfigError, load_config, set_in_file
 from mtplxd.control.protocol import PROTOCOL_VERSION, app_error, invalid_params
 from mtplxd.control.registry import MethodRegistry, Notify
@@ -135,14 +135,6 @@ def model_snapshot(daemon: "Daemon") -> dict[str, Any] | None:
     return snapshot
 
 
-def blas_snapshot() -> dict[str, Any] | None:
-    """The BLAS this daemon's MLX calls (mtplxd.blas), or None before the engine was imported."""
-    from mtplxd import blas
-
-    chosen = blas.status()
-    return {**chosen.to_dict(), "summary": chosen.summary()} if chosen is not None else None
-
-
 def status_snapshot(daemon: "Daemon") -> dict[str, Any]:
     """The full `daemon.status` answer."""
     process = psutil.Process()
@@ -165,7 +157,7 @@ def status_snapshot(daemon: "Daemon") -> dict[str, Any]:
         "guard": daemon.runtime.guard.status() if daemon.runtime.guard is not None else None,
         "session_bank": daemon.runtime.session_bank_stats() if daemon.runtime.model is not None else None,
         "fans": daemon.fans.snapshot() if getattr(daemon, "fans", None) else None,
-        "blas": blas_snapshot(),
+        "blas": blas.snapshot(),  # the BLAS this daemon's MLX calls
         "memory": {
             "rss_bytes": process.memory_info().rss,
             "system_total_bytes": vm.total,

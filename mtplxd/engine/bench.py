@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mtplxd import blas
 from mtplxd.engine.interface import (
     DECODE_LOOP_CHOICES, QUANTIZE_CHOICES, GenerationRequest, GenerationResult, SamplingParams,
 )
@@ -181,13 +182,6 @@ def add_quantize_option(parser: argparse.ArgumentParser) -> None:
                         help="quantize the weights as they load (default: what the checkpoint asks for)")
 
 
-def _blas_status() -> dict[str, Any] | None:
-    from mtplxd import blas
-
-    chosen = blas.status()
-    return chosen.to_dict() if chosen is not None else None
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench", description=__doc__,
@@ -225,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs_per_mode": args.repeats * len(PROMPTS),
         "load_seconds": load_seconds,
         "device": str(mx.default_device()),
-        "blas": _blas_status(),
+        "blas": blas.snapshot(),
         "mlx_version": mx.__version__,
         "platform": platform.platform(),
         "command": " ".join(["python -m mtplxd.engine.bench"] + (argv if argv is not None else sys.argv[1:])),

@@ -38,11 +38,10 @@ def measure_prefill(model: Any, tokens: int, repeats: int) -> dict[str, Any]:
 
 def _blas() -> dict[str, Any] | None:
     try:
-        from mtplxd import blas
+        from mtplxd.blas import snapshot
     except ImportError:  # a checkout from before mtplxd.blas (the "before" side of a comparison)
         return None
-    chosen = blas.status()
-    return chosen.to_dict() if chosen is not None else None
+    return snapshot()
 
 
 def main(argv: list[str] | None = None) -> int:
