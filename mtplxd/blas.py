@@ -122,7 +122,8 @@ def plan(system: str, machine: str, env: Mapping[str, str],
 
 
 def self_check() -> dict[str, Any]:
-    """Run in the process whose MLX is checked: exact matmuls and float32 GFLOP/s.
+    """Run in the process whose MLX is checked: exact matmuls and float32 GFLOP/s of the CPU,
+    and whether MLX's default device is a GPU (CUDA: then the CPU BLAS barely matters).
 
     Integer-valued inputs keep every product and sum exact in float32, so the reference
     (numpy's int64 matmul, which no BLAS computes) must be matched bit for bit.
@@ -140,7 +141,7 @@ def self_check() -> dict[str, Any]:
             worst = max(worst, float(np.abs(got - (a @ w.T)).max()))
         gflops = _measure_gflops(mx)
     return {"exact": worst == 0.0, "max_error": worst, "gflops": round(gflops, 1),
-            "provider": sgemm_provider()}
+            "provider": sgemm_provider(), "gpu": mx.default_device() != mx.cpu}
 
 
 def _measure_gflops(mx: Any) -> float:
@@ -234,9 +235,13 @@ def _activate(chosen: Plan, run_probe: Callable[[str | None], dict[str, Any]],
     if chosen.kind == ACCELERATE:
         return BlasStatus(ACCELERATE, None, run_probe(None).get("gflops"))
     if chosen.kind == BUNDLED:
-        asked = chosen.reason == f"{ENV}=bundled"
-        return BlasStatus(BUNDLED, None, None,
-                          None if asked else _degraded(chosen.reason or "no optimized BLAS"))
+        if chosen.reason == f"{ENV}=bundled":
+            return BlasStatus(BUNDLED, None, None)
+        answer = run_probe(None)  # the bundled BLAS's speed, and whether a GPU does the matmuls
+        if answer.get("gpu"):
+            return BlasStatus(BUNDLED, None, answer.get("gflops"))
+        return BlasStatus(BUNDLED, None, answer.get("gflops"),
+                          _degraded(chosen.reason or "no optimized BLAS"))
     if mlx_imported():
         return BlasStatus(BUNDLED, None, None, _degraded("MLX was imported before the BLAS choice"))
     answer = run_probe(chosen.library)

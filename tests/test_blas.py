@@ -58,11 +58,23 @@ def test_asked_for_bundled_is_not_a_degradation():
     assert status.kind == blas.BUNDLED and status.degraded is None
 
 
+def bundled_probe(library):
+    assert library is None
+    return {"exact": True, "max_error": 0.0, "gflops": 4.0, "provider": None, "gpu": False}
+
+
 def test_missing_openblas_falls_back_in_one_line_with_the_fix():
     chosen = blas.plan("linux", "x86_64", {}, only(), find=lambda name: None)
-    status = blas._activate(chosen, fail, fail, lambda: False)
-    assert status.kind == blas.BUNDLED
+    status = blas._activate(chosen, bundled_probe, fail, lambda: False)
+    assert status.kind == blas.BUNDLED and status.gflops == 4.0
     assert "\n" not in status.degraded and blas.APT_FIX in status.degraded
+    assert "4 GFLOP/s" in status.summary()
+
+
+def test_missing_openblas_is_no_degradation_when_a_gpu_does_the_matmuls():
+    chosen = blas.plan("linux", "x86_64", {}, only(), find=lambda name: None)
+    status = blas._activate(chosen, lambda lib: {**bundled_probe(lib), "gpu": True}, fail, lambda: False)
+    assert status.kind == blas.BUNDLED and status.degraded is None
 
 
 @pytest.mark.parametrize("answer", [
