@@ -222,8 +222,8 @@ def _report_started(status: dict[str, Any], as_json: bool) -> int:
 def _mode_text(model: dict[str, Any]) -> str:
     if model.get("mode") == "mtp":
         loop = " (fused loop)" if model.get("decode_loop") == "fused" else ""
-        weights = f", {model['quantization']}" if model.get("quantization") else ""
-        return f"MTP depth {model.get('depth')}{loop}{weights}"
+        weights = model.get("quantization") or model.get("dtype")
+        return f"MTP depth {model.get('depth')}{loop}" + (f", {weights}" if weights else "")
     return f"AR: {model.get('ar_reason') or 'no MTP head'}"
 
 
