@@ -32,7 +32,7 @@ def cmd_blas(args: argparse.Namespace) -> int:
                     "install": None if installed is None else {"ok": installed[0], "message": installed[1]}})
         return EXIT_OK
     if installed is not None:
-        console.print(f"blas: {installed[1]}")
+        console.print(f"blas: {installed[1]}", soft_wrap=True)
     style = "yellow" if found.degraded else "green"
-    console.print(f"blas: [{style}]{found.summary()}[/]")
+    console.print(f"blas: [{style}]{found.summary()}[/]", soft_wrap=True)
     return EXIT_OK
