@@ -16,9 +16,11 @@ What an entry holds (`BankEntry`), for tokens x_0..x_{S-1} fed to the trunk:
   h_head_len..h_{S-1} of the pairs not yet fed to the head (at most a verify block), so the
   speculative loop can rebuild its PENDING pairs at any restore point.
 
-Exactness: a restore hands the engine the very arrays a cold run computes for that prefix
-(MLX arrays are immutable; restored caches write into new buffers), so logits after a
-restore equal a cold prefill's (bitwise on the CPU backend, tested per family).
+Exactness: a restore hands the engine the very arrays the earlier run computed for that prefix
+(MLX arrays are immutable; restored caches write into new buffers). Where a matmul computes
+each row alone (MLX's reference BLAS) those are a cold prefill's bits, and logits after a
+restore equal a cold prefill's bitwise (tested per family); under OpenBLAS, whose kernels
+depend on the matrix's shape, they equal it to float32 rounding and the tokens are the same.
 
 Identity (`BankIdentity`): entries are only shared between requests with the same weights,
 chat template and numerics (dtype/quantization, MLX version, device). Each entry also carries
