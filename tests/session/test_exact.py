@@ -9,26 +9,17 @@ tokens still match exactly. The bitwise check runs under the reference BLAS in a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from mtplxd import blas
 from mtplxd.engine.session_bank import BankSettings
+from support.numerics import ROWS_ALONE, run_on_reference_blas
+from support.numerics import same as _same
 
 FAMILY_PARAMS = ["qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next"]
-ROWS_ALONE = blas.activate().kind == blas.BUNDLED
-
-
-def _same(w: mx.array, c: mx.array) -> bool:
-    if ROWS_ALONE:
-        return mx.array_equal(w, c).item()
-    return w.shape == c.shape and mx.allclose(w, c, rtol=1e-4, atol=1e-5).item()
 
 
 def _assert_caches_equal(warm: list, cold: list) -> None:
@@ -70,12 +61,8 @@ def test_logits_and_caches_after_restore_equal_cold_prefill(loaded, gen, toks, f
 @pytest.mark.skipif(ROWS_ALONE, reason="this run is the bitwise one already")
 def test_restores_are_bitwise_under_the_reference_blas():
     """The test above, in a child whose MLX runs on its bundled BLAS (rows computed alone)."""
-    test = f"{Path(__file__)}::test_logits_and_caches_after_restore_equal_cold_prefill"
-    env = {**os.environ, blas.ENV: "bundled"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:]
-    assert "4 passed" in done.stdout
+    run_on_reference_blas(f"{Path(__file__)}::test_logits_and_caches_after_restore_equal_cold_prefill",
+                          expect_passed=len(FAMILY_PARAMS))
 
 
 @pytest.mark.parametrize("depth", [0, 3])
