@@ -7,14 +7,16 @@
 #   BEFORE=/tmp/before AFTER=$PWD OUT=docs/benchmarks-data/blas bash docs/benchmarks-data/blas-side-by-side.sh
 set -euo pipefail
 : "${BEFORE:?}" "${AFTER:?}" "${OUT:?}"
-ROUNDS=${ROUNDS:-2}
+ROUNDS=${ROUNDS:-1}
+FIRST=${FIRST:-1}                                # number of the first round (its files' suffix)
+TOKENS=${TOKENS:-1024,4096,16384}                # prompt lengths of the prefill measurement
 MODEL=$AFTER/mtplxd/models/embedded
 mkdir -p "$OUT"
-for round in $(seq "$ROUNDS"); do
+for round in $(seq "$FIRST" $((FIRST + ROUNDS - 1))); do
   for side in before after; do
     root=$BEFORE; [ "$side" = after ] && root=$AFTER
     (cd "$root" && .venv/bin/python -m mtplxd.engine.bench_prefill --model "$MODEL" \
-      --tokens 1024,4096,16384 --repeats 1 --json-out "$OUT/prefill-$side-$round.json")
+      --tokens "$TOKENS" --repeats 1 --json-out "$OUT/prefill-$side-$round.json")
     (cd "$root" && .venv/bin/python -m mtplxd.engine.bench --model "$MODEL" --depth 3 \
       --repeats 2 --max-tokens 96 --json-out "$OUT/bench-$side-$round.json")
   done
