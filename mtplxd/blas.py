@@ -206,32 +206,28 @@ def load_global(library: str) -> None:
 _active: BlasStatus | None = None
 
 
-def activate(env: Mapping[str, str] | None = None, *,
-             system: str | None = None, machine: str | None = None,
-             run_probe: Callable[[str | None], dict[str, Any]] = probe,
-             load: Callable[[str], None] = load_global,
-             mlx_imported: Callable[[], bool] = lambda: "mlx.core" in sys.modules) -> BlasStatus:
+def activate() -> BlasStatus:
     """Choose, check and load the BLAS for this process; idempotent; never raises.
 
-    Call it before anything imports MLX. The keyword arguments are the OS boundary, for tests.
+    Call it before anything imports MLX (mtplxd.engine's package init does).
     """
     global _active
-    if _active is not None:
-        return _active
-    env = os.environ if env is None else env
-    chosen = plan(system or sys.platform, machine or platform_module.machine(), env)
-    _active = _activate(chosen, run_probe, load, mlx_imported)
+    if _active is None:
+        chosen = plan(sys.platform, platform_module.machine(), os.environ)
+        _active = resolve(chosen, probe, load_global, lambda: "mlx.core" in sys.modules)
     return _active
 
 
 def diagnose(env: Mapping[str, str] | None = None) -> BlasStatus:
     """What `activate` would choose in a new daemon, checked in a child; loads nothing here."""
     chosen = plan(sys.platform, platform_module.machine(), os.environ if env is None else env)
-    return _activate(chosen, probe, load=lambda _library: None, mlx_imported=lambda: False)
+    return resolve(chosen, probe, load=lambda _library: None, mlx_imported=lambda: False)
 
 
-def _activate(chosen: Plan, run_probe: Callable[[str | None], dict[str, Any]],
-              load: Callable[[str], None], mlx_imported: Callable[[], bool]) -> BlasStatus:
+def resolve(chosen: Plan, run_probe: Callable[[str | None], dict[str, Any]],
+            load: Callable[[str], None], mlx_imported: Callable[[], bool]) -> BlasStatus:
+    """Carry out `chosen`: check the library with `run_probe` (a child process), `load` it
+    when it passed, else report the fallback. The callables are the OS boundary."""
     if chosen.kind == ACCELERATE:
         return BlasStatus(ACCELERATE, None, run_probe(None).get("gflops"))
     if chosen.kind == BUNDLED:
@@ -322,11 +318,6 @@ def snapshot() -> dict[str, Any] | None:
     """`status()` as JSON with its summary line (daemon.status, benchmarks); None before
     `activate` ran."""
     return {**_active.to_dict(), "summary": _active.summary()} if _active is not None else None
-
-
-def _reset_for_tests() -> None:
-    global _active
-    _active = None
 
 
 def _probe_main(library: str) -> int:

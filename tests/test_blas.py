@@ -30,7 +30,7 @@ def fail(*_args):
 def test_macos_keeps_accelerate_and_loads_nothing():
     assert blas.plan("darwin", "arm64", {}, only(DEBIAN)).kind == blas.ACCELERATE
     assert blas.plan("darwin", "arm64", {blas.ENV: DEBIAN}, only(DEBIAN)).kind == blas.ACCELERATE
-    status = blas._activate(blas.plan("darwin", "arm64", {}, only()), good_probe, fail, lambda: False)
+    status = blas.resolve(blas.plan("darwin", "arm64", {}, only()), good_probe, fail, lambda: False)
     assert status.kind == blas.ACCELERATE and status.degraded is None and status.gflops == 120.0
 
 
@@ -54,7 +54,7 @@ def test_environment_overrides_the_choice():
 
 def test_asked_for_bundled_is_not_a_degradation():
     chosen = blas.plan("linux", "x86_64", {blas.ENV: "bundled"}, only(DEBIAN))
-    status = blas._activate(chosen, fail, fail, lambda: False)
+    status = blas.resolve(chosen, fail, fail, lambda: False)
     assert status.kind == blas.BUNDLED and status.degraded is None
 
 
@@ -65,7 +65,7 @@ def bundled_probe(library):
 
 def test_missing_openblas_falls_back_in_one_line_with_the_fix():
     chosen = blas.plan("linux", "x86_64", {}, only(), find=lambda name: None)
-    status = blas._activate(chosen, bundled_probe, fail, lambda: False)
+    status = blas.resolve(chosen, bundled_probe, fail, lambda: False)
     assert status.kind == blas.BUNDLED and status.gflops == 4.0
     assert "\n" not in status.degraded and blas.APT_FIX in status.degraded
     assert "4 GFLOP/s" in status.summary()
@@ -73,7 +73,7 @@ def test_missing_openblas_falls_back_in_one_line_with_the_fix():
 
 def test_missing_openblas_is_no_degradation_when_a_gpu_does_the_matmuls():
     chosen = blas.plan("linux", "x86_64", {}, only(), find=lambda name: None)
-    status = blas._activate(chosen, lambda lib: {**bundled_probe(lib), "gpu": True}, fail, lambda: False)
+    status = blas.resolve(chosen, lambda lib: {**bundled_probe(lib), "gpu": True}, fail, lambda: False)
     assert status.kind == blas.BUNDLED and status.degraded is None
 
 
@@ -84,21 +84,21 @@ def test_missing_openblas_is_no_degradation_when_a_gpu_does_the_matmuls():
 ])
 def test_wrong_or_crashing_library_is_never_loaded(answer):
     loaded = []
-    status = blas._activate(blas.Plan(blas.OPENBLAS, DEBIAN), lambda lib: answer, loaded.append,
+    status = blas.resolve(blas.Plan(blas.OPENBLAS, DEBIAN), lambda lib: answer, loaded.append,
                             lambda: False)
     assert loaded == [] and status.kind == blas.BUNDLED and DEBIAN in status.degraded
 
 
 def test_checked_library_is_loaded_and_reported():
     loaded = []
-    status = blas._activate(blas.Plan(blas.OPENBLAS, DEBIAN), good_probe, loaded.append, lambda: False)
+    status = blas.resolve(blas.Plan(blas.OPENBLAS, DEBIAN), good_probe, loaded.append, lambda: False)
     assert loaded == [DEBIAN]
     assert (status.kind, status.library, status.gflops, status.degraded) == (blas.OPENBLAS, DEBIAN, 120.0, None)
     assert DEBIAN in status.summary() and "120 GFLOP/s" in status.summary()
 
 
 def test_too_late_after_mlx_was_imported():
-    status = blas._activate(blas.Plan(blas.OPENBLAS, DEBIAN), fail, fail, lambda: True)
+    status = blas.resolve(blas.Plan(blas.OPENBLAS, DEBIAN), fail, fail, lambda: True)
     assert status.kind == blas.BUNDLED and "imported before" in status.degraded
 
 
