@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
@@ -17,12 +18,13 @@ def cast(entry: BankEntry, dtype: mx.Dtype) -> BankEntry:
     def c(a):
         return None if a is None else a.astype(dtype)
 
-    copy = BankEntry(
-        tokens=entry.tokens, kinds=entry.kinds,
+    # replace() keeps the entry's session and last use: a copy must not look idle-expired.
+    copy = replace(
+        entry,
         kv=[None if p is None else (c(p[0]), c(p[1])) for p in entry.kv],
         boundaries={b: [(c(conv), rec) for conv, rec in state] for b, state in entry.boundaries.items()},
         head_kv=None if entry.head_kv is None else (c(entry.head_kv[0]), c(entry.head_kv[1])),
-        head_len=entry.head_len, tail_hidden=c(entry.tail_hidden), session_id=entry.session_id)
+        tail_hidden=c(entry.tail_hidden))
     copy.compute_nbytes()
     return copy
 
