@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "fans",     # fans auto|max|smart|status
     "key",      # key show|rotate
     "bench",
+    "blas",     # blas [--install]
 ]
 
 

@@ -9,7 +9,7 @@ import sys
 
 import trio
 
-from mtplxd import POWERED_BY, __version__
+from mtplxd import POWERED_BY, __version__, blas
 from mtplxd.api.address import is_loopback
 from mtplxd.api.auth import load_key
 from mtplxd.config import ConfigError, load_config
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     try:
         setup_logging(paths.log_file, config.log_level, to_stderr=args.log_stderr)
+        _log_blas()
         daemon = Daemon(config, paths, load_model=not args.no_model)
         trio.run(daemon.run)
     except OSError as exc:
@@ -70,6 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         lock.release()
     return EXIT_OK
+
+
+def _log_blas() -> None:
+    """One line in the log on which BLAS MLX runs (chosen when the engine was imported)."""
+    chosen = blas.activate()
+    if chosen.degraded:
+        logging.getLogger("mtplxd").warning("blas: %s", chosen.summary())
+    else:
+        logging.getLogger("mtplxd").info("blas: %s", chosen.summary())
 
 
 def entry() -> None:

@@ -105,10 +105,15 @@ def _layer_kinds(config: dict[str, Any]) -> tuple[int, int]:
     return layers, 0
 
 
-def plan_for_config(config: dict[str, Any], weights_bytes: int) -> MemoryPlan:
-    """Compute the MemoryPlan of a model from its config.json and its weights' size."""
+def plan_for_config(config: dict[str, Any], weights_bytes: int,
+                    dtype: str | None = None) -> MemoryPlan:
+    """Compute the MemoryPlan of a model from its config.json and its resident weights' size.
+
+    `dtype` is what the loaded model computes in when it differs from the checkpoint's (the
+    Linux CPU upcasts to float32): its KV cache and activations are that wide too.
+    """
     text = _text_config(config)
-    dtype = _dtype_bytes(text)
+    dtype = DTYPE_BYTES.get(dtype, 2) if dtype else _dtype_bytes(text)
     hidden = int(text["hidden_size"])
     heads = int(text["num_attention_heads"])
     kv_heads = int(text.get("num_key_value_heads") or heads)

@@ -291,7 +291,7 @@ async def _unwrap(receive: trio.MemoryReceiveChannel) -> AsyncIterator[Any]:
 def build_guard(path: Path, model: Any, limit_bytes: int) -> MemoryGuard:
     """The memory guard of a freshly loaded model, from its config.json geometry."""
     config = json.loads((Path(path) / "config.json").read_text())
-    plan = plan_for_config(config, model.info.weights_bytes)
+    plan = plan_for_config(config, model.info.weights_bytes, model.info.dtype)
 
     def system_available() -> int:
         # Other processes count too: never plan into memory the OS does not have to give.

@@ -13,6 +13,11 @@ from typing import Any, Callable
 
 import pytest
 
+from mtplxd import blas
+
+# Before any test module imports MLX: the suite runs on the BLAS the daemon would use.
+blas.activate()
+
 
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:

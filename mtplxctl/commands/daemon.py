@@ -225,8 +225,8 @@ def _report_started(status: dict[str, Any], as_json: bool) -> int:
 def _mode_text(model: dict[str, Any]) -> str:
     if model.get("mode") == "mtp":
         loop = " (fused loop)" if model.get("decode_loop") == "fused" else ""
-        weights = f", {model['quantization']}" if model.get("quantization") else ""
-        return f"MTP depth {model.get('depth')}{loop}{weights}"
+        weights = model.get("quantization") or model.get("dtype")
+        return f"MTP depth {model.get('depth')}{loop}" + (f", {weights}" if weights else "")
     return f"AR: {model.get('ar_reason') or 'no MTP head'}"
 
 
@@ -352,6 +352,9 @@ def status_table(status: dict[str, Any]) -> Table:
                   f"{human_bytes(memory.get('system_available_bytes'))} free of "
                   f"{human_bytes(memory.get('system_total_bytes'))}")
     table.add_row("requests", f"{status.get('requests', {}).get('active', 0)} in flight")
+    if status.get("blas"):
+        level = "[yellow]" if status["blas"].get("degraded") else ""
+        table.add_row("BLAS", f"{level}{status['blas']['summary']}{'[/]' if level else ''}")
     guard = status.get("guard")
     if guard:
         table.add_row("memory guard", f"limit {human_bytes(guard['limit_bytes'])}, "

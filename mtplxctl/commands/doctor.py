@@ -25,13 +25,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     doctor.set_defaults(func=cmd_doctor)
 
 
-def diagnose(status: dict[str, Any] | None, records: dict[str, Any], env: Mapping[str, str]) -> list[Check]:
-    """All checks for a daemon `status` (None when it is not running) and the install records."""
+def diagnose(status: dict[str, Any] | None, records: dict[str, Any], env: Mapping[str, str],
+             local_blas: dict[str, Any] | None = None) -> list[Check]:
+    """All checks for a daemon `status` (None when it is not running) and the install records;
+    `local_blas` is this machine's BLAS check (mtplxd.blas.diagnose) when no daemon reports one."""
     checks = [daemon_check(status)]
     if not records:
         checks.append(Check("agents", "installed", WARN, "no agent installed: run `mtplxctl agents install`"))
     for name in sorted(records):
         checks.extend(check_agent(name, records[name], status, env))
+    checks.append(blas_check((status or {}).get("blas") or local_blas))
     return checks
 
 
@@ -47,11 +50,26 @@ def daemon_check(status: dict[str, Any] | None) -> Check:
     return Check("daemon", "model", OK, f"serving {model.get('id')} at {(status.get('http') or {}).get('base_url')}")
 
 
+def blas_check(blas: dict[str, Any] | None) -> Check:
+    """Whether MLX's CPU matmuls run on an optimized BLAS (warn, with the fix, when not)."""
+    if blas is None:
+        return Check("daemon", "blas", WARN, "not checked")
+    summary = blas.get("summary") or blas.get("kind", "?")
+    return Check("daemon", "blas", WARN if blas.get("degraded") else OK, summary)
+
+
 def exit_code(checks: list[Check], daemon_running: bool) -> int:
     """3 when the daemon is down, 1 when any check failed, else 0."""
     if not daemon_running:
         return EXIT_NOT_RUNNING
     return EXIT_ERROR if any(c.level == FAIL for c in checks) else EXIT_OK
+
+
+def _local_blas() -> dict[str, Any]:
+    from mtplxd import blas
+
+    found = blas.diagnose()  # what a daemon started now would get, checked in a child
+    return {**found.to_dict(), "summary": found.summary()}
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -66,7 +84,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         records = load_record(Paths.from_env().home)
     except AgentConfigError as exc:
         return fail(str(exc))
-    checks = diagnose(status, records, dict(os.environ))
+    local_blas = None if status and status.get("blas") else _local_blas()
+    checks = diagnose(status, records, dict(os.environ), local_blas)
     code = exit_code(checks, status is not None)
     if args.json:
         print_json({"ok": code == EXIT_OK, "checks": [c.to_json() for c in checks]})

@@ -15,6 +15,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from mtplxd import blas
 from mtplxd.api import anthropic, openai, responses
 from mtplxd.api.address import is_loopback
 from mtplxd.api.auth import is_authorized, load_key
@@ -140,6 +141,9 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
         degradations = []
         if info and info.get("mode") == "ar":
             degradations.append({"what": "mtp", "why": info.get("ar_reason") or "no MTP head"})
+        chosen = blas.status()
+        if chosen is not None and chosen.degraded:
+            degradations.append({"what": "blas", "why": chosen.degraded})
         bank_note = runtime.session_bank_note()
         if bank_note:
             degradations.append({"what": "session_bank", "why": bank_note})

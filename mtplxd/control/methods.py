@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
-from mtplxd import POWERED_BY, __version__
+from mtplxd import POWERED_BY, __version__, blas
 from mtplxd.config import SETTINGS, ConfigError, load_config, set_in_file
 from mtplxd.control.protocol import PROTOCOL_VERSION, app_error, invalid_params
 from mtplxd.control.registry import MethodRegistry, Notify
@@ -176,6 +176,7 @@ def status_snapshot(daemon: "Daemon") -> dict[str, Any]:
         "guard": daemon.runtime.guard.status() if daemon.runtime.guard is not None else None,
         "session_bank": daemon.runtime.session_bank_stats() if daemon.runtime.model is not None else None,
         "fans": daemon.fans.snapshot() if getattr(daemon, "fans", None) else None,
+        "blas": blas.snapshot(),  # the BLAS this daemon's MLX calls
         "memory": {
             "rss_bytes": process.memory_info().rss,
             "system_total_bytes": vm.total,

@@ -1,7 +1,7 @@
 """The MLX engine: load a model, generate with exact MTP speculative decoding or plain AR.
 
-Imports mlx, mlx-lm and numpy only (no trio, no HTTP, nothing else of mtplxd), so it runs
-alone on any machine. Its rooms, each importing only the ones below it:
+Imports mlx, mlx-lm and numpy only (no trio, no HTTP, nothing else of mtplxd but `mtplxd.blas`,
+which picks the CPU's BLAS before MLX loads), so it runs alone on any machine. Its rooms, each importing only the ones below it:
 
 - `interface`: the types every room shares (requests, results, stats, model info).
 - `model/`: loader, families, trunk, MTP head, hybrid layers, KV and rollback caches.
@@ -10,6 +10,12 @@ alone on any machine. Its rooms, each importing only the ones below it:
 - `loaded_model`, `generation`, `owner` (this level): the runtime that ties them together.
 - `fixtures/` and `bench/`: tiny checkpoints and benchmarks; the runtime never imports them.
 """
+
+# Every way into the engine (daemon, benchmarks, tests, scripts) passes here before the first
+# `import mlx`: the BLAS MLX's CPU backend binds to must be loaded first (see mtplxd.blas).
+from mtplxd import blas as _blas
+
+_blas.activate()
 
 from mtplxd.engine.interface import (
     CheckpointReport,

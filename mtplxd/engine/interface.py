@@ -121,6 +121,7 @@ class ModelInfo:
     vocab_size: int
     weights_bytes: int
     decode_loop: str = "stepwise"  # the loop MTP requests run: "fused" | "stepwise"
+    dtype: str = "bfloat16"  # what it computes (and caches) in; float32 on the Linux CPU
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""

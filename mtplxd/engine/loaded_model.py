@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -16,7 +17,8 @@ from mtplxd.engine.interface import (
 from mtplxd.engine.model.families import get_family
 from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 from mtplxd.engine.model.loader import (
-    MAX_DEPTH, inspect_checkpoint, load_checkpoint, quantize_on_load, recommended_depth,
+    MAX_DEPTH, compute_dtype, inspect_checkpoint, load_checkpoint, model_dtype, quantize_on_load,
+    recommended_depth, upcast,
 )
 from mtplxd.engine.model.trunk import Trunk
 from mtplxd.engine.session.bank import BankSettings, SessionBank, identity_for
@@ -116,6 +118,11 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp)
     on_cuda = fixed_shapes_wanted()
     quantized_at_load = quantize_on_load(model, config, quantize, on_cuda=on_cuda)
+    grown = 0
+    dtype = compute_dtype(sys.platform, on_cpu=_on_cpu(),
+                          quantized=bool(quantized_at_load or report.quantization))
+    if dtype is not None:
+        grown = upcast(model, dtype)
     spec = get_family(report.model_type)
     trunk = Trunk(model, spec)
     if decode_loop != "auto":
@@ -133,7 +140,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         context_length=int(report.context_length or 0),
         quantization=quantized_at_load or report.quantization,
         vocab_size=int(config.get("vocab_size") or text_config.get("vocab_size")),
-        weights_bytes=report.weights_bytes,
+        weights_bytes=report.weights_bytes + grown,  # what is resident after any upcast
+        dtype=model_dtype(model),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache()) else "stepwise"),
     )
@@ -141,6 +149,12 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     if session_bank is not None:
         loaded.enable_session_bank(session_bank)
     return loaded
+
+
+def _on_cpu() -> bool:
+    import mlx.core as mx
+
+    return mx.default_device() == mx.cpu
 
 
 

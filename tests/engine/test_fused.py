@@ -12,6 +12,7 @@ import mtplxd.engine.decoding.fused as fused
 from mtplxd.engine import GenerationRequest, SamplingParams, load_model
 from mtplxd.engine.decoding.fused import StaticKVCache
 from mtplxd.engine.decoding.sampling import device_position_keys, seed_words
+from support.numerics import ROWS_ALONE, run_on_reference_blas, same
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_static_cache_attention_equals_the_plain_cache(model):
     static = [StaticKVCache(buffers[i], buffers[i + 1], mx.array(5, mx.int32))
               for i in range(0, len(buffers), 2)]
     logits = trunk.lm_head(trunk.text.model(mx.array(tokens[5:])[None], static))
-    assert mx.array_equal(logits[0], expected[0, 5:])
+    assert same(logits[0], expected[0, 5:])
 
 
 def test_device_keys_differ_by_seed_position_and_purpose():
@@ -123,3 +124,10 @@ def test_fused_decoding_holds_one_copy_of_the_cache(tiny_model_factory):
     config = model.trunk.text.args
     one_copy = config.num_hidden_layers * 2 * 4 * 64 * 4 * 3072  # K+V, fp32, 3072 slots
     assert peaks["fused"] < peaks["stepwise"] + one_copy // 2, (peaks, one_copy)
+
+
+@pytest.mark.skipif(ROWS_ALONE, reason="this run is the bitwise one already")
+def test_static_cache_attention_is_bitwise_under_the_reference_blas():
+    """The comparison above, in a child whose MLX computes each matmul row alone."""
+    run_on_reference_blas(f"{__file__}::test_static_cache_attention_equals_the_plain_cache",
+                          expect_passed=1)

@@ -15,6 +15,7 @@ from mtplxd.engine.model.rollback import (
     make_rollback_cache,
     rollback_by_reforward,
 )
+from support.numerics import ROWS_ALONE, run_on_reference_blas, same
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
 VERIFY = [11, 300, 64, 128, 9]  # x_n followed by K = 4 drafts
@@ -43,18 +44,19 @@ def _fresh(model, tokens):
 
 
 def _assert_same_state(got, want):
-    """Bitwise equality of GDN conv + recurrent state and of the live attention KV."""
+    """Equality of GDN conv + recurrent state and of the live attention KV (bitwise where the
+    BLAS computes rows alone, see support.numerics)."""
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):
         if isinstance(w, ArraysCache):
             for slot in (0, 1):
                 assert g[slot].dtype == w[slot].dtype
-                assert mx.array_equal(g[slot], w[slot]).item(), f"layer {i} GDN slot {slot}"
+                assert same(g[slot], w[slot]), f"layer {i} GDN slot {slot}"
         else:
             assert g.offset == w.offset, f"layer {i} KV offset"
             gk, gv = g.keys_and_values() if hasattr(g, "keys_and_values") else g.state[:2]
             wk, wv = w.keys_and_values()
-            assert mx.array_equal(gk, wk).item() and mx.array_equal(gv, wv).item(), f"layer {i} KV"
+            assert same(gk, wk) and same(gv, wv), f"layer {i} KV"
 
 
 @pytest.mark.parametrize("accepted", range(K + 1))
@@ -67,7 +69,7 @@ def test_trim_after_verify_equals_direct_forward_of_accepted_prefix(model, accep
     _assert_same_state(cache, direct)
     # And the next step computes the same logits as after the direct prefix.
     nxt = [77]
-    assert mx.array_equal(_run(model, cache, nxt), _run(model, direct, nxt)).item()
+    assert same(_run(model, cache, nxt), _run(model, direct, nxt))
 
 
 def test_r0_reforward_oracle_agrees_with_r1_replay(model):
@@ -197,3 +199,9 @@ def test_rollback_bench_runs_and_reports_every_accept_count(tmp_path):
     report = json.loads(out.read_text())
     assert [row["accepted"] for row in report["rows"]] == [0, 1, 2]
     assert all(row["verify_ms"] > 0 and row["r0_reforward_ms"] > 0 for row in report["rows"])
+
+
+@pytest.mark.skipif(ROWS_ALONE, reason="this run is the bitwise one already")
+def test_rollback_is_bitwise_under_the_reference_blas():
+    """This module's comparisons, in a child whose MLX computes each matmul row alone."""
+    run_on_reference_blas(__file__, "-k", "not reference_blas", expect_passed=24)

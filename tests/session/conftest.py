@@ -57,6 +57,15 @@ def run(model: Any, prompt: list[int], *, depth: int | None = None, max_tokens: 
     return model.complete(request)
 
 
+def cold(model: Any, gen: Callable[..., GenerationResult], prompt: list[int]) -> GenerationResult:
+    """`gen(model, prompt)` with the model's bank taken away for the call: the cold reference."""
+    bank, model.bank = model.bank, None
+    try:
+        return gen(model, prompt)
+    finally:
+        model.bank = bank
+
+
 def tokens(seed: int, n: int, low: int = 5, high: int = 300) -> list[int]:
     """n pseudo-random ordinary token ids (no special tokens)."""
     import numpy as np

@@ -10,17 +10,11 @@ from mtplxd.engine.session.bank import BankSettings
 from mtplxd.engine.session.store import SessionStore, decode_safetensors, encode_safetensors, to_host
 from mtplxd.engine.session.types import KV, BankEntry
 
+from .conftest import cold
+
 
 def settings(root, **kw) -> BankSettings:
     return BankSettings(ssd_dir=root, ssd_min_tokens=64, **kw)
-
-
-def cold(model, gen, prompt):
-    bank, model.bank = model.bank, None
-    try:
-        return gen(model, prompt)
-    finally:
-        model.bank = bank
 
 
 def first_turn(model, gen, toks, root, seed=1):

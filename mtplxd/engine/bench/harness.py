@@ -141,10 +141,13 @@ def device_name() -> str:
 
 
 def machine() -> dict[str, str]:
-    """The device, MLX version and platform a report's figures come from."""
+    """The device, BLAS, MLX version and platform a report's figures come from."""
     import mlx.core as mx
 
-    return {"device": device_name(), "mlx_version": mx.__version__, "platform": platform.platform()}
+    from mtplxd import blas
+
+    return {"device": device_name(), "blas": blas.snapshot(), "mlx_version": mx.__version__,
+            "platform": platform.platform()}
 
 
 def write_report(path: str | Path, report: dict[str, Any], *, indent: int = 2, announce: bool = False) -> None:

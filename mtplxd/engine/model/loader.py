@@ -288,6 +288,47 @@ def quantize_on_load(model, config: dict[str, Any], choice: str, on_cuda: bool) 
     return f"{bits}bit, at load"
 
 
+def compute_dtype(system: str, on_cpu: bool, quantized: bool) -> str | None:
+    """The dtype to upcast an unquantized model to at load, or None to keep the checkpoint's.
+
+    float32 on the Linux CPU backend: MLX's CPU matmul has a BLAS path (cblas_sgemm, an
+    optimized BLAS through mtplxd.blas) only for float32; bfloat16 and float16 matmuls run a
+    plain loop at a few GFLOP/s. Metal (macOS) and CUDA compute half-precision natively, and
+    quantized weights keep their own kernels.
+    """
+    if system.startswith("linux") and on_cpu and not quantized:
+        return "float32"
+    return None
+
+
+def upcast(model, dtype: str) -> int:
+    """Cast every floating parameter of `model` (trunk and MTP head) to `dtype` in place;
+    return how many bytes the resident weights grew by."""
+    import mlx.core as mx
+
+    before = parameter_bytes(model)
+    model.set_dtype(getattr(mx, dtype))
+    return parameter_bytes(model) - before
+
+
+def parameter_bytes(model) -> int:
+    """Bytes of every parameter array of `model` (what its weights hold resident)."""
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def model_dtype(model) -> str:
+    """The float dtype the model computes in: its embedding's (e.g. "bfloat16")."""
+    from mlx.utils import tree_flatten
+
+    for name, v in tree_flatten(model.parameters()):
+        if name.endswith("embed_tokens.weight") and "float" in str(v.dtype):
+            return str(v.dtype).rsplit(".", 1)[-1]
+    floats = [v for _, v in tree_flatten(model.parameters()) if "float" in str(v.dtype)]
+    return str(floats[0].dtype).rsplit(".", 1)[-1] if floats else "float32"
+
+
 def _drop_mtp_classes(config: dict[str, Any]):
     """mlx-lm's classes, with `mtp.*` tensors removed before the model's own sanitize."""
     from mlx_lm.utils import _get_classes

@@ -16,12 +16,17 @@ What an entry holds (`BankEntry`), for tokens x_0..x_{S-1} fed to the trunk:
   h_head_len..h_{S-1} of the pairs not yet fed to the head (at most a verify block), so the
   speculative loop can rebuild its PENDING pairs at any restore point.
 
-Exactness: a restore hands the engine the very arrays a cold run computes for that prefix
-(MLX arrays are immutable; restored caches write into new buffers), so logits after a
-restore equal a cold prefill's (bitwise on the CPU backend, tested per family).
+Exactness: a restore hands the engine the very arrays the earlier run computed for that prefix
+(MLX arrays are immutable; restored caches write into new buffers). Where a matmul computes
+each row alone (MLX's reference BLAS) those are a cold prefill's bits, and logits after a
+restore equal a cold prefill's bitwise (tested per family); under OpenBLAS, whose kernels
+depend on the matrix's shape, they equal it to float32 rounding and the tokens are the same.
 
 Identity (`BankIdentity`): entries are only shared between requests with the same weights,
-chat template and numerics (dtype/quantization, MLX version, device).
+chat template and numerics (dtype/quantization, MLX version, device). Each entry also carries
+the dtype its state was computed in (`BankEntry.dtype`, read from its own arrays, so an SSD
+blob carries it in its tensor headers): an entry of another dtype than the running model's
+(a bfloat16 state met by a float32 run on the Linux CPU) is refused as a miss, never cast.
 
 Budget: a byte cap (LRU by session: the session used longest ago loses its oldest entry
 first), an idle TTL and a per-session entry cap. `release_idle(n)` serves the memory guard.
@@ -96,6 +101,7 @@ class BankIdentity:
     mlx_version: str
     mlx_lm_version: str
     device: str
+    cache_dtype: str = ""  # the dtype the model computes and caches in (ModelInfo.dtype)
     format_version: int = FORMAT_VERSION
 
     @property
@@ -133,6 +139,7 @@ def identity_for(info: Any, tokenizer: Any, model: Any) -> BankIdentity:
         mlx_version=mx.__version__,
         mlx_lm_version=getattr(mlx_lm, "__version__", "?"),
         device=str(mx.default_device()),
+        cache_dtype=str(getattr(info, "dtype", "")),
     )
 
 
@@ -418,6 +425,9 @@ class SessionBank:
 
     def _plan(self, entry: BankEntry, prompt: list[int], need_head: bool) -> RestorePlan | None:
         if need_head and entry.head_kv is None:
+            return None
+        if self.identity.cache_dtype and entry.dtype not in (None, self.identity.cache_dtype):
+            # Restoring it would mix dtypes into the cache: output no cold run produces.
             return None
         tail = entry.tail_hidden.shape[1] if entry.tail_hidden is not None else 0
         boundaries = sorted(entry.boundaries) if entry.hybrid else None

@@ -41,6 +41,19 @@ class BankEntry:
     def hybrid(self) -> bool:
         return GDN in self.kinds
 
+    @property
+    def dtype(self) -> str | None:
+        """The float dtype the entry's state was computed in ("float32", ...), from its first
+        KV (or head KV, or conv state) array; None when it holds none."""
+        for pair in [*self.kv, self.head_kv]:
+            if pair is not None:
+                return _dtype_name(pair[0])
+        for state in self.boundaries.values():
+            for conv, _ in state:
+                if conv is not None:
+                    return _dtype_name(conv)
+        return None
+
     def arrays(self) -> list[mx.array]:
         """Every array the entry holds (for eval and byte accounting)."""
         out: list[mx.array] = []
@@ -59,6 +72,10 @@ class BankEntry:
     def compute_nbytes(self) -> int:
         self.nbytes = sum(a.nbytes for a in self.arrays()) + 8 * self.length
         return self.nbytes
+
+
+def _dtype_name(array: mx.array) -> str:
+    return str(array.dtype).rsplit(".", 1)[-1]
 
 
 def common_prefix(a: tuple[int, ...] | list[int], b: list[int] | np.ndarray) -> int:
