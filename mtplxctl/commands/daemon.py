@@ -222,6 +222,15 @@ def _report_started(status: dict[str, Any], as_json: bool) -> int:
     return EXIT_OK
 
 
+def _context_text(model: dict[str, Any]) -> str:
+    """The served window, and the model's own when memory is what caps it."""
+    text = f"{model.get('context_length')} tokens"
+    if model.get("context_limited_by") == "memory":
+        text += (f" (capped by the memory limit; the model's is {model.get('model_context_length')}"
+                 " — `mtplxctl config set memory_limit max` raises it)")
+    return text
+
+
 def _mode_text(model: dict[str, Any]) -> str:
     if model.get("mode") == "mtp":
         loop = " (fused loop)" if model.get("decode_loop") == "fused" else ""
@@ -342,7 +351,7 @@ def status_table(status: dict[str, Any]) -> Table:
         table.add_row("model", "none loaded — `mtplxctl start --model PATH_OR_REPO`")
     elif model.get("state") == "loaded":
         table.add_row("model", f"{model['id']} — {_mode_text(model)}")
-        table.add_row("context", f"{model.get('context_length')} tokens")
+        table.add_row("context", _context_text(model))
         if model.get("demo"):
             table.add_row("note", model.get("hint", ""))
     else:

@@ -16,6 +16,7 @@ from mtplxd import POWERED_BY, __version__
 from mtplxd.config import SETTINGS, ConfigError, load_config, set_in_file
 from mtplxd.control.protocol import PROTOCOL_VERSION, app_error, invalid_params
 from mtplxd.control.registry import MethodRegistry, Notify
+from mtplxd.guard import context_window
 from mtplxd.logs import tail
 from mtplxd.runtime import EMBEDDED_MODEL_ID, ModelLoadFailed
 
@@ -140,11 +141,8 @@ def model_snapshot(daemon: "Daemon") -> dict[str, Any] | None:
     info = runtime.info()
     if info is not None:
         snapshot.update(info)
-        guard = runtime.guard
-        if guard is not None and info.get("context_length"):
-            # What clients are told is what fits under the memory limit, not the model's maximum.
-            snapshot["model_context_length"] = info["context_length"]
-            snapshot["context_length"] = min(info["context_length"], guard.max_context_tokens())
+        # What clients are told is what fits under the memory limit; the model's own stays.
+        snapshot.update(context_window(info.get("context_length") or 0, runtime.guard).to_dict())
         snapshot["max_output_tokens"] = min(snapshot.get("context_length") or 32768, 32768)
         template = getattr(runtime.model.tokenizer, "chat_template", None) or ""
         snapshot["reasoning"] = "<think>" in template
