@@ -167,8 +167,12 @@ def _wait_until_up(paths: Paths, process: subprocess.Popen | None) -> int | None
             if client.is_running():
                 return None
             if process is not None and process.poll() is not None:
-                return fail(f"mtplxd exited at start (code {process.returncode}): "
-                            f"{_last_output(paths)}", "see `mtplxctl logs`")
+                last = _last_output(paths)
+                if last.startswith("mtplxd: "):
+                    # The daemon's own one-sentence reason, which already says what to do.
+                    return fail(last.removeprefix("mtplxd: "))
+                return fail(f"mtplxd exited at start (code {process.returncode}): {last}",
+                            "see `mtplxctl logs`")
             time.sleep(0.1)
     return fail(f"mtplxd did not answer on {paths.socket} within {START_TIMEOUT:.0f}s",
                 "see `mtplxctl logs`")
