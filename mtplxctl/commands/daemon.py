@@ -82,7 +82,13 @@ def cmd_start(args: argparse.Namespace) -> int:
         error = _launch(paths, args)
         if error is not None:
             return error
-    elif args.host or args.port is not None:
+    elif not args.model and _serves_no_model(client):
+        # A running daemon left without a model (a failed `start --model X`): a plain start
+        # loads the default, as it would on a fresh daemon.
+        from mtplxctl.commands.models import ensure_default_model
+        _load_model(client, ensure_default_model(pull=args.recommended, confirm=None), args.depth)
+        args.depth = None  # loaded with it
+    if client.is_running() and (args.host or args.port is not None):
         status = client.call("daemon.status")
         http = status["http"]
         if (args.host and args.host != http["host"]) or (args.port is not None and args.port != http["port"]):
@@ -94,6 +100,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         _load_model(client, args.model, args.depth)
     status = _wait_for_model(client)
     return _report_started(status, args.json)
+
+
+def _serves_no_model(client: ControlClient) -> bool:
+    """True when the daemon runs with no model loaded or loading (none, or a failed load)."""
+    model = client.call("daemon.status").get("model") or {}
+    return model.get("state") not in ("loaded", "loading")
 
 
 def _ask_yes_no(question: str) -> bool:

@@ -3,8 +3,11 @@ says what to do, with a non-zero exit and no traceback."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
+from pathlib import Path
 
 from support.daemon import run_ctl
 
@@ -34,3 +37,42 @@ def test_an_unusable_mtplx_home_is_one_sentence_naming_the_path(tmp_path, monkey
         assert result.returncode == 1, (args, result.stderr)
         assert "Traceback" not in result.stderr, result.stderr
         assert str(blocker) in result.stderr and "MTPLX_HOME" in result.stderr, result.stderr
+
+
+def _broken_copy(model: Path, where: Path) -> Path:
+    """A model folder that resolves but fails to load (its weights are cut short)."""
+    broken = where / "broken-model"
+    shutil.copytree(model, broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(weights.read_bytes()[:100])
+    return broken
+
+
+def test_a_failed_load_keeps_serving_the_last_good_model_and_says_so(tiny_model_factory, tmp_path):
+    good = tiny_model_factory("qwen3")
+    broken = _broken_copy(good, tmp_path)
+    assert run_ctl("start", "--port", "0", "--model", str(good)).returncode == 0
+    try:
+        failed = run_ctl("start", "--model", str(broken))
+        assert failed.returncode == 1 and "Traceback" not in failed.stderr
+        assert f"still serving the previous model {good.name}" in " ".join(failed.stderr.split())
+        model = json.loads(run_ctl("status", "--json").stdout)["model"]
+        assert (model["state"], model["id"]) == ("loaded", good.name)
+        assert "broken-model" in model["error"]
+    finally:
+        run_ctl("stop")
+
+
+def test_after_a_failed_first_load_a_plain_start_loads_the_default(tiny_model_factory, tmp_path,
+                                                                    monkeypatch):
+    default = tiny_model_factory("qwen3")
+    monkeypatch.setenv("MTPLX_MODEL", str(default))
+    failed = run_ctl("start", "--port", "0", "--model", str(_broken_copy(default, tmp_path)))
+    try:
+        assert failed.returncode == 1 and "mtplxctl start` loads the default" in failed.stderr
+        again = run_ctl("start", "--json")
+        assert again.returncode == 0, again.stderr
+        model = json.loads(again.stdout)["model"]
+        assert (model["state"], model["id"]) == ("loaded", default.name)
+    finally:
+        run_ctl("stop")
