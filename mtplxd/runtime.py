@@ -187,6 +187,20 @@ class Runtime:
         log.warning("%s", self.error)
         return f"; still serving the previous model {model_id}"
 
+    def set_default_depth(self, depth: int | None) -> bool:
+        """Make `depth` (None: the model's recommended one) the default of later loads and, when
+        a number, of the loaded model's next requests; True when the loaded model (or the lack
+        of one) is served at it from now on, False when it waits for the next load."""
+        self.default_depth = depth
+        model = self.model
+        if model is None:
+            return True
+        if depth is None:
+            return False  # the recommended depth is worked out at load
+        if model.head is not None:
+            model.info.depth = depth
+        return True
+
     async def unload(self) -> bool:
         """Drop the loaded model; returns whether one was loaded."""
         async with self._load_lock:

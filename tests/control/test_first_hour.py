@@ -76,3 +76,35 @@ def test_after_a_failed_first_load_a_plain_start_loads_the_default(tiny_model_fa
         assert (model["state"], model["id"]) == ("loaded", default.name)
     finally:
         run_ctl("stop")
+
+
+def test_config_set_says_when_a_change_applies_and_applies_depth_now(tiny_model_factory):
+    model = tiny_model_factory("qwen3")
+    assert run_ctl("start", "--port", "0", "--model", str(model)).returncode == 0
+    try:
+        depth = run_ctl("config", "set", "depth", "4")
+        assert depth.returncode == 0 and "applied now" in depth.stdout, depth.stdout
+        assert json.loads(run_ctl("status", "--json").stdout)["model"]["depth"] == 4
+        limit = run_ctl("config", "set", "memory_limit", "8")
+        assert "takes effect at the next model load (`mtplxctl restart`)" in limit.stdout
+        port = run_ctl("config", "set", "port", "8123", "--json")
+        assert json.loads(port.stdout)["applies"] == "restart"
+    finally:
+        run_ctl("stop")
+
+
+def test_config_errors_are_plain_sentences_and_values_print_as_toml():
+    for args, expected in [
+        (("config", "set", "port", "eighty"), 'port cannot be "eighty": it must be a whole number from 0 to 65535'),
+        (("config", "set", "memory_limit", "lots"), 'memory_limit cannot be "lots": it must be auto, max or a positive number of GiB'),
+        (("config", "set", "dpeth", "2"), "there is no setting named dpeth; the settings are"),
+        (("config", "get", "dpeth"), "there is no setting named dpeth"),
+    ]:
+        result = run_ctl(*args)
+        assert result.returncode == 1 and expected in result.stderr, (args, result.stderr)
+        for internal in ("Error:", "invalid literal", "could not convert", "Traceback", "'"):
+            assert internal not in result.stderr, (args, result.stderr)
+        assert f"`mtplxctl {' '.join(args)}`" not in result.stderr  # no hint to rerun what failed
+    assert run_ctl("config", "set", "cors_origins", "http://a,http://b").returncode == 0
+    shown = run_ctl("config", "get").stdout
+    assert '"auto"' in shown and '["http://a", "http://b"]' in shown and "'auto'" not in shown
