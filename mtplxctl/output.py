@@ -19,10 +19,20 @@ err_console = Console(stderr=True, highlight=False)
 
 
 def key_value_table() -> Table:
-    """A borderless two-column table (bold labels, values) for `status`-style views."""
+    """A borderless two-column table (bold labels, values) for `status`-style views; a long
+    value (path, URL) folds onto the next line rather than being cut at the terminal's edge."""
     table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    return table
+
+
+def wrapping_table(*headers: str, title: str | None = None) -> Table:
+    """A table that keeps every character at any width (80 columns included): words wrap and
+    a long word (a path, URL or repo id) folds instead of ending in an ellipsis."""
+    table = Table(title=title)
+    for header in headers:
+        table.add_column(header, overflow="fold")
     return table
 
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rich.table import Table
-
 from mtplxd.config import (
     SETTINGS, ConfigError, load_config, set_in_file, toml_value, unknown_setting,
 )
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, ControlError, DaemonNotRunning
-from mtplxctl.output import EXIT_OK, console, fail, print_json
+from mtplxctl.output import EXIT_OK, console, fail, print_json, wrapping_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,11 +50,8 @@ def cmd_get(args: argparse.Namespace) -> int:
     if args.json:
         print_json(answer)
         return EXIT_OK
-    table = Table("setting", "value", "source", "meaning")
-    # 80 columns: names and sources whole, long values folded, the meaning takes the rest.
-    table.columns[0].no_wrap = table.columns[2].no_wrap = True
-    table.columns[1].overflow, table.columns[1].max_width = "fold", 24
-    table.columns[3].ratio = 1
+    table = wrapping_table("setting", "value", "source", "meaning")
+    table.columns[1].max_width = 24  # a long path folds; the meaning takes the rest
     for key, entry in answer["settings"].items():
         table.add_row(key, toml_value(entry["value"]) or "(unset)", entry["source"],
                       SETTINGS[key].doc)

@@ -43,6 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     logs = subparsers.add_parser("logs", help="show the daemon log")
     logs.add_argument("-n", "--lines", type=int, default=50, help="lines to show (default 50)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    logs.add_argument("--json", action="store_true",
+                      help='machine-readable output: {"file": ..., "lines": [...]} (not with -f)')
     logs.set_defaults(func=cmd_logs)
 
 
@@ -407,6 +409,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
     log_file = Paths.from_env().log_file
     if not log_file.exists():
         return fail(f"no log yet at {log_file}", "start the daemon with `mtplxctl start`")
+    if args.json:
+        from mtplxd.logs import tail
+
+        print_json({"file": str(log_file), "lines": list(tail(log_file, args.lines))})
+        return EXIT_OK
     _print_tail(log_file, args.lines)
     if args.follow:
         try:
