@@ -38,6 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     status = subparsers.add_parser("status", help="daemon, model, endpoints and memory")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--url", action="store_true",
+                        help="print only the API's root URL (for scripts: MTPLX=$(mtplxctl status --url))")
     status.set_defaults(func=cmd_status)
 
     logs = subparsers.add_parser("logs", help="show the daemon log")
@@ -349,6 +351,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return not_running(args.json)
     if args.json:
         print_json({"running": True, **status})
+        return EXIT_OK
+    if args.url:
+        print(status["http"]["url"])
         return EXIT_OK
     console.print(status_table(status))
     return EXIT_OK

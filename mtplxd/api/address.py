@@ -33,6 +33,7 @@ def http_status(host: str, port: int, binds: list[str]) -> dict[str, Any]:
     return {
         "host": host,
         "port": port,
+        "url": f"http://{shown}:{port}",  # the root: Anthropic clients and curl examples
         "base_url": f"http://{shown}:{port}/v1",
         "binds": binds,
         "key_required": not is_loopback(host),
