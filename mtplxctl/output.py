@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -80,3 +81,19 @@ def human_duration(seconds: float) -> str:
     if minutes:
         return f"{minutes}m {secs}s"
     return f"{secs}s"
+
+
+def whole_number(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type for an integer option whose error says what it takes, in words
+    (argparse's own reads "invalid int value: 'abc'")."""
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            number = None
+        if number is None or not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {low} to {high}, "
+                                             f"not {text}")
+        return number
+
+    return parse

@@ -69,7 +69,7 @@ def resolve_model(spec: str | None, models_dir: Path) -> tuple[Path, str]:
         pulled = resolve_pulled(spec, models_dir)
         if pulled is not None:
             return pulled
-    raise ModelLoadFailed(f"model {spec!r} is neither a local folder nor a pulled model; "
+    raise ModelLoadFailed(f"model {spec} is neither a local folder nor a pulled model; "
                           f"pull it with `mtplxctl models pull {spec}` or pass a folder path")
 
 

@@ -17,7 +17,7 @@ from mtplxd.instance import lock_is_held
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, DaemonNotRunning
 from mtplxctl.output import (key_value_table, EXIT_ERROR, EXIT_OK, console, err_console, fail,
-                             human_bytes, human_duration, not_running, print_json)
+                             human_bytes, human_duration, not_running, print_json, whole_number)
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status.set_defaults(func=cmd_status)
 
     logs = subparsers.add_parser("logs", help="show the daemon log")
-    logs.add_argument("-n", "--lines", type=int, default=50, help="lines to show (default 50)")
+    logs.add_argument("-n", "--lines", type=whole_number(1, 1_000_000), default=50, help="lines to show (default 50)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     logs.add_argument("--json", action="store_true",
                       help='machine-readable output: {"file": ..., "lines": [...]} (not with -f)')
@@ -53,8 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _add_start_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model to load: a local folder, a pulled repo, or an id")
     parser.add_argument("--host", help="HTTP bind address for this run (default from config)")
-    parser.add_argument("--port", type=int, help="HTTP port for this run (default from config)")
-    parser.add_argument("--depth", type=int, help="MTP depth for this model (0 = plain AR)")
+    parser.add_argument("--port", type=whole_number(0, 65535), help="HTTP port for this run (default from config)")
+    parser.add_argument("--depth", type=whole_number(0, 16), help="MTP depth for this model (0 = plain AR)")
     parser.add_argument("--recommended", action="store_true",
                         help="with no model configured, pull and serve the model recommended for "
                              "this machine's memory (`mtplxctl models list --available`)")

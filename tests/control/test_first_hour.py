@@ -108,3 +108,10 @@ def test_config_errors_are_plain_sentences_and_values_print_as_toml():
     assert run_ctl("config", "set", "cors_origins", "http://a,http://b").returncode == 0
     shown = run_ctl("config", "get").stdout
     assert '"auto"' in shown and '["http://a", "http://b"]' in shown and "'auto'" not in shown
+
+
+def test_a_bad_number_on_the_command_line_says_what_it_takes():
+    result = run_ctl("start", "--port", "eighty")
+    assert result.returncode == 2
+    assert "--port: must be a whole number from 0 to 65535, not eighty" in result.stderr
+    assert "invalid int value" not in result.stderr and "'" not in result.stderr
