@@ -60,6 +60,24 @@ def resolve_names(names: list[str], for_install: bool, env: Mapping[str, str], m
     return list(dict.fromkeys(names))
 
 
+def not_found_reason(name: str, env: Mapping[str, str]) -> str:
+    """Why `name` does not look installed here (its binary and config folder are missing)."""
+    module = AGENTS[name]
+    return f"not found: no `{module.binary}` on PATH and no {module.config_dir(env)}"
+
+
+def skipped_by_all(env: Mapping[str, str]) -> list[AgentResult]:
+    """What `agents install all` leaves out, each with why and how to install it anyway."""
+    skipped = [AgentResult(n, "skipped", notes=[f"{not_found_reason(n, env)}; "
+                                                f"`mtplxctl agents install {n}` writes it anyway"])
+               for n in DEFAULT_AGENTS if not detected(AGENTS[n], env)]
+    opt_in = [n for n in AGENTS if n not in DEFAULT_AGENTS]
+    skipped += [AgentResult(n, "skipped", notes=[f"opt-in: `mtplxctl agents install {n}` installs it "
+                                                 f"(it would stop using its own provider's service)"])
+                for n in opt_in]
+    return skipped
+
+
 def install_agent(name: str, target: AgentTarget, env: Mapping[str, str], mtplx_home: Path,
                   dry_run: bool = False) -> AgentResult:
     """Write one agent's config for `target`; keep the record unless `dry_run`.
@@ -68,6 +86,7 @@ def install_agent(name: str, target: AgentTarget, env: Mapping[str, str], mtplx_
     file that cannot be edited leaves all of the agent's files untouched.
     """
     module = AGENTS[name]
+    found = detected(module, env)  # before writing: the write creates its config folder
     records = load_record(mtplx_home)
     prior = records.get(name, {})
     prior_files = {f["path"]: f for f in prior.get("files", [])}
@@ -93,7 +112,11 @@ def install_agent(name: str, target: AgentTarget, env: Mapping[str, str], mtplx_
                          "files": file_records}
         save_record(mtplx_home, records)
     changed = any(r.action != "unchanged" for r in results)
-    return AgentResult(name, "installed" if changed else "unchanged", results, module.notes(target))
+    notes = list(module.notes(target))
+    if not found:
+        notes.insert(0, f"{not_found_reason(name, env)} yet; the config is written and takes "
+                        f"effect once it is installed")
+    return AgentResult(name, "installed" if changed else "unchanged", results, notes)
 
 
 def prior_record_for(prior: dict[str, Any], path: Path) -> dict[str, Any] | None:

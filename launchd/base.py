@@ -95,6 +95,10 @@ class ServiceManager(ABC):
     def installed_program(self) -> list[str]:
         """The daemon command line in the installed file (empty when there is none)."""
 
+    def preflight(self) -> None:
+        """Raise ServiceError, saying what is missing and how to fix it, when this manager
+        cannot run a service for this user here; nothing is changed either way."""
+
     @abstractmethod
     def install(self) -> ChangeReport:
         """Write the service file if it changed and make the service run now and at login."""

@@ -20,6 +20,11 @@ class ToolResult:
     stderr: str
 
 
+NO_USER_MANAGER_HINT = ("run `loginctl enable-linger $USER` and log in again (a container or an "
+                        "SSH login has no user session without it), or run without the service: "
+                        "`mtplxctl start`")
+
+
 class ServiceError(RuntimeError):
     """A service-manager command failed; the message names the command and says why."""
 
@@ -55,8 +60,7 @@ def _hint_for(result: ToolResult) -> str | None:
     text = (result.stderr + result.stdout).lower()
     if result.argv[0] == "systemctl" and ("failed to connect to bus" in text
                                           or "xdg_runtime_dir" in text):
-        return ("no systemd user manager for this session (a container, or an SSH login without "
-                "lingering); `loginctl enable-linger $USER` or run `mtplxctl start` instead")
+        return NO_USER_MANAGER_HINT
     if result.argv[0] == "launchctl":
         if "service is disabled" in text or result.returncode == 119:
             return "run `launchctl enable gui/$(id -u)/com.mtplx.mtplxd`, then install again"

@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 
 from .base import ChangeReport, ServiceManager, ServiceStatus
-from .runner import ServiceError
+from .runner import NO_USER_MANAGER_HINT, ServiceError
 from .spec import ServiceSpec
 from .unit import parse_unit, render_unit, unit_environment, unit_words
 
@@ -82,6 +82,17 @@ class SystemdManager(ServiceManager):
             return []
 
     # ------------------------------------------------------------ lifecycle
+
+    def preflight(self) -> None:
+        """`systemctl --user` must reach this user's systemd (a container, or an SSH login
+        without lingering, has none)."""
+        try:
+            self._show()
+        except ServiceError as exc:
+            if exc.hint != NO_USER_MANAGER_HINT:
+                raise
+            raise ServiceError("there is no systemd user session for you here, so the login "
+                               "service cannot run", NO_USER_MANAGER_HINT) from None
 
     def install(self) -> ChangeReport:
         new = self.render()

@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from mtplxd import POWERED_BY, __version__
+from mtplxd.paths import HomeUnusable, Paths, unusable_home
 from mtplxctl.client import ControlError, DaemonNotRunning
 from mtplxctl.output import EXIT_ERROR, EXIT_USAGE, fail, not_running
 
@@ -62,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     except ControlError as exc:
         # The daemon's messages already say what to do next.
         return fail(exc.message)
+    except HomeUnusable as exc:
+        return fail(str(exc))
+    except OSError as exc:
+        # A file under MTPLX_HOME that cannot be written is the home's problem; anything else
+        # is still one sentence, never a traceback.
+        home = Paths.from_env().home
+        if exc.filename and str(exc.filename).startswith(str(home)):
+            return fail(str(unusable_home(home, exc)))
+        return fail(f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""))
     except KeyboardInterrupt:
         return fail("interrupted", code=130)
     except BrokenPipeError:

@@ -68,7 +68,7 @@ class ControlClient:
         sock.settimeout(timeout)
         try:
             sock.connect(str(self.socket_path))
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
+        except (FileNotFoundError, NotADirectoryError, ConnectionRefusedError) as exc:
             sock.close()
             raise DaemonNotRunning(f"mtplxd is not running (no answer on {self.socket_path})") from exc
         except OSError:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -19,10 +20,20 @@ err_console = Console(stderr=True, highlight=False)
 
 
 def key_value_table() -> Table:
-    """A borderless two-column table (bold labels, values) for `status`-style views."""
+    """A borderless two-column table (bold labels, values) for `status`-style views; a long
+    value (path, URL) folds onto the next line rather than being cut at the terminal's edge."""
     table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    return table
+
+
+def wrapping_table(*headers: str, title: str | None = None) -> Table:
+    """A table that keeps every character at any width (80 columns included): words wrap and
+    a long word (a path, URL or repo id) folds instead of ending in an ellipsis."""
+    table = Table(title=title)
+    for header in headers:
+        table.add_column(header, overflow="fold")
     return table
 
 
@@ -70,3 +81,19 @@ def human_duration(seconds: float) -> str:
     if minutes:
         return f"{minutes}m {secs}s"
     return f"{secs}s"
+
+
+def whole_number(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type for an integer option whose error says what it takes, in words
+    (argparse's own reads "invalid int value: 'abc'")."""
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            number = None
+        if number is None or not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {low} to {high}, "
+                                             f"not {text}")
+        return number
+
+    return parse

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -10,17 +11,18 @@ import sys
 import trio
 
 from mtplxd import POWERED_BY, __version__, blas
-from mtplxd.api.address import is_loopback
+from mtplxd.api.address import is_loopback, port_owner
 from mtplxd.api.auth import load_key
 from mtplxd.config import ConfigError, load_config
 from mtplxd.daemon import Daemon
 from mtplxd.instance import AlreadyRunning, InstanceLock
 from mtplxd.logs import setup_logging
-from mtplxd.paths import Paths
+from mtplxd.paths import HomeUnusable, Paths
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CONFIG = 2
+EXIT_PORT_IN_USE = 4
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mtplxd: refusing to listen on {config.host} without an API key; create one with "
               "`mtplxctl key rotate` (or set MTPLX_API_KEY), or bind to 127.0.0.1", file=sys.stderr)
         return EXIT_CONFIG
-    paths.ensure()
+    try:
+        paths.ensure()
+    except HomeUnusable as exc:
+        print(f"mtplxd: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     lock = InstanceLock(paths.lock_file, paths.pid_file)
     try:
         lock.acquire()
@@ -65,9 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         _log_blas()
         daemon = Daemon(config, paths, load_model=not args.no_model)
         trio.run(daemon.run)
-    except OSError as exc:
-        print(f"mtplxd: cannot start: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    except (OSError, ExceptionGroup) as exc:
+        # trio hands a bind failure over inside (nested) exception groups.
+        error = _first_os_error(exc)
+        if error is None:
+            raise
+        print(f"mtplxd: {_start_error_text(error, config)}", file=sys.stderr)
+        return EXIT_PORT_IN_USE if error.errno == errno.EADDRINUSE else EXIT_ERROR
     finally:
         lock.release()
     return EXIT_OK
@@ -80,6 +90,29 @@ def _log_blas() -> None:
         logging.getLogger("mtplxd").warning("blas: %s", chosen.summary())
     else:
         logging.getLogger("mtplxd").info("blas: %s", chosen.summary())
+
+
+def _first_os_error(exc: BaseException) -> OSError | None:
+    """The OSError inside `exc`, looking through exception groups."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_os_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _start_error_text(error: OSError, config) -> str:
+    """One sentence for an OS error at start: who holds the port, and what to do."""
+    if error.errno != errno.EADDRINUSE:
+        return f"cannot start: {error.strerror or error}"
+    owner = port_owner(config.port)
+    held = f" by PID {owner[0]} ({owner[1]})" if owner else " by another program"
+    return (f"port {config.port} is in use{held}; stop that program, or pick another port with "
+            f"`mtplxctl start --port {config.port + 1}` (or `mtplxctl config set port "
+            f"{config.port + 1}`)")
 
 
 def entry() -> None:

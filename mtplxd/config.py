@@ -24,11 +24,15 @@ class ConfigError(ValueError):
 
 def _as_int(low: int, high: int) -> Callable[[Any], int]:
     def parse(value: Any) -> int:
+        plain = f"must be a whole number from {low} to {high}"
         if isinstance(value, bool):
-            raise ValueError("expected an integer")
-        number = int(value)
+            raise ValueError(plain)
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(plain) from None
         if not low <= number <= high:
-            raise ValueError(f"must be between {low} and {high}")
+            raise ValueError(plain)
         return number
 
     return parse
@@ -38,7 +42,10 @@ def _as_depth(value: Any) -> str | int:
     """`auto` or a depth from 0 to 8."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
-    return _as_int(0, 8)(value)
+    try:
+        return _as_int(0, 8)(value)
+    except ValueError:
+        raise ValueError("must be auto or a whole number from 0 to 8") from None
 
 
 def _as_bool(value: Any) -> bool:
@@ -49,7 +56,7 @@ def _as_bool(value: Any) -> bool:
         return True
     if text in {"0", "false", "no", "off"}:
         return False
-    raise ValueError("expected true or false")
+    raise ValueError("must be true or false")
 
 
 def _as_choice(*choices: str) -> Callable[[Any], str]:
@@ -75,17 +82,27 @@ def _as_memory_limit(value: Any) -> str | float:
     """`auto`, `max`, or a number of GiB."""
     if isinstance(value, str) and value.strip().lower() in {"auto", "max"}:
         return value.strip().lower()
-    number = float(value)
+    number = _as_number(value, "must be auto, max or a positive number of GiB")
     if number <= 0:
         raise ValueError("must be auto, max or a positive number of GiB")
     return number
+
+
+def _as_number(value: Any, plain: str) -> float:
+    """float(value), with `plain` (what the setting takes) as the error instead of Python's."""
+    if isinstance(value, bool):
+        raise ValueError(plain)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(plain) from None
 
 
 def _as_auto_or_gib(value: Any) -> str | float:
     """`auto`, or a number of GiB (0 turns the thing off)."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
-    number = float(value)
+    number = _as_number(value, "must be auto or a number of GiB (0 = off)")
     if number < 0:
         raise ValueError("must be auto or a number of GiB (0 = off)")
     return number
@@ -96,7 +113,7 @@ def _as_str_list(value: Any) -> list[str]:
         return [item.strip() for item in value.split(",") if item.strip()]
     if isinstance(value, list) and all(isinstance(item, str) for item in value):
         return list(value)
-    raise ValueError("expected a list of strings (or a comma-separated string)")
+    raise ValueError("must be a list of strings (or a comma-separated string)")
 
 
 @dataclass(frozen=True)
@@ -189,15 +206,36 @@ class Config:
         }
 
 
+def unknown_setting(key: str) -> ConfigError:
+    """The error for a key that is not a setting, listing the ones that are."""
+    return ConfigError(f"there is no setting named {key}; the settings are "
+                       f"{', '.join(sorted(SETTINGS))}")
+
+
+def toml_value(value: Any) -> str:
+    """`value` as config.toml writes it (what `config get` shows); "" for an unset key."""
+    if value is None:
+        return ""
+    if isinstance(value, list):  # one line, where tomli_w would spread an array over several
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    return tomli_w.dumps({"v": value}).strip().removeprefix("v = ")
+
+
+def invalid_value(key: str, value: Any, reason: Any, where: str = "") -> ConfigError:
+    """The error for a bad value: the key, the value as written and what the key takes."""
+    shown = value if isinstance(value, str) else toml_value(value)
+    return ConfigError(f"{where}{key} cannot be \"{shown}\": it {reason}")
+
+
 def parse_value(key: str, value: Any) -> Any:
     """Validate `value` for `key`; raise ConfigError naming the key on failure."""
     setting = SETTINGS.get(key)
     if setting is None:
-        raise ConfigError(f"unknown setting {key!r}; known: {', '.join(sorted(SETTINGS))}")
+        raise unknown_setting(key)
     try:
         return setting.parse(value)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"invalid value {value!r} for {key!r}: {exc}") from None
+        raise invalid_value(key, value, exc) from None
 
 
 def read_file(path: Path) -> dict[str, Any]:
@@ -218,7 +256,7 @@ def load_config(path: Path, environ: dict[str, str] | None = None) -> Config:
     raw = read_file(path)
     for key in raw:
         if key not in SETTINGS:
-            raise ConfigError(f"{path}: unknown setting {key!r}; known: {', '.join(sorted(SETTINGS))}")
+            raise ConfigError(f"{path}: {unknown_setting(key)}")
     for key, setting in SETTINGS.items():
         if env_name(key) in environ:
             value, source = environ[env_name(key)], "env"
@@ -231,7 +269,7 @@ def load_config(path: Path, environ: dict[str, str] | None = None) -> Config:
             config.values[key] = setting.parse(value)
         except (TypeError, ValueError) as exc:
             where = env_name(key) if source == "env" else f"{path}"
-            raise ConfigError(f"{where}: invalid value {value!r} for {key!r}: {exc}") from None
+            raise invalid_value(key, value, exc, where=f"{where}: ") from None
         config.sources[key] = source
     return config
 
@@ -242,7 +280,7 @@ def set_in_file(path: Path, key: str, value: Any) -> Any:
     An empty string removes the key, so the default applies again.
     """
     if key not in SETTINGS:
-        raise ConfigError(f"unknown setting {key!r}; known: {', '.join(sorted(SETTINGS))}")
+        raise unknown_setting(key)
     raw = read_file(path)
     parsed = None if value == "" else parse_value(key, value)
     if parsed is None:

@@ -30,10 +30,11 @@ class InsufficientMemory(Exception):
     """A request does not fit; the fields say by how much and what holds memory."""
 
     def __init__(self, needed_bytes: int, available_bytes: int, holders: dict[str, int],
-                 limit_bytes: int, hint: str) -> None:
-        super().__init__(f"request needs {needed_bytes / GIB:.2f} GiB but only "
+                 limit_bytes: int, hint: str, reason: str = "") -> None:
+        # `reason` leads the message when there is more to say than bytes (a long prompt).
+        super().__init__(f"{reason}request needs {needed_bytes / GIB:.2f} GiB but only "
                          f"{max(available_bytes, 0) / GIB:.2f} GiB is available under the "
-                         f"{limit_bytes / GIB:.2f} GiB limit")
+                         f"{limit_bytes / GIB:.2f} GiB memory limit")
         self.needed_bytes = needed_bytes
         self.available_bytes = max(available_bytes, 0)
         self.holders = holders
@@ -167,6 +168,39 @@ def resolve_limit(setting: str | float, total_bytes: int) -> int:
     return min(int(float(setting) * GIB), total_bytes)
 
 
+@dataclass(frozen=True)
+class ContextWindow:
+    """The model's own context and what this server serves of it under its memory limit."""
+
+    model: int  # the model's maximum (0: the checkpoint does not say)
+    memory: int | None  # prompt + output that fit under the memory limit (None: no guard)
+
+    @property
+    def served(self) -> int:
+        """The window clients are told: the smaller of the two; 0 when memory fits nothing
+        (never an unbounded value in its place)."""
+        if self.memory is None:
+            return self.model
+        return min(self.model, self.memory) if self.model else self.memory
+
+    @property
+    def limited_by(self) -> str:
+        """"memory" when the memory limit, not the model, sets the served window."""
+        if self.memory is None:
+            return "model"
+        return "memory" if not self.model or self.memory < self.model else "model"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"context_length": self.served, "model_context_length": self.model,
+                "context_limited_by": self.limited_by}
+
+
+def context_window(model_context: int, guard: "MemoryGuard | None") -> ContextWindow:
+    """The context window of a loaded model under `guard` (None: no memory guard)."""
+    return ContextWindow(int(model_context or 0),
+                         guard.max_context_tokens() if guard is not None else None)
+
+
 @dataclass
 class Reservation:
     """Memory held by one admitted request until release()."""
@@ -259,6 +293,18 @@ class MemoryGuard:
         return (f"lower max_tokens or shorten the prompt (this model fits about {fits} tokens of "
                 f"prompt + output now), wait for running requests to finish, or raise "
                 f"memory_limit (`mtplxctl config set memory_limit max`)")
+
+    def refuse_prompt(self, prompt_tokens: int, window: "ContextWindow") -> InsufficientMemory:
+        """The 507 for a prompt that the model's context holds but memory does not: priced
+        at its smallest (one output token, the smallest prefill chunk), counted as refused."""
+        with self._lock:
+            self.refused += 1
+            needed = self.plan.request_bytes(prompt_tokens, 1, SMALLEST_PREFILL_CHUNK)
+            reason = (f"the memory limit caps this server's context at {window.served} tokens "
+                      f"(the model's is {window.model}) and the prompt is {prompt_tokens} "
+                      f"tokens: ")
+            return InsufficientMemory(needed, self.available_bytes(), self.holders(),
+                                      self.limit_bytes, self._hint(prompt_tokens, 1), reason)
 
     def max_context_tokens(self) -> int:
         """The longest prompt + output one request can have with nothing else running."""

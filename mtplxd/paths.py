@@ -33,6 +33,20 @@ def fits_sun_path(path: Path) -> bool:
     return len(os.fsencode(str(path))) < SUN_PATH_MAX
 
 
+class HomeUnusable(Exception):
+    """MTPLX_HOME (or a folder under it) cannot be created or written; the message is one
+    sentence naming the path, the reason and the fix."""
+
+
+def unusable_home(home: Path, exc: OSError) -> HomeUnusable:
+    """The HomeUnusable for an OSError met while creating or writing under `home`."""
+    where = exc.filename or home
+    reason = (exc.strerror or str(exc)).lower()
+    return HomeUnusable(f"the mtplx home {home} cannot be created or written ({reason}: "
+                        f"{where}); set MTPLX_HOME to a folder you can write, or fix its "
+                        f"permissions")
+
+
 @dataclass(frozen=True)
 class Paths:
     """The layout of one MTPLX_HOME (see docs/architecture.md)."""
@@ -101,7 +115,15 @@ class Paths:
 
     def ensure(self) -> None:
         """Create the directories the daemon writes to; run/, logs/ and the socket dir are 0700
-        (logs name models, paths and clients)."""
+        (logs name models, paths and clients). Raises HomeUnusable when that fails."""
+        try:
+            self._ensure()
+        except OSError as exc:
+            raise unusable_home(self.home, exc) from None
+        if not os.access(self.home, os.W_OK | os.X_OK):
+            raise unusable_home(self.home, PermissionError(13, "Permission denied", str(self.home)))
+
+    def _ensure(self) -> None:
         for directory in (self.home, self.models_dir, self.metrics_dir):
             directory.mkdir(parents=True, exist_ok=True)
         private = [self.run_dir, self.logs_dir]

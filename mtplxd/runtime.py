@@ -69,7 +69,7 @@ def resolve_model(spec: str | None, models_dir: Path) -> tuple[Path, str]:
         pulled = resolve_pulled(spec, models_dir)
         if pulled is not None:
             return pulled
-    raise ModelLoadFailed(f"model {spec!r} is neither a local folder nor a pulled model; "
+    raise ModelLoadFailed(f"model {spec} is neither a local folder nor a pulled model; "
                           f"pull it with `mtplxctl models pull {spec}` or pass a folder path")
 
 
@@ -108,6 +108,8 @@ class Runtime:
         # Called with the in-flight count whenever a generation starts or ends (fans, ...).
         self.activity: list[Callable[[int], None]] = []
         self._load_lock = trio.Lock()
+        # (folder, id, depth) of the last model that loaded: a failed load falls back to it.
+        self._last_good: tuple[Path, str, int | None] | None = None
         self._idle = trio.Event()
         self._idle.set()
 
@@ -136,8 +138,6 @@ class Runtime:
         """Resolve and load `spec`, replacing any loaded model; returns the model's info."""
         async with self._load_lock:
             path, model_id = resolve_model(spec, self.models_dir)
-            from mtplxd.engine import load_model
-
             self.state, self.error = "loading", None
             log.info("loading model %s from %s", model_id, path)
             # The old model goes before the new one loads: two never sit in memory together.
@@ -145,28 +145,68 @@ class Runtime:
             if previous is not None:
                 await self._on_owner(partial(_retire, previous))
                 previous = None
-            started = time.monotonic()
+            depth = self.default_depth if depth is None else depth
             try:
-                model = await self._on_owner(lambda: load_model(
-                    path, model_id=model_id, depth=self.default_depth if depth is None else depth,
-                    decode_loop=self.decode_loop, quantize=self.quantize))
+                info = await self._load_resolved(path, model_id, depth)
             except Exception as exc:
                 self.state, self.error = "failed", str(exc)
                 log.error("model load failed: %s", exc)
-                raise ModelLoadFailed(str(exc)) from exc
-            limit = resolve_limit(self.memory_limit, psutil.virtual_memory().total)
-            await self._enable_session_bank(model, limit)
-            self.guard = build_guard(path, model, limit)
-            await self._on_owner(lambda: apply_mlx_limits(self.guard))
-            self.model, self.state, self.loaded_at = model, "loaded", time.time()
-            log.info("loaded %s in %.1fs (%s)", model_id, time.monotonic() - started, model.info.mode)
-            return model.info.to_dict()
+                raise ModelLoadFailed(str(exc) + await self._fall_back(model_id, exc)) from exc
+            self._last_good = (path, model_id, depth)
+            return info
+
+    async def _load_resolved(self, path: Path, model_id: str, depth: int | None) -> dict[str, Any]:
+        """Load a resolved model folder and make it the served model (guard, bank, limits)."""
+        from mtplxd.engine import load_model
+
+        started = time.monotonic()
+        model = await self._on_owner(lambda: load_model(
+            path, model_id=model_id, depth=depth, decode_loop=self.decode_loop,
+            quantize=self.quantize))
+        limit = resolve_limit(self.memory_limit, psutil.virtual_memory().total)
+        await self._enable_session_bank(model, limit)
+        self.guard = build_guard(path, model, limit)
+        await self._on_owner(lambda: apply_mlx_limits(self.guard))
+        self.model, self.state, self.loaded_at = model, "loaded", time.time()
+        log.info("loaded %s in %.1fs (%s)", model_id, time.monotonic() - started, model.info.mode)
+        return model.info.to_dict()
+
+    async def _fall_back(self, failed_id: str, exc: Exception) -> str:
+        """After a failed load, serve the last model that loaded again (the old one was retired
+        first, so two never sit in memory together); returns what to add to the error."""
+        if self._last_good is None:
+            return "; no model is loaded now (`mtplxctl start` loads the default one)"
+        path, model_id, depth = self._last_good
+        try:
+            await self._load_resolved(path, model_id, depth)
+        except Exception as again:
+            self.state, self.error = "failed", f"{exc}; reloading {model_id} failed too: {again}"
+            log.error("could not reload the last good model %s: %s", model_id, again)
+            return f"; reloading the previous model {model_id} failed too: {again}"
+        self.error = f"loading {failed_id} failed: {exc}; serving {model_id} again"
+        log.warning("%s", self.error)
+        return f"; still serving the previous model {model_id}"
+
+    def set_default_depth(self, depth: int | None) -> bool:
+        """Make `depth` (None: the model's recommended one) the default of later loads and, when
+        a number, of the loaded model's next requests; True when the loaded model (or the lack
+        of one) is served at it from now on, False when it waits for the next load."""
+        self.default_depth = depth
+        model = self.model
+        if model is None:
+            return True
+        if depth is None:
+            return False  # the recommended depth is worked out at load
+        if model.head is not None:
+            model.info.depth = depth
+        return True
 
     async def unload(self) -> bool:
         """Drop the loaded model; returns whether one was loaded."""
         async with self._load_lock:
             model = self.model
             self.model, self.state, self.error, self.loaded_at = None, "none", None, None
+            self._last_good = None  # unloaded on purpose: a later failed load falls back to none
             self.guard = None
             if model is not None:
                 await self._on_owner(lambda: _retire(model))

@@ -22,10 +22,10 @@ def test_defaults_then_file_then_environment(tmp_path):
 
 
 @pytest.mark.parametrize("text, named", [
-    ("port = 'eighty'\n", "'port'"),
-    ("depth = 99\n", "'depth'"),
-    ("fan_mode = 'loud'\n", "'fan_mode'"),
-    ("colour = 'blue'\n", "'colour'"),
+    ("port = 'eighty'\n", 'port cannot be "eighty"'),
+    ("depth = 99\n", 'depth cannot be "99": it must be auto or a whole number from 0 to 8'),
+    ("fan_mode = 'loud'\n", 'fan_mode cannot be "loud"'),
+    ("colour = 'blue'\n", "no setting named colour"),
     ("port = \n", "not valid TOML"),
 ])
 def test_invalid_file_names_the_key(tmp_path, text, named):
@@ -62,4 +62,4 @@ def test_daemon_refuses_to_start_on_an_invalid_config():
     result = subprocess.run([sys.executable, "-m", "mtplxd", "--no-model"], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2
-    assert "'depth'" in result.stderr
+    assert 'depth cannot be "deep"' in result.stderr

@@ -8,8 +8,6 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from rich.table import Table
-
 from mtplxd.paths import Paths
 from mtplxctl.agents import manager
 from mtplxctl.agents.errors import AgentConfigError
@@ -17,7 +15,7 @@ from mtplxctl.agents.files import read_text
 from mtplxctl.agents.manager import AgentResult
 from mtplxctl.agents.target import AgentTarget
 from mtplxctl.client import ControlClient, ControlError
-from mtplxctl.output import EXIT_ERROR, EXIT_OK, console, fail, print_json
+from mtplxctl.output import EXIT_ERROR, EXIT_OK, console, fail, print_json, wrapping_table
 
 CHOICES = [*manager.AGENTS, "all"]
 
@@ -50,13 +48,16 @@ def cmd_agents(args: argparse.Namespace) -> int:
             return show_status(manager.resolve_names(args.names, False, env, home), env, home, args.json)
         if args.verb == "install":
             names = manager.resolve_names(args.names, True, env, home)
+            everything = not args.names or "all" in args.names
+            skipped = manager.skipped_by_all(env) if everything else []
             if not names:
+                report(skipped, args.json, args.dry_run)
                 return fail("no supported agent found on this machine",
-                            "name one explicitly, e.g. `mtplxctl agents install opencode`")
+                            "name one to write its config anyway, e.g. `mtplxctl agents install opencode`")
             # Raises DaemonNotRunning when the daemon is down; cli.main answers with exit 3.
             status = ControlClient.from_env().call("daemon.status")
             target = AgentTarget.from_status(status)
-            results = run_install(names, target, env, home, args.dry_run)
+            results = run_install(names, target, env, home, args.dry_run) + skipped
         else:
             results = [manager.uninstall_agent(n, home, args.dry_run)
                        for n in manager.resolve_names(args.names, False, env, home)]
@@ -79,9 +80,8 @@ def report(results: list[AgentResult], as_json: bool, dry_run: bool) -> None:
     if as_json:
         print_json({"dry_run": dry_run, "agents": [r.to_json() for r in results]})
         return
-    table = Table(title="agents (dry run: nothing written)" if dry_run else "agents")
-    for column in ("agent", "result", "file", "change", "backup"):
-        table.add_column(column)
+    table = wrapping_table("agent", "result", "file", "change", "backup",
+                           title="agents (dry run: nothing written)" if dry_run else "agents")
     for result in results:
         if result.error:
             table.add_row(result.agent, "[red]error[/]", "", result.error, "")
@@ -100,6 +100,11 @@ def report(results: list[AgentResult], as_json: bool, dry_run: bool) -> None:
                 _print_diff(f.path, f.text)
 
 
+def _tilde(path: str, home_dir: str) -> str:
+    """`path` with the home folder written ~ (narrow terminals keep more of what matters)."""
+    return "~" + path[len(home_dir):] if home_dir and path.startswith(home_dir + "/") else path
+
+
 def _print_diff(path: Path, new_text: str | None) -> None:
     old = read_text(path) or ""
     if new_text is None or new_text == old:
@@ -115,13 +120,13 @@ def show_status(names: list[str], env: Mapping[str, str], home: Path, as_json: b
     if as_json:
         print_json({"agents": rows})
         return EXIT_OK
-    table = Table(title="agents")
-    for column in ("agent", "detected", "installed", "model", "base URL", "files"):
-        table.add_column(column)
+    table = wrapping_table("agent", "detected", "installed", "model", "base URL", "files",
+                           title="agents")
+    home_dir = env.get("HOME", "")
     for row in rows:
         target: dict[str, Any] = row["target"] or {}
         table.add_row(row["title"], "yes" if row["detected"] else "no",
                       row["installed_at"] or "no", target.get("model_id", ""), target.get("base_url", ""),
-                      "\n".join(row["files"]))
+                      "\n".join(_tilde(f, home_dir) for f in row["files"]))
     console.print(table)
     return EXIT_OK

@@ -12,15 +12,15 @@ import time
 from mtplxd.config import ConfigError, load_config
 from mtplxd.paths import Paths
 from mtplxd.runtime import ModelLoadFailed, resolve_model
-from mtplxctl.output import fail
+from mtplxctl.output import fail, whole_number
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="measure AR vs MTP decode speed on this machine")
     bench.add_argument("--model", help="model folder or pulled repo (default: the configured one)")
-    bench.add_argument("--depth", type=int, help="MTP depth (default: the model's)")
-    bench.add_argument("--max-tokens", type=int, default=128, help="tokens per run (default 128)")
-    bench.add_argument("--repeats", type=int, default=3, help="passes over the prompt set")
+    bench.add_argument("--depth", type=whole_number(0, 16), help="MTP depth (default: the model's)")
+    bench.add_argument("--max-tokens", type=whole_number(1, 1_000_000), default=128, help="tokens per run (default 128)")
+    bench.add_argument("--repeats", type=whole_number(1, 1000), default=3, help="passes over the prompt set")
     bench.add_argument("--temperatures", default="0,0.6", help="comma-separated (default 0,0.6)")
     bench.add_argument("--json-out", help="where to save the report")
     bench.add_argument("--decode-loop", choices=("auto", "fused", "stepwise"),

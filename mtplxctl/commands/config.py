@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rich.table import Table
-
-from mtplxd.config import SETTINGS, ConfigError, load_config, set_in_file
+from mtplxd.config import (
+    SETTINGS, ConfigError, load_config, set_in_file, toml_value, unknown_setting,
+)
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, ControlError, DaemonNotRunning
-from mtplxctl.output import EXIT_OK, console, fail, print_json
+from mtplxctl.output import EXIT_OK, console, fail, print_json, wrapping_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,17 +42,19 @@ def cmd_get(args: argparse.Namespace) -> int:
         if answer is None:
             table = load_config(paths.config_file).to_dict()
             if args.key and args.key not in table:
-                raise ConfigError(f"unknown setting {args.key!r}; known: {', '.join(sorted(SETTINGS))}")
+                raise unknown_setting(args.key)
             settings = {args.key: table[args.key]} if args.key else table
             answer = {"settings": settings, "file": str(paths.config_file)}
     except (ConfigError, ControlError) as exc:
-        return fail(str(exc), "`mtplxctl config get` lists the known settings")
+        return fail(str(exc))
     if args.json:
         print_json(answer)
         return EXIT_OK
-    table = Table("setting", "value", "source", "meaning")
+    table = wrapping_table("setting", "value", "source", "meaning")
+    table.columns[1].max_width = 24  # a long path folds; the meaning takes the rest
     for key, entry in answer["settings"].items():
-        table.add_row(key, repr(entry["value"]), entry["source"], SETTINGS[key].doc)
+        table.add_row(key, toml_value(entry["value"]) or "(unset)", entry["source"],
+                      SETTINGS[key].doc)
     console.print(table)
     console.print(f"[dim]file: {answer['file']}; environment overrides: MTPLX_<SETTING>[/]")
     return EXIT_OK
@@ -64,14 +66,24 @@ def cmd_set(args: argparse.Namespace) -> int:
         answer = _via_daemon("config.set", {"key": args.key, "value": args.value})
         if answer is None:
             value = set_in_file(paths.config_file, args.key, args.value)
-            answer = {"key": args.key, "value": value, "restart_required": False}
+            answer = {"key": args.key, "value": value, "applies": "start", "restart_required": False}
     except (ConfigError, ControlError) as exc:
-        return fail(str(exc), "`mtplxctl config get` lists the known settings")
+        hint = None if args.key not in SETTINGS else \
+            f"`mtplxctl config get {args.key}` shows what it means and its current value"
+        return fail(str(exc), hint)
     if args.json:
         print_json(answer)
     else:
-        shown = "default" if answer["value"] is None else repr(answer["value"])
-        console.print(f"{args.key} = {shown}")
-        if answer.get("restart_required"):
-            console.print("[yellow]takes effect after `mtplxctl restart`[/]")
+        shown = "(default)" if answer["value"] is None else toml_value(answer["value"])
+        console.print(f"{args.key} = {shown}", markup=False)
+        console.print(WHEN[answer.get("applies", "start")])
     return EXIT_OK
+
+
+# What `config set` says about when the change takes effect (the daemon's "applies").
+WHEN = {
+    "now": "applied now",
+    "next_load": "takes effect at the next model load (`mtplxctl restart`)",
+    "restart": "takes effect at the next `mtplxctl restart`",
+    "start": "takes effect when mtplxd starts (`mtplxctl start`)",
+}

@@ -17,7 +17,7 @@ from mtplxd.instance import lock_is_held
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, DaemonNotRunning
 from mtplxctl.output import (key_value_table, EXIT_ERROR, EXIT_OK, console, err_console, fail,
-                             human_bytes, human_duration, not_running, print_json)
+                             human_bytes, human_duration, not_running, print_json, whole_number)
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -38,19 +38,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     status = subparsers.add_parser("status", help="daemon, model, endpoints and memory")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--url", action="store_true",
+                        help="print only the API's root URL (for scripts: MTPLX=$(mtplxctl status --url))")
     status.set_defaults(func=cmd_status)
 
     logs = subparsers.add_parser("logs", help="show the daemon log")
-    logs.add_argument("-n", "--lines", type=int, default=50, help="lines to show (default 50)")
+    logs.add_argument("-n", "--lines", type=whole_number(1, 1_000_000), default=50, help="lines to show (default 50)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    logs.add_argument("--json", action="store_true",
+                      help='machine-readable output: {"file": ..., "lines": [...]} (not with -f)')
     logs.set_defaults(func=cmd_logs)
 
 
 def _add_start_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model to load: a local folder, a pulled repo, or an id")
     parser.add_argument("--host", help="HTTP bind address for this run (default from config)")
-    parser.add_argument("--port", type=int, help="HTTP port for this run (default from config)")
-    parser.add_argument("--depth", type=int, help="MTP depth for this model (0 = plain AR)")
+    parser.add_argument("--port", type=whole_number(0, 65535), help="HTTP port for this run (default from config)")
+    parser.add_argument("--depth", type=whole_number(0, 16), help="MTP depth for this model (0 = plain AR)")
     parser.add_argument("--recommended", action="store_true",
                         help="with no model configured, pull and serve the model recommended for "
                              "this machine's memory (`mtplxctl models list --available`)")
@@ -82,7 +86,13 @@ def cmd_start(args: argparse.Namespace) -> int:
         error = _launch(paths, args)
         if error is not None:
             return error
-    elif args.host or args.port is not None:
+    elif not args.model and _serves_no_model(client):
+        # A running daemon left without a model (a failed `start --model X`): a plain start
+        # loads the default, as it would on a fresh daemon.
+        from mtplxctl.commands.models import ensure_default_model
+        _load_model(client, ensure_default_model(pull=args.recommended, confirm=None), args.depth)
+        args.depth = None  # loaded with it
+    if client.is_running() and (args.host or args.port is not None):
         status = client.call("daemon.status")
         http = status["http"]
         if (args.host and args.host != http["host"]) or (args.port is not None and args.port != http["port"]):
@@ -94,6 +104,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         _load_model(client, args.model, args.depth)
     status = _wait_for_model(client)
     return _report_started(status, args.json)
+
+
+def _serves_no_model(client: ControlClient) -> bool:
+    """True when the daemon runs with no model loaded or loading (none, or a failed load)."""
+    model = client.call("daemon.status").get("model") or {}
+    return model.get("state") not in ("loaded", "loading")
 
 
 def _ask_yes_no(question: str) -> bool:
@@ -167,8 +183,12 @@ def _wait_until_up(paths: Paths, process: subprocess.Popen | None) -> int | None
             if client.is_running():
                 return None
             if process is not None and process.poll() is not None:
-                return fail(f"mtplxd exited at start (code {process.returncode}): "
-                            f"{_last_output(paths)}", "see `mtplxctl logs`")
+                last = _last_output(paths)
+                if last.startswith("mtplxd: "):
+                    # The daemon's own one-sentence reason, which already says what to do.
+                    return fail(last.removeprefix("mtplxd: "))
+                return fail(f"mtplxd exited at start (code {process.returncode}): {last}",
+                            "see `mtplxctl logs`")
             time.sleep(0.1)
     return fail(f"mtplxd did not answer on {paths.socket} within {START_TIMEOUT:.0f}s",
                 "see `mtplxctl logs`")
@@ -220,6 +240,15 @@ def _report_started(status: dict[str, Any], as_json: bool) -> int:
     if model and model.get("state") == "failed":
         return EXIT_ERROR
     return EXIT_OK
+
+
+def _context_text(model: dict[str, Any]) -> str:
+    """The served window, and the model's own when memory is what caps it."""
+    text = f"{model.get('context_length')} tokens"
+    if model.get("context_limited_by") == "memory":
+        text += (f" (capped by the memory limit; the model's is {model.get('model_context_length')}"
+                 " — `mtplxctl config set memory_limit max` raises it)")
+    return text
 
 
 def _mode_text(model: dict[str, Any]) -> str:
@@ -323,6 +352,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"running": True, **status})
         return EXIT_OK
+    if args.url:
+        print(status["http"]["url"])
+        return EXIT_OK
     console.print(status_table(status))
     return EXIT_OK
 
@@ -342,7 +374,7 @@ def status_table(status: dict[str, Any]) -> Table:
         table.add_row("model", "none loaded — `mtplxctl start --model PATH_OR_REPO`")
     elif model.get("state") == "loaded":
         table.add_row("model", f"{model['id']} — {_mode_text(model)}")
-        table.add_row("context", f"{model.get('context_length')} tokens")
+        table.add_row("context", _context_text(model))
         if model.get("demo"):
             table.add_row("note", model.get("hint", ""))
     else:
@@ -385,6 +417,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
     log_file = Paths.from_env().log_file
     if not log_file.exists():
         return fail(f"no log yet at {log_file}", "start the daemon with `mtplxctl start`")
+    if args.json:
+        from mtplxd.logs import tail
+
+        print_json({"file": str(log_file), "lines": list(tail(log_file, args.lines))})
+        return EXIT_OK
     _print_tail(log_file, args.lines)
     if args.follow:
         try:

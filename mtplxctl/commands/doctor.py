@@ -6,14 +6,14 @@ import argparse
 import os
 from typing import Any, Mapping
 
-from rich.table import Table
-
 from mtplxd.paths import Paths
 from mtplxctl.agents.checks import FAIL, OK, WARN, Check, check_agent
 from mtplxctl.agents.errors import AgentConfigError
 from mtplxctl.agents.record import load_record
 from mtplxctl.client import ControlClient, ControlError, DaemonNotRunning
-from mtplxctl.output import EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_OK, console, fail, print_json
+from mtplxctl.output import (
+    EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_OK, console, fail, print_json, wrapping_table,
+)
 
 _STYLE = {OK: "[green]ok[/]", WARN: "[yellow]warn[/]", FAIL: "[red]fail[/]"}
 
@@ -90,9 +90,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"ok": code == EXIT_OK, "checks": [c.to_json() for c in checks]})
         return code
-    table = Table(title="mtplxctl doctor")
-    for column in ("", "check", "result", "detail"):
-        table.add_column(column)
+    table = wrapping_table("", "check", "result", "detail", title="mtplxctl doctor")
     for check in checks:
         table.add_row(check.agent, check.name, _STYLE[check.level], check.detail)
     console.print(table)

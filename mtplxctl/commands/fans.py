@@ -14,7 +14,9 @@ from mtplxd.fans.lease import restore_stale_lease
 from mtplxd.instance import lock_is_held
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, ControlError, DaemonNotRunning
-from mtplxctl.output import key_value_table, EXIT_OK, console, fail, not_running, print_json
+from mtplxctl.output import (
+    key_value_table, EXIT_ERROR, EXIT_OK, console, fail, not_running, print_json,
+)
 
 MODE_HELP = {
     "auto": "leave the fans to the system (never touch them)",
@@ -45,31 +47,35 @@ def cmd_set(args: argparse.Namespace) -> int:
     paths = Paths.from_env()
     if args.save:
         set_in_file(paths.config_file, "fan_mode", args.mode)
+    saved = " (saved as the default)" if args.save else ""
     try:
         answer = ControlClient(paths.socket).call("fans.set", {"mode": args.mode}, timeout=120)
     except DaemonNotRunning:
         if args.save:
-            return _saved_only(args)
+            return _answer(args, args.mode, "saved as the default; it applies when mtplxd starts",
+                           saved=True, running=False)
         return not_running(args.json)
     except ControlError as exc:
-        if args.json:
-            print_json({"error": exc.reason, "message": exc.message, "fans": exc.data.get("fans")})
-            return 1
-        return fail(exc.message, "`mtplxctl fans status` shows what the daemon sees; "
-                    "docs/fans.md says what each platform needs")
-    if args.json:
-        print_json({**answer, "saved": args.save})
-        return EXIT_OK
-    console.print(f"fans: [bold]{answer['mode']}[/] — {answer['control']} holds control"
-                  + (" (saved as the default)" if args.save else ""))
-    return EXIT_OK
+        return _answer(args, args.mode, exc.message, fans=exc.data.get("fans"), saved=args.save,
+                       error=exc.reason)
+    return _answer(args, args.mode, f"{answer['control']} holds control{saved}", fans=answer,
+                   saved=args.save)
 
 
-def _saved_only(args: argparse.Namespace) -> int:
+def _answer(args: argparse.Namespace, action: str, message: str, *, fans: dict[str, Any] | None = None,
+            saved: bool = False, error: str | None = None, running: bool = True) -> int:
+    """Every `fans max|smart|auto|restore` answer, in one shape: a line for people, or
+    {action, ok, error, message, mode, control, saved, running, fans} for scripts."""
     if args.json:
-        print_json({"running": False, "saved": True, "mode": args.mode})
-    else:
-        console.print(f"fan mode [bold]{args.mode}[/] saved; it applies when mtplxd starts")
+        print_json({"action": action, "ok": error is None, "error": error, "message": message,
+                    "mode": (fans or {}).get("mode", action if action in MODE_HELP else None),
+                    "control": (fans or {}).get("control"), "saved": saved, "running": running,
+                    "fans": fans})
+        return EXIT_OK if error is None else EXIT_ERROR
+    if error is not None:
+        return fail(f"fans {action}: {message}", "`mtplxctl fans status` shows what the daemon "
+                    "sees; docs/fans.md says what each platform needs")
+    console.print(f"fans {action}: {message}")
     return EXIT_OK
 
 
@@ -151,10 +157,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     try:
         done = restore_stale_lease(paths.fans_lease)
     except FanError as exc:
-        return fail(f"could not restore the fans: {exc}", "docs/fans.md lists what each "
-                    "platform needs; the lease stays, so the next mtplxd start tries again")
-    if args.json:
-        print_json({"restored": done is not None, "message": done})
-    else:
-        console.print(done or f"nothing to restore (no lease at {paths.fans_lease})")
-    return EXIT_OK
+        return _answer(args, "restore", f"could not restore the fans: {exc}; the lease stays, so "
+                       "the next mtplxd start tries again", error="fan_control_failed",
+                       running=False)
+    return _answer(args, "restore", done or f"nothing to restore (no lease at {paths.fans_lease})",
+                   running=False)

@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
-from rich.table import Column, Table
 
 from mtplxd.models.hub import ModelStoreError
 from mtplxd.models.methods import PROGRESS_METHOD
@@ -24,7 +23,9 @@ from mtplxd.models.progress import ProgressCallback, no_progress
 from mtplxd.models.store import ModelStore
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, ControlError, DaemonNotRunning
-from mtplxctl.output import EXIT_ERROR, EXIT_OK, console, err_console, fail, human_bytes, print_json
+from mtplxctl.output import (
+    EXIT_ERROR, EXIT_OK, console, err_console, fail, human_bytes, print_json, wrapping_table,
+)
 
 SPEC_HELP = "a Hugging Face repo id, org/name, optionally @REVISION (branch, tag or commit sha)"
 
@@ -298,10 +299,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not pulled:
         console.print("no models pulled — `mtplxctl models list --available` shows recommended ones")
         return EXIT_OK
-    # A repo id or a sha cut in half is useless: those columns never wrap.
-    widest = max(len(row["id"]) for row in pulled)
-    table = Table(Column("model", no_wrap=True, min_width=widest), Column("revision", no_wrap=True),
-                  "size", "family", "mode", "quant", "pulled")
+    # A repo id or a sha cut short is useless: they fold (every character kept) when a narrow
+    # terminal has no room for them on one line.
+    table = wrapping_table("model", "revision", "size", "family", "mode", "quant", "pulled")
+    table.columns[0].min_width = min(max(len(row["id"]) for row in pulled), 24)
     for row in pulled:
         revision = row["revision"][:12] + (f" ({row['requested']})" if row.get("requested") else "")
         name = row["id"] if row["current"] else f"[dim]{row['id']}[/]"
@@ -322,9 +323,9 @@ def _list_available(pulled: list[dict[str, Any]], as_json: bool) -> int:
         print_json({"models": rows})
         return EXIT_OK
     memory = rows[0]["memory_gb"] if rows else 0
-    widest = max((len(row["id"]) for row in rows), default=10)
-    table = Table(Column("model", no_wrap=True, min_width=widest), "for RAM", "download", "quant", "",
-                  title=f"recommended for this machine ({memory:.0f} GB)")
+    table = wrapping_table("model", "for RAM", "download", "quant", "",
+                           title=f"recommended for this machine ({memory:.0f} GB)")
+    table.columns[0].min_width = min(max((len(row["id"]) for row in rows), default=10), 24)
     for row in rows:
         marks = []
         if row["recommended"]:
@@ -356,7 +357,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         console.print("no models pulled")
         return EXIT_OK
     styles = {"latest": "green", "outdated": "yellow", "unknown": "red"}
-    table = Table("model", "revision", "follows", "hub", "status")
+    table = wrapping_table("model", "revision", "follows", "hub", "status")
     for row in answer["models"]:
         status = f"[{styles[row['status']]}]{row['status']}[/]"
         if row["status"] == "unknown":

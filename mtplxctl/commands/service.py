@@ -72,12 +72,22 @@ def cmd_install(args: argparse.Namespace) -> int:
         return fail("run `mtplxctl service install` as yourself, not as root or through sudo")
     paths = Paths.from_env()
     notes: list[str] = []
+    try:
+        # Before anything changes: a daemon running by hand is left alone when the service
+        # could never start (no systemd user session, no launchd GUI domain).
+        manager.preflight()
+    except ServiceError as exc:
+        return _service_failure(exc)
     handed_over = _stop_hand_started_daemon(paths, manager.name)
     if handed_over is not None:
         notes.append(f"stopped mtplxd pid {handed_over} (started by hand) so the service runs it")
     try:
         report = manager.install()
     except ServiceError as exc:
+        if handed_over is not None:
+            # The unit did not start: give the user back the daemon they had.
+            exc = ServiceError(f"{exc}; mtplxd was restarted by hand as before "
+                               f"({_restart_by_hand(paths)})", exc.hint)
         return _service_failure(exc)
     daemon = None if args.no_wait else _wait_for_daemon(paths)
     result = {
@@ -99,6 +109,15 @@ def cmd_install(args: argparse.Namespace) -> int:
         return fail("the service is installed but mtplxd did not answer within "
                     f"{UP_TIMEOUT:.0f}s", "see `mtplxctl service status` and `mtplxctl logs`")
     return EXIT_OK
+
+
+def _restart_by_hand(paths: Paths) -> str:
+    """Start the daemon detached again, as `mtplxctl start` does; says how that went."""
+    from mtplxctl.commands.daemon import _launch
+
+    start = argparse.Namespace(host=None, port=None, model=None, depth=None)
+    failed = _launch(paths, start)
+    return "it did not come back: `mtplxctl start`" if failed else "it is running again"
 
 
 def _stop_hand_started_daemon(paths: Paths, manager_name: str) -> int | None:

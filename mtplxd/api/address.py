@@ -5,6 +5,8 @@ base URL a client on this machine uses to reach it.
 from __future__ import annotations
 
 import ipaddress
+
+import psutil
 from typing import Any
 
 from mtplxd.api.auth import ENV_KEY
@@ -31,8 +33,24 @@ def http_status(host: str, port: int, binds: list[str]) -> dict[str, Any]:
     return {
         "host": host,
         "port": port,
+        "url": f"http://{shown}:{port}",  # the root: Anthropic clients and curl examples
         "base_url": f"http://{shown}:{port}/v1",
         "binds": binds,
         "key_required": not is_loopback(host),
         "key_env": ENV_KEY,
     }
+
+
+def port_owner(port: int) -> tuple[int, str] | None:
+    """(pid, process name) of whoever listens on TCP `port`, when the OS lets us see it."""
+    try:
+        connections = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return None
+    for conn in connections:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            try:
+                return conn.pid, psutil.Process(conn.pid).name()
+            except psutil.Error:
+                return conn.pid, "unknown"
+    return None

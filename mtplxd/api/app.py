@@ -25,7 +25,7 @@ from mtplxd.api.flight import FlightBoard
 from mtplxd.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from mtplxd.api.metrics import Metrics
 from mtplxd.api.schemas import require_json_object
-from mtplxd.api.service import Generations, served_context
+from mtplxd.api.service import Generations, served_window
 from mtplxd.config import Config
 from mtplxd.logs import printable
 from mtplxd.paths import Paths
@@ -154,7 +154,9 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
             "mode": info["mode"] if info else None,
             "ar_reason": info.get("ar_reason") if info else None,
             "depth": info["depth"] if info else None,
-            "context_length": served_context(runtime) if info else None,
+            # The server's window (memory-capped) beside the model's own.
+            **(served_window(runtime).to_dict() if info else
+               {"context_length": None, "model_context_length": None, "context_limited_by": None}),
             "degradations": degradations,
             "error": runtime.error,
             "active_requests": runtime.active_requests,
@@ -190,14 +192,18 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
 
 
 def _model_card(info: dict[str, Any], runtime: Runtime) -> dict[str, Any]:
-    """An OpenAI model object, with the context window the agents probe for."""
+    """An OpenAI model object, with the context window the agents probe for (the server's:
+    memory may cap it below the model's, which `mtplx.model_context_length` keeps)."""
+    window = served_window(runtime)
     return {
         "id": info["id"],
         "object": "model",
         "created": int(runtime.loaded_at or time.time()),
         "owned_by": "mtplx",
-        "context_length": served_context(runtime),
-        "max_model_len": served_context(runtime),
+        "context_length": window.served,
+        "max_model_len": window.served,
         "mtplx": {"mode": info["mode"], "depth": info["depth"], "family": info["family"],
-                  "quantization": info["quantization"], "ar_reason": info["ar_reason"]},
+                  "quantization": info["quantization"], "ar_reason": info["ar_reason"],
+                  "model_context_length": window.model,
+                  "context_limited_by": window.limited_by},
     }

@@ -26,7 +26,7 @@ from mtplxd.api.schemas import Conversation, GenParams, generation_defaults
 from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, SamplingParams, TokenDelta,
 )
-from mtplxd.guard import InsufficientMemory
+from mtplxd.guard import ContextWindow, InsufficientMemory, context_window
 from mtplxd.runtime import ModelNotLoaded, Runtime
 
 UNKNOWN_CONTEXT = 1 << 31
@@ -186,10 +186,14 @@ class Generations:
     def _plan(self, endpoint: str, model: Any, prompt_ids: list[int], params: GenParams) -> Plan:
         if not prompt_ids:
             raise invalid("the prompt is empty", "prompt")
-        context = served_context(self.runtime) or UNKNOWN_CONTEXT
-        room = context - len(prompt_ids)
-        if room <= 0:
-            raise context_length_exceeded(len(prompt_ids), context)
+        window = served_window(self.runtime)
+        prompt = len(prompt_ids)
+        if window.model and prompt >= window.model:
+            raise context_length_exceeded(prompt, window.model)
+        if window.limited_by == "memory" and prompt >= window.served:
+            # The model could take it; memory cannot: a 507 before any prefill, not a 400.
+            raise _translate(self.runtime.guard.refuse_prompt(prompt, window))
+        room = (window.served or UNKNOWN_CONTEXT) - prompt
         # The client's cap is the user's intent; it is lowered (visibly) only to what fits.
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         defaults = generation_defaults(model.info.path)
@@ -381,20 +385,12 @@ class _OpenStream:
     scope: trio.CancelScope
 
 
-def served_context(runtime: Runtime) -> int:
-    """The context window this daemon serves: the model's, lowered to what fits in memory.
-
-    The same number `daemon.status` and `/v1/models` advertise, so a client that trusts it
-    never meets a 507 for a request that fits it.
-    """
-    info = runtime.info()
-    if not info:
-        return 0
-    context = int(info.get("context_length") or 0)
-    guard = getattr(runtime, "guard", None)
-    if guard is not None and context:
-        context = min(context, guard.max_context_tokens())
-    return context
+def served_window(runtime: Runtime) -> ContextWindow:
+    """The loaded model's context window: the model's own, and what this server serves of it
+    under the memory limit (the same numbers `daemon.status` and `/v1/models` advertise, so a
+    client that trusts them never meets a 507 for a request that fits)."""
+    info = runtime.info() or {}
+    return context_window(int(info.get("context_length") or 0), getattr(runtime, "guard", None))
 
 
 def _which_stop(full: str, text: str, stops: list[str]) -> str | None:

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psutil
 
 from mtplxd import POWERED_BY, __version__, blas
-from mtplxd.config import SETTINGS, ConfigError, load_config, set_in_file
+from mtplxd.config import SETTINGS, ConfigError, load_config, set_in_file, unknown_setting
 from mtplxd.control.protocol import PROTOCOL_VERSION, app_error, invalid_params
 from mtplxd.control.registry import MethodRegistry, Notify
+from mtplxd.guard import context_window
 from mtplxd.logs import tail
 from mtplxd.runtime import EMBEDDED_MODEL_ID, ModelLoadFailed
 
@@ -26,7 +27,11 @@ if TYPE_CHECKING:
     from mtplxd.runtime import Runtime
 
 # Settings the running daemon cannot change under its feet.
-RESTART_KEYS = {"host", "port", "log_level", "cors_origins"}
+# When a changed setting takes effect (docs/cli.md). "depth" applies at once; keys read when a
+# model loads wait for the next load; the rest for the next start of the daemon.
+LIVE_KEYS = {"depth"}
+LOAD_KEYS = {"model", "decode_loop", "quantize", "memory_limit", "session_bank_ssd",
+             "session_bank_bytes", "session_bank_ssd_bytes"}
 DEMO_HINT = ("mtplx-tiny-coder is a small demo model shipped with mtplx; for real work pull a "
              "Qwen MTP model: `mtplxctl models list --available`, then "
              "`mtplxctl models pull REPO` and `mtplxctl start --model REPO`")
@@ -91,7 +96,7 @@ def register_daemon_methods(registry: MethodRegistry, daemon: "Daemon") -> None:
         if key is None:
             return {"settings": table, "file": str(daemon.paths.config_file)}
         if key not in table:
-            raise app_error("unknown_setting", f"unknown setting {key!r}; known: {', '.join(sorted(SETTINGS))}")
+            raise app_error("unknown_setting", str(unknown_setting(key)))
         return {"settings": {key: table[key]}, "file": str(daemon.paths.config_file)}
 
     async def config_set(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
@@ -103,7 +108,9 @@ def register_daemon_methods(registry: MethodRegistry, daemon: "Daemon") -> None:
             value = set_in_file(daemon.paths.config_file, key, params["value"])
         except ConfigError as exc:
             raise app_error("invalid_config", str(exc)) from None
-        return {"key": key, "value": value, "restart_required": key in RESTART_KEYS}
+        applies = _apply_live(daemon, key, value)
+        return {"key": key, "value": value, "applies": applies,
+                "restart_required": applies == "restart"}
 
     async def logs_tail(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
         """The last `lines` lines of the daemon log."""
@@ -131,6 +138,17 @@ def _optional_str(params: dict[str, Any], key: str) -> str | None:
     return value
 
 
+def _apply_live(daemon: "Daemon", key: str, value: Any) -> str:
+    """Apply a changed setting to the running daemon where it can; returns when it takes
+    effect: "now", "next_load" (the next model load) or "restart"."""
+    if key in LIVE_KEYS:
+        depth = None if value in (None, "auto") else value
+        if daemon.runtime.set_default_depth(depth):
+            return "now"
+        return "next_load"
+    return "next_load" if key in LOAD_KEYS else "restart"
+
+
 def model_snapshot(daemon: "Daemon") -> dict[str, Any] | None:
     """The model part of status: None when nothing is loaded or loading."""
     runtime = daemon.runtime
@@ -140,11 +158,8 @@ def model_snapshot(daemon: "Daemon") -> dict[str, Any] | None:
     info = runtime.info()
     if info is not None:
         snapshot.update(info)
-        guard = runtime.guard
-        if guard is not None and info.get("context_length"):
-            # What clients are told is what fits under the memory limit, not the model's maximum.
-            snapshot["model_context_length"] = info["context_length"]
-            snapshot["context_length"] = min(info["context_length"], guard.max_context_tokens())
+        # What clients are told is what fits under the memory limit; the model's own stays.
+        snapshot.update(context_window(info.get("context_length") or 0, runtime.guard).to_dict())
         snapshot["max_output_tokens"] = min(snapshot.get("context_length") or 32768, 32768)
         template = getattr(runtime.model.tokenizer, "chat_template", None) or ""
         snapshot["reasoning"] = "<think>" in template

@@ -17,7 +17,7 @@ from mtplxd.engine.decoding.autoregressive import ar_cycles
 from mtplxd.engine.decoding.detokenize import TextStream
 from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
 from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
-from mtplxd.engine.decoding.speculative import SpeculativeDecoder
+from mtplxd.engine.decoding.speculative import SpeculativeDecoder, feed_pending_pairs
 from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, GenerationStats, TokenDelta,
 )
@@ -122,9 +122,12 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
         cycles = decoder.cycles(hiddens, prompt, first, pending_from=pending_from)
     else:
         cycles = ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
+    reason = finish.reason
+    # A turn that ends on its first token (max_tokens 1, a stop) runs no cycle, so nothing
+    # feeds the head: keep the hiddens to give its bank entry the head's KV after the result.
+    unfed = hiddens if turn is not None and decoder is not None and reason is not None else None
     del hiddens
     produced = [first]  # every token the decoder committed (the bank keys the cache by them)
-    reason = finish.reason
     while reason is None:
         if should_stop():
             reason = "cancelled"
@@ -151,6 +154,9 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
         stats.cycles = max(finish.generated - 1, 0)
     yield _result(finish, stats, reason, start, prefill_done, end)
     if turn is not None:  # after the result: the client is not kept waiting for the copy
+        if unfed is not None:
+            decoder.pending_hidden = feed_pending_pairs(trunk, head, decoder.head_cache, unfed,
+                                                        prompt, first, pending_from)
         turn.store(produced, decoder.head_cache if decoder else None,
                    decoder.pending_hidden if decoder else None)
     mx.clear_cache()

@@ -31,15 +31,35 @@ def tight(tiny_checkpoint, tmp_path_factory):
         daemon.stop()
 
 
-def test_advertised_context_is_what_fits_and_longer_prompts_are_context_length_exceeded(tight):
+def test_advertised_context_is_what_fits_and_the_models_own_context_stays_the_models(tight):
     with tight.http() as http:
         card = http.get("/v1/models").json()["data"][0]
         assert card["id"] == MODEL_ID and card["context_length"] == FITS_TOKENS
-        assert http.get("/health").json()["context_length"] == FITS_TOKENS
+        model_context = card["mtplx"]["model_context_length"]
+        assert model_context > FITS_TOKENS and card["mtplx"]["context_limited_by"] == "memory"
+        health = http.get("/health").json()
+        assert (health["context_length"], health["model_context_length"], health["context_limited_by"]) \
+            == (FITS_TOKENS, model_context, "memory")
+    model = tight.client.call("daemon.status")["model"]
+    assert (model["context_length"], model["model_context_length"], model["context_limited_by"]) \
+        == (FITS_TOKENS, model_context, "memory")
+
+
+def test_a_prompt_that_memory_cannot_hold_is_a_507_that_names_memory_not_a_400(tight):
+    """The model's context holds the prompt; the memory limit does not: a structured 507 before
+    any prefill that says memory is the limit, how much is needed and what to do."""
+    long_messages = [{"role": "user", "content": "hello world " * 600}]
+    with tight.http() as http:
+        started = tight.client.call("daemon.status")["requests"]["started"]
         for _ in range(10):  # a burst of requests that cannot fit under the limit
-            long = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hello world " * 600}],
-                                                           "max_tokens": 4})
-            assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
+            long = http.post("/v1/chat/completions", json={"messages": long_messages, "max_tokens": 4})
+            assert long.status_code == 507, long.text
+            error = long.json()["error"]
+            assert error["code"] == "insufficient_memory"
+            assert f"caps this server's context at {FITS_TOKENS} tokens" in error["message"]
+            assert "maximum context" not in error["message"]
+            assert error["needed_bytes"] > error["available_bytes"] and "memory_limit" in error["hint"]
+        assert tight.client.call("daemon.status")["requests"]["started"] == started  # no prefill
         small = http.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 4})
         assert small.status_code == 200  # and a small one is still served
 
@@ -100,5 +120,7 @@ def test_requests_that_cannot_fit_get_507_before_any_prefill_and_the_daemon_surv
         assert http.get("/health").status_code == 200
     status = starved.client.call("daemon.status")
     assert status["requests"]["started"] == 0  # no request reached the engine: no prefill ran
+    # Memory fits nothing: the served window is 0, never an unbounded stand-in.
+    assert status["model"]["context_length"] == 0 and status["model"]["context_limited_by"] == "memory"
     assert status["guard"]["refused"] == 5 * len(bodies)
     assert starved.process.poll() is None

@@ -145,7 +145,7 @@ def test_config_set_and_get_round_trip_and_name_the_bad_key(daemon):
 
     with pytest.raises(ControlError) as failure:
         daemon.client.call("config.set", {"key": "port", "value": "eighty"})
-    assert "'port'" in failure.value.message
+    assert failure.value.message == 'port cannot be "eighty": it must be a whole number from 0 to 65535'
 
 
 json_values = st.recursive(

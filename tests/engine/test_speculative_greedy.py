@@ -89,7 +89,6 @@ def test_greedy_mtp_with_penalties_equals_ar_with_penalties(models):
 
 
 def test_greedy_mtp_equals_ar_across_prefill_chunks(models, monkeypatch):
-    import mtplxd.engine.decoding.fused as fused
     import mtplxd.engine.decoding.speculative as speculative
     import mtplxd.engine.model.trunk as trunk
 
@@ -98,7 +97,6 @@ def test_greedy_mtp_equals_ar_across_prefill_chunks(models, monkeypatch):
     whole = greedy(model, ids, 0, 30)
     monkeypatch.setattr(trunk, "PREFILL_CHUNK", 6)
     monkeypatch.setattr(speculative, "PREFILL_CHUNK", 6)
-    monkeypatch.setattr(fused, "PREFILL_CHUNK", 6)
     assert greedy(model, ids, 0, 30).token_ids == whole.token_ids
     for depth in (1, 3):
         assert greedy(model, ids, depth, 30).token_ids == whole.token_ids

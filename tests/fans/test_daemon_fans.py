@@ -123,11 +123,17 @@ def test_mtplxctl_fans_switches_modes_and_shows_status(start, hwmon):
 
     taken = run_ctl("fans", "max", "--json")
     assert taken.returncode == 0, taken.stderr
-    assert json.loads(taken.stdout)["manual"] and hwmon.attr("pwm1_enable") == "1"
+    answer = json.loads(taken.stdout)
+    assert answer["fans"]["manual"] and hwmon.attr("pwm1_enable") == "1"
+    # max, smart, auto and restore answer in one shape
+    shape = {"action", "ok", "error", "message", "mode", "control", "saved", "running", "fans"}
+    assert set(answer) == shape and (answer["action"], answer["mode"], answer["ok"]) == ("max", "max", True)
     human = run_ctl("fans", "status")
     assert "mtplxd (pid" in human.stdout and "1200 rpm" in human.stdout
 
-    assert run_ctl("fans", "smart", "--save").returncode == 0
+    smart = run_ctl("fans", "smart", "--save", "--json")
+    assert smart.returncode == 0 and set(json.loads(smart.stdout)) == shape
+    assert json.loads(smart.stdout)["saved"] is True
     assert hwmon.attr("pwm1_enable") == "2"  # smart with no request running: automatic
     config = tomllib.loads(Paths.from_env().config_file.read_text())
     assert config["fan_mode"] == "smart"
@@ -141,8 +147,13 @@ def test_mtplxctl_fans_restore_gives_back_a_stale_lease_while_no_daemon_runs(hwm
     write_lease(Paths.from_env().fans_lease, Lease(daemon_pid=999_999_999, daemon_started=1.0,
                                                    mode="max", record=record))
     done = run_ctl("fans", "restore")
-    assert done.returncode == 0 and "restored fans" in done.stdout
+    assert done.returncode == 0 and done.stdout.startswith("fans restore: restored fans")
     assert hwmon.attr("pwm1_enable") == "2"
+    again = json.loads(run_ctl("fans", "restore", "--json").stdout)
+    assert set(again) == {"action", "ok", "error", "message", "mode", "control", "saved", "running", "fans"}
+    assert (again["action"], again["ok"], again["running"]) == ("restore", True, False)
+    saved = json.loads(run_ctl("fans", "max", "--save", "--json").stdout)  # no daemon: saved only
+    assert set(saved) == set(again) and (saved["mode"], saved["saved"], saved["running"]) == ("max", True, False)
 
 
 def test_the_status_summary_line_names_mode_holder_and_readings():

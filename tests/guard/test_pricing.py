@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mtplxd.guard import GIB, InsufficientMemory, MemoryGuard, plan_for_config, resolve_limit
+from mtplxd.guard import (
+    GIB, InsufficientMemory, MemoryGuard, context_window, plan_for_config, resolve_limit,
+)
 
 QWEN3_4B = {  # Qwen3-4B: 36 layers, 8 kv heads of 128, bf16
     "model_type": "qwen3", "hidden_size": 2560, "num_hidden_layers": 36,
@@ -176,3 +178,28 @@ def test_pressure_loop_sheds_the_bank():
 
     trio.run(main)
     assert bank["bytes"] == 0
+
+
+
+def test_served_window_keeps_the_models_context_and_is_zero_not_unbounded_when_nothing_fits():
+    plan = plan_for_config(QWEN3_4B, weights_bytes=8 * GIB)
+    tight = context_window(plan.context_length, MemoryGuard(plan, limit_bytes=9 * GIB))
+    assert tight.model == 40960 and 0 < tight.served < 40960 and tight.limited_by == "memory"
+    roomy = context_window(plan.context_length, MemoryGuard(plan, limit_bytes=64 * GIB))
+    assert (roomy.served, roomy.limited_by) == (40960, "model")
+    starved = context_window(plan.context_length, MemoryGuard(plan, limit_bytes=8 * GIB))
+    assert (starved.served, starved.limited_by) == (0, "memory")
+    assert context_window(0, MemoryGuard(plan, limit_bytes=8 * GIB)).served == 0
+    assert context_window(4096, None).to_dict() == {
+        "context_length": 4096, "model_context_length": 4096, "context_limited_by": "model"}
+
+
+def test_a_prompt_over_the_memory_window_is_refused_naming_memory_and_counted():
+    plan = plan_for_config(QWEN3_4B, weights_bytes=8 * GIB)
+    guard = MemoryGuard(plan, limit_bytes=9 * GIB)
+    window = context_window(plan.context_length, guard)
+    refusal = guard.refuse_prompt(window.served + 10, window)
+    assert isinstance(refusal, InsufficientMemory) and guard.refused == 1
+    assert refusal.needed_bytes > refusal.available_bytes
+    assert str(refusal).startswith(f"the memory limit caps this server's context at {window.served} tokens "
+                                   f"(the model's is 40960)")

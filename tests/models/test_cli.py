@@ -102,3 +102,26 @@ def test_list_available_shows_the_catalog_without_a_daemon(capsys):
 def test_rm_of_an_unknown_model_fails_with_a_hint(capsys):
     assert main(["models", "rm", "org/never-pulled"]) == 1
     assert "not pulled" in capsys.readouterr().err
+
+
+def _unfold(text: str) -> str:
+    """The table's text with borders and line breaks gone, so folded cells read whole again."""
+    return "".join(ch for ch in text if ch not in "│┃┏┓┗┛┡┩━─┼╇╋┳┻┃ \n└┘┌┐├┤┬┴╭╮╰╯")
+
+
+def test_models_list_keeps_every_character_in_80_columns(hub, monkeypatch):
+    """A narrow terminal folds long ids onto a second line instead of cutting them off."""
+    from rich.console import Console
+
+    import mtplxctl.commands.models as models_cmd
+
+    assert main(["models", "pull", REPO, "--json"]) == 0
+    for argv in (["models", "list"], ["models", "list", "--available"]):
+        narrow = Console(width=80, record=True, highlight=False)
+        monkeypatch.setattr(models_cmd, "console", narrow)
+        assert main(argv) == 0
+        shown = narrow.export_text()
+        assert "…" not in shown and max(map(len, shown.splitlines())) <= 80, shown
+        if argv == ["models", "list"]:
+            revision = json.loads(run_ctl("models", "list", "--json").stdout)["models"][0]["revision"]
+            assert REPO.replace(" ", "") in _unfold(shown) and revision[:12] in shown

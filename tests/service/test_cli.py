@@ -60,3 +60,44 @@ def test_status_of_an_installed_but_stopped_service_exits_3_with_a_hint(launchd_
     assert main(["service", "status"]) == 3
     out = capsys.readouterr().out
     assert "not loaded" in out and "mtplxctl start" in out
+
+
+def test_install_without_a_systemd_user_session_leaves_the_running_daemon_alone(
+        systemd_tools, monkeypatch, capsys):
+    from support.daemon import start_daemon
+
+    running = start_daemon("--no-model")
+    try:
+        monkeypatch.setenv("FAKE_FAIL", "systemctl show=1:Failed to connect to bus: No medium found")
+        assert main(["service", "install"]) == 1
+        err = " ".join(capsys.readouterr().err.split())
+        assert "there is no systemd user session for you here" in err
+        assert "loginctl enable-linger $USER" in err and "`mtplxctl start`" in err
+        assert "Traceback" not in err
+        assert running.process.poll() is None and running.client.is_running()
+        assert not any("enable" in call for call in systemd_tools.calls())
+        assert not (Path.home() / ".config/systemd/user/mtplxd.service").exists()
+    finally:
+        running.stop()
+
+
+def test_a_unit_that_fails_to_start_gives_the_hand_started_daemon_back(systemd_tools, monkeypatch,
+                                                                        capsys):
+    from mtplxctl.client import ControlClient
+    from mtplxd.paths import Paths
+    from support.daemon import start_daemon
+
+    running = start_daemon("--no-model")
+    try:
+        monkeypatch.setenv("FAKE_FAIL", "systemctl enable=1:Job for mtplxd.service failed")
+        assert main(["service", "install"]) == 1
+        assert "mtplxd was restarted by hand as before (it is running again)" in \
+            " ".join(capsys.readouterr().err.split())
+        client = ControlClient(Paths.from_env().socket)
+        assert client.is_running() and client.call("daemon.status")["pid"] != running.pid
+    finally:
+        running.stop()
+        try:
+            ControlClient(Paths.from_env().socket).call("daemon.shutdown")
+        except Exception:
+            pass

@@ -131,3 +131,30 @@ def test_fused_loop_stores_and_resumes_exactly(loaded, gen, toks, depth, samplin
     assert warm.stats.cached_tokens >= len(first)
     assert warm.token_ids == cold.token_ids
     assert warm.stats.accepted_by_depth == cold.stats.accepted_by_depth
+
+
+@pytest.mark.parametrize("family,loop", [("qwen3", "stepwise"), ("qwen3", "fused"),
+                                         ("qwen3_5", "stepwise")])
+def test_a_one_token_turn_stores_the_head_kv_and_serves_a_later_mtp_request_exactly(
+        loaded, gen, toks, family, loop):
+    """A `max_tokens: 1` turn ends before any speculative cycle feeds the head; its entry must
+    still carry the head's KV, or every later MTP request with that prefix misses the bank."""
+    model = loaded(family)
+    default = model.trunk.decode_loop
+    model.trunk.decode_loop = loop
+    first = toks(7, 120)
+    follow = first + toks(8, 30)
+    try:
+        cold = gen(model, follow, depth=3)
+        bank = model.enable_session_bank(BankSettings())
+        gen(model, first, depth=3, max_tokens=1)
+        [entry] = bank.entries()
+        assert entry.head_kv is not None and entry.head_len == len(first) - 1
+        warm = gen(model, follow, depth=3)
+    finally:
+        model.bank = None
+        model.trunk.decode_loop = default
+    assert warm.stats.cached_tokens == len(first)
+    assert warm.token_ids == cold.token_ids
+    assert warm.stats.drafted_by_depth == cold.stats.drafted_by_depth
+    assert warm.stats.accepted_by_depth == cold.stats.accepted_by_depth

@@ -39,11 +39,12 @@ from mtplxd.engine.decoding.sampling import (
     one_hot, scaled_logits, seed_words,
 )
 from mtplxd.engine.decoding.speculative import (
-    AcceptanceStats, acceptance_probability, log_weights, residual_distribution,
+    AcceptanceStats, acceptance_probability, feed_pending_pairs, log_weights,
+    residual_distribution,
 )
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.mtp_head import MTPHead
-from mtplxd.engine.model.trunk import PREFILL_CHUNK, Trunk
+from mtplxd.engine.model.trunk import Trunk
 
 CAPACITY_STEP = 256  # cache buffers grow this many slots at a time (one retrace each)
 
@@ -273,16 +274,11 @@ class FusedSpeculativeDecoder:
         last pair becomes the first cycle's one-row PENDING."""
         K = self.depth
         n = len(prompt_ids)
-        pending_h = mx.concatenate(prompt_hiddens, axis=1)
-        pending_tokens = prompt_ids[pending_from + 1:] + [first_token]
-        for start in range(0, len(pending_tokens) - 1, PREFILL_CHUNK):
-            stop = min(start + PREFILL_CHUNK, len(pending_tokens) - 1)
-            tokens = mx.array(pending_tokens[start:stop])[None]
-            self.head(pending_h[:, start:stop], self.trunk.embed(tokens), self.head_cache)
+        last_h = feed_pending_pairs(self.trunk, self.head, self.head_cache, prompt_hiddens,
+                                    prompt_ids, first_token, pending_from)
         capacity = capacity_for(n + 2 * (K + 1) + 1)
         head_kv = (to_buffers(self.head_cache, capacity) if self.head_cache[0].keys is not None
                    else empty_head_buffers(self.trunk, self.head, capacity))
-        last_h = pending_h[:, -1:]
         pad = mx.zeros((1, K, last_h.shape[-1]), last_h.dtype)
         state = _CycleState(
             n=mx.array(n, mx.int32), head_n=mx.array(self.head_cache[0].offset, mx.int32),

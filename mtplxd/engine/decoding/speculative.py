@@ -83,6 +83,25 @@ def draw_rows(probs: mx.array, key: mx.array) -> mx.array:
     return mx.random.categorical(log_weights(probs), axis=-1, key=key)
 
 
+def feed_pending_pairs(trunk: Trunk, head: MTPHead, head_cache: list[Any],
+                       prompt_hiddens: list[mx.array], prompt_ids: list[int], first_token: int,
+                       pending_from: int = 0) -> mx.array:
+    """Feed the head every PENDING pair after a prefill but the last, in prefill-sized chunks;
+    return the hidden of that last pair, (1, 1, H).
+
+    The head's KV rows depend only on their own pair, so feeding them here gives the same
+    cache a speculative cycle builds. The fused loop starts this way, and a turn that ended on
+    its first token (no cycle ran) uses it so that its session-bank entry holds the head's KV.
+    """
+    pending_h = mx.concatenate(prompt_hiddens, axis=1)
+    pending_tokens = prompt_ids[pending_from + 1:] + [first_token]
+    for start in range(0, len(pending_tokens) - 1, PREFILL_CHUNK):
+        stop = min(start + PREFILL_CHUNK, len(pending_tokens) - 1)
+        tokens = mx.array(pending_tokens[start:stop])[None]
+        head(pending_h[:, start:stop], trunk.embed(tokens), head_cache)
+    return pending_h[:, -1:]
+
+
 class SpeculativeDecoder:
     """The state of one request's speculative decode: trunk and head caches plus PENDING."""
 
