@@ -49,7 +49,9 @@ class Daemon:
                            ssd_dir=paths.session_bank_dir, ssd=config.session_bank_ssd_bytes)
         depth = None if config.depth == "auto" else config.depth  # None: the model's own
         self.runtime = Runtime(paths.models_dir, depth, config.memory_limit, bank,
-                               decode_loop=config.decode_loop, quantize=config.quantize)
+                               decode_loop=config.decode_loop, quantize=config.quantize,
+                               max_concurrent=config.max_concurrent, max_queued=config.max_queued,
+                               prefill_chunk_tokens=config.prefill_chunk_tokens)
         self.registry = MethodRegistry()
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()
