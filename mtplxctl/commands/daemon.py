@@ -352,6 +352,13 @@ def status_table(status: dict[str, Any]) -> Table:
                   f"{human_bytes(memory.get('system_available_bytes'))} free of "
                   f"{human_bytes(memory.get('system_total_bytes'))}")
     table.add_row("requests", f"{status.get('requests', {}).get('active', 0)} in flight")
+    scheduler = status.get("scheduler")
+    if scheduler:
+        table.add_row("scheduler", f"{scheduler['running']} running of {scheduler['max_concurrent']}"
+                      f" rows, {scheduler['queued']} queued (max {scheduler['max_queued']})")
+        for row in scheduler.get("rows", []):
+            table.add_row("", f"{row.get('request_id') or row['row']}: {row['phase']}, "
+                          f"{row['completion_tokens']} tokens, waited {row['queue_wait_seconds']}s")
     guard = status.get("guard")
     if guard:
         table.add_row("memory guard", f"limit {human_bytes(guard['limit_bytes'])}, "

@@ -17,14 +17,14 @@ import trio
 
 from mtplxd.api import chat_format
 from mtplxd.api.errors import (
-    APIError, context_length_exceeded, invalid, model_not_found, model_not_loaded,
+    APIError, context_length_exceeded, invalid, model_not_found, model_not_loaded, queue_full,
 )
 from mtplxd.api.flight import Flight, FlightBoard
 from mtplxd.api.metrics import Metrics
 from mtplxd.api.parsers import Event, OutputParser, ParsedOutput, ToolCallEvent, collect
 from mtplxd.api.schemas import Conversation, GenParams, generation_defaults
 from mtplxd.engine.interface import (
-    GenerationRequest, GenerationResult, SamplingParams, TokenDelta,
+    GenerationRequest, GenerationResult, QueueFull, SamplingParams, TokenDelta,
 )
 from mtplxd.guard import InsufficientMemory
 from mtplxd.runtime import ModelNotLoaded, Runtime
@@ -205,9 +205,12 @@ class Generations:
             max_tokens=max_tokens,
             stop=list(params.stop),
         )
+        plan_id = self.flights.next_id(endpoint)
+        # Arrival is stamped here, before any queue: TTFT and queue_wait count from it.
         request = GenerationRequest(prompt_ids=list(prompt_ids), sampling=sampling, depth=params.depth,
-                                    session_id=session_id_from_headers())
-        return Plan(id=self.flights.next_id(endpoint), endpoint=endpoint, model_id=model.info.id,
+                                    session_id=session_id_from_headers(),
+                                    arrived_at=time.perf_counter(), request_id=plan_id)
+        return Plan(id=plan_id, endpoint=endpoint, model_id=model.info.id,
                     request=request, max_tokens=max_tokens, max_tokens_requested=params.max_tokens)
 
     def _flight(self, plan: Plan, stream: bool) -> Flight:
@@ -419,6 +422,8 @@ def _translate(exc: BaseException) -> BaseException:
         return exc
     if isinstance(exc, ModelNotLoaded):
         return model_not_loaded("none")
+    if isinstance(exc, QueueFull):
+        return queue_full(exc.queued, exc.retry_after_seconds)
     if isinstance(exc, InsufficientMemory):
         details = {k: v for k, v in exc.to_dict().items() if k not in ("type", "message")}
         return APIError(507, str(exc), code="insufficient_memory", details=details)
