@@ -135,3 +135,56 @@ def test_a_short_request_is_answered_while_a_long_stream_runs(busy):
         assert busy.client.call("daemon.status")["scheduler"]["running"] == 1
         del stream
     _wait(lambda: busy.client.call("daemon.status")["scheduler"]["running"] == 0)
+
+
+def _stream_in_thread(daemon: ApiDaemon, body: dict, out: dict) -> threading.Thread:
+    def run() -> None:
+        try:
+            with httpx.Client(base_url=daemon.base_url, timeout=60) as http:
+                with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                    out["lines"] = list(response.iter_lines())
+        except httpx.HTTPError as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_stop_lets_running_rows_finish_within_the_grace_time(tiny_checkpoint, tmp_path):
+    daemon = start_api_daemon(tmp_path / "home", MTPLX_MODEL=str(tiny_checkpoint),
+                              MTPLX_SHUTDOWN_GRACE_SECONDS="30")
+    try:
+        outs = [{}, {}]
+        body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "go"}], "stream": True,
+                **{**ENDLESS, "max_tokens": 400}}
+        threads = [_stream_in_thread(daemon, body, out) for out in outs]
+        _wait(lambda: daemon.client.call("daemon.status")["scheduler"]["running"] == 2)
+        daemon.process.send_signal(15)
+        for thread in threads:
+            thread.join(60)
+        assert daemon.process.wait(60) == 0
+        for out in outs:
+            assert "error" not in out, out
+            assert out["lines"][-1] == "data: [DONE]" or out["lines"][-2] == "data: [DONE]"
+            assert any('"finish_reason":"length"' in line for line in out["lines"])
+    finally:
+        daemon.stop()
+
+
+def test_stop_cancels_rows_that_outlast_the_grace_time(tiny_checkpoint, tmp_path):
+    daemon = start_api_daemon(tmp_path / "home", MTPLX_MODEL=str(tiny_checkpoint),
+                              MTPLX_SHUTDOWN_GRACE_SECONDS="1")
+    try:
+        out: dict = {}
+        body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "go"}], "stream": True,
+                **ENDLESS}
+        thread = _stream_in_thread(daemon, body, out)
+        _wait(lambda: daemon.client.call("daemon.status")["scheduler"]["running"] == 1)
+        stopped = time.monotonic()
+        daemon.process.send_signal(15)
+        assert daemon.process.wait(30) == 0
+        assert time.monotonic() - stopped < 15
+        thread.join(30)
+    finally:
+        daemon.stop()
