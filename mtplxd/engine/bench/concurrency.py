@@ -19,6 +19,7 @@ tok/s stays about the serial figure.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 import threading
@@ -146,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
 
     owner = ModelOwner(scheduler=Scheduler())
     owner.start()
+    held: list[Any] = []
     try:
-        model = owner.submit(lambda: load_model(args.model, quantize=args.quantize)).result()
+        held.append(owner.submit(lambda: load_model(args.model, quantize=args.quantize)).result())
+        model = held[0]
         streams = [int(s) for s in args.streams.split(",")]
         depths = {"mtp": model.info.depth, "ar": 0}
         modes = [m for m in args.modes.split(",") if m == "ar" or model.head is not None]
@@ -165,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
                       for mode in modes},
         }
     finally:
+        model = None
+        # MLX arrays must die on the thread that made them (else the process aborts at exit).
+        owner.submit(lambda: (held.clear(), gc.collect())).result()
         owner.stop(timeout=60)
     if args.json_out:
         write_report(args.json_out, report, announce=True)
