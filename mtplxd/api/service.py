@@ -150,8 +150,8 @@ class Generations:
     async def on_tokenizer(self, fn: Callable[[Any], Any]) -> Any:
         """Run tokenizer-only work (chat template, encode, decode) in a worker thread.
 
-        Not on the owner thread: that runs whole generations, and a second request's template
-        (or a count_tokens call) must not wait for the first request's last token. No MLX is
+        Not on the owner thread: a job there waits for a scheduler turn, and a request's
+        template (or a count_tokens call) needs no MLX. No MLX is
         touched; one call at a time keeps the HF tokenizer's internals single-threaded here.
         """
         model = self.require_model(None)
