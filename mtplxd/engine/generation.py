@@ -91,6 +91,7 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
                                should_stop, bank):
         if not isinstance(item, Step):
             yield item
+    mx.clear_cache()  # the request's buffers go back now, not when the next one needs them
 
 
 def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationRequest,
@@ -184,7 +185,6 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     if turn is not None:  # after the result: the client is not kept waiting for the copy
         turn.store(produced, decoder.head_cache if decoder else None,
                    decoder.pending_hidden if decoder else None)
-    mx.clear_cache()  # the row's buffers go back now, not when the next request needs them
 
 
 def _counted(steps: Generator[None, None, Any], stats: GenerationStats

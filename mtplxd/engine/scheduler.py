@@ -194,6 +194,9 @@ class Scheduler:
             self._step(row)
         with self._lock:
             self._running = [row for row in self._running if row.phase != "done"]
+            idle = not self._running
+        if idle and running:
+            _release_buffers()
 
     def drain(self, max_turns: int = 10_000) -> None:
         """Cancel everything and turn until every row has left (owner thread, at stop)."""
@@ -301,3 +304,11 @@ class Scheduler:
         except Exception:  # a broken consumer ends its own row, never the scheduler
             log.exception("row %s: delivery failed; cancelling it", row.id)
             row.cancel()
+
+
+def _release_buffers() -> None:
+    """Give MLX's cached buffers back once no row runs. Not when one row of several leaves:
+    its neighbours would only allocate the same buffers again."""
+    import mlx.core as mx
+
+    mx.clear_cache()
