@@ -40,12 +40,21 @@ def _as_int(low: int, high: int) -> Callable[[Any], int]:
 
 def _as_depth(value: Any) -> str | int:
     """`auto` or a depth from 0 to 8."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    try:
-        return _as_int(0, 8)(value)
-    except ValueError:
-        raise ValueError("must be auto or a whole number from 0 to 8") from None
+    return _as_auto_or_int(0, 8)(value)
+
+
+def _as_auto_or_int(low: int, high: int) -> Callable[[Any], str | int]:
+    as_int = _as_int(low, high)
+
+    def parse(value: Any) -> str | int:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            return as_int(value)
+        except ValueError:
+            raise ValueError(f"must be auto or a whole number from {low} to {high}") from None
+
+    return parse
 
 
 def _as_bool(value: Any) -> bool:
@@ -169,6 +178,15 @@ SETTINGS: dict[str, Setting] = {
         Setting("body_timeout_seconds", 30, _as_int(1, 3600),
                 "How long a client may take to send a request body before it gets a 408 "
                 "(a stalled or trickling upload must not hold a worker)."),
+        Setting("max_concurrent", "auto", _as_auto_or_int(1, 64),
+                "Generations decoding at once (scheduler rows, interleaved a cycle at a time): "
+                "auto (8 on CUDA, 4 on Metal and CPU) or 1 to 64; 1 serves one at a time."),
+        Setting("max_queued", 64, _as_int(0, 4096),
+                "Requests that may wait for a free row; one more gets HTTP 429 with "
+                "Retry-After."),
+        Setting("prefill_chunk_tokens", 512, _as_int(64, 8192),
+                "Prompt tokens per prefill forward. A long prompt is read one chunk per "
+                "scheduler turn, so running streams pause at most one chunk's time for it."),
         Setting("shutdown_grace_seconds", 10, _as_int(0, 600),
                 "How long SIGTERM waits for in-flight requests before stopping."),
         Setting("log_level", "info", _as_choice("debug", "info", "warning", "error"),

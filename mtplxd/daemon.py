@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from functools import partial
 from typing import Any
 
 import hypercorn.config
@@ -49,7 +48,9 @@ class Daemon:
                            ssd_dir=paths.session_bank_dir, ssd=config.session_bank_ssd_bytes)
         depth = None if config.depth == "auto" else config.depth  # None: the model's own
         self.runtime = Runtime(paths.models_dir, depth, config.memory_limit, bank,
-                               decode_loop=config.decode_loop, quantize=config.quantize)
+                               decode_loop=config.decode_loop, quantize=config.quantize,
+                               max_concurrent=config.max_concurrent, max_queued=config.max_queued,
+                               prefill_chunk_tokens=config.prefill_chunk_tokens)
         self.registry = MethodRegistry()
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()
@@ -79,9 +80,8 @@ class Daemon:
                 await nursery.start(self.fans.run)
                 # HTTP binds before the control socket: whoever sees the daemon answer (mtplxctl
                 # start, the service manager) can rely on the API being up and its port known.
-                self.http_binds = await nursery.start(partial(
-                    hypercorn.trio.serve, create_app(self.runtime, self.config),
-                    self._hypercorn_config(), shutdown_trigger=self._shutdown.wait))
+                http_done = trio.Event()
+                self.http_binds = await nursery.start(self._serve_http, http_done)
                 await nursery.start(serve_control, self.paths.socket, self.registry)
                 log.info("mtplxd %s ready: control %s, http %s", __version__, self.paths.socket,
                          ", ".join(self.http_binds))
@@ -94,10 +94,22 @@ class Daemon:
                 sd_notify("STOPPING=1")
                 with trio.move_on_after(self.config.shutdown_grace_seconds):
                     await self.runtime.wait_idle()
+                    # The engine is done; the last frames still have to reach the clients:
+                    # hypercorn ends by itself once its in-flight responses are written.
+                    await http_done.wait()
                 nursery.cancel_scope.cancel()
         finally:
             self.runtime.stop()
             log.info("mtplxd stopped")
+
+    async def _serve_http(self, done: trio.Event,
+                          task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the HTTP API until shutdown is requested and its responses are finished."""
+        try:
+            await hypercorn.trio.serve(create_app(self.runtime, self.config), self._hypercorn_config(),
+                                       shutdown_trigger=self._shutdown.wait, task_status=task_status)
+        finally:
+            done.set()
 
     def _hypercorn_config(self) -> hypercorn.config.Config:
         config = hypercorn.config.Config()

@@ -222,9 +222,9 @@ class MemoryGuard:
                  release_bank: Callable[[int], int] = lambda needed: 0,
                  system_available: Callable[[], int] | None = None, serial: bool = True) -> None:
         self.plan = plan
-        # The engine runs one request at a time on its owner thread: a queued request's peak
-        # never coexists with another's, so reservations do not stack. (Batched decoding would
-        # run them together: serial=False prices each request next to the others' holds.)
+        # serial=True: requests run one after another, so reservations do not stack. The
+        # daemon's scheduler runs rows side by side (serial=False): each request is priced
+        # next to the running rows' holds, and `try_admit` tells "wait" from "never".
         self.serial = serial
         self.limit_bytes = limit_bytes
         self._bank_bytes = bank_bytes
@@ -240,9 +240,12 @@ class MemoryGuard:
         """Bytes reserved by running requests."""
         return sum(r.bytes for r in self._held.values())
 
-    def available_bytes(self) -> int:
+    def available_bytes(self, alone: bool = False) -> int:
         """What a new request may use at its turn: the limit less weights and the session bank
-        (less running requests too, unless serial), and never more than the OS can give."""
+        (less running requests too, unless serial or `alone`: as if none ran), and never more
+        than the OS can give."""
+        if alone and not self.serial:
+            return self.available_bytes() + self.held_bytes()
         stacked = 0 if self.serial else self.held_bytes()
         under_limit = self.limit_bytes - self.plan.weights_bytes - stacked - self._bank_bytes()
         if self._system_available is not None:
@@ -255,27 +258,59 @@ class MemoryGuard:
         return {"weights": self.plan.weights_bytes, "running_requests": self.held_bytes(),
                 "session_bank": self._bank_bytes()}
 
-    def admit(self, prompt_tokens: int, max_tokens: int) -> Reservation:
+    def admit(self, prompt_tokens: int, max_tokens: int,
+              prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Reservation:
         """Reserve memory for a request before its prefill, or raise InsufficientMemory.
 
-        Order of remedies: release idle session-bank entries, then smaller prefill chunks.
+        Order of remedies: release idle session-bank entries, then smaller prefill chunks
+        (never larger than `prefill_chunk`).
         """
         with self._lock:
-            needed = self.plan.request_bytes(prompt_tokens, max_tokens, DEFAULT_PREFILL_CHUNK)
-            if needed > self.available_bytes() and self._bank_bytes() > 0:
-                self.release_bank(needed - self.available_bytes())
-            chunk = DEFAULT_PREFILL_CHUNK
-            while needed > self.available_bytes() and chunk > SMALLEST_PREFILL_CHUNK:
-                chunk //= 2
-                needed = self.plan.request_bytes(prompt_tokens, max_tokens, chunk)
-            if needed > self.available_bytes():
+            return self._admit(prompt_tokens, max_tokens, prefill_chunk)
+
+    def try_admit(self, prompt_tokens: int, max_tokens: int,
+                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Reservation | None:
+        """`admit` for a queue: None when the request does not fit beside the running ones but
+        would once they leave (it waits); InsufficientMemory when it would not fit even then."""
+        with self._lock:
+            try:
+                return self._admit(prompt_tokens, max_tokens, prefill_chunk)
+            except InsufficientMemory as refused:
+                if self._held and refused.needed_bytes <= self.available_bytes(alone=True):
+                    self.refused -= 1  # not refused: it waits its turn
+                    return None
+                raise
+
+    def check(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Raise InsufficientMemory when the request could not fit even with nothing else
+        running (checked at arrival, so a hopeless request is refused before it queues)."""
+        with self._lock:
+            needed = self.plan.request_bytes(prompt_tokens, max_tokens, SMALLEST_PREFILL_CHUNK)
+            available = self.available_bytes(alone=True)
+            if needed > available and self._bank_bytes() > 0:
+                self.release_bank(needed - available)
+                available = self.available_bytes(alone=True)
+            if needed > available:
                 self.refused += 1
-                raise InsufficientMemory(needed, self.available_bytes(), self.holders(),
+                raise InsufficientMemory(needed, available, self.holders(),
                                          self.limit_bytes, self._hint(prompt_tokens, max_tokens))
-            self._next_id += 1
-            reservation = Reservation(self._next_id, needed, chunk, self)
-            self._held[reservation.id] = reservation
-            return reservation
+
+    def _admit(self, prompt_tokens: int, max_tokens: int, prefill_chunk: int) -> Reservation:
+        chunk = max(prefill_chunk, SMALLEST_PREFILL_CHUNK)
+        needed = self.plan.request_bytes(prompt_tokens, max_tokens, chunk)
+        if needed > self.available_bytes() and self._bank_bytes() > 0:
+            self.release_bank(needed - self.available_bytes())
+        while needed > self.available_bytes() and chunk > SMALLEST_PREFILL_CHUNK:
+            chunk = max(chunk // 2, SMALLEST_PREFILL_CHUNK)
+            needed = self.plan.request_bytes(prompt_tokens, max_tokens, chunk)
+        if needed > self.available_bytes():
+            self.refused += 1
+            raise InsufficientMemory(needed, self.available_bytes(), self.holders(),
+                                     self.limit_bytes, self._hint(prompt_tokens, max_tokens))
+        self._next_id += 1
+        reservation = Reservation(self._next_id, needed, chunk, self)
+        self._held[reservation.id] = reservation
+        return reservation
 
     def release_bank(self, needed: int) -> int:
         """Ask the session bank to free `needed` bytes of idle entries; returns bytes freed."""

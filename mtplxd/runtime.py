@@ -1,8 +1,10 @@
 """The trio side of the engine: one model-owner thread, reached only through this object.
 
-All MLX work runs on the engine's ModelOwner thread (MLX streams are per thread). Trio code
-submits work there and gets tokens back through a memory channel; cancelling the trio side (a
-client that disconnects) sets the flag the engine checks between decode cycles.
+All MLX work runs on the engine's ModelOwner thread (MLX streams are per thread). A generation
+is submitted there as a scheduler row (engine/scheduler.py: FIFO queue, rows stepped one
+prefill chunk or decode cycle at a time) and its tokens come back through a memory channel;
+cancelling the trio side (a client that disconnects) cancels the row, which leaves at its next
+cycle boundary. The memory guard prices each row next to the running ones when it is admitted.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any, AsyncIterator, Callable
 import psutil
 import trio
 
-from mtplxd.guard import (DEFAULT_PREFILL_CHUNK, MemoryGuard, Reservation, is_unified_memory,
+from mtplxd.guard import (DEFAULT_PREFILL_CHUNK, MemoryGuard, is_unified_memory,
                           plan_for_config, resolve_limit)
 
 log = logging.getLogger(__name__)
@@ -37,11 +38,6 @@ class ModelNotLoaded(Exception):
 
 class ModelLoadFailed(Exception):
     """The model could not be resolved or loaded; the message says what to do."""
-
-
-@dataclass
-class _Failure:
-    error: BaseException
 
 
 def embedded_model_available() -> bool:
@@ -88,8 +84,11 @@ class Runtime:
 
     def __init__(self, models_dir: Path, default_depth: int | None,
                  memory_limit: str | float = "auto", bank: BankOptions = BankOptions(),
-                 decode_loop: str = "auto", quantize: str = "auto") -> None:
+                 decode_loop: str = "auto", quantize: str = "auto",
+                 max_concurrent: str | int = "auto", max_queued: int = 64,
+                 prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK) -> None:
         from mtplxd.engine.owner import ModelOwner
+        from mtplxd.engine.scheduler import Scheduler
 
         self.models_dir = models_dir
         self.default_depth = default_depth
@@ -97,7 +96,10 @@ class Runtime:
         self.bank_options = bank
         self.decode_loop = decode_loop
         self.quantize = quantize
-        self.owner = ModelOwner()
+        self.max_concurrent_setting = max_concurrent
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.scheduler = Scheduler(max_queued=max_queued, admit=self._admit_row)
+        self.owner = ModelOwner(scheduler=self.scheduler)
         self.model: Any = None  # mtplxd.engine.LoadedModel once loaded
         self.guard: MemoryGuard | None = None  # the loaded model's memory guard
         self.generations_started = 0  # requests that reached the engine (admitted)
@@ -114,10 +116,18 @@ class Runtime:
         self._idle.set()
 
     def start(self) -> None:
+        """Start the owner thread, with the scheduler's row limit resolved for this machine."""
+        from mtplxd.engine.scheduler import default_max_concurrent
+
+        setting = self.max_concurrent_setting
+        self.scheduler.configure(
+            max_concurrent=default_max_concurrent() if setting == "auto" else int(setting))
         self.owner.start()
 
     def stop(self) -> None:
-        """Drop the model on the owner thread (MLX frees it there), then end the thread."""
+        """Cancel what still runs, drop the model on the owner thread (MLX frees it there),
+        then end the thread."""
+        self.scheduler.cancel_all()
         model, self.model, self.guard = self.model, None, None
         try:
             # The bank finishes its queued disk writes (bounded) before the process goes.
@@ -143,6 +153,7 @@ class Runtime:
             # The old model goes before the new one loads: two never sit in memory together.
             previous, self.model, self.guard = self.model, None, None
             if previous is not None:
+                self.scheduler.cancel_all()  # its rows end at their next cycle, before it goes
                 await self._on_owner(partial(_retire, previous))
                 previous = None
             depth = self.default_depth if depth is None else depth
@@ -209,6 +220,7 @@ class Runtime:
             self._last_good = None  # unloaded on purpose: a later failed load falls back to none
             self.guard = None
             if model is not None:
+                self.scheduler.cancel_all()
                 await self._on_owner(lambda: _retire(model))
             return model is not None
 
@@ -239,62 +251,69 @@ class Runtime:
             raise ModelNotLoaded(f"no model is loaded (state: {self.state})")
         return self.model
 
+    def scheduler_status(self) -> dict[str, Any]:
+        """The scheduler's limits, running rows and queue (status, /metrics, flight board)."""
+        return self.scheduler.status()
+
     @asynccontextmanager
     async def generate(self, request: Any) -> AsyncIterator[AsyncIterator[Any]]:
-        """Run one generation on the owner thread; yields an async iterator of engine items.
+        """Queue one generation as a scheduler row; yields an async iterator of engine items.
 
-        Leaving the `async with` early (a disconnect, a cancel) tells the engine to stop at
-        its next cycle.
+        Raises InsufficientMemory at once for a request that could never fit, and QueueFull
+        when `max_queued` requests already wait. Leaving the `async with` early (a disconnect,
+        a cancel) cancels the row: it leaves at its next cycle boundary.
         """
+        from mtplxd.engine.interface import GenerationResult
+        from mtplxd.engine.scheduler import Row, RowFailure
+
         model = self.require_model()
-        # Priced before any prefill work: a request that does not fit raises InsufficientMemory
-        # here and never reaches the owner thread.
-        reservation = self.admit(request)
+        if self.guard is not None:
+            # A request that can never fit is refused now; one that fits later waits its turn.
+            self.guard.check(len(request.prompt_ids), request.sampling.max_tokens)
+        if request.prefill_chunk is None:
+            request.prefill_chunk = self.prefill_chunk_tokens
         send, receive = trio.open_memory_channel(math.inf)
-        stop = threading.Event()
         token = trio.lowlevel.current_trio_token()
+        row: Row
 
-        def deliver(item: Any) -> bool:
+        def put(item: Any) -> None:  # trio thread
             try:
-                trio.from_thread.run_sync(send.send_nowait, item, trio_token=token)
-                return True
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.RunFinishedError):
-                stop.set()
-                return False
+                send.send_nowait(item)
+                if isinstance(item, (RowFailure, GenerationResult)):
+                    send.close()  # a result or a failure is the row's last item
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                row.cancel()
 
-        def work() -> None:
+        def deliver(item: Any) -> None:  # owner thread: never waits for trio
             try:
-                for item in model.generate(request, stop.is_set):
-                    if not deliver(item):
-                        return
-            except BaseException as exc:  # the trio side re-raises it
-                deliver(_Failure(exc))
-            finally:
-                try:
-                    trio.from_thread.run_sync(send.close, trio_token=token)
-                except trio.RunFinishedError:
-                    pass
+                token.run_sync_soon(put, item)
+            except trio.RunFinishedError:
+                row.cancel()
 
+        row = Row(request, lambda should_stop: model.generate_steps(request, should_stop), deliver)
+        self.owner.submit_row(row)
         self._begin()
         try:
             self.generations_started += 1
-            self.owner.submit(work)
             async with receive:
                 yield _unwrap(receive)
         finally:
-            stop.set()
+            row.cancel()
             self._end()
-            if reservation is not None:
-                reservation.release()
 
-    def admit(self, request: Any) -> Reservation | None:
-        """Reserve memory for `request`, lowering its prefill chunk when that is what fits."""
-        if self.guard is None:
+    def _admit_row(self, request: Any) -> Callable[[], None] | None:
+        """The scheduler's admission hook (owner thread): reserve the row's memory next to
+        the running rows; None while it must wait for them, lowering its prefill chunk when
+        that is what fits."""
+        guard = self.guard
+        if guard is None:
+            return lambda: None
+        chunk = request.prefill_chunk or self.prefill_chunk_tokens
+        reservation = guard.try_admit(len(request.prompt_ids), request.sampling.max_tokens, chunk)
+        if reservation is None:
             return None
-        reservation = self.guard.admit(len(request.prompt_ids), request.sampling.max_tokens)
-        if reservation.prefill_chunk < DEFAULT_PREFILL_CHUNK:
-            request.prefill_chunk = reservation.prefill_chunk
-        return reservation
+        request.prefill_chunk = min(chunk, reservation.prefill_chunk)
+        return reservation.release
 
     async def run_on_model(self, fn: Callable[[Any], Any]) -> Any:
         """Run `fn(model)` on the owner thread (prompt scoring, token counting)."""
@@ -322,8 +341,10 @@ class Runtime:
 
 
 async def _unwrap(receive: trio.MemoryReceiveChannel) -> AsyncIterator[Any]:
+    from mtplxd.engine.scheduler import RowFailure
+
     async for item in receive:
-        if isinstance(item, _Failure):
+        if isinstance(item, RowFailure):
             raise item.error
         yield item
 
@@ -342,7 +363,7 @@ def build_guard(path: Path, model: Any, limit_bytes: int) -> MemoryGuard:
         plan, limit_bytes,
         bank_bytes=bank.bytes_held if bank is not None else (lambda: 0),
         release_bank=bank.release_idle if bank is not None else (lambda needed: 0),
-        system_available=system_available,
+        system_available=system_available, serial=False,
     )
 
 

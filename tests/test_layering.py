@@ -22,7 +22,7 @@ SOURCES = {"mtplxd": ROOT / "mtplxd", "mtplxctl": ROOT / "mtplxctl",
 ENGINE = "mtplxd.engine"
 NOT_RUNTIME = (f"{ENGINE}.bench", f"{ENGINE}.fixtures")
 # Engine room -> the engine rooms it may import (besides itself). Top-level engine modules
-# (interface, generation, loaded_model, owner) are the room "" and may import every runtime room.
+# (interface, generation, loaded_model, scheduler, owner) are the room "" and may import every runtime room.
 ALLOWED = {
     "interface": set(),
     "model": {"interface"},

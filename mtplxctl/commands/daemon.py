@@ -387,6 +387,13 @@ def status_table(status: dict[str, Any]) -> Table:
     if status.get("blas"):
         level = "[yellow]" if status["blas"].get("degraded") else ""
         table.add_row("BLAS", f"{level}{status['blas']['summary']}{'[/]' if level else ''}")
+    scheduler = status.get("scheduler")
+    if scheduler:
+        table.add_row("scheduler", f"{scheduler['running']} running of {scheduler['max_concurrent']}"
+                      f" rows, {scheduler['queued']} queued (max {scheduler['max_queued']})")
+        for row in scheduler.get("rows", []):
+            table.add_row("", f"{row.get('request_id') or row['row']}: {row['phase']}, "
+                          f"{row['completion_tokens']} tokens, waited {row['queue_wait_seconds']}s")
     guard = status.get("guard")
     if guard:
         table.add_row("memory guard", f"limit {human_bytes(guard['limit_bytes'])}, "

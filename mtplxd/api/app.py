@@ -186,7 +186,7 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
 
     @app.get("/v1/mtplx/flight")
     async def flight() -> tuple[dict[str, Any], int]:
-        return flights.snapshot(), 200
+        return flights.snapshot(runtime.scheduler_status()), 200
 
     return app
 

@@ -83,6 +83,13 @@ def model_not_found(requested: str, served: str) -> APIError:
                          f"{served!r} (see GET /v1/models)", code="model_not_found", param="model")
 
 
+def queue_full(queued: int, retry_after_seconds: int) -> APIError:
+    """A 429 while the scheduler's queue is full (max_queued requests already wait)."""
+    return APIError(429, f"the server is busy: {queued} requests are already waiting for a "
+                         f"generation slot (max_queued); retry after {retry_after_seconds}s",
+                    code="queue_full", headers={"Retry-After": str(retry_after_seconds)})
+
+
 def dialect_for_path(path: str) -> str:
     """Which error shape a path speaks."""
     return ANTHROPIC if path.startswith("/v1/messages") else OPENAI

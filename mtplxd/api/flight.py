@@ -90,8 +90,22 @@ class FlightBoard:
     def end(self, flight: Flight) -> None:
         self._running.pop(flight.id, None)
 
-    def snapshot(self) -> dict[str, Any]:
-        """What `GET /v1/mtplx/flight` returns."""
+    def snapshot(self, scheduler: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What `GET /v1/mtplx/flight` returns; with the scheduler's status, each request
+        carries its scheduler row (phase queued/prefill/decode, queue wait, steps) and the
+        answer the scheduler's rows and limits."""
         now = time.monotonic()
-        requests = [f.snapshot(now) for f in self._running.values()]
-        return {"object": "mtplx.flight", "running": len(requests), "requests": requests}
+        rows = {r["request_id"]: r for r in (scheduler or {}).get("rows", [])}
+        requests = []
+        for flight in self._running.values():
+            entry = flight.snapshot(now)
+            row = rows.get(flight.id)
+            if row is not None:
+                entry["row"] = row
+                if row["phase"] == "queued":
+                    entry["phase"] = "queued"
+            requests.append(entry)
+        answer = {"object": "mtplx.flight", "running": len(requests), "requests": requests}
+        if scheduler is not None:
+            answer["scheduler"] = {k: v for k, v in scheduler.items() if k != "rows"}
+        return answer

@@ -18,6 +18,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # `*_created` timestamp series double the output and no dashboard here uses them.
 disable_created_metrics()
 
+QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
 RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 40, 60, 80, 100, 150, 200, 400, 1000)
 
@@ -50,11 +51,20 @@ class Metrics:
         self.cycles = Counter("mtplx_spec_decode_cycles", "Speculative verify cycles", registry=r)
         self.committed = Counter("mtplx_spec_decode_committed_tokens",
                                  "Tokens committed by speculative verify cycles", registry=r)
+        self.queue_wait = Histogram("mtplx_queue_wait_seconds",
+                                    "Time from arrival to admission into a scheduler row",
+                                    buckets=QUEUE_WAIT_BUCKETS, registry=r)
         self.mean_accept = Gauge("mtplx_spec_decode_mean_acceptance_length",
                                  "Tokens committed per verify cycle since start", registry=r)
         self.mean_accept.set_function(self._mean_acceptance)
         active = Gauge("mtplx_active_requests", "Generations in flight", registry=r)
         active.set_function(lambda: runtime.active_requests)
+        running = Gauge("mtplx_scheduler_running_rows", "Generations decoding (scheduler rows)",
+                        registry=r)
+        running.set_function(lambda: runtime.scheduler_status()["running"])
+        queued = Gauge("mtplx_scheduler_queued_requests", "Generations waiting for a row",
+                       registry=r)
+        queued.set_function(lambda: runtime.scheduler_status()["queued"])
         loaded = Gauge("mtplx_model_loaded", "1 while a model is loaded", registry=r)
         loaded.set_function(lambda: 1 if runtime.state == "loaded" else 0)
         depth = Gauge("mtplx_model_depth", "Default MTP depth of the loaded model (0 = AR)", registry=r)
@@ -81,6 +91,7 @@ class Metrics:
         self.generation_tokens.inc(stats.completion_tokens)
         self.cached_tokens.inc(stats.cached_tokens)
         self.finished.labels(finish_reason=stats.finish_reason).inc()
+        self.queue_wait.observe(stats.queue_wait_seconds)
         if stats.completion_tokens:
             self.ttft.observe(stats.ttft_seconds)
         if stats.decode_tokens_per_second > 0:

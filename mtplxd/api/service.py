@@ -17,14 +17,14 @@ import trio
 
 from mtplxd.api import chat_format
 from mtplxd.api.errors import (
-    APIError, context_length_exceeded, invalid, model_not_found, model_not_loaded,
+    APIError, context_length_exceeded, invalid, model_not_found, model_not_loaded, queue_full,
 )
 from mtplxd.api.flight import Flight, FlightBoard
 from mtplxd.api.metrics import Metrics
 from mtplxd.api.parsers import Event, OutputParser, ParsedOutput, ToolCallEvent, collect
 from mtplxd.api.schemas import Conversation, GenParams, generation_defaults
 from mtplxd.engine.interface import (
-    GenerationRequest, GenerationResult, SamplingParams, TokenDelta,
+    GenerationRequest, GenerationResult, QueueFull, SamplingParams, TokenDelta,
 )
 from mtplxd.guard import ContextWindow, InsufficientMemory, context_window
 from mtplxd.runtime import ModelNotLoaded, Runtime
@@ -150,8 +150,8 @@ class Generations:
     async def on_tokenizer(self, fn: Callable[[Any], Any]) -> Any:
         """Run tokenizer-only work (chat template, encode, decode) in a worker thread.
 
-        Not on the owner thread: that runs whole generations, and a second request's template
-        (or a count_tokens call) must not wait for the first request's last token. No MLX is
+        Not on the owner thread: a job there waits for a scheduler turn, and a request's
+        template (or a count_tokens call) needs no MLX. No MLX is
         touched; one call at a time keeps the HF tokenizer's internals single-threaded here.
         """
         model = self.require_model(None)
@@ -209,9 +209,12 @@ class Generations:
             max_tokens=max_tokens,
             stop=list(params.stop),
         )
+        plan_id = self.flights.next_id(endpoint)
+        # Arrival is stamped here, before any queue: TTFT and queue_wait count from it.
         request = GenerationRequest(prompt_ids=list(prompt_ids), sampling=sampling, depth=params.depth,
-                                    session_id=session_id_from_headers())
-        return Plan(id=self.flights.next_id(endpoint), endpoint=endpoint, model_id=model.info.id,
+                                    session_id=session_id_from_headers(),
+                                    arrived_at=time.perf_counter(), request_id=plan_id)
+        return Plan(id=plan_id, endpoint=endpoint, model_id=model.info.id,
                     request=request, max_tokens=max_tokens, max_tokens_requested=params.max_tokens)
 
     def _flight(self, plan: Plan, stream: bool) -> Flight:
@@ -415,6 +418,8 @@ def _translate(exc: BaseException) -> BaseException:
         return exc
     if isinstance(exc, ModelNotLoaded):
         return model_not_loaded("none")
+    if isinstance(exc, QueueFull):
+        return queue_full(exc.queued, exc.retry_after_seconds)
     if isinstance(exc, InsufficientMemory):
         details = {k: v for k, v in exc.to_dict().items() if k not in ("type", "message")}
         return APIError(507, str(exc), code="insufficient_memory", details=details)

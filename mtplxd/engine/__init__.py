@@ -7,7 +7,8 @@ which picks the CPU's BLAS before MLX loads), so it runs alone on any machine. I
 - `model/`: loader, families, trunk, MTP head, hybrid layers, KV and rollback caches.
 - `decoding/`: the speculative, fused and AR loops, sampling, detokenizing.
 - `session/`: the session bank (RAM and SSD tiers).
-- `loaded_model`, `generation`, `owner` (this level): the runtime that ties them together.
+- `loaded_model`, `generation`, `scheduler`, `owner` (this level): the runtime that ties them
+  together; the scheduler steps every generation a prefill chunk or decode cycle at a time.
 - `fixtures/` and `bench/`: tiny checkpoints and benchmarks; the runtime never imports them.
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import mlx.core as mx
 
@@ -64,6 +64,17 @@ class _Finish:
         return TokenDelta(token_ids=accepted, text=text)
 
 
+class Step:
+    """A generation step that has nothing to stream: one prefill chunk, or a decode cycle
+    whose tokens completed no text yet. The scheduler runs other rows after it."""
+
+    def __repr__(self) -> str:
+        return "STEP"
+
+
+STEP = Step()
+
+
 def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationRequest,
              depth: int, vocab_size: int,
              should_stop: Callable[[], bool],
@@ -76,6 +87,22 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
     the rest is prefilled; stats.cached_tokens says how much), and after the result the
     committed state is stored back.
     """
+    for item in generate_steps(trunk, head, tokenizer, request, depth, vocab_size,
+                               should_stop, bank):
+        if not isinstance(item, Step):
+            yield item
+    mx.clear_cache()  # the request's buffers go back now, not when the next one needs them
+
+
+def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationRequest,
+                   depth: int, vocab_size: int,
+                   should_stop: Callable[[], bool],
+                   bank: SessionBank | None = None
+                   ) -> Iterator[TokenDelta | GenerationResult | Step]:
+    """`generate`, one unit of work per item: every prefill chunk and every decode cycle
+    yields (a TokenDelta when it completed text, else STEP), so the scheduler can step many
+    requests on one thread. The request's own caches, sampler and seed live in this
+    generator alone: its output does not depend on what runs between its steps."""
     params = request.sampling
     prompt = list(request.prompt_ids)
     if not prompt:
@@ -85,6 +112,8 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
     stats = GenerationStats(prompt_tokens=len(prompt), depth=depth)
     finish = _Finish(tokenizer, request)
     start = time.perf_counter()
+    arrived = request.arrived_at if request.arrived_at is not None else start
+    stats.queue_wait_seconds = max(start - arrived, 0.0)
     if params.max_tokens <= 0 or should_stop():
         reason = "length" if params.max_tokens <= 0 else "cancelled"
         yield _result(finish, stats, reason, start, start, start)
@@ -95,12 +124,14 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
     turn, head_cache, pending_from = None, None, 0
     if bank is None:
         cache = trunk.make_cache()
-        prefilled = trunk.prefill(prompt, cache, chunk, should_stop=should_stop)
+        prefill = trunk.prefill_steps(prompt, cache, chunk, should_stop=should_stop)
     else:
         turn = bank.begin(trunk, head if depth > 0 else None, prompt, request.session_id)
         cache, head_cache, pending_from = turn.cache, turn.head_cache, turn.pending_from
         stats.cached_tokens = turn.cached
-        prefilled = turn.prefill(chunk, should_stop=should_stop)
+        stats.restored_from = turn.restored_from
+        prefill = turn.prefill_steps(chunk, should_stop=should_stop)
+    prefilled = yield from _counted(prefill, stats)
     if prefilled is None:
         now = time.perf_counter()
         yield _result(finish, stats, "cancelled", start, now, now)
@@ -108,10 +139,9 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
     hiddens, last_logits = prefilled
     first = pick_first(last_logits, params, history, seed, len(prompt))
     prefill_done = time.perf_counter()
-    stats.ttft_seconds = prefill_done - start
+    stats.ttft_seconds = prefill_done - arrived  # the queue wait is part of what the client waited
     delta = finish.take([first])
-    if delta is not None:
-        yield delta
+    yield delta if delta is not None else STEP
 
     decoder = None
     if depth > 0:
@@ -135,9 +165,11 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
         step = next(cycles)
         produced += step
         delta = finish.take(step)
+        reason = finish.reason
         if delta is not None:
             yield delta
-        reason = finish.reason
+        elif reason is None:
+            yield STEP
     cycles.close()
     if reason == "cancelled":
         tail = finish.stream.finish()
@@ -159,7 +191,19 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
                                                         prompt, first, pending_from)
         turn.store(produced, decoder.head_cache if decoder else None,
                    decoder.pending_hidden if decoder else None)
-    mx.clear_cache()
+
+
+def _counted(steps: Generator[None, None, Any], stats: GenerationStats
+             ) -> Generator[Step, None, Any]:
+    """Pass a prefill's steps on as STEPs, counting its forwards in stats.prefill_chunks."""
+    stats.prefill_chunks = 1
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        stats.prefill_chunks += 1
+        yield STEP
 
 
 def _result(finish: _Finish, stats: GenerationStats, reason: str, start: float,

@@ -12,6 +12,16 @@ class ModelLoadError(Exception):
     """A checkpoint was refused or could not be loaded; the message says what to do."""
 
 
+class QueueFull(Exception):
+    """The scheduler's admission queue holds `max_queued` requests already (an HTTP 429)."""
+
+    def __init__(self, queued: int, retry_after_seconds: int) -> None:
+        super().__init__(f"{queued} requests are already waiting for a generation slot; "
+                         f"retry in about {retry_after_seconds}s")
+        self.queued = queued
+        self.retry_after_seconds = retry_after_seconds
+
+
 # How MTP requests decode: "fused" (fused.py), "stepwise" (speculative.py), or "auto"
 # (trunk.default_decode_loop: fused on CUDA and CPU, stepwise on Metal).
 DECODE_LOOP_CHOICES = ("auto", "fused", "stepwise")
@@ -60,6 +70,11 @@ class GenerationRequest:
     # Conversation id from the client (x-session-id & co.): groups session-bank entries for
     # LRU; prefix reuse itself works without it.
     session_id: str | None = None
+    # When the request arrived (time.perf_counter()): TTFT and queue wait count from here.
+    # None: the scheduler stamps it at submission.
+    arrived_at: float | None = None
+    # The caller's id for this request (the API's request id), shown in scheduler snapshots.
+    request_id: str | None = None
 
 
 @dataclass
@@ -90,6 +105,10 @@ class GenerationStats:
     ttft_seconds: float = 0.0
     finish_reason: str = "length"
     cycles: int = 0
+    queue_wait_seconds: float = 0.0  # arrival to admission (waiting for a row slot / memory)
+    prefill_chunks: int = 0  # prefill forwards; the scheduler ran other rows between them
+    restored_from: str = "cold"  # where the reused prompt prefix came from: cold | ram | ssd
+    rows_max: int = 1  # the most rows running at once (this one included) while it ran
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mtplxd.engine.decoding.fused import fused_supported
+from mtplxd.engine.generation import Step
 from mtplxd.engine.generation import generate as run_generation
+from mtplxd.engine.generation import generate_steps as run_generation_steps
 from mtplxd.engine.generation import score as run_score
 from mtplxd.engine.interface import (
     DECODE_LOOP_CHOICES, QUANTIZE_CHOICES, GenerationRequest, GenerationResult, ModelInfo,
@@ -65,6 +67,15 @@ class LoadedModel:
         depth = self.resolve_depth(request.depth)
         return run_generation(self.trunk, self.head, self.tokenizer, request, depth,
                               self.info.vocab_size, should_stop, self.bank)
+
+    def generate_steps(self, request: GenerationRequest,
+                       should_stop: Callable[[], bool] = lambda: False
+                       ) -> Iterator[TokenDelta | GenerationResult | Step]:
+        """`generate` one unit of work per item (a prefill chunk or a decode cycle; STEP when
+        it has nothing to stream): what the scheduler steps (owner thread only)."""
+        depth = self.resolve_depth(request.depth)
+        return run_generation_steps(self.trunk, self.head, self.tokenizer, request, depth,
+                                    self.info.vocab_size, should_stop, self.bank)
 
     def complete(self, request: GenerationRequest,
                  should_stop: Callable[[], bool] = lambda: False) -> GenerationResult:

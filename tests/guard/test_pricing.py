@@ -203,3 +203,26 @@ def test_a_prompt_over_the_memory_window_is_refused_naming_memory_and_counted():
     assert refusal.needed_bytes > refusal.available_bytes
     assert str(refusal).startswith(f"the memory limit caps this server's context at {window.served} tokens "
                                    f"(the model's is 40960)")
+
+
+def test_rows_side_by_side_wait_while_they_could_fit_later_and_are_refused_when_never():
+    plan = plan_for_config(QWEN3_4B, weights_bytes=8 * GIB)
+    guard = MemoryGuard(plan, limit_bytes=10 * GIB, serial=False)
+    tokens = int(1.5 * GIB // (147_456 + 4_096))
+    running = guard.try_admit(tokens - 512, 256)
+    assert running is not None
+    assert guard.try_admit(tokens - 512, 256) is None  # fits once `running` leaves: it waits
+    assert guard.refused == 0
+    guard.check(tokens - 512, 256)  # at arrival: could fit alone, so it may queue
+    with pytest.raises(InsufficientMemory):
+        guard.check(3 * tokens, 0)  # could never fit: refused before it queues
+    with pytest.raises(InsufficientMemory):
+        guard.try_admit(3 * tokens, 0)
+    running.release()
+    assert guard.try_admit(tokens - 512, 256) is not None
+
+
+def test_admission_never_prefills_in_larger_chunks_than_asked():
+    plan = plan_for_config(QWEN3_4B, weights_bytes=1 * GIB)
+    guard = MemoryGuard(plan, limit_bytes=32 * GIB, serial=False)
+    assert guard.admit(4096, 0, prefill_chunk=128).prefill_chunk == 128

@@ -9,7 +9,7 @@ so their numerics match (bitwise on the CPU backend).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Generator, TypeVar
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -119,11 +119,21 @@ class Trunk:
         Returns None when `should_stop()` turns True between two chunks, so a long prompt
         can be cancelled before it is fully read.
         """
+        return run_steps(self.prefill_steps(prompt_ids, cache, chunk_size, should_stop=should_stop))
+
+    def prefill_steps(self, prompt_ids: list[int], cache: list[Any],
+                      chunk_size: int = PREFILL_CHUNK, *,
+                      should_stop: Callable[[], bool] | None = None,
+                      ) -> Generator[None, None, tuple[list[mx.array], mx.array] | None]:
+        """`prefill` one chunk per step: yields None after every chunk but the last and
+        returns what `prefill` returns, so a scheduler can run other rows between chunks."""
         hiddens: list[mx.array] = []
         logits = None
         for start in range(0, len(prompt_ids), chunk_size):
-            if start and should_stop is not None and should_stop():
-                return None
+            if start:
+                yield None
+                if should_stop is not None and should_stop():
+                    return None
             chunk = mx.array(prompt_ids[start:start + chunk_size])[None]
             hidden, logits = self.forward(chunk, cache, all_logits=False)
             if hidden is not None:
@@ -131,3 +141,15 @@ class Trunk:
             mx.eval(logits, hidden if hidden is not None else logits)
         assert logits is not None, "empty prompt"
         return hiddens, logits[0, -1]
+
+
+T = TypeVar("T")
+
+
+def run_steps(steps: Generator[None, None, T]) -> T:
+    """Drive a step generator (`prefill_steps` and kin) to its end; return its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value

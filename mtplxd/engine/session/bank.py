@@ -47,13 +47,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Generator
 
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from mtplxd.engine.model.kv_cache import BucketedKVCache
-from mtplxd.engine.model.trunk import Trunk
+from mtplxd.engine.model.trunk import Trunk, run_steps
 from mtplxd.engine.session.types import (
     ANONYMOUS, GDN, KV, BankEntry, GDNState, RestorePlan, common_prefix, plan_restore,
 )
@@ -198,6 +198,8 @@ class BankTurn:
         self.bank, self.trunk, self.prompt, self.session_id = bank, trunk, prompt, session_id
         self.kinds, self.cache, self.head_cache = kinds, cache, head_cache
         self.cached = plan.trunk_len if plan else 0
+        # Where the restored prefix came from, for the request's stats: cold | ram | ssd.
+        self.restored_from = "cold" if not self.cached else "ram"
         self.pending_from = plan.head_len if plan else 0
         self.boundaries: dict[int, GDNState] = {}
         if source is not None and plan is not None and source.hybrid:
@@ -222,6 +224,11 @@ class BankTurn:
         Hybrid models also end a forward one token before the prompt's end, so that a resent
         prompt (stop-and-resend, regenerate) restores all but its last token. Returns None
         when `should_stop()` turns True between two forwards (nothing is stored then)."""
+        return run_steps(self.prefill_steps(chunk_size, should_stop=should_stop))
+
+    def prefill_steps(self, chunk_size: int, *, should_stop: Callable[[], bool] | None = None
+                      ) -> Generator[None, None, tuple[list[mx.array], mx.array] | None]:
+        """`prefill` one forward per step (yields None between forwards), for the scheduler."""
         rest = self.prompt[self.cached:]
         ends = list(range(chunk_size, len(rest), chunk_size)) + [len(rest)]
         if self.hybrid and len(rest) > 1 and len(rest) - 1 not in ends:
@@ -230,8 +237,10 @@ class BankTurn:
         logits = None
         start = 0
         for end in ends:
-            if start and should_stop is not None and should_stop():
-                return None
+            if start:
+                yield None
+                if should_stop is not None and should_stop():
+                    return None
             chunk = mx.array(rest[start:end])[None]
             hidden, logits = self.trunk.forward(chunk, self.cache, all_logits=False)
             if hidden is not None:
@@ -399,6 +408,7 @@ class SessionBank:
             self._expire()
             self.counters.prompt_tokens += len(prompt)
             entry, plan = self._best_ram(prompt, need_head, session)
+        ram_entry = entry
         entry, plan = self._maybe_ssd(prompt, need_head, session, entry, plan, kinds)
         if entry is None or plan is None:
             self.counters.misses += 1
@@ -409,7 +419,10 @@ class SessionBank:
             self.counters.hits += 1
             self.counters.cached_tokens += plan.trunk_len
         self._install(entry, plan, cache, head_cache)
-        return BankTurn(self, trunk, prompt, session, kinds, cache, head_cache, plan, entry)
+        turn = BankTurn(self, trunk, prompt, session, kinds, cache, head_cache, plan, entry)
+        if entry is not ram_entry and turn.cached:
+            turn.restored_from = "ssd"
+        return turn
 
     def _best_ram(self, prompt: list[int], need_head: bool,
                   session: str) -> tuple[BankEntry | None, RestorePlan | None]:

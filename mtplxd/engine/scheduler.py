@@ -1,0 +1,314 @@
+"""The scheduler: every generation is a row that the owner thread steps one cycle at a time.
+
+A request waits in a FIFO admission queue (at most `max_queued`; one more is refused with
+QueueFull) until a row slot is free (at most `max_concurrent` rows) and the admission hook (the
+memory guard, priced next to the running rows) lets it in. Each turn of the owner thread's loop
+admits what it can, then steps every running row once, in admission order: one prefill chunk
+or one decode cycle each. So a long prompt never holds the others back for more than one
+chunk, and a short request's first token does not wait for a long one's last.
+
+A row is the generator of `generation.generate_steps`: it owns its caches, rollback state,
+sampler, seed and stats, so its output does not depend on what runs between its steps
+(greedy output of a row is its solo output, bitwise on the CPU backend). A row that finishes,
+is cancelled (its client left) or fails leaves at the end of the turn and gives back its
+memory reservation; a failure ends only that row.
+
+Phase 1 of issue #20: rows are interleaved, not batched. Verifying several rows' drafts in one
+target forward (MTP cohorts of width 3/8, an AR batch lane) is the next phase.
+No trio, no HTTP: the daemon reaches this through `ModelOwner.submit_row`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from mtplxd.engine.interface import GenerationRequest, GenerationResult, QueueFull, TokenDelta
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_QUEUED = 64
+MAX_CONCURRENT_LIMIT = 64
+# A row's service-time estimate before any row finished (seconds), for Retry-After.
+INITIAL_SERVICE_SECONDS = 5.0
+
+# Makes a row's step iterator given its should_stop(); LoadedModel.generate_steps fits.
+StepsFactory = Callable[[Callable[[], bool]], Iterator[Any]]
+# Prices a request next to the running rows: a release callable when it fits now, None when it
+# must wait for running rows to leave; raises (InsufficientMemory) when it can never fit.
+AdmitHook = Callable[[GenerationRequest], "Callable[[], None] | None"]
+
+
+def default_max_concurrent() -> int:
+    """Rows run at once by default: 8 where the backend compiles fixed shapes (CUDA, room for
+    the coming 8-wide cohorts), 4 elsewhere (Metal, CPU): interleaved rows share one device,
+    so more rows only stretch each one while holding their KV."""
+    from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
+
+    return 8 if fixed_shapes_wanted() else 4
+
+
+@dataclass
+class RowFailure:
+    """What a failed row delivers instead of a result: the exception that ended it."""
+
+    error: BaseException
+
+
+_ids = itertools.count(1)
+
+
+class Row:
+    """One generation: waiting in the queue, then running until its result is delivered.
+
+    `deliver` is called on the owner thread with each TokenDelta, then the GenerationResult
+    (or a RowFailure); it must not block (the daemon hands items to trio without waiting).
+    """
+
+    def __init__(self, request: GenerationRequest, start: StepsFactory,
+                 deliver: Callable[[Any], None]) -> None:
+        self.id = next(_ids)
+        self.request = request
+        self.deliver = deliver
+        self._start = start
+        self._cancelled = threading.Event()
+        self.steps: Iterator[Any] | None = None
+        self.phase = "queued"  # queued | prefill | decode | done
+        self.release: Callable[[], None] | None = None
+        self.admitted_at: float | None = None
+        self.tokens = 0
+        self.steps_taken = 0  # prefill chunks and decode cycles run so far
+        self.rows_max = 0
+
+    def cancel(self) -> None:
+        """Ask the row to end (thread-safe): it leaves with finish_reason "cancelled" at the
+        next cycle boundary, or straight from the queue."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """The row as status and the flight board show it."""
+        arrived = self.request.arrived_at or now
+        admitted = self.admitted_at
+        return {
+            "row": self.id,
+            "request_id": self.request.request_id,
+            "phase": self.phase,
+            "prompt_tokens": len(self.request.prompt_ids),
+            "completion_tokens": self.tokens,
+            "steps": self.steps_taken,
+            "depth": self.request.depth,
+            "queue_wait_seconds": round((admitted if admitted is not None else now) - arrived, 3),
+            "age_seconds": round(now - arrived, 3),
+        }
+
+
+class Scheduler:
+    """FIFO admission and round-robin stepping of rows; `turn` runs on the owner thread only."""
+
+    def __init__(self, max_concurrent: int = 1, max_queued: int = DEFAULT_MAX_QUEUED,
+                 admit: AdmitHook | None = None) -> None:
+        self.max_concurrent = max_concurrent
+        self.max_queued = max_queued
+        self.admit = admit
+        self.wake: Callable[[], None] = lambda: None  # set by the owner: a submission wakes it
+        self._lock = threading.Lock()
+        self._queue: deque[Row] = deque()
+        self._running: list[Row] = []
+        self._service_seconds = INITIAL_SERVICE_SECONDS
+        self.counters = {"admitted": 0, "finished": 0, "failed": 0, "refused_queue_full": 0}
+
+    def configure(self, max_concurrent: int | None = None, max_queued: int | None = None) -> None:
+        """Change the limits (any thread); rows already running keep running."""
+        if max_concurrent is not None:
+            self.max_concurrent = max(1, min(int(max_concurrent), MAX_CONCURRENT_LIMIT))
+        if max_queued is not None:
+            self.max_queued = max(0, int(max_queued))
+
+    # -- any thread -----------------------------------------------------------------------
+
+    def submit(self, row: Row) -> Row:
+        """Queue `row` (stamping its arrival if the caller did not); raises QueueFull when
+        `max_queued` requests already wait."""
+        if row.request.arrived_at is None:
+            row.request.arrived_at = time.perf_counter()
+        with self._lock:
+            # Only requests that cannot start at once count against the queue's bound.
+            free = self.max_concurrent - len(self._running)
+            if len(self._queue) >= self.max_queued + max(free, 0):
+                self.counters["refused_queue_full"] += 1
+                raise QueueFull(len(self._queue), self.retry_after_seconds())
+            self._queue.append(row)
+        self.wake()
+        return row
+
+    def retry_after_seconds(self) -> int:
+        """A client's fair wait before retrying when the queue is full: the queue's length in
+        row service times, spread over the row slots (1 to 60 seconds)."""
+        waiting = len(self._queue) + 1
+        estimate = self._service_seconds * waiting / max(self.max_concurrent, 1)
+        return int(min(max(math.ceil(estimate), 1), 60))
+
+    def has_work(self) -> bool:
+        """True while rows run or wait."""
+        return bool(self._running or self._queue)
+
+    def cancel_all(self) -> None:
+        """Cancel every waiting and running row (model unload, daemon stop)."""
+        with self._lock:
+            rows = list(self._queue) + list(self._running)
+        for row in rows:
+            row.cancel()
+
+    def status(self) -> dict[str, Any]:
+        """Limits, counts and the rows, for `daemon.status`, /metrics and the flight board."""
+        now = time.perf_counter()
+        with self._lock:
+            running, queued = list(self._running), list(self._queue)
+        return {
+            "max_concurrent": self.max_concurrent,
+            "max_queued": self.max_queued,
+            "running": len(running),
+            "queued": len(queued),
+            "rows": [row.snapshot(now) for row in running + queued],
+            **self.counters,
+        }
+
+    # -- owner thread ---------------------------------------------------------------------
+
+    def turn(self) -> None:
+        """One turn: admit what fits, then step every running row once."""
+        self._admit()
+        running = list(self._running)
+        for row in running:
+            row.rows_max = max(row.rows_max, len(running))
+            self._step(row)
+        with self._lock:
+            self._running = [row for row in self._running if row.phase != "done"]
+            idle = not self._running
+        if idle and running:
+            _release_buffers()
+
+    def drain(self, max_turns: int = 10_000) -> None:
+        """Cancel everything and turn until every row has left (owner thread, at stop)."""
+        self.cancel_all()
+        for _ in range(max_turns):
+            if not self.has_work():
+                return
+            self.turn()
+
+    def _admit(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue or len(self._running) >= self.max_concurrent:
+                    return
+                row = self._queue[0]
+            if not row.cancelled and not self._reserve(row):
+                return  # FIFO: the head waits for memory, and nobody overtakes it
+            with self._lock:
+                self._queue.popleft()
+                if row.phase != "done":
+                    self._running.append(row)
+            if row.phase != "done":
+                self._start(row)
+
+    def _reserve(self, row: Row) -> bool:
+        """Price the row next to the running ones; False when it must wait. A row that can
+        never fit fails here (its deliver gets the guard's error)."""
+        if self.admit is None:
+            return True
+        try:
+            release = self.admit(row.request)
+        except Exception as exc:
+            self._fail(row, exc)
+            return True  # it leaves the queue, failed
+        if release is None:
+            return False
+        row.release = release
+        return True
+
+    def _start(self, row: Row) -> None:
+        row.admitted_at = time.perf_counter()
+        row.phase = "prefill"
+        self.counters["admitted"] += 1
+        try:
+            row.steps = row._start(lambda: row.cancelled)
+        except Exception as exc:  # bad depth and the like: this request's error only
+            self._fail(row, exc)
+
+    def _step(self, row: Row) -> None:
+        if row.phase == "done" or row.steps is None:
+            return
+        row.steps_taken += 1
+        try:
+            item = next(row.steps)
+        except StopIteration:
+            self._fail(row, RuntimeError("the generation ended without a result"))
+            return
+        except Exception as exc:
+            log.warning("row %s (%s) failed: %s", row.id, row.request.request_id, exc)
+            self._fail(row, exc)
+            return
+        if isinstance(item, TokenDelta):
+            row.phase = "decode"
+            row.tokens += len(item.token_ids)
+            self._deliver(row, item)
+        elif isinstance(item, GenerationResult):
+            item.stats.rows_max = max(row.rows_max, 1)
+            self._deliver(row, item)
+            self._finish(row)
+
+    def _finish(self, row: Row) -> None:
+        """The row's result is out: run what the generation does after it (the session bank's
+        copy), then give back its memory."""
+        try:
+            for _ in row.steps:
+                pass
+        except Exception:  # the client has its answer; only the bank's copy is lost
+            log.exception("row %s: after its result", row.id)
+        if row.admitted_at is not None:
+            spent = time.perf_counter() - row.admitted_at
+            self._service_seconds = 0.8 * self._service_seconds + 0.2 * spent
+        self.counters["finished"] += 1
+        self._leave(row)
+
+    def _fail(self, row: Row, exc: BaseException) -> None:
+        self.counters["failed"] += 1
+        self._deliver(row, RowFailure(exc))
+        if row.steps is not None:
+            try:
+                row.steps.close()
+            except Exception:
+                log.exception("row %s: closing after a failure", row.id)
+        self._leave(row)
+
+    def _leave(self, row: Row) -> None:
+        row.phase = "done"
+        row.steps = None
+        if row.release is not None:
+            row.release()
+            row.release = None
+
+    def _deliver(self, row: Row, item: Any) -> None:
+        try:
+            row.deliver(item)
+        except Exception:  # a broken consumer ends its own row, never the scheduler
+            log.exception("row %s: delivery failed; cancelling it", row.id)
+            row.cancel()
+
+
+def _release_buffers() -> None:
+    """Give MLX's cached buffers back once no row runs. Not when one row of several leaves:
+    its neighbours would only allocate the same buffers again."""
+    import mlx.core as mx
+
+    mx.clear_cache()

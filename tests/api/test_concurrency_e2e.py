@@ -1,0 +1,190 @@
+"""Several requests at once against a real daemon: each stream equals its solo output, a full
+queue answers 429 with Retry-After in each API's own shape, a disconnect frees its row, and
+status, /metrics and the flight board show the scheduler."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from support.api_daemon import MODEL_ID, ApiDaemon, start_api_daemon
+
+# Greedy with negative penalties loops on the tiny model and never emits end-of-sequence;
+# plain AR (depth 0) and the whole context make it last seconds even on a fast CPU.
+ENDLESS = {"temperature": 0, "frequency_penalty": -2.0, "presence_penalty": -2.0, "mtp_depth": 0,
+           "max_tokens": 4000}
+PROMPTS = ["write a function", "hi", "explain the code below in detail please", "sort a list"]
+
+
+@pytest.fixture(scope="module")
+def busy(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiDaemon]:
+    """A daemon with two row slots and room for one waiting request."""
+    daemon = start_api_daemon(tmp_path_factory.mktemp("sched-home"), MTPLX_MODEL=str(tiny_checkpoint),
+                              MTPLX_MAX_CONCURRENT="2", MTPLX_MAX_QUEUED="1")
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+def _client(daemon: ApiDaemon) -> openai.OpenAI:
+    return openai.OpenAI(base_url=daemon.base_url + "/v1", api_key="none", max_retries=0)
+
+
+def _stream_text(daemon: ApiDaemon, prompt: str, depth: int, out: dict, key: int) -> None:
+    stream = _client(daemon).chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": prompt}], max_tokens=24,
+        temperature=0, stream=True, extra_body={"mtp_depth": depth})
+    out[key] = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+
+def _wait(predicate, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_concurrent_streams_each_equal_their_solo_greedy_output(busy):
+    depths = [0, 2, 3]
+    solo: dict = {}
+    for i, prompt in enumerate(PROMPTS[:3]):
+        _stream_text(busy, prompt, depths[i], solo, i)
+    together: dict = {}
+    threads = [threading.Thread(target=_stream_text, args=(busy, p, depths[i], together, i))
+               for i, p in enumerate(PROMPTS[:3])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert together == solo
+
+
+def _open_endless(http: httpx.Client, stack) -> Iterator[str]:
+    """Start an endless stream and read up to its first content; the caller keeps the line
+    iterator (dropping it closes the connection, which cancels the row)."""
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "go"}],
+            "stream": True, **ENDLESS}
+    response = stack.enter_context(http.stream("POST", "/v1/chat/completions", json=body))
+    lines = response.iter_lines()
+    for line in lines:
+        if '"content":"' in line and '"role"' not in line:
+            return lines
+    raise AssertionError("the stream ended before its first content")
+
+
+def test_a_full_queue_answers_429_with_retry_after_in_each_dialect(busy):
+    from contextlib import ExitStack
+
+    with ExitStack() as stack, httpx.Client(base_url=busy.base_url, timeout=30) as http:
+        streams = [_open_endless(http, stack) for _ in range(2)]  # both row slots busy
+        answers: list = []
+        waiting = threading.Thread(target=lambda: answers.append(httpx.post(
+            busy.base_url + "/v1/chat/completions", timeout=60, json={
+                "model": MODEL_ID, "max_tokens": 3, "messages": [{"role": "user", "content": "q"}]})))
+        waiting.start()
+        _wait(lambda: busy.client.call("daemon.status")["scheduler"]["queued"] == 1)
+        status = busy.client.call("daemon.status")["scheduler"]
+        assert status["running"] == 2 and status["max_concurrent"] == 2
+        assert [row["phase"] for row in status["rows"]] == ["decode", "decode", "queued"]
+        flight = http.get("/v1/mtplx/flight").json()
+        assert flight["scheduler"]["queued"] == 1
+        assert sorted(r["phase"] for r in flight["requests"]) == ["decode", "decode", "queued"]
+        with pytest.raises(openai.RateLimitError) as refused:
+            _client(busy).chat.completions.create(
+                model=MODEL_ID, messages=[{"role": "user", "content": "x"}], max_tokens=3)
+        assert refused.value.code == "queue_full"
+        assert int(refused.value.response.headers["retry-after"]) >= 1
+        with pytest.raises(anthropic.RateLimitError) as refused_anthropic:
+            anthropic.Anthropic(base_url=busy.base_url, api_key="none", max_retries=0).messages.create(
+                model=MODEL_ID, max_tokens=3, messages=[{"role": "user", "content": "x"}])
+        assert refused_anthropic.value.body["error"]["type"] == "rate_limit_error"
+        metrics = http.get("/metrics").text
+        assert "mtplx_scheduler_running_rows 2.0" in metrics
+        assert "mtplx_scheduler_queued_requests 1.0" in metrics
+        del streams
+    # Leaving the block closed both endless streams: their rows leave, the queued one runs.
+    waiting.join(30)
+    assert answers[0].status_code == 200
+    assert answers[0].json()["mtplx_stats"]["queue_wait_seconds"] > 0
+    _wait(lambda: busy.client.call("daemon.status")["scheduler"]["running"] == 0)
+    metrics = httpx.get(busy.base_url + "/metrics").text
+    assert "mtplx_queue_wait_seconds_count" in metrics
+
+
+def test_a_short_request_is_answered_while_a_long_stream_runs(busy):
+    from contextlib import ExitStack
+
+    with ExitStack() as stack, httpx.Client(base_url=busy.base_url, timeout=30) as http:
+        stream = _open_endless(http, stack)
+        started = time.monotonic()
+        answer = _client(busy).chat.completions.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        waited = time.monotonic() - started
+        stats = answer.model_extra["mtplx_stats"]
+        assert stats["rows_max"] == 2 and stats["queue_wait_seconds"] < 1
+        assert stats["ttft_seconds"] >= stats["queue_wait_seconds"]
+        assert waited < 10
+        assert busy.client.call("daemon.status")["scheduler"]["running"] == 1
+        del stream
+    _wait(lambda: busy.client.call("daemon.status")["scheduler"]["running"] == 0)
+
+
+def _stream_in_thread(daemon: ApiDaemon, body: dict, out: dict) -> threading.Thread:
+    def run() -> None:
+        try:
+            with httpx.Client(base_url=daemon.base_url, timeout=60) as http:
+                with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                    out["lines"] = list(response.iter_lines())
+        except httpx.HTTPError as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_stop_lets_running_rows_finish_within_the_grace_time(tiny_checkpoint, tmp_path):
+    daemon = start_api_daemon(tmp_path / "home", MTPLX_MODEL=str(tiny_checkpoint),
+                              MTPLX_SHUTDOWN_GRACE_SECONDS="30")
+    try:
+        outs = [{}, {}]
+        body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "go"}], "stream": True,
+                **{**ENDLESS, "max_tokens": 400}}
+        threads = [_stream_in_thread(daemon, body, out) for out in outs]
+        _wait(lambda: daemon.client.call("daemon.status")["scheduler"]["running"] == 2)
+        daemon.process.send_signal(15)
+        for thread in threads:
+            thread.join(60)
+        assert daemon.process.wait(60) == 0
+        for out in outs:
+            assert "error" not in out, out
+            assert out["lines"][-1] == "data: [DONE]" or out["lines"][-2] == "data: [DONE]"
+            assert any('"finish_reason":"length"' in line for line in out["lines"])
+    finally:
+        daemon.stop()
+
+
+def test_stop_cancels_rows_that_outlast_the_grace_time(tiny_checkpoint, tmp_path):
+    daemon = start_api_daemon(tmp_path / "home", MTPLX_MODEL=str(tiny_checkpoint),
+                              MTPLX_SHUTDOWN_GRACE_SECONDS="1")
+    try:
+        out: dict = {}
+        body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "go"}], "stream": True,
+                **ENDLESS}
+        thread = _stream_in_thread(daemon, body, out)
+        _wait(lambda: daemon.client.call("daemon.status")["scheduler"]["running"] == 1)
+        stopped = time.monotonic()
+        daemon.process.send_signal(15)
+        assert daemon.process.wait(30) == 0
+        assert time.monotonic() - stopped < 15
+        thread.join(30)
+    finally:
+        daemon.stop()
