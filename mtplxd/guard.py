@@ -266,7 +266,11 @@ class MemoryGuard:
         (never larger than `prefill_chunk`).
         """
         with self._lock:
-            return self._admit(prompt_tokens, max_tokens, prefill_chunk)
+            try:
+                return self._admit(prompt_tokens, max_tokens, prefill_chunk)
+            except InsufficientMemory:
+                self.refused += 1
+                raise
 
     def try_admit(self, prompt_tokens: int, max_tokens: int,
                   prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Reservation | None:
@@ -277,8 +281,8 @@ class MemoryGuard:
                 return self._admit(prompt_tokens, max_tokens, prefill_chunk)
             except InsufficientMemory as refused:
                 if self._held and refused.needed_bytes <= self.available_bytes(alone=True):
-                    self.refused -= 1  # not refused: it waits its turn
-                    return None
+                    return None  # not refused: it waits its turn
+                self.refused += 1
                 raise
 
     def check(self, prompt_tokens: int, max_tokens: int) -> None:
@@ -303,8 +307,7 @@ class MemoryGuard:
         while needed > self.available_bytes() and chunk > SMALLEST_PREFILL_CHUNK:
             chunk = max(chunk // 2, SMALLEST_PREFILL_CHUNK)
             needed = self.plan.request_bytes(prompt_tokens, max_tokens, chunk)
-        if needed > self.available_bytes():
-            self.refused += 1
+        if needed > self.available_bytes():  # the callers count the refusal (or the wait)
             raise InsufficientMemory(needed, self.available_bytes(), self.holders(),
                                      self.limit_bytes, self._hint(prompt_tokens, max_tokens))
         self._next_id += 1

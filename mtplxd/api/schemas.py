@@ -269,8 +269,8 @@ def _refuse_lone_surrogates(data: Any) -> None:
                               code="invalid_unicode") from None
         elif isinstance(value, dict):
             for key, item in value.items():
-                pending.append((f"{path}.{key}" if path else str(key), key))
-                pending.append((f"{path}.{key}" if path else str(key), item))
+                where = f"{path}.{key}" if path else str(key)
+                pending += [(where, key), (where, item)]
         elif isinstance(value, list):
             pending.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
 
