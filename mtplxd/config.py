@@ -91,9 +91,10 @@ def _as_memory_limit(value: Any) -> str | float:
     """`auto`, `max`, or a number of GiB."""
     if isinstance(value, str) and value.strip().lower() in {"auto", "max"}:
         return value.strip().lower()
-    number = _as_number(value, "must be auto, max or a positive number of GiB")
+    plain = "must be auto, max or a positive number of GiB"
+    number = _as_number(value, plain)
     if number <= 0:
-        raise ValueError("must be auto, max or a positive number of GiB")
+        raise ValueError(plain)
     return number
 
 
@@ -111,9 +112,10 @@ def _as_auto_or_gib(value: Any) -> str | float:
     """`auto`, or a number of GiB (0 turns the thing off)."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
-    number = _as_number(value, "must be auto or a number of GiB (0 = off)")
+    plain = "must be auto or a number of GiB (0 = off)"
+    number = _as_number(value, plain)
     if number < 0:
-        raise ValueError("must be auto or a number of GiB (0 = off)")
+        raise ValueError(plain)
     return number
 
 
