@@ -10,6 +10,8 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
+from mtplxd.config import as_whole_number
+
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -86,14 +88,12 @@ def human_duration(seconds: float) -> str:
 def whole_number(low: int, high: int) -> Callable[[str], int]:
     """An argparse type for an integer option whose error says what it takes, in words
     (argparse's own reads "invalid int value: 'abc'")."""
+    parse_number = as_whole_number(low, high)
+
     def parse(text: str) -> int:
         try:
-            number = int(text)
-        except ValueError:
-            number = None
-        if number is None or not low <= number <= high:
-            raise argparse.ArgumentTypeError(f"must be a whole number from {low} to {high}, "
-                                             f"not {text}")
-        return number
+            return parse_number(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{exc}, not {text}") from None
 
     return parse

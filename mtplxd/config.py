@@ -22,7 +22,10 @@ class ConfigError(ValueError):
     """A setting is unknown or has a value of the wrong kind; the message names the key."""
 
 
-def _as_int(low: int, high: int) -> Callable[[Any], int]:
+def as_whole_number(low: int, high: int) -> Callable[[Any], int]:
+    """A parser for an integer from `low` to `high` whose error says so in words (settings and
+    mtplxctl's integer options share it)."""
+
     def parse(value: Any) -> int:
         plain = f"must be a whole number from {low} to {high}"
         if isinstance(value, bool):
@@ -44,7 +47,7 @@ def _as_depth(value: Any) -> str | int:
 
 
 def _as_auto_or_int(low: int, high: int) -> Callable[[Any], str | int]:
-    as_int = _as_int(low, high)
+    as_int = as_whole_number(low, high)
 
     def parse(value: Any) -> str | int:
         if isinstance(value, str) and value.strip().lower() == "auto":
@@ -144,7 +147,7 @@ SETTINGS: dict[str, Setting] = {
                 "Model to load at start: a served id, a Hub repo, or a local folder. "
                 "Empty means the embedded demo model."),
         Setting("host", "127.0.0.1", _as_str, "HTTP bind address. Non-loopback needs an API key."),
-        Setting("port", 8000, _as_int(0, 65535), "HTTP port (0 picks a free port)."),
+        Setting("port", 8000, as_whole_number(0, 65535), "HTTP port (0 picks a free port)."),
         Setting("depth", "auto", _as_depth,
                 "MTP draft depth: auto (the model's recommended depth for this backend, else "
                 "3), 0 (plain AR) to 8."),
@@ -159,7 +162,7 @@ SETTINGS: dict[str, Setting] = {
                 "Memory limit: auto, max, or GiB."),
         Setting("fan_mode", "auto", _as_choice("auto", "max", "smart"),
                 "Fan control: auto never touches fans; max and smart take manual control."),
-        Setting("fan_idle_minutes", 5, _as_int(1, 1440),
+        Setting("fan_idle_minutes", 5, as_whole_number(1, 1440),
                 "In smart mode, minutes without requests before fans return to automatic."),
         Setting("fan_backend", "auto", _as_choice("auto", "hwmon", "smc", "none"),
                 "Fan backend: auto (SMC helper on macOS, hwmon on Linux), hwmon, smc or none."),
@@ -177,19 +180,19 @@ SETTINGS: dict[str, Setting] = {
         Setting("session_bank_ssd_bytes", "auto", _as_auto_or_gib,
                 "Disk for the session bank under session-bank/: auto (32 GiB, never more "
                 "than half the free disk) or GiB."),
-        Setting("body_timeout_seconds", 30, _as_int(1, 3600),
+        Setting("body_timeout_seconds", 30, as_whole_number(1, 3600),
                 "How long a client may take to send a request body before it gets a 408 "
                 "(a stalled or trickling upload must not hold a worker)."),
         Setting("max_concurrent", "auto", _as_auto_or_int(1, 64),
                 "Generations decoding at once (scheduler rows, interleaved a cycle at a time): "
                 "auto (8 on CUDA, 4 on Metal and CPU) or 1 to 64; 1 serves one at a time."),
-        Setting("max_queued", 64, _as_int(0, 4096),
+        Setting("max_queued", 64, as_whole_number(0, 4096),
                 "Requests that may wait for a free row; one more gets HTTP 429 with "
                 "Retry-After."),
-        Setting("prefill_chunk_tokens", 512, _as_int(64, 8192),
+        Setting("prefill_chunk_tokens", 512, as_whole_number(64, 8192),
                 "Prompt tokens per prefill forward. A long prompt is read one chunk per "
                 "scheduler turn, so running streams pause at most one chunk's time for it."),
-        Setting("shutdown_grace_seconds", 10, _as_int(0, 600),
+        Setting("shutdown_grace_seconds", 10, as_whole_number(0, 600),
                 "How long SIGTERM waits for in-flight requests before stopping."),
         Setting("log_level", "info", _as_choice("debug", "info", "warning", "error"),
                 "Daemon log level."),
