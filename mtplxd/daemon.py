@@ -50,7 +50,9 @@ class Daemon:
         self.runtime = Runtime(paths.models_dir, depth, config.memory_limit, bank,
                                decode_loop=config.decode_loop, quantize=config.quantize,
                                max_concurrent=config.max_concurrent, max_queued=config.max_queued,
-                               prefill_chunk_tokens=config.prefill_chunk_tokens)
+                               prefill_chunk_tokens=config.prefill_chunk_tokens,
+                               cohorts=config.cohorts, cohort_widths=tuple(config.cohort_widths),
+                               numerics=config.numerics)
         self.registry = MethodRegistry()
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()

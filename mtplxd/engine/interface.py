@@ -109,6 +109,9 @@ class GenerationStats:
     prefill_chunks: int = 0  # prefill forwards; the scheduler ran other rows between them
     restored_from: str = "cold"  # where the reused prompt prefix came from: cold | ram | ssd
     rows_max: int = 1  # the most rows running at once (this one included) while it ran
+    # Decode cycles by the width of the cohort whose batched verify the row ran in ({"3": 12});
+    # empty when the row decoded alone (not through the scheduler's cohorts).
+    cohort_widths: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""
