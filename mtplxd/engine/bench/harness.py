@@ -157,3 +157,11 @@ def write_report(path: str | Path, report: dict[str, Any], *, indent: int = 2, a
     path.write_text(json.dumps(report, indent=indent) + "\n")
     if announce:
         print(f"saved {path}")
+
+
+def print_and_save(report: dict[str, Any], json_out: str | None) -> int:
+    """Print `report` as JSON, save it to `json_out` when given; the exit status 0."""
+    print(json.dumps(report, indent=2))
+    if json_out:
+        write_report(json_out, report)
+    return 0
