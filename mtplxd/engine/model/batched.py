@@ -12,9 +12,10 @@ computes each row alone on backends whose matmuls do (MLX's bundled CPU BLAS). E
 (OpenBLAS, CUDA) a matmul over more rows may round differently: the `numerics` setting
 (cohort.py) chooses between these batched forwards and per-row ones.
 
-Only dense qwen3 bodies run here (`batched_supported`); the hybrid family's rows (Gated
-DeltaNet conv/recurrent state, gated attention) are verified with per-row forwards inside
-their cohort (cohort.py), which is correct for any family but batches nothing.
+The hybrid family (Qwen3.5/3.6, Qwen3-Next: Gated DeltaNet layers between gated-attention
+layers) batches its norms, MLP (or MoE block) and lm_head; each row's token mixer (a
+DeltaNet layer with its conv and recurrent state, or a gated attention with its KV) runs
+per row, as mlx-lm's own module on that row's slice with that row's cache and mask.
 """
 
 from __future__ import annotations
@@ -22,20 +23,22 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
+from mlx_lm.models.base import (
+    create_attention_mask, create_ssm_mask, scaled_dot_product_attention,
+)
 
 from mtplxd.engine.model.trunk import Trunk
 
 
 def batched_supported(trunk: Trunk) -> bool:
-    """True when the trunk's body can run `batched_forward` (a registered family's text model
-    whose forward is embed -> layers(h, mask, cache) -> norm, as dense qwen3's)."""
+    """True when the trunk's body can run `batched_forward`: dense qwen3, or a hybrid body
+    (Qwen3.5/3.6, Qwen3-Next) that is not split over a pipeline."""
     if trunk.text is None:
         return False
-    from mlx_lm.models.qwen3 import Qwen3Model
-
     body = trunk.text.model
-    return type(body) is Qwen3Model and all(_is_dense_block(layer) for layer in body.layers)
+    if _is_dense_body(body):
+        return all(_is_dense_block(layer) for layer in body.layers)
+    return _is_hybrid_body(body) and getattr(body, "pipeline_size", 1) == 1
 
 
 def batched_forward(trunk: Trunk, tokens: mx.array,
@@ -45,13 +48,44 @@ def batched_forward(trunk: Trunk, tokens: mx.array,
     L exactly as `trunk.forward` on that row alone would advance it."""
     body = trunk.text.model
     h = body.embed_tokens(tokens)
-    masks = [None if cache is None else create_attention_mask(h[i:i + 1], cache[0])
-             for i, cache in enumerate(caches)]
-    for index, layer in enumerate(body.layers):
-        layer_caches = [None if cache is None else cache[index] for cache in caches]
-        h = _dense_block(layer, h, masks, layer_caches)
+    if _is_dense_body(body):
+        masks = _row_masks(h, caches, 0, create_attention_mask)
+        for index, layer in enumerate(body.layers):
+            h = _dense_block(layer, h, masks, _layer_caches(caches, index))
+    else:
+        # The model's own rule: attention layers share one mask, DeltaNet layers another.
+        fa_masks = _row_masks(h, caches, body.fa_idx, create_attention_mask)
+        ssm_masks = _row_masks(h, caches, body.ssm_idx, create_ssm_mask)
+        for index, layer in enumerate(body.layers):
+            masks = ssm_masks if layer.is_linear else fa_masks
+            h = _hybrid_block(layer, h, masks, _layer_caches(caches, index))
     hidden = body.norm(h)
     return hidden, trunk.lm_head(hidden)
+
+
+def _row_masks(h: mx.array, caches: list[list[Any] | None], index: int | None,
+               make: Any) -> list[Any]:
+    if index is None:
+        return [None] * len(caches)
+    return [None if cache is None else make(h[i:i + 1], cache[index])
+            for i, cache in enumerate(caches)]
+
+
+def _layer_caches(caches: list[list[Any] | None], index: int) -> list[Any | None]:
+    return [None if cache is None else cache[index] for cache in caches]
+
+
+def _is_dense_body(body: Any) -> bool:
+    from mlx_lm.models.qwen3 import Qwen3Model
+
+    return type(body) is Qwen3Model
+
+
+def _is_hybrid_body(body: Any) -> bool:
+    from mlx_lm.models.qwen3_5 import Qwen3_5TextModel
+    from mlx_lm.models.qwen3_next import Qwen3NextModel
+
+    return type(body) in (Qwen3_5TextModel, Qwen3NextModel)
 
 
 def _is_dense_block(layer: Any) -> bool:
@@ -84,4 +118,16 @@ def _dense_block(layer: Any, x: mx.array, masks: list[Any],
                                                     mask=masks[i]))
     attended = mx.concatenate(outputs, axis=0).transpose(0, 2, 1, 3).reshape(B, L, -1)
     h = x + attn.o_proj(attended)
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def _hybrid_block(layer: Any, x: mx.array, masks: list[Any],
+                  caches: list[Any | None]) -> mx.array:
+    """A hybrid decoder layer: norms and MLP batched, the token mixer per row (mlx-lm's
+    DecoderLayer order: x + mixer(norm(x)), then h + mlp(norm(h)))."""
+    mixer = layer.linear_attn if layer.is_linear else layer.self_attn
+    normed = layer.input_layernorm(x)
+    rows = [mx.zeros_like(normed[i:i + 1]) if cache is None else mixer(normed[i:i + 1], masks[i], cache)
+            for i, cache in enumerate(caches)]
+    h = x + mx.concatenate(rows, axis=0)
     return h + layer.mlp(layer.post_attention_layernorm(h))
