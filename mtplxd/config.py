@@ -193,8 +193,9 @@ SETTINGS: dict[str, Setting] = {
                 "How long a client may take to send a request body before it gets a 408 "
                 "(a stalled or trickling upload must not hold a worker)."),
         Setting("max_concurrent", "auto", _as_auto_or_int(1, 64),
-                "Generations decoding at once (scheduler rows, interleaved a cycle at a time): "
-                "auto (8 on CUDA, 4 on Metal and CPU) or 1 to 64; 1 serves one at a time."),
+                "Generations decoding at once (scheduler rows, stepped a cycle at a time, "
+                "verified together in cohorts): auto (8 on CUDA, 4 on Metal and CPU) or 1 to "
+                "64; 1 serves one at a time."),
         Setting("cohorts", "auto", _as_choice("auto", "always", "off"),
                 "MTP cohorts (several rows' drafts verified in one batched forward): auto "
                 "(a request that starts beside others joins cohorts; a lone one keeps the "

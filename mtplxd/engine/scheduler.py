@@ -54,9 +54,9 @@ AdmitHook = Callable[[GenerationRequest], "Callable[[], None] | None"]
 
 
 def default_max_concurrent() -> int:
-    """Rows run at once by default: 8 where the backend compiles fixed shapes (CUDA, room for
-    the coming 8-wide cohorts), 4 elsewhere (Metal, CPU): interleaved rows share one device,
-    so more rows only stretch each one while holding their KV."""
+    """Rows run at once by default: 8 where the backend compiles fixed shapes (CUDA: one full
+    8-wide cohort), 4 elsewhere (Metal, CPU), where more rows stretch each one for less
+    batching gain while holding their KV."""
     from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 
     return 8 if fixed_shapes_wanted() else 4
