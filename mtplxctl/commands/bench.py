@@ -70,4 +70,7 @@ def _bench_streams(args: argparse.Namespace, folder: str, out: str, quantize: st
             "--quantize", quantize, "--json-out", out]
     if args.depth is not None:
         argv += ["--depth", str(args.depth)]
-    return concurrency.main(argv)
+    from mtplxd.engine.bench.harness import exit_without_teardown
+
+    exit_without_teardown(concurrency.main(argv))  # it ran MLX on an owner thread
+    return 0  # not reached

@@ -159,6 +159,9 @@ def test_mtplxctl_bench_streams_runs_every_concurrency_arm_side_by_side(tiny_mod
     assert three["ar_batch"]["cohort_width_cycles"].get("3", 0) > 0
     assert three["serial_mtp"]["cohort_width_cycles"] == {}
     assert report["ratios"]["3"]["mtp_cohorts_over_serial_mtp_aggregate"] > 0
+    late = report["late_short_request_beside_two_long"]
+    assert set(late) == {"cohorts_off", "cohorts_always"}
+    assert all(probe["ttft_seconds"] > 0 and probe["budget_seconds"] > 0 for probe in late.values())
     bad = run_ctl("bench", "--model", str(tiny_model_factory("qwen3")), "--streams", "0,x")
     assert bad.returncode != 0 and "--streams takes stream counts" in bad.stderr
 

@@ -16,6 +16,9 @@ At each stream count N, N greedy requests (the bench prompts in turn, ignore_eos
   in one batched forward per cycle, widths 1/3/8);
 - direct_mtp and direct_ar (1 stream only): one request run whole by LoadedModel.complete,
   the single-stream speed (solo decode loop, no scheduler), in the same run.
+Then a late short request: two long MTP generations decode, a short one arrives, and its
+TTFT is set against its own solo prefill plus two of the long rows' decode cycles (cohorts
+off and always).
 TTFT counts from arrival (queue wait included); aggregate tok/s is all tokens over the wall
 time from arrival to the last result; per-request tok/s is each request's own decode rate.
 The arms alternate within each repeat so the machine's drift hits them alike.
@@ -25,13 +28,13 @@ from __future__ import annotations
 
 import gc
 import statistics
-import sys
 import threading
 import time
 from typing import Any
 
 from mtplxd.engine.bench.harness import (
-    PROMPTS, add_quantize_option, bench_parser, command_line, machine, prompt_ids_for, write_report,
+    PROMPTS, add_quantize_option, bench_parser, command_line, exit_without_teardown, machine,
+    prompt_ids_for, write_report,
 )
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, SamplingParams
 from mtplxd.engine.owner import ModelOwner
@@ -168,6 +171,55 @@ def bench_streams(owner: ModelOwner, model: Any, arms: list[str], depth: int, st
     return out
 
 
+def late_short_request(owner: ModelOwner, model: Any, depth: int, cohorts: str,
+                       long_tokens: int = 256) -> dict[str, Any]:
+    """Two long generations decode; a short request arrives once both have streamed 8 tokens.
+    Its TTFT against its own solo prefill plus two of the long rows' decode cycles (the issue's
+    target: first token within that). Cohort mode `cohorts` for all three rows."""
+    owner.scheduler.configure(max_concurrent=3, max_queued=3, cohort_mode=cohorts)
+    streamed = [0, 0]
+    started = threading.Event()
+    finished = threading.Semaphore(0)
+    results: dict[int, Any] = {}
+
+    def sink(index: int):
+        def deliver(item: Any) -> None:
+            if isinstance(item, (GenerationResult, RowFailure)):
+                results[index] = item
+                finished.release()
+            elif index < 2 and getattr(item, "token_ids", None):
+                streamed[index] += len(item.token_ids)
+                if min(streamed) >= 8:
+                    started.set()
+        return deliver
+
+    def submit(index: int, request: GenerationRequest) -> Row:
+        return owner.submit_row(Row(request, lambda stop, cohort: model.generate_steps(
+            request, stop, cohort=cohort), sink(index), cohort_capable=True))
+
+    long_rows = [submit(i, r) for i, r in enumerate(requests_for(model, 2, depth, long_tokens))]
+    started.wait(300)
+    short = requests_for(model, 3, depth, 8)[2]
+    submit(2, short)
+    finished.acquire()  # the short one finishes first; then stop the long ones
+    for row in long_rows:
+        row.cancel()
+    finished.acquire()
+    finished.acquire()
+    for item in results.values():
+        if isinstance(item, RowFailure):
+            raise item.error
+    solo = owner.submit(lambda: model.complete(GenerationRequest(
+        list(short.prompt_ids), SamplingParams(max_tokens=1), depth=depth))).result()
+    cycle = statistics.median(r.stats.decode_seconds / max(r.stats.cycles, 1) for i, r in results.items()
+                              if i < 2)
+    ttft = results[2].stats.ttft_seconds
+    budget = solo.stats.prefill_seconds + 2 * cycle
+    return {"ttft_seconds": round(ttft, 4), "solo_prefill_seconds": round(solo.stats.prefill_seconds, 4),
+            "long_rows_cycle_seconds": round(cycle, 4), "budget_seconds": round(budget, 4),
+            "ttft_over_budget": round(ttft / budget, 3) if budget > 0 else None}
+
+
 def ratios(figures: dict[str, Any]) -> dict[str, Any]:
     """Side-by-side ratios per stream count: cohorts' aggregate over serial MTP and over the AR
     batch lane, and cohorts' per-request rate over the AR lane's."""
@@ -221,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         for arm in arms:
             run_arm(owner, model, arm, 3, depth, 16)
         figures = bench_streams(owner, model, arms, depth, streams, args.max_tokens, args.repeats)
+        late = {}
+        if model.head is not None:
+            for mode in ("off", "always"):
+                late[f"cohorts_{mode}"] = late_short_request(owner, model, depth, mode)
+                print(f"late short request, cohorts {mode}: {late[f'cohorts_{mode}']}", flush=True)
         report = {
             "bench": "concurrency",
             "command": command_line("python -m mtplxd.engine.bench.concurrency", argv),
@@ -228,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats, "depth": depth, "numerics": args.numerics,
             "cohort_widths": list(owner.scheduler.widths), "arms": arms,
             "streams": figures, "ratios": ratios(figures),
+            "late_short_request_beside_two_long": late,
         }
     finally:
         model = None
@@ -240,4 +298,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -165,3 +166,12 @@ def print_and_save(report: dict[str, Any], json_out: str | None) -> int:
     if json_out:
         write_report(json_out, report)
     return 0
+
+
+def exit_without_teardown(code: int) -> None:
+    """Leave the process now, after flushing output, without interpreter teardown: a bench
+    that ran MLX on a model-owner thread can abort in MLX's native thread teardown at exit
+    ("terminate called without an active exception"), as the daemon did (mtplxd.__main__)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
