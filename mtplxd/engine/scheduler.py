@@ -101,6 +101,7 @@ class Row:
         self._backlog = 0  # delivered items its reader has not taken (see consumed)
         self._backlog_lock = threading.Lock()
         self.wake: Callable[[], None] = lambda: None  # the scheduler's: a paused row may go on
+        self.paused = False  # over its backlog when last checked: `consumed` must wake the owner
 
     def delivered(self) -> None:
         """Count one item handed to `deliver` (owner thread)."""
@@ -108,15 +109,27 @@ class Row:
             self._backlog += 1
 
     def consumed(self, items: int = 1) -> None:
-        """The reader took `items` delivered items (any thread); wakes the owner so that a
-        row paused for its backlog goes on."""
+        """The reader took `items` delivered items (any thread); wakes the owner when the
+        row was paused for its backlog (only then: a wake per token would flood the owner's
+        queue, and jobs wait behind it)."""
         with self._backlog_lock:
             self._backlog = max(self._backlog - items, 0)
-        self.wake()
+            paused, self.paused = self.paused, False
+        if paused:
+            self.wake()
 
     @property
     def backlog(self) -> int:
         return self._backlog
+
+    def over_backlog(self, bound: int) -> bool:
+        """True when `bound` items wait unread; then marks the row paused, atomically with
+        `consumed`, so the reader's next take is sure to wake the owner."""
+        with self._backlog_lock:
+            if self._backlog >= bound:
+                self.paused = True
+                return True
+            return False
 
     def cancel(self) -> None:
         """Ask the row to end (thread-safe): it leaves with finish_reason "cancelled" at the
@@ -219,8 +232,8 @@ class Scheduler:
         return bool(self._queue) or any(not self._paused(row) for row in self._running)
 
     def _paused(self, row: Row) -> bool:
-        return (self.max_backlog is not None and row.backlog >= self.max_backlog
-                and not row.cancelled)
+        return (self.max_backlog is not None and not row.cancelled
+                and row.over_backlog(self.max_backlog))
 
     def cancel_all(self) -> None:
         """Cancel every waiting and running row (model unload, daemon stop)."""
@@ -257,7 +270,7 @@ class Scheduler:
         for row in running:
             row.rows_max = max(row.rows_max, len(running))
             if self._paused(row):
-                continue  # its reader is behind: the others go on
+                continue  # its reader is behind: the others go on (its next take wakes us)
             call = self._step(row)
             if call is not None:
                 waiting.append((row, call))

@@ -13,7 +13,7 @@ from collections import Counter
 import mlx.core as mx
 import pytest
 
-from mtplxd.engine import GenerationRequest, GenerationResult, SamplingParams, load_model
+from mtplxd.engine import GenerationRequest, GenerationResult, SamplingParams, TokenDelta, load_model
 from mtplxd.engine.cohort import group, normalize_widths, resolve_numerics, seal
 from mtplxd.engine.decoding.cohort_rows import VerifyCall
 from mtplxd.engine.model.batched import batched_forward, batched_supported
@@ -276,3 +276,48 @@ def test_auto_mode_keeps_a_lone_row_in_its_solo_loop_and_puts_joiners_in_cohorts
     assert sinks[0].result.stats.cohort_widths == {}
     assert all(s.result.stats.cohort_widths.get("3", 0) > 0 for s in sinks[1:])
     assert [s.result.token_ids for s in sinks] == references
+
+
+def test_on_the_owner_thread_a_paused_row_resumes_when_its_reader_catches_up(tiny_qwen3):
+    import threading
+    import time
+
+    from mtplxd.engine.owner import ModelOwner
+
+    owner = ModelOwner(scheduler=cohort_scheduler(max_concurrent=2, max_backlog=2,
+                                                  numerics="throughput"))
+    owner.start()
+    requests = [request_for(tiny_qwen3, i, depth=2, max_tokens=30, ignore_eos=True) for i in (0, 1)]
+    references = [solo_ar(tiny_qwen3, r).token_ids for r in requests]
+    done = [threading.Event(), threading.Event()]
+    items: list[list] = [[], []]
+    rows: list[Row] = []
+
+    def sink(i):
+        def deliver(item):
+            items[i].append(item)
+            if i == 1:
+                rows[1].consumed()  # the fast reader takes each item at once
+            if isinstance(item, GenerationResult):
+                done[i].set()
+        return deliver
+
+    try:
+        for i, request in enumerate(requests):
+            rows.append(Row(request, lambda stop, cohort, r=request: tiny_qwen3.generate_steps(
+                r, stop, cohort=cohort), sink(i), cohort_capable=True))
+        for row in rows:
+            owner.submit_row(row)
+        assert done[1].wait(60), "the fast row was held back by the slow reader"
+        assert not done[0].is_set() and len(items[0]) == 2
+        assert owner.scheduler.status()["paused"] == 1
+        deadline = time.monotonic() + 60
+        while not done[0].is_set():  # the slow reader now takes what waits, a bit at a time
+            rows[0].consumed(rows[0].backlog)
+            time.sleep(0.01)
+            assert time.monotonic() < deadline
+    finally:
+        owner.stop()
+    tokens = [t for item in items[0] if isinstance(item, TokenDelta) for t in item.token_ids]
+    assert items[0][-1].token_ids == tokens == references[0]
+    assert items[1][-1].token_ids == references[1]

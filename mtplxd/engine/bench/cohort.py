@@ -6,8 +6,9 @@
 
 Cycle cost: at a fixed context, for each width W and block length L (1: the AR lane; K+1:
 an MTP verify at depth K), the median milliseconds of one batched forward over W rows
-(model/batched.py) against W per-row forwards (the `exact` profile), the caches trimmed back
-after each call so every timed call has the same shapes. `per_row_speedup` = per-row time /
+(model/batched.py) against W per-row forwards (the `exact` profile), the two alternating
+within each repeat, the caches trimmed back after each call so every timed call has the same
+shapes. `per_row_speedup` = per-row time /
 batched time.
 
 Numerics: one verify block per row, batched against per-row: the largest |logit difference|
@@ -20,6 +21,7 @@ memory (bench/verify.py), with no tokenizer: cycle cost and logit difference onl
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from typing import Any
@@ -27,7 +29,7 @@ from typing import Any
 import mlx.core as mx
 
 from mtplxd.engine.bench.harness import (
-    PROMPTS, bench_parser, command_line, device_name, median_ms, print_and_save, prompt_ids_for,
+    PROMPTS, bench_parser, command_line, device_name, elapsed_ms, print_and_save, prompt_ids_for,
 )
 
 PROG = "python -m mtplxd.engine.bench.cohort"
@@ -37,6 +39,19 @@ def _trim(caches: list[list[Any]], n: int) -> None:
     for cache in caches:
         for entry in cache:
             entry.trim(n)
+
+
+def alternating_medians_ms(calls: list[Any], repeats: int, warmup: int = 3) -> list[float]:
+    """Median wall ms of each call, the calls alternating within every repeat so that the
+    machine's drift (a shared CPU) hits them alike."""
+    for _ in range(warmup):
+        for call in calls:
+            call()
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(repeats):
+        for call, spent in zip(calls, times):
+            spent.append(elapsed_ms(call))
+    return [statistics.median(spent) for spent in times]
 
 
 def cycle_costs(trunk: Any, caches: list[list[Any]], widths: list[int], lengths: list[int],
@@ -61,8 +76,7 @@ def cycle_costs(trunk: Any, caches: list[list[Any]], widths: list[int], lengths:
                 mx.eval(outs)
                 _trim(rows, length)
 
-            batched_ms = median_ms(batched, repeats)
-            per_row_ms = median_ms(per_row, repeats)
+            batched_ms, per_row_ms = alternating_medians_ms([batched, per_row], repeats)
             out[f"W={width},L={length}"] = {
                 "batched_ms": round(batched_ms, 3), "per_row_ms": round(per_row_ms, 3),
                 "per_row_speedup": round(per_row_ms / batched_ms, 3),
