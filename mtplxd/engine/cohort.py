@@ -17,8 +17,9 @@ Numerics (`numerics` setting): "throughput" runs a cohort as one batched forward
 (model/batched.py); "exact" runs each row's forward alone, so a row's numbers are its solo
 numbers on any backend (the cohort still forms; the forward is not shared). "auto" is
 throughput where batched matmuls compute each row alone (MLX's bundled CPU BLAS: bitwise
-equal anyway) and on GPUs (a verify of K+1 rows already rounds apart from AR there), and
-exact on a CPU with an optimized BLAS (OpenBLAS), where the batch buys little.
+equal anyway) and on GPUs (a verify of K+1 rows already rounds apart from AR there, and
+batching is the point), and exact on a CPU with an optimized BLAS (OpenBLAS): there rows
+would round apart from solo, and that CPU is where exactness is checked, not served.
 """
 
 from __future__ import annotations
