@@ -321,3 +321,22 @@ def test_on_the_owner_thread_a_paused_row_resumes_when_its_reader_catches_up(tin
     tokens = [t for item in items[0] if isinstance(item, TokenDelta) for t in item.token_ids]
     assert items[0][-1].token_ids == tokens == references[0]
     assert items[1][-1].token_ids == references[1]
+
+
+def test_a_cancelled_cohort_row_leaves_at_the_next_cycle_and_its_neighbours_stay_exact(model):
+    released = []
+    scheduler = Scheduler(max_concurrent=3, cohort_mode="always", numerics="throughput",
+                          admit=lambda request: lambda: released.append(request))
+    requests = [request_for(model, i, depth=2, max_tokens=40, ignore_eos=True) for i in range(3)]
+    references = [solo_ar(model, r).token_ids for r in (requests[0], requests[2])]
+    log: list = []
+    sinks = [Collector(f"r{i}", log) for i in range(3)]
+    rows = [add_cohort_row(scheduler, model, r, s) for r, s in zip(requests, sinks)]
+    for _ in range(4):
+        scheduler.turn()
+    rows[1].cancel()  # its client left mid-stream
+    scheduler.turn()
+    assert sinks[1].result.finish_reason == "cancelled" and released == [requests[1]]
+    run_until_idle(scheduler)
+    assert [sinks[0].result.token_ids, sinks[2].result.token_ids] == references
+    assert len(released) == 3
