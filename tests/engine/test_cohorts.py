@@ -340,3 +340,18 @@ def test_a_cancelled_cohort_row_leaves_at_the_next_cycle_and_its_neighbours_stay
     run_until_idle(scheduler)
     assert [sinks[0].result.token_ids, sinks[2].result.token_ids] == references
     assert len(released) == 3
+
+
+def test_one_token_turns_beside_cohort_rows_end_on_their_first_token(tiny_qwen3):
+    scheduler = cohort_scheduler(max_concurrent=4, numerics="throughput")
+    requests = [request_for(tiny_qwen3, i, depth=(2, 2, 0, 2)[i], max_tokens=(1, 20, 1, 20)[i],
+                            ignore_eos=True) for i in range(4)]
+    references = [solo_ar(tiny_qwen3, r).token_ids for r in requests]
+    log: list = []
+    sinks = [Collector(f"r{i}", log) for i in range(4)]
+    for request, sink in zip(requests, sinks):
+        add_cohort_row(scheduler, tiny_qwen3, request, sink)
+    run_until_idle(scheduler)
+    assert [s.result.token_ids for s in sinks] == references
+    assert [len(s.result.token_ids) for s in sinks] == [1, 20, 1, 20]
+    assert sinks[0].result.stats.cohort_widths == {} and sinks[1].result.stats.cohort_widths
