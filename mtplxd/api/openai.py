@@ -33,6 +33,7 @@ def parse_chat_request(data: dict[str, Any]) -> tuple[str | None, Conversation, 
     conversation = Conversation(messages=messages, tools=tools,
                                 tool_choice=_tool_choice(body, tools))
     conversation.enable_thinking = _enable_thinking(body)
+    conversation.reasoning_effort = body.str("reasoning_effort")
     if body.int("n", 1, low=1) != 1:
         raise invalid("`n` must be 1: this server returns one choice per request", "n",
                       code="unsupported_parameter")

@@ -134,6 +134,8 @@ def parse_responses_request(data: dict[str, Any]) -> tuple[str | None, Conversat
     if reasoning is not None:
         conversation.enable_thinking = chat_format.thinking_for_effort(
             reasoning.str("effort"), "reasoning.effort")
+        conversation.reasoning_effort = reasoning.str("effort")
+        conversation.effort_param = "reasoning.effort"
     text = body.obj("text")
     fmt = text.obj("format") if text else None
     if fmt is not None and fmt.str("type", "text") != "text":

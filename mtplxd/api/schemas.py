@@ -117,6 +117,10 @@ class Conversation:
     tools: list[dict[str, Any]] = field(default_factory=list)  # [{"type":"function","function":{...}}]
     tool_choice: str | dict[str, Any] = "auto"  # "auto" | "none" | "required" | {"name": ...}
     enable_thinking: bool | None = None  # None: the template's default
+    # The client's reasoning effort and the field it came in (its 400 names that field); the
+    # model's family decides which levels exist (chat_format.effort_levels).
+    reasoning_effort: str | None = None
+    effort_param: str = "reasoning_effort"
 
     @property
     def tools_active(self) -> bool:

@@ -184,7 +184,9 @@ def mtp_mode(config: dict[str, Any], registered: bool, has_mtp_tensors: bool) ->
     """("mtp", None) or ("ar", why) for a loadable checkpoint."""
     model_type = config.get("model_type")
     if not registered:
-        return "ar", f"model type {model_type!r} has no MTP support in mtplx; serving plain autoregressive"
+        from mtplxd.engine.model.families import ar_reason
+
+        return "ar", ar_reason(str(model_type))
     layers = mtp_layer_count(config)
     if not has_mtp_tensors:
         return "ar", ("the checkpoint has no mtp.* tensors (mlx-lm conversions drop them); "
