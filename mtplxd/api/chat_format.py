@@ -14,13 +14,16 @@ a request's template never waits behind another request's generation. Decides th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mtplxd.api import pythonic_tools
 from mtplxd.api.errors import invalid
+from mtplxd.api.images import message_images, without_image_bytes
 from mtplxd.api.parsers import QWEN_TOOLS, ToolDialect
 from mtplxd.api.schemas import Conversation
+from mtplxd.engine.interface import PreparedImage
+from mtplxd.engine.model.vision import ImageError, expand_placeholders
 
 # reasoning_effort values (OpenAI's vocabulary plus "xhigh"). Qwen-style models have one
 # switch, thinking on or off: "none" and "minimal" turn it off, the others on.
@@ -85,6 +88,7 @@ class RenderedPrompt:
     start_in_reasoning: bool  # the template opened <think>: output starts as reasoning
     output_prefix: str        # text the prompt forced as the start of the answer ("" usually)
     dialect: ToolDialect = QWEN_TOOLS  # how the model writes tool calls
+    images: list[PreparedImage] = field(default_factory=list)  # in prompt order
 
 
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -112,6 +116,10 @@ def render_chat(model: Any, conversation: Conversation) -> RenderedPrompt:
         raise invalid("`messages` must contain at least one message", "messages")
     if dialect is pythonic_tools.PYTHONIC_TOOLS and "tool_calls" not in template:
         messages = [_with_calls_as_text(m) for m in messages]
+    images = message_images(messages)
+    if images:
+        vision = _vision_of(model)
+        messages = without_image_bytes(messages)
     forced = conversation.tool_choice if conversation.tools_active else "auto"
     kwargs: dict[str, Any] = {}
     if conversation.enable_thinking is not None:
@@ -127,9 +135,27 @@ def render_chat(model: Any, conversation: Conversation) -> RenderedPrompt:
                       code="template_error") from None
     prefix = forced_tool_opener(forced, xml_style="<function=" in template, dialect=dialect)
     prompt_ids = list(tokenizer.encode(text + prefix, add_special_tokens=False))
+    prepared: list[PreparedImage] = []
+    if images:
+        try:
+            prepared = [vision.prepare(data) for data in images]
+            prompt_ids = expand_placeholders(prompt_ids, vision.image_token_id, prepared)
+        except ImageError as exc:
+            raise invalid(f"image: {exc}", "messages", code="invalid_image") from None
     return RenderedPrompt(prompt_ids=prompt_ids,
                           start_in_reasoning=text.rstrip().endswith("<think>") and not prefix,
-                          output_prefix=prefix, dialect=dialect)
+                          output_prefix=prefix, dialect=dialect, images=prepared)
+
+
+def _vision_of(model: Any) -> Any:
+    """The model's vision tower, or a 400 naming the model when it has none."""
+    vision = getattr(model, "vision", None)
+    if vision is None:
+        why = model.info.vision_reason or "it has no vision tower and takes text only"
+        raise invalid(f"model {model.info.id!r} cannot read images: {why}. Send text only, or "
+                      "load a vision checkpoint (see docs/models.md)", "messages",
+                      code="model_has_no_vision")
+    return vision
 
 
 def _with_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:

@@ -62,7 +62,7 @@ def _chat_message(raw: Any, name: str) -> dict[str, Any]:
     role = msg.str("role", required=True, choices=CHAT_ROLES)
     if role == "developer":
         role = "system"
-    content = text_of(msg.raw("content"), f"{name}.content")
+    content = text_of(msg.raw("content"), f"{name}.content", images=role == "user")
     out: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant":
         reasoning = msg.raw("reasoning_content") or msg.raw("reasoning")

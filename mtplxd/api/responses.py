@@ -155,7 +155,8 @@ def _add_item(messages: list[dict[str, Any]], raw: Any, where: str, tools: ToolM
         role = "system" if role == "developer" else role
         messages.append({"role": role, "content": text_of(item.raw("content"), f"{where}.content",
                                                           text_types=("input_text", "output_text", "text",
-                                                                      "refusal"))})
+                                                                      "refusal"),
+                                                          images=role == "user")})
     elif kind in ("function_call", "custom_tool_call"):
         name = flat_name(item.str("name", required=True), item.str("namespace"))
         if kind == "function_call":

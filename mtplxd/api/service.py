@@ -173,6 +173,7 @@ class Generations:
         model = self.require_model(requested)
         rendered = await self.on_tokenizer(lambda m: chat_format.render_chat(m, conversation))
         plan = self._plan(endpoint, model, rendered.prompt_ids, params)
+        plan.request.images = rendered.images
         plan.parse_tools = conversation.tools_active
         plan.tool_schemas = conversation.tool_schemas()
         plan.start_in_reasoning = rendered.start_in_reasoning

@@ -1,0 +1,108 @@
+"""Images in the prompt on a tiny random vision checkpoint (the hybrid qwen3_5 family with a
+vision tower built by mlx-vlm): greedy MTP equals greedy AR with an image in the prompt, and
+the session bank (RAM and SSD) keys image rows by the image bytes."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mtplxd.engine import GenerationRequest, SamplingParams, load_model
+from mtplxd.engine.fixtures.tiny_vision import write_tiny_vision_checkpoint
+from mtplxd.engine.session.bank import BankSettings
+from mtplxd.engine.model.vision import ImageError, expand_placeholders, placeholder_runs
+
+
+def png(seed: int, size: int = 64) -> bytes:
+    pixels = (np.random.default_rng(seed).random((size, size, 3)) * 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return load_model(write_tiny_vision_checkpoint(tmp_path_factory.mktemp("vision") / "tiny-vl"))
+
+
+def prompt_with(model, image: bytes, before: str = "look at this picture and describe it"
+                ) -> tuple[list[int], list]:
+    # The image closes the user turn: a random tiny model's reply depends most on its last rows.
+    messages = [{"role": "user", "content": [{"type": "text", "text": before}, {"type": "image"}]}]
+    text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prepared = [model.vision.prepare(image)]
+    ids = list(model.tokenizer.encode(text, add_special_tokens=False))
+    return expand_placeholders(ids, model.vision.image_token_id, prepared), prepared
+
+
+def run(model, prompt, images, *, depth, temperature=0.0, seed=None, max_tokens=24):
+    return model.complete(GenerationRequest(
+        prompt_ids=prompt, images=images, depth=depth, prefill_chunk=8,
+        sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature,
+                                seed=seed)))
+
+
+def test_the_checkpoint_is_served_mtp_with_its_vision_tower(model):
+    assert model.info.mode == "mtp" and model.info.vision and model.info.vision_reason is None
+    prompt, images = prompt_with(model, png(1))
+    [(start, count)] = placeholder_runs(prompt, model.vision.image_token_id)
+    assert count == images[0].tokens == 4  # 64x64 px: 4x4 patches of 16 px, merged 2x2
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_greedy_mtp_equals_greedy_ar_with_an_image_in_the_prompt(model, depth):
+    prompt, images = prompt_with(model, png(1))
+    ar = run(model, prompt, images, depth=0)
+    mtp = run(model, prompt, images, depth=depth)
+    assert mtp.token_ids == ar.token_ids
+    assert mtp.stats.drafted > 0 and mtp.stats.accepted > 0
+
+
+def test_the_image_changes_the_reply(model):
+    # Sampled with one seed: the tiny greedy model's argmax is dominated by the current
+    # token, but its distribution depends on the pixels.
+    first, images1 = prompt_with(model, png(1))
+    second, images2 = prompt_with(model, png(2))
+    assert first == second  # same placeholder ids: only the pixels differ
+    one = run(model, first, images1, depth=3, temperature=1.0, seed=5)
+    two = run(model, second, images2, depth=3, temperature=1.0, seed=5)
+    assert one.token_ids != two.token_ids
+
+
+def test_a_prompt_whose_placeholders_do_not_match_its_images_is_refused(model):
+    prompt, images = prompt_with(model, png(1))
+    with pytest.raises(ImageError):
+        run(model, prompt[:-3] + [model.vision.image_token_id] + prompt[-3:], images, depth=0)
+
+
+@pytest.mark.parametrize("tier", ["ram", "ssd"])
+def test_bank_keys_image_rows_by_the_image_bytes(model, tmp_path, tier):
+    """Same transcript, two different images: the second reply equals its own cold run token
+    for token and never restores past the first image row; the same image again restores
+    the whole prefix."""
+    transcript = "the model reads a file and writes code for the user while tests run fast " * 4
+    prompt1, images1 = prompt_with(model, png(1), transcript)  # past the SSD tier's 64-token lead
+    prompt2, images2 = prompt_with(model, png(2), transcript)
+    [(image_start, _)] = placeholder_runs(prompt1, model.vision.image_token_id)
+    sampled = dict(depth=3, temperature=1.0, seed=11)
+    cold2 = run(model, prompt2, images2, **sampled)
+    settings = BankSettings(ssd_dir=tmp_path, ssd_min_tokens=8) if tier == "ssd" else None
+    bank = model.enable_session_bank(settings)
+    try:
+        run(model, prompt1, images1, **sampled)
+        if tier == "ssd":  # a restart: RAM empty, the entry only on SSD
+            assert bank.store.flush()
+            bank.close()
+            bank = model.enable_session_bank(settings)
+        warm2 = run(model, prompt2, images2, **sampled)
+        assert warm2.token_ids == cold2.token_ids
+        assert warm2.stats.cached_tokens <= image_start
+        again = run(model, prompt1, images1, **sampled)
+        assert again.stats.cached_tokens >= len(prompt1) - 1  # hybrid: all but the last token
+    finally:
+        bank.close()
+        model.bank = None
