@@ -22,7 +22,7 @@ from mtplxd.api.pythonic_tools import PYTHONIC_TOOLS
 from mtplxd.api.service import Outcome, Plan
 from mtplxd.engine.fixtures.tiny_lfm2 import write_tiny_lfm2_checkpoint
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, GenerationStats, SamplingParams
-from support.api_daemon import ApiDaemon, start_api_daemon
+from support.api_daemon import ApiDaemon, serving
 
 MODEL_ID = "tiny-lfm2"
 USER = [{"role": "user", "content": "list the files and read main.py"}]
@@ -35,11 +35,8 @@ SAMPLED = dict(temperature=1.0, seed=7)  # a random tied-embedding model repeats
 @pytest.fixture(scope="module")
 def lfm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiDaemon]:
     checkpoint = write_tiny_lfm2_checkpoint(tmp_path_factory.mktemp("lfm2-models") / MODEL_ID)
-    daemon = start_api_daemon(tmp_path_factory.mktemp("lfm2-home"), MTPLX_MODEL=str(checkpoint))
-    try:
+    with serving(checkpoint, tmp_path_factory.mktemp("lfm2-home")) as daemon:
         yield daemon
-    finally:
-        daemon.stop()
 
 
 @pytest.fixture(scope="module")
