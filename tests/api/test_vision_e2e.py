@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
 from typing import Iterator
 
 import anthropic as anthropic_sdk
@@ -118,3 +123,15 @@ def test_anthropic_base64_image_block_and_url_source_refused(vl):
             {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]}])
     assert err.value.body["error"]["type"] == "invalid_request_error"
     assert "not fetched" in err.value.body["error"]["message"]
+
+
+def test_the_docs_vision_example_runs_as_written(vl, tmp_path):
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    [example] = [b for b in re.findall(r"```sh\n(.*?)```", doc, flags=re.S) if "image_url" in b]
+    (tmp_path / "picture.png").write_bytes(png(5))
+    done = subprocess.run(["bash", "-c", example], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "MTPLX": vl.base_url})
+    assert done.returncode == 0, done.stderr
+    reply = json.loads(done.stdout)
+    assert reply["object"] == "chat.completion"
+    assert reply["usage"]["prompt_tokens"] > IMAGE_TOKENS
