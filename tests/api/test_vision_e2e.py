@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -135,3 +136,15 @@ def test_the_docs_vision_example_runs_as_written(vl, tmp_path):
     reply = json.loads(done.stdout)
     assert reply["object"] == "chat.completion"
     assert reply["usage"]["prompt_tokens"] > IMAGE_TOKENS
+
+
+def test_two_image_requests_at_once_each_equal_their_solo_run(client):
+    """Rows run side by side on one scheduler: each keeps its own image rows."""
+    base = dict(model=MODEL_ID, max_tokens=24, temperature=1.0, seed=5)
+    solo = [client.chat.completions.create(messages=chat(data_url(png(s))), **base).choices[0].message.content
+            for s in (1, 2)]
+    assert solo[0] != solo[1]
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda s: client.chat.completions.create(
+            messages=chat(data_url(png(s))), **base).choices[0].message.content, (1, 2)))
+    assert both == solo

@@ -62,6 +62,13 @@ def test_greedy_mtp_equals_greedy_ar_with_an_image_in_the_prompt(model, depth):
     assert mtp.stats.drafted > 0 and mtp.stats.accepted > 0
 
 
+def test_greedy_mtp_equals_greedy_ar_with_an_image_for_the_moe_family(tmp_path):
+    moe = load_model(write_tiny_vision_checkpoint(tmp_path / "tiny-vl-moe", "qwen3_5_moe"))
+    assert moe.info.vision and moe.info.mode == "mtp"
+    prompt, images = prompt_with(moe, png(1))
+    assert run(moe, prompt, images, depth=3).token_ids == run(moe, prompt, images, depth=0).token_ids
+
+
 def test_the_image_changes_the_reply(model):
     # Sampled with one seed: the tiny greedy model's argmax is dominated by the current
     # token, but its distribution depends on the pixels.
