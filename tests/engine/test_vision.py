@@ -113,3 +113,12 @@ def test_bank_keys_image_rows_by_the_image_bytes(model, tmp_path, tier):
     finally:
         bank.close()
         model.bank = None
+
+
+def test_an_image_that_would_decode_to_too_many_pixels_is_refused_before_decoding(model):
+    out = io.BytesIO()
+    Image.new("1", (9000, 9000)).save(out, format="PNG")  # ~10 KB on disk, 81 M pixels
+    with pytest.raises(ImageError, match="pixels"):
+        model.vision.prepare(out.getvalue())
+    with pytest.raises(ImageError, match="decoded"):
+        model.vision.prepare(b"GIF89a not really")

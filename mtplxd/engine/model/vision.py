@@ -31,6 +31,9 @@ from mtplxd.engine.interface import ModelLoadError, PreparedImage
 VISION_FAMILIES = {"qwen3_5": "qwen3_5", "qwen3_5_moe": "qwen3_5_moe"}
 # Image bytes a request may carry, each (decoded pixels are capped by the processor).
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
+# Decoded pixels of one image before the processor shrinks it: a small compressed file may
+# expand to gigabytes (a "decompression bomb"), so its size is checked before decoding.
+MAX_IMAGE_PIXELS = 64 * 1024 * 1024
 
 
 class ImageError(ValueError):
@@ -74,6 +77,10 @@ class VisionTower:
             raise ImageError(f"the image is {len(data)} bytes; at most {MAX_IMAGE_BYTES} are accepted")
         try:
             with Image.open(io.BytesIO(data)) as image:
+                width, height = image.size
+                if width * height > MAX_IMAGE_PIXELS:
+                    raise ImageError(f"the image is {width}x{height} pixels; at most "
+                                     f"{MAX_IMAGE_PIXELS} pixels are decoded")
                 rgb = image.convert("RGB")
         except (UnidentifiedImageError, OSError, ValueError) as exc:
             raise ImageError(f"the image could not be decoded ({exc}); send PNG, JPEG, GIF or WebP") from None
