@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -25,6 +26,8 @@ from mtplxd.engine.model.loader import (
 from mtplxd.engine.model.trunk import Trunk
 from mtplxd.engine.session.bank import BankSettings, SessionBank, identity_for
 from mtplxd.engine.model.vision import VisionTower, load_vision_tower
+
+log = logging.getLogger(__name__)
 
 
 class LoadedModel:
@@ -161,9 +164,14 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     )
     loaded = LoadedModel(model, tokenizer, info, trunk)
     if report.vision:
-        loaded.vision = load_vision_tower(path, config)
-        if dtype is not None:
-            loaded.vision.model.set_dtype(getattr(_mx(), dtype))
+        try:
+            loaded.vision = load_vision_tower(path, config)
+        except ModelLoadError as exc:  # the text is still served; images are refused, saying why
+            log.warning("serving %s text only: %s", path.name, exc)
+            info.vision, info.vision_reason = False, f"the vision tower did not load: {exc}"
+        else:
+            if dtype is not None:
+                loaded.vision.model.set_dtype(getattr(_mx(), dtype))
     if session_bank is not None:
         loaded.enable_session_bank(session_bank)
     return loaded

@@ -5,6 +5,7 @@ the session bank (RAM and SSD) keys image rows by the image bytes."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -122,3 +123,39 @@ def test_an_image_that_would_decode_to_too_many_pixels_is_refused_before_decodin
         model.vision.prepare(out.getvalue())
     with pytest.raises(ImageError, match="decoded"):
         model.vision.prepare(b"GIF89a not really")
+
+
+def test_a_tower_that_does_not_load_leaves_the_text_served_and_says_why(tmp_path):
+    path = write_tiny_vision_checkpoint(tmp_path / "tiny-vl-broken")
+    config = json.loads((path / "config.json").read_text())
+    config["vision_config"]["hidden_size"] = 48  # the stored tower is 32 wide
+    (path / "config.json").write_text(json.dumps(config))
+    broken = load_model(path)
+    assert broken.vision is None and not broken.info.vision
+    assert "vision tower did not load" in broken.info.vision_reason
+    assert broken.info.mode == "mtp"  # the text model is served as before
+
+
+def test_a_quantized_tower_from_an_mlx_vlm_conversion_loads(tmp_path):
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    path = write_tiny_vision_checkpoint(tmp_path / "tiny-vl-q8")
+    float_model = load_model(path)
+    tower = float_model.vision.model
+    nn.quantize(tower, group_size=32, bits=8, class_predicate=lambda p, m: isinstance(m, nn.Linear))
+    tensors = {k: v for k, v in mx.load(str(path / "model.safetensors")).items()
+               if not k.startswith("model.visual.")}
+    for name, value in tree_flatten(tower.parameters()):
+        if name == "patch_embed.proj.weight":
+            value = value.transpose(0, 4, 1, 2, 3)
+        tensors[f"model.visual.{name}"] = value
+    mx.save_safetensors(str(path / "model.safetensors"), tensors, metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config["quantization"] = {"group_size": 32, "bits": 8}  # what mlx-vlm's converter writes
+    (path / "config.json").write_text(json.dumps(config))
+    quantized = load_model(path)
+    assert quantized.info.vision and hasattr(quantized.vision.model.merger.linear_fc1, "scales")
+    prompt, images = prompt_with(quantized, png(1))
+    assert run(quantized, prompt, images, depth=3).token_ids == run(quantized, prompt, images, depth=0).token_ids

@@ -196,6 +196,7 @@ def load_vision_tower(path: Path, config: dict[str, Any]) -> VisionTower:
     if not weights:
         raise ModelLoadError(f"{path.name}: config.json has vision_config but the weights hold no "
                              "vision tower (model.visual.*)")
+    _quantize_like(model, weights, config)
     try:
         model.load_weights(list(model.sanitize(weights).items()), strict=True)
     except ValueError as exc:
@@ -207,6 +208,18 @@ def load_vision_tower(path: Path, config: dict[str, Any]) -> VisionTower:
         raise ModelLoadError(f"{path.name}: config.json names no image_token_id")
     return VisionTower(model=model, processor=processor, image_token_id=token,
                        merge_size=int(getattr(processor, "merge_size", vision_config.spatial_merge_size)))
+
+
+def _quantize_like(model: Any, weights: dict[str, Any], config: dict[str, Any]) -> None:
+    """Quantize the tower's layers that the checkpoint stores quantized (an mlx-vlm
+    conversion with a quantized tower carries `.scales` beside their weights)."""
+    if not any(name.endswith(".scales") for name in weights):
+        return
+    import mlx.nn as nn
+
+    quant = config.get("quantization") or {}
+    nn.quantize(model, group_size=int(quant.get("group_size", 64)), bits=int(quant.get("bits", 4)),
+                class_predicate=lambda path, module: f"{path}.scales" in weights)
 
 
 _PROCESSOR_KEYS = ("patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std",
