@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -64,6 +65,10 @@ def test_models_and_health_say_the_model_takes_images(vl, client):
     assert card.model_extra["modalities"] == {"input": ["text", "image"]}
     health = httpx.get(vl.base_url + "/health").json()
     assert health["mode"] == "mtp" and health["model_info"]["vision"] is True
+    assert vl.client.call("daemon.status")["model"]["vision"] is True
+    status = subprocess.run([sys.executable, "-m", "mtplxctl", "status"], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "MTPLX_HOME": str(vl.home), "COLUMNS": "200"})
+    assert "reads images" in status.stdout, status.stdout + status.stderr
 
 
 def test_image_rows_count_in_usage_and_greedy_mtp_equals_ar(client):
