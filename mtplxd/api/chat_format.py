@@ -51,7 +51,7 @@ def effort_levels(template: str) -> dict[str, bool | None]:
     """
     if "enable_thinking" in template:
         return dict(EFFORT_THINKING)
-    if "<think>" in template:
+    if "<think>" in template or "</think>" in template:
         return {"high": None}
     return {"none": None}
 
@@ -62,7 +62,8 @@ def check_effort(conversation: Conversation, template: str, model_id: str) -> No
     levels = effort_levels(template)
     if effort is not None and effort not in levels:
         raise invalid(f"model {model_id!r} has no reasoning effort {effort!r}; its levels are: "
-                      f"{', '.join(levels)}", conversation.effort_param,
+                      f"{', '.join(levels)}. Send one of those or leave the effort out (in an "
+                      "agent, set its reasoning effort for this model)", conversation.effort_param,
                       code="invalid_reasoning_effort")
 
 
