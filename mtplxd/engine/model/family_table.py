@@ -56,16 +56,19 @@ class FamilyRow:
         return asdict(self)
 
 
-def _package_dir(name: str) -> Path | None:
-    spec = importlib.util.find_spec(name)
+def _models_dir(package: str) -> Path | None:
+    """`package`/models on disk, found without importing `package` (mlx-vlm's import pulls
+    in transformers and takes seconds)."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    folder = Path(list(spec.submodule_search_locations)[0]) / "models"
+    return folder if folder.is_dir() else None
 
 
 def mlx_lm_families() -> set[str]:
     """Model types mlx-lm has a `Model` class for."""
-    folder = _package_dir("mlx_lm.models")
+    folder = _models_dir("mlx_lm")
     if folder is None:
         return set()
     return {m.name for m in pkgutil.iter_modules([str(folder)]) if not m.ispkg and re.search(
@@ -74,7 +77,7 @@ def mlx_lm_families() -> set[str]:
 
 def mlx_vlm_families() -> set[str]:
     """Model types mlx-vlm has a package for (empty when mlx-vlm is not installed)."""
-    folder = _package_dir("mlx_vlm.models")
+    folder = _models_dir("mlx_vlm")
     if folder is None:
         return set()
     return {m.name for m in pkgutil.iter_modules([str(folder)]) if m.ispkg}
