@@ -68,3 +68,15 @@ def test_a_folder_is_judged_as_the_loader_will(capsys, tmp_path):
     assert main(["models", "check", str(bundled), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["mode"] == "refused" and "auto_map" in report["reason"]
+
+
+def test_a_head_mtplx_cannot_build_is_named_as_such(capsys, tmp_path):
+    import mlx.core as mx
+
+    lfm2 = write_tiny_lfm2_checkpoint(tmp_path / "lfm2-with-head")
+    tensors = dict(mx.load(str(lfm2 / "model.safetensors")))
+    tensors["mtp.fc.weight"] = mx.zeros((64, 128))
+    mx.save_safetensors(str(lfm2 / "model.safetensors"), tensors)
+    assert main(["models", "check", str(lfm2), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["mode"] == "ar" and "has mtp.* tensors" in report["reason"]

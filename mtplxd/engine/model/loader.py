@@ -194,6 +194,9 @@ def mtp_mode(config: dict[str, Any], registered: bool, has_mtp_tensors: bool) ->
     if not registered:
         from mtplxd.engine.model.families import ar_reason
 
+        if has_mtp_tensors:  # a head mtplx cannot build yet: say so rather than "none shipped"
+            return "ar", (f"the checkpoint has mtp.* tensors, but mtplx has no MTP layer for model "
+                          f"type {model_type!r} yet; serving plain autoregressive")
         return "ar", ar_reason(str(model_type))
     layers = mtp_layer_count(config)
     if not has_mtp_tensors:
