@@ -269,7 +269,8 @@ class Runtime:
         model = self.require_model()
         if self.guard is not None:
             # A request that can never fit is refused now; one that fits later waits its turn.
-            self.guard.check(len(request.prompt_ids), request.sampling.max_tokens)
+            self.guard.check(len(request.prompt_ids), request.sampling.max_tokens,
+                             image_bytes(request))
         if request.prefill_chunk is None:
             request.prefill_chunk = self.prefill_chunk_tokens
         send, receive = trio.open_memory_channel(math.inf)
@@ -309,7 +310,8 @@ class Runtime:
         if guard is None:
             return lambda: None
         chunk = request.prefill_chunk or self.prefill_chunk_tokens
-        reservation = guard.try_admit(len(request.prompt_ids), request.sampling.max_tokens, chunk)
+        reservation = guard.try_admit(len(request.prompt_ids), request.sampling.max_tokens, chunk,
+                                      image_bytes(request))
         if reservation is None:
             return None
         request.prefill_chunk = min(chunk, reservation.prefill_chunk)
@@ -395,3 +397,8 @@ def _release_mlx_memory() -> None:
 
     gc.collect()
     mx.clear_cache()
+
+
+def image_bytes(request: Any) -> int:
+    """What a request's images cost the memory guard beyond their prompt rows."""
+    return sum(image.price_bytes for image in getattr(request, "images", None) or [])

@@ -252,11 +252,24 @@ def _context_text(model: dict[str, Any]) -> str:
 
 
 def _mode_text(model: dict[str, Any]) -> str:
+    return _decoding_text(model) + _images_text(model)
+
+
+def _decoding_text(model: dict[str, Any]) -> str:
     if model.get("mode") == "mtp":
         loop = " (fused loop)" if model.get("decode_loop") == "fused" else ""
         weights = model.get("quantization") or model.get("dtype")
         return f"MTP depth {model.get('depth')}{loop}" + (f", {weights}" if weights else "")
     return f"AR: {model.get('ar_reason') or 'no MTP head'}"
+
+
+def _images_text(model: dict[str, Any]) -> str:
+    """Whether the prompt may carry images, and why not when the checkpoint has a tower."""
+    if model.get("vision"):
+        return "; reads images"
+    if model.get("vision_reason"):
+        return f"; text only: {model['vision_reason']}"
+    return ""
 
 
 # ---------------------------------------------------------------- stop / restart

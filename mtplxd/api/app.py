@@ -144,6 +144,8 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
         chosen = blas.status()
         if chosen is not None and chosen.degraded:
             degradations.append({"what": "blas", "why": chosen.degraded})
+        if info and info.get("vision_reason"):
+            degradations.append({"what": "vision", "why": info["vision_reason"]})
         bank_note = runtime.session_bank_note()
         if bank_note:
             degradations.append({"what": "session_bank", "why": bank_note})
@@ -202,6 +204,9 @@ def _model_card(info: dict[str, Any], runtime: Runtime) -> dict[str, Any]:
         "owned_by": "mtplx",
         "context_length": window.served,
         "max_model_len": window.served,
+        # What the prompt may carry (agents such as Pi read this to offer image input).
+        "modalities": {"input": ["text", "image"] if info.get("vision") else ["text"]},
+        "supports_vision": bool(info.get("vision")),
         "mtplx": {"mode": info["mode"], "depth": info["depth"], "family": info["family"],
                   "quantization": info["quantization"], "ar_reason": info["ar_reason"],
                   "model_context_length": window.model,

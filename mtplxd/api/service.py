@@ -21,7 +21,9 @@ from mtplxd.api.errors import (
 )
 from mtplxd.api.flight import Flight, FlightBoard
 from mtplxd.api.metrics import Metrics
-from mtplxd.api.parsers import Event, OutputParser, ParsedOutput, ToolCallEvent, collect
+from mtplxd.api.parsers import (
+    QWEN_TOOLS, Event, OutputParser, ParsedOutput, ToolCallEvent, ToolDialect, collect,
+)
 from mtplxd.api.schemas import Conversation, GenParams, generation_defaults
 from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, QueueFull, SamplingParams, TokenDelta,
@@ -53,6 +55,7 @@ class Plan:
     tool_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
     start_in_reasoning: bool = False
     output_prefix: str = ""
+    dialect: ToolDialect = QWEN_TOOLS  # the model's tool-call markup
     raw_text: bool = False  # legacy completions: output is plain text, verbatim
     opened: "_OpenStream | None" = None  # set by Generations.open_stream
     created: int = field(default_factory=lambda: int(time.time()))
@@ -72,7 +75,8 @@ class Plan:
     def new_parser(self) -> OutputParser:
         """An output parser for this plan, already fed the forced opener (if any)."""
         parser = OutputParser(parse_tools=self.parse_tools, start_in_reasoning=self.start_in_reasoning,
-                              tool_schemas=self.tool_schemas, raw=self.raw_text)
+                              tool_schemas=self.tool_schemas, raw=self.raw_text,
+                              dialect=self.dialect)
         if self.output_prefix:
             parser.feed(self.output_prefix)
         return parser
@@ -169,10 +173,12 @@ class Generations:
         model = self.require_model(requested)
         rendered = await self.on_tokenizer(lambda m: chat_format.render_chat(m, conversation))
         plan = self._plan(endpoint, model, rendered.prompt_ids, params)
+        plan.request.images = rendered.images
         plan.parse_tools = conversation.tools_active
         plan.tool_schemas = conversation.tool_schemas()
         plan.start_in_reasoning = rendered.start_in_reasoning
         plan.output_prefix = rendered.output_prefix
+        plan.dialect = rendered.dialect
         return plan
 
     async def plan_prompt(self, endpoint: str, requested: str | None, prompt_ids: list[int],

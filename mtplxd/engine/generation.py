@@ -24,6 +24,7 @@ from mtplxd.engine.interface import (
 from mtplxd.engine.model.mtp_head import MTPHead
 from mtplxd.engine.model.trunk import PREFILL_CHUNK, Trunk
 from mtplxd.engine.session.bank import SessionBank
+from mtplxd.engine.model.vision import VisionTower, bank_key
 
 
 class _Finish:
@@ -78,17 +79,18 @@ STEP = Step()
 def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationRequest,
              depth: int, vocab_size: int,
              should_stop: Callable[[], bool],
-             bank: SessionBank | None = None) -> Iterator[TokenDelta | GenerationResult]:
+             bank: SessionBank | None = None,
+             vision: VisionTower | None = None) -> Iterator[TokenDelta | GenerationResult]:
     """Run one request; yield TokenDeltas, then exactly one GenerationResult.
 
     depth 0 (or no head) decodes plain AR; depth K >= 1 runs the speculative loop. The
     caller validated depth. should_stop() is checked before prefill and between cycles.
     With a session `bank`, the longest stored prefix of the prompt is restored first (only
     the rest is prefilled; stats.cached_tokens says how much), and after the result the
-    committed state is stored back.
+    committed state is stored back. A request with images needs the model's `vision` tower.
     """
     for item in generate_steps(trunk, head, tokenizer, request, depth, vocab_size,
-                               should_stop, bank):
+                               should_stop, bank, vision):
         if not isinstance(item, Step):
             yield item
     mx.clear_cache()  # the request's buffers go back now, not when the next one needs them
@@ -97,7 +99,8 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
 def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationRequest,
                    depth: int, vocab_size: int,
                    should_stop: Callable[[], bool],
-                   bank: SessionBank | None = None
+                   bank: SessionBank | None = None,
+                   vision: VisionTower | None = None,
                    ) -> Iterator[TokenDelta | GenerationResult | Step]:
     """`generate`, one unit of work per item: every prefill chunk and every decode cycle
     yields (a TokenDelta when it completed text, else STEP), so the scheduler can step many
@@ -122,15 +125,17 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     history = TokenHistory(vocab_size, prompt)
     chunk = request.prefill_chunk or PREFILL_CHUNK
     turn, head_cache, pending_from = None, None, 0
+    embeddings, key = _image_inputs(trunk, vision, request)
     if bank is None:
         cache = trunk.make_cache()
-        prefill = trunk.prefill_steps(prompt, cache, chunk, should_stop=should_stop)
+        prefill = trunk.prefill_steps(prompt, cache, chunk, should_stop=should_stop,
+                                      embeddings=embeddings)
     else:
-        turn = bank.begin(trunk, head if depth > 0 else None, prompt, request.session_id)
+        turn = bank.begin(trunk, head if depth > 0 else None, prompt, request.session_id, key=key)
         cache, head_cache, pending_from = turn.cache, turn.head_cache, turn.pending_from
         stats.cached_tokens = turn.cached
         stats.restored_from = turn.restored_from
-        prefill = turn.prefill_steps(chunk, should_stop=should_stop)
+        prefill = turn.prefill_steps(chunk, should_stop=should_stop, embeddings=embeddings)
     prefilled = yield from _counted(prefill, stats)
     if prefilled is None:
         now = time.perf_counter()
@@ -191,6 +196,20 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
                                                         prompt, first, pending_from)
         turn.store(produced, decoder.head_cache if decoder else None,
                    decoder.pending_hidden if decoder else None)
+
+
+def _image_inputs(trunk: Trunk, vision: VisionTower | None, request: GenerationRequest
+                  ) -> tuple[mx.array | None, list[int] | None]:
+    """(the prompt's input embeddings with its images spliced in, the session-bank key that
+    names each image row by the image's bytes), or (None, None) for a text-only prompt."""
+    if not request.images:
+        return None, None
+    if vision is None:
+        raise ValueError("this model has no vision tower; the request carries images")
+    prompt = list(request.prompt_ids)
+    embeddings = vision.embed_prompt(trunk.input_embedding, prompt, request.images)
+    mx.eval(embeddings)
+    return embeddings, bank_key(prompt, vision.image_token_id, request.images)
 
 
 def _counted(steps: Generator[None, None, Any], stats: GenerationStats

@@ -6,6 +6,7 @@ Plain dataclasses, no MLX, so the API and control layers can import them cheaply
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 class ModelLoadError(Exception):
@@ -59,6 +60,26 @@ class SamplingParams:
 
 
 @dataclass
+class PreparedImage:
+    """An image ready for the vision tower: preprocessed pixels (a numpy array, no MLX), its
+    patch grid, how many prompt rows it fills, and the sha256 of its bytes (the session bank
+    keys image rows by it)."""
+
+    digest: str
+    tokens: int
+    grid_thw: tuple[int, int, int]
+    pixel_values: Any = field(repr=False, default=None)
+    # Peak bytes the vision tower needs for it (pixels, activations, attention scores, the
+    # output rows): the memory guard adds them to the request's price.
+    price_bytes: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its preprocessed pixels."""
+        return int(getattr(self.pixel_values, "nbytes", 0))
+
+
+@dataclass
 class GenerationRequest:
     """One completion: prompt token ids, sampling, and the MTP depth (0 = plain AR)."""
 
@@ -75,6 +96,8 @@ class GenerationRequest:
     arrived_at: float | None = None
     # The caller's id for this request (the API's request id), shown in scheduler snapshots.
     request_id: str | None = None
+    # Images in the prompt, in order; each fills a run of the model's image-placeholder ids.
+    images: list[PreparedImage] = field(default_factory=list)
 
 
 @dataclass
@@ -141,6 +164,8 @@ class ModelInfo:
     weights_bytes: int
     decode_loop: str = "stepwise"  # the loop MTP requests run: "fused" | "stepwise"
     dtype: str = "bfloat16"  # what it computes (and caches) in; float32 on the Linux CPU
+    vision: bool = False  # images in the prompt are served (a vision tower is loaded)
+    vision_reason: str | None = None  # why a checkpoint with vision_config is served text-only
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""
@@ -160,6 +185,8 @@ class CheckpointReport:
     has_mtp_tensors: bool
     weights_bytes: int
     context_length: int | None
+    vision: bool = False  # config.json has a vision tower that mtplx serves
+    vision_reason: str | None = None  # why a vision_config is not served (text only)
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -24,6 +25,9 @@ from mtplxd.engine.model.loader import (
 )
 from mtplxd.engine.model.trunk import Trunk
 from mtplxd.engine.session.bank import BankSettings, SessionBank, identity_for
+from mtplxd.engine.model.vision import VisionTower, load_vision_tower
+
+log = logging.getLogger(__name__)
 
 
 class LoadedModel:
@@ -36,6 +40,7 @@ class LoadedModel:
         self.trunk = trunk
         self.head = getattr(model, "mtp", None) if info.mode == "mtp" else None
         self.bank: SessionBank | None = None  # prefix reuse across requests (enable_session_bank)
+        self.vision: VisionTower | None = None  # images in the prompt (a vision checkpoint)
 
     @property
     def session_bank(self) -> SessionBank | None:
@@ -66,7 +71,7 @@ class LoadedModel:
         """
         depth = self.resolve_depth(request.depth)
         return run_generation(self.trunk, self.head, self.tokenizer, request, depth,
-                              self.info.vocab_size, should_stop, self.bank)
+                              self.info.vocab_size, should_stop, self.bank, self.vision)
 
     def generate_steps(self, request: GenerationRequest,
                        should_stop: Callable[[], bool] = lambda: False
@@ -75,7 +80,7 @@ class LoadedModel:
         it has nothing to stream): what the scheduler steps (owner thread only)."""
         depth = self.resolve_depth(request.depth)
         return run_generation_steps(self.trunk, self.head, self.tokenizer, request, depth,
-                                    self.info.vocab_size, should_stop, self.bank)
+                                    self.info.vocab_size, should_stop, self.bank, self.vision)
 
     def complete(self, request: GenerationRequest,
                  should_stop: Callable[[], bool] = lambda: False) -> GenerationResult:
@@ -155,11 +160,27 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         dtype=model_dtype(model),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache()) else "stepwise"),
+        vision=report.vision, vision_reason=report.vision_reason,
     )
     loaded = LoadedModel(model, tokenizer, info, trunk)
+    if report.vision:
+        try:
+            loaded.vision = load_vision_tower(path, config)
+        except ModelLoadError as exc:  # the text is still served; images are refused, saying why
+            log.warning("serving %s text only: %s", path.name, exc)
+            info.vision, info.vision_reason = False, f"the vision tower did not load: {exc}"
+        else:
+            if dtype is not None:
+                loaded.vision.model.set_dtype(getattr(_mx(), dtype))
     if session_bank is not None:
         loaded.enable_session_bank(session_bank)
     return loaded
+
+
+def _mx():
+    import mlx.core as mx
+
+    return mx
 
 
 def _on_cpu() -> bool:

@@ -10,8 +10,10 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 from unittest import mock
 
 import httpx
@@ -90,3 +92,13 @@ def start_api_daemon(home: Path, *args: str, wait_model: bool = True, timeout: f
         time.sleep(0.1)
     process.kill()
     raise RuntimeError("mtplxd did not come up:\n" + (home / "daemon.out").read_text(errors="replace"))
+
+
+@contextmanager
+def serving(checkpoint: Path, home: Path) -> Iterator[ApiDaemon]:
+    """A loopback daemon in `home` serving `checkpoint`, stopped on exit."""
+    daemon = start_api_daemon(home, MTPLX_MODEL=str(checkpoint))
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
