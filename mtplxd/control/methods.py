@@ -192,6 +192,7 @@ def status_snapshot(daemon: "Daemon") -> dict[str, Any]:
         "guard": daemon.runtime.guard.status() if daemon.runtime.guard is not None else None,
         "session_bank": daemon.runtime.session_bank_stats() if daemon.runtime.model is not None else None,
         "fans": daemon.fans.snapshot() if getattr(daemon, "fans", None) else None,
+        "flight_recorder": daemon.recorder.status() if getattr(daemon, "recorder", None) else None,
         "blas": blas.snapshot(),  # the BLAS this daemon's MLX calls
         "memory": {
             "rss_bytes": process.memory_info().rss,
