@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "fans",     # fans auto|max|smart|status
     "key",      # key show|rotate
     "bench",
+    "trace",    # trace [SESSION]
     "blas",     # blas [--install]
 ]
 

@@ -65,3 +65,11 @@ def test_prefix_hashes_agree_exactly_as_far_as_the_prompts_do():
     ha, hb = prefix_hashes(a), prefix_hashes(b)
     assert len(ha) == 3 and ha[:2] == hb[:2] and ha[2] != hb[2]
     assert prefix_hashes(a[:PREFIX_BLOCK - 1]) == []
+
+
+def test_chart_ticks_cover_the_data():
+    from mtplxctl.trace.charts import nice_ticks
+
+    for high in (0.3, 1.0, 1.8, 2512, 99_999):
+        ticks = nice_ticks(0, high)
+        assert ticks[0] == 0 and ticks[-1] >= high and len(ticks) <= 7

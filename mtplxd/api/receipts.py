@@ -68,6 +68,7 @@ class Receipts:
             "stream": bool(flight.stream) if flight is not None else None,
             "prompt_tokens": len(request.prompt_ids), "max_tokens": plan.max_tokens,
             "max_tokens_requested": plan.max_tokens_requested,
+            "context_window": plan.context_window,
             "depth": request.depth, "prefix_hashes": prefix_hashes(request.prompt_ids),
         }
         if result is not None:
@@ -92,7 +93,7 @@ class Receipts:
         if plan is not None:
             entry.update({"endpoint": plan.endpoint, "model": plan.model_id,
                           "prompt_tokens": len(plan.request.prompt_ids),
-                          "max_tokens": plan.max_tokens,
+                          "max_tokens": plan.max_tokens, "context_window": plan.context_window,
                           "prefix_hashes": prefix_hashes(plan.request.prompt_ids)})
         entry["duration_s"] = round(time.perf_counter() - client.started, 4)
         self._emit(entry, client)

@@ -57,6 +57,7 @@ class Plan:
     raw_text: bool = False  # legacy completions: output is plain text, verbatim
     opened: "_OpenStream | None" = None  # set by Generations.open_stream
     client: Client = field(default_factory=Client)  # who asked (request log, flight record)
+    context_window: int | None = None  # the server's window when it was admitted
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -226,7 +227,7 @@ class Generations:
                                     arrived_at=time.perf_counter(), request_id=plan_id)
         plan = Plan(id=plan_id, endpoint=endpoint, model_id=model.info.id, request=request,
                     max_tokens=max_tokens, max_tokens_requested=params.max_tokens,
-                    client=current_client())
+                    client=current_client(), context_window=window.served or None)
         _remember_plan(plan)  # a refusal after this point is recorded with the plan's facts
         return plan
 
