@@ -16,7 +16,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from mtplxd import blas
-from mtplxd.api import anthropic, openai, responses
+from mtplxd.api import anthropic, openai, responses, webui
 from mtplxd.api.address import is_loopback
 from mtplxd.api.auth import is_authorized, load_key
 from mtplxd.api.cors import browser_origin, cors_headers, origin_allowed
@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # Codex with many tools sends ~1 MB; long chats a few MB
 KEEPALIVE_SECONDS = 5.0
-OPEN_PATHS = {"/health"}  # answered without a key (liveness probes)
+# Answered without a key: liveness probes, and the chat page's files (they ask for the key).
+OPEN_PATHS = {"/health"} | webui.PUBLIC_PATHS
 
 
 def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = KEEPALIVE_SECONDS,
@@ -159,6 +160,8 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
     generation_route("/v1/responses", responses.responses)
     generation_route("/v1/messages", anthropic.messages)
     generation_route("/v1/messages/count_tokens", anthropic.count_tokens)
+
+    webui.register(app)
 
     @app.get("/health")
     async def health() -> tuple[dict[str, Any], int]:
