@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "key",      # key show|rotate
     "bench",
     "trace",    # trace [SESSION]
+    "tune",     # tune [--depths 0-6]
     "blas",     # blas [--install]
 ]
 

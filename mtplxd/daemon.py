@@ -51,7 +51,8 @@ class Daemon:
         self.runtime = Runtime(paths.models_dir, depth, config.memory_limit, bank,
                                decode_loop=config.decode_loop, quantize=config.quantize,
                                max_concurrent=config.max_concurrent, max_queued=config.max_queued,
-                               prefill_chunk_tokens=config.prefill_chunk_tokens)
+                               prefill_chunk_tokens=config.prefill_chunk_tokens,
+                               tuning_home=paths.home)
         self.registry = MethodRegistry()
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()

@@ -17,7 +17,7 @@ from rich.table import Table
 from mtplxd.config import ConfigError, load_config
 from mtplxd.flight import read_records
 from mtplxd.paths import Paths
-from mtplxctl.output import EXIT_OK, console, fail, print_json, whole_number
+from mtplxctl.output import EXIT_OK, console, fail, print_json, save_and_show, whole_number
 from mtplxctl.trace.report import render_html
 from mtplxctl.trace.sessions import DEFAULT_STALL_SECONDS, analyse, group_sessions, summary_row
 
@@ -50,14 +50,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
                     "`mtplxctl trace` lists them (1 is the latest)")
     analysis = analyse(session, float(args.stall_seconds))
     out = Path(args.html).expanduser() if args.html else paths.metrics_dir / f"trace-{session.id}.html"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(analysis), encoding="utf-8")
-    analysis["report"] = str(out)
-    if args.json:
-        print_json(analysis)
-    else:
-        _summary(analysis)
-    return EXIT_OK
+    return save_and_show(out, render_html(analysis), analysis, args.json, _summary)
 
 
 def _pick(sessions: list, wanted: str):

@@ -6,28 +6,18 @@ report opens from a file with nothing fetched from the network."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 
 import openai
 import pytest
 
 from mtplxd.flight import read_records
-from support.api_daemon import MODEL_ID, start_api_daemon
+from support.api_daemon import MODEL_ID, ctl_in, start_api_daemon
 
 SYSTEM = "You are a careful coding agent. " + " ".join(f"rule{i}: keep the code tidy." for i in range(60))
 # A pasted file: long enough (several 256-token blocks) that dropping it shows as a divergence.
 CODE = "fix the bug in this file:\n" + "\n".join(f"def f{i}(x):\n    return x + {i}" for i in range(80))
-
-
-def _ctl(home, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MTPLX_")}
-    env.update({"MTPLX_HOME": str(home), "COLUMNS": "160"})
-    return subprocess.run([sys.executable, "-m", "mtplxctl", *args], env=env, capture_output=True,
-                          text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -58,15 +48,15 @@ def session_home(tiny_checkpoint, tmp_path_factory):
 
 
 def test_the_list_shows_the_agents_session(session_home):
-    listed = json.loads(_ctl(session_home, "trace", "--json").stdout)
+    listed = json.loads(ctl_in(session_home, "trace", "--json").stdout)
     [session] = listed["sessions"]
     assert session["session_id"] == "agent-42" and session["turns"] == 4 and session["refused"] == 1
-    human = _ctl(session_home, "trace")
+    human = ctl_in(session_home, "trace")
     assert human.returncode == 0 and session["id"] in human.stdout and "opencode/1.18" in human.stdout
 
 
 def test_one_session_is_diagnosed_turn_by_turn(session_home):
-    result = _ctl(session_home, "trace", "1", "--json", "--stall-seconds", "30")
+    result = ctl_in(session_home, "trace", "1", "--json", "--stall-seconds", "30")
     assert result.returncode == 0, result.stderr
     analysis = json.loads(result.stdout)
     turns = analysis["turns"]
@@ -85,7 +75,7 @@ def test_one_session_is_diagnosed_turn_by_turn(session_home):
 
 
 def test_the_html_report_is_self_contained(session_home):
-    summary = _ctl(session_home, "trace", "1")
+    summary = ctl_in(session_home, "trace", "1")
     assert summary.returncode == 0, summary.stderr
     assert "cache reuse" in summary.stdout and "diverged" in summary.stdout
     report = next((session_home / "metrics").glob("trace-*.html"))
@@ -97,5 +87,5 @@ def test_the_html_report_is_self_contained(session_home):
 
 
 def test_an_unknown_session_is_one_sentence(session_home):
-    result = _ctl(session_home, "trace", "zzzz")
+    result = ctl_in(session_home, "trace", "zzzz")
     assert result.returncode == 1 and "there is no session zzzz on record" in result.stderr
