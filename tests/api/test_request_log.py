@@ -6,6 +6,7 @@ requests."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -161,3 +162,58 @@ def test_the_recorder_switched_off_writes_nothing_and_a_broken_folder_loses_only
         assert status["written"] == 0
     finally:
         broken.stop()
+
+
+def test_a_one_token_turn_and_two_requests_at_once_each_leave_one_record(logged):
+    one = _client(logged).chat.completions.with_raw_response.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": "one"}], max_tokens=1)
+    record = _record(logged, one.headers["x-mtplx-request-id"])
+    assert record["completion_tokens"] == 1 and record["samples"] == []  # nothing was decoded
+    assert record["finish_reason"] == "length" and record["ttft_s"] > 0
+
+    ids: list[str] = []
+
+    def ask(prompt: str) -> None:
+        raw = _client(logged).chat.completions.with_raw_response.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": prompt}], max_tokens=24, temperature=0)
+        ids.append(raw.headers["x-mtplx-request-id"])
+
+    threads = [threading.Thread(target=ask, args=(p,)) for p in ("first of two", "second of two")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(set(ids)) == 2
+    records = [_record(logged, i) for i in ids]
+    assert all(r["outcome"] == "completed" for r in records)
+
+
+def test_a_prompt_over_the_context_is_recorded_as_refused(logged):
+    with pytest.raises(openai.BadRequestError):
+        _client(logged).chat.completions.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": "word " * 5000}], max_tokens=4)
+    line = _wait_for(lambda: _lines(logged, "refused: context_length_exceeded"))[-1]
+    assert "POST /v1/chat/completions 400 " in line
+    assert _wait_for(lambda: [r for r in read_records(logged.home / "metrics")
+                              if (r.get("error") or {}).get("code") == "context_length_exceeded"])
+
+
+def test_records_survive_a_restart_and_the_next_turn_restores_from_disk(tiny_checkpoint, tmp_path):
+    home = tmp_path / "home"
+    prompt = [{"role": "user", "content": "explain this file: " + "def f(x): return x + 1\n" * 60}]
+    ids = []
+    for life in range(2):
+        daemon = start_api_daemon(home, MTPLX_MODEL=str(tiny_checkpoint))
+        try:
+            raw = _client(daemon, **{"x-session-id": "s-restart"}).chat.completions.with_raw_response.create(
+                model=MODEL_ID, messages=prompt, max_tokens=4, temperature=0)
+            ids.append(raw.headers["x-mtplx-request-id"])
+            reply = raw.parse().choices[0].message.content or "ok"
+            _record(daemon, ids[-1])
+        finally:
+            daemon.stop()
+        prompt = prompt + [{"role": "assistant", "content": reply}, {"role": "user", "content": "and then?"}]
+    records = {r["id"]: r for r in read_records(home / "metrics")}
+    first, second = records[ids[0]], records[ids[1]]
+    assert first["restore"]["from"] == "cold"
+    assert second["restore"]["from"] == "ssd" and second["restore"]["reused_tokens"] >= 256
