@@ -177,7 +177,7 @@ def _report(model: dict[str, Any], depths: list[int], runs: list[dict[str, Any]]
 
 
 def _print(report: dict[str, Any]) -> None:
-    table = Table(title=f"{report['model']}: decode by depth (median of {report['repeats'] * report['prompts']} runs)")
+    table = Table(title=f"{report['model']}, median of {report['repeats'] * report['prompts']} runs")
     for header in ("depth", "tok/s", "accepted length", "vs AR"):
         table.add_column(header, justify="right")
     for depth, entry in report["by_depth"].items():
