@@ -33,7 +33,8 @@ def test_sessions_without_an_id_split_by_client_prefix_and_silence():
         record(30 + SESSION_GAP, SYSTEM + [1, 2, 3]),  # back after a long silence: a new one
         record(40, SYSTEM + [9], sid="abc"), record(50, other, sid="abc"),  # named: one session
     ]
-    sessions = group_sessions(records)
+    junk = [{"arrived": "yesterday"}, {"arrived": 5, "client": "me"}, {"v": 1}]
+    sessions = group_sessions(records + junk)
     assert [len(s.records) for s in sessions] == [2, 1, 2, 1]
     assert len({s.id for s in sessions}) == 4
 

@@ -46,7 +46,7 @@ def group_sessions(records: Iterable[dict[str, Any]], gap: float = SESSION_GAP) 
     named: dict[str, Session] = {}
     open_by_head: dict[tuple, Session] = {}
     sessions: list[Session] = []
-    for record in sorted(records, key=lambda r: r.get("arrived") or 0):
+    for record in sorted(filter(_well_formed, records), key=lambda r: r.get("arrived") or 0):
         client = record.get("client") or {}
         sid = client.get("session_id")
         if sid:
@@ -63,6 +63,13 @@ def group_sessions(records: Iterable[dict[str, Any]], gap: float = SESSION_GAP) 
                 sessions.append(session)
         session.records.append(record)
     return sessions
+
+
+def _well_formed(record: dict[str, Any]) -> bool:
+    """A record this version can read (a hand-edited or foreign line is left out)."""
+    return (isinstance(record.get("arrived"), (int, float)) and isinstance(record.get("client") or {}, dict)
+            and isinstance(record.get("prefix_hashes") or [], list)
+            and isinstance(record.get("prompt_tokens") or 0, int))
 
 
 def summary_row(session: Session) -> dict[str, Any]:
