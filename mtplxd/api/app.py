@@ -57,7 +57,7 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
     stored = load_key(Paths.from_env()) if key_required else None
     api_key = stored.key if stored else None
     allowed_origins = list(config.cors_origins)
-    metrics = Metrics(runtime)
+    metrics = Metrics(runtime, recorder)
     flights = FlightBoard()
     receipts = Receipts(recorder, log_prompts=config.log_prompts)
     gen = Generations(runtime, metrics, flights, lambda: app.nursery, keepalive_seconds, receipts)

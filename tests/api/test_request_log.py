@@ -160,6 +160,10 @@ def test_the_recorder_switched_off_writes_nothing_and_a_broken_folder_loses_only
         status = _wait_for(lambda: (lambda s: s if s["dropped"] >= 3 else None)(
             broken.client.call("daemon.status")["flight_recorder"]))
         assert status["written"] == 0
+        exposed = httpx.get(broken.base_url + "/metrics").text
+        assert "mtplx_flight_records_written 0.0" in exposed
+        dropped = next(line for line in exposed.splitlines() if line.startswith("mtplx_flight_records_dropped "))
+        assert float(dropped.split()[1]) >= 3
     finally:
         broken.stop()
 
