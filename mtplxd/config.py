@@ -194,6 +194,14 @@ SETTINGS: dict[str, Setting] = {
                 "scheduler turn, so running streams pause at most one chunk's time for it."),
         Setting("shutdown_grace_seconds", 10, as_whole_number(0, 600),
                 "How long SIGTERM waits for in-flight requests before stopping."),
+        Setting("log_prompts", False, _as_bool,
+                "Add each request's last message (its first 200 characters) to its line in "
+                "logs/mtplxd.log. Off by default: the log then holds no prompt text."),
+        Setting("flight_recorder", True, _as_bool,
+                "Keep one JSON line per request (timings, cache reuse, per-second decode "
+                "samples, no prompt text) under metrics/ for `mtplxctl trace`."),
+        Setting("flight_recorder_mb", 256, as_whole_number(1, 1_048_576),
+                "Disk cap of the flight recorder's files in MB (rotated: the oldest go first)."),
         Setting("log_level", "info", _as_choice("debug", "info", "warning", "error"),
                 "Daemon log level."),
     ]

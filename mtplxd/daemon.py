@@ -26,6 +26,7 @@ from mtplxd.control.registry import MethodRegistry
 from mtplxd.control.server import serve_control
 from mtplxd.fans.controller import build_controller
 from mtplxd.fans.methods import register_fan_methods
+from mtplxd.flight import FlightRecorder
 from mtplxd.models.methods import register_model_store_methods
 from mtplxd.paths import Paths
 from mtplxd.pressure import watch_pressure
@@ -50,7 +51,8 @@ class Daemon:
         self.runtime = Runtime(paths.models_dir, depth, config.memory_limit, bank,
                                decode_loop=config.decode_loop, quantize=config.quantize,
                                max_concurrent=config.max_concurrent, max_queued=config.max_queued,
-                               prefill_chunk_tokens=config.prefill_chunk_tokens)
+                               prefill_chunk_tokens=config.prefill_chunk_tokens,
+                               tuning_home=paths.home)
         self.registry = MethodRegistry()
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()
@@ -59,6 +61,8 @@ class Daemon:
         self.fans = build_controller(config, paths)
         register_fan_methods(self.registry, self.fans)
         self.runtime.activity.append(self.fans.on_activity)
+        self.recorder = FlightRecorder(paths.metrics_dir, config.flight_recorder_mb * 1_000_000,
+                                       enabled=config.flight_recorder)
 
     def request_shutdown(self, why: str) -> None:
         if not self._shutdown.is_set():
@@ -72,6 +76,7 @@ class Daemon:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until shutdown is requested, then drain and stop every service."""
         self.runtime.start()
+        self.recorder.start()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_signals)
@@ -100,13 +105,15 @@ class Daemon:
                 nursery.cancel_scope.cancel()
         finally:
             self.runtime.stop()
+            self.recorder.stop()
             log.info("mtplxd stopped")
 
     async def _serve_http(self, done: trio.Event,
                           task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the HTTP API until shutdown is requested and its responses are finished."""
         try:
-            await hypercorn.trio.serve(create_app(self.runtime, self.config), self._hypercorn_config(),
+            await hypercorn.trio.serve(create_app(self.runtime, self.config,
+                                                  recorder=self.recorder), self._hypercorn_config(),
                                        shutdown_trigger=self._shutdown.wait, task_status=task_status)
         finally:
             done.set()

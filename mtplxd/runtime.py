@@ -86,7 +86,8 @@ class Runtime:
                  memory_limit: str | float = "auto", bank: BankOptions = BankOptions(),
                  decode_loop: str = "auto", quantize: str = "auto",
                  max_concurrent: str | int = "auto", max_queued: int = 64,
-                 prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK) -> None:
+                 prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK,
+                 tuning_home: Path | None = None) -> None:
         from mtplxd.engine.owner import ModelOwner
         from mtplxd.engine.scheduler import Scheduler
 
@@ -98,6 +99,9 @@ class Runtime:
         self.quantize = quantize
         self.max_concurrent_setting = max_concurrent
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        # Where `mtplxctl tune` saves depths (MTPLX_HOME); None: tuned depths are not used.
+        self.tuning_home = tuning_home
+        self.depth_source = "none"  # setting | tuned | model: where the served depth came from
         self.scheduler = Scheduler(max_queued=max_queued, admit=self._admit_row)
         self.owner = ModelOwner(scheduler=self.scheduler)
         self.model: Any = None  # mtplxd.engine.LoadedModel once loaded
@@ -177,10 +181,26 @@ class Runtime:
         limit = resolve_limit(self.memory_limit, psutil.virtual_memory().total)
         await self._enable_session_bank(model, limit)
         self.guard = build_guard(path, model, limit)
+        self.depth_source = "setting" if depth is not None else self._apply_tuned_depth(model)
         await self._on_owner(lambda: apply_mlx_limits(self.guard))
         self.model, self.state, self.loaded_at = model, "loaded", time.time()
         log.info("loaded %s in %.1fs (%s)", model_id, time.monotonic() - started, model.info.mode)
         return model.info.to_dict()
+
+    def _apply_tuned_depth(self, model: Any) -> str:
+        """With `depth = auto`: serve the depth `mtplxctl tune` saved for this model on this
+        machine, if any; returns where the served depth comes from."""
+        from mtplxd.tuning import tuned_depth, tuning_key
+
+        if self.tuning_home is None or model.head is None:
+            return "model"
+        tuned = tuned_depth(self.tuning_home, tuning_key(model.info.to_dict()))
+        if tuned is None:
+            return "model"
+        log.info("depth %d for %s from mtplxctl tune (%s)", tuned, model.info.id,
+                 self.tuning_home / "tuning.json")
+        model.info.depth = tuned
+        return "tuned"
 
     async def _fall_back(self, failed_id: str, exc: Exception) -> str:
         """After a failed load, serve the last model that loaded again (the old one was retired
@@ -210,6 +230,7 @@ class Runtime:
             return False  # the recommended depth is worked out at load
         if model.head is not None:
             model.info.depth = depth
+            self.depth_source = "setting"
         return True
 
     async def unload(self) -> bool:

@@ -21,6 +21,7 @@ from mtplxd.api.errors import (
 )
 from mtplxd.api.flight import Flight, FlightBoard
 from mtplxd.api.metrics import Metrics
+from mtplxd.api.receipts import CLIENT_CLOSED, Client, Receipts
 from mtplxd.api.parsers import (
     QWEN_TOOLS, Event, OutputParser, ParsedOutput, ToolCallEvent, ToolDialect, collect,
 )
@@ -58,6 +59,8 @@ class Plan:
     dialect: ToolDialect = QWEN_TOOLS  # the model's tool-call markup
     raw_text: bool = False  # legacy completions: output is plain text, verbatim
     opened: "_OpenStream | None" = None  # set by Generations.open_stream
+    client: Client = field(default_factory=Client)  # who asked (request log, flight record)
+    context_window: int | None = None  # the server's window when it was admitted
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -104,6 +107,7 @@ class Outcome:
     def mtplx_stats(self) -> dict[str, Any]:
         """The engine's stats for this request plus the output-cap facts."""
         stats = self.result.stats.to_dict()
+        stats.pop("samples", None)  # the flight recorder's, not the client's
         stats["max_tokens"] = self.plan.max_tokens
         stats["max_tokens_requested"] = self.plan.max_tokens_requested
         stats["request_id"] = self.plan.id
@@ -125,10 +129,12 @@ class Generations:
     """Admission and running of generations over the daemon's runtime."""
 
     def __init__(self, runtime: Runtime, metrics: Metrics, flights: FlightBoard,
-                 nursery: Callable[[], trio.Nursery], keepalive_seconds: float) -> None:
+                 nursery: Callable[[], trio.Nursery], keepalive_seconds: float,
+                 receipts: Receipts | None = None) -> None:
         self.runtime = runtime
         self.metrics = metrics
         self.flights = flights
+        self.receipts = receipts or Receipts(None)
         self._nursery = nursery
         self.keepalive_seconds = keepalive_seconds
         self._tokenizer_limiter = trio.CapacityLimiter(1)
@@ -174,6 +180,8 @@ class Generations:
         rendered = await self.on_tokenizer(lambda m: chat_format.render_chat(m, conversation))
         plan = self._plan(endpoint, model, rendered.prompt_ids, params)
         plan.request.images = rendered.images
+        if self.receipts.log_prompts and conversation.messages:
+            plan.client.prompt_excerpt = str(conversation.messages[-1].get("content") or "")
         plan.parse_tools = conversation.tools_active
         plan.tool_schemas = conversation.tool_schemas()
         plan.start_in_reasoning = rendered.start_in_reasoning
@@ -187,6 +195,9 @@ class Generations:
         model = self.require_model(requested)
         plan = self._plan(endpoint, model, prompt_ids, params)
         plan.raw_text = True
+        if self.receipts.log_prompts:
+            tail = prompt_ids[-64:]
+            plan.client.prompt_excerpt = await self.on_tokenizer(lambda m: m.tokenizer.decode(tail))
         return plan
 
     def _plan(self, endpoint: str, model: Any, prompt_ids: list[int], params: GenParams) -> Plan:
@@ -220,8 +231,11 @@ class Generations:
         request = GenerationRequest(prompt_ids=list(prompt_ids), sampling=sampling, depth=params.depth,
                                     session_id=session_id_from_headers(),
                                     arrived_at=time.perf_counter(), request_id=plan_id)
-        return Plan(id=plan_id, endpoint=endpoint, model_id=model.info.id,
-                    request=request, max_tokens=max_tokens, max_tokens_requested=params.max_tokens)
+        plan = Plan(id=plan_id, endpoint=endpoint, model_id=model.info.id, request=request,
+                    max_tokens=max_tokens, max_tokens_requested=params.max_tokens,
+                    client=current_client(), context_window=window.served or None)
+        _remember_plan(plan)  # a refusal after this point is recorded with the plan's facts
+        return plan
 
     def _flight(self, plan: Plan, stream: bool) -> Flight:
         return self.flights.begin(Flight(
@@ -238,6 +252,7 @@ class Generations:
         events: list[Event] = []
         reasoning_tokens = 0
         result = None
+        refused = False
         ending = "cancelled"  # unless a result or an error says otherwise
         try:
             async with self._generate(plan) as items:
@@ -250,11 +265,15 @@ class Generations:
                         result, ending = item, ""
         except Exception as exc:
             ending = "error"
-            raise _translate(exc) from exc
+            error = _translate(exc)
+            refused = isinstance(error, APIError)  # the app's error handler records it
+            raise error from exc
         finally:
             self.flights.end(flight)
             if ending:
                 self.metrics.observe_unfinished(ending)
+            if not (ending == "error" and refused):
+                self._receipt(plan, flight, result, ending)
         if result is None:
             raise RuntimeError("the engine ended without a result")
         events += parser.finish()
@@ -283,11 +302,13 @@ class Generations:
         except BaseException:
             self.flights.end(flight)
             self.metrics.observe_unfinished("error")
+            self._receipt(plan, flight, None, "error")
             raise
         receive, scope = plan.opened.receive, plan.opened.scope
         parser = plan.new_parser()
         reasoning_tokens = 0
         calls: list[ToolCallEvent] = []
+        result: GenerationResult | None = None
         last_sent = trio.current_time()
         try:
             async with receive:
@@ -310,6 +331,7 @@ class Generations:
                             last_sent = trio.current_time()
                             yield events
                     elif isinstance(item, GenerationResult):
+                        result = item
                         tail = parser.finish()
                         calls += [e for e in tail if isinstance(e, ToolCallEvent)]
                         if tail:
@@ -327,6 +349,7 @@ class Generations:
             self.flights.end(flight)
             if ending:
                 self.metrics.observe_unfinished(ending)
+            self._receipt(plan, flight, result, ending)
 
     async def _produce(self, plan: Plan, send: trio.MemorySendChannel, scope: trio.CancelScope,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -352,6 +375,20 @@ class Generations:
                         send.send_nowait(exc)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         pass
+
+    def _receipt(self, plan: Plan, flight: Flight, result: GenerationResult | None,
+                 ending: str) -> None:
+        """The request's log line and flight record. `ending` is "" (a result came), "error",
+        or "cancelled": with a result the engine cancelled it (unload, stop); without one the
+        client left first."""
+        if result is not None and ending != "error":
+            outcome = "cancelled" if result.finish_reason == "cancelled" else "completed"
+            status = 200
+        elif ending == "cancelled":
+            outcome, status = "disconnected", CLIENT_CLOSED
+        else:
+            outcome, status = "error", 200 if flight.stream else 500
+        self.receipts.finished(plan, plan.client, result, outcome, status, flight)
 
     def _generate(self, plan: Plan):
         return self.runtime.generate(plan.request)
@@ -384,6 +421,24 @@ def session_id_from_headers() -> str | None:
         if value:
             return value[:256]
     return None
+
+
+def current_client() -> Client:
+    """Who sent the current HTTP request (stamped by the app as it arrived); a blank Client
+    outside a request."""
+    from quart import g, has_request_context
+
+    if not has_request_context():
+        return Client(started=time.perf_counter(), wall=time.time())
+    client = g.get("mtplx_client")
+    return client if client is not None else Client(started=time.perf_counter(), wall=time.time())
+
+
+def _remember_plan(plan: Plan) -> None:
+    from quart import g, has_request_context
+
+    if has_request_context():
+        g.mtplx_plan = plan
 
 
 @dataclass

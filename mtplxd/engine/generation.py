@@ -65,6 +65,56 @@ class _Finish:
         return TokenDelta(token_ids=accepted, text=text)
 
 
+SAMPLE_SECONDS = 1.0
+
+
+class DecodeSamples:
+    """Per-second decode samples into `stats.samples`: what the flight recorder plots.
+
+    Each sample covers the window since the previous one: tokens/s, cycles and their mean
+    time, accepted length and accepted/drafted counts by draft position, and the context
+    length at its end. Draft and verify time are not split: the fused loop runs both in one
+    graph and the stepwise loop launches the next draft before it reads the verify, so timing
+    them apart would need a device sync that slows the very thing being measured.
+    """
+
+    def __init__(self, stats: GenerationStats, arrived: float, start: float,
+                 acceptance: Any = None) -> None:
+        self.stats = stats
+        self.arrived = arrived
+        self.acceptance = acceptance  # the decoder's AcceptanceStats (None: AR)
+        self.at, self.generated, self.cycles, self.committed = start, 1, 0, 0
+        self.by_depth = ([], [])
+
+    def tick(self, now: float, generated: int, force: bool = False) -> None:
+        """Close a window when a second passed (or `force`, at the end, when tokens came)."""
+        seconds = now - self.at
+        if (seconds < SAMPLE_SECONDS and not force) or generated <= self.generated or seconds <= 0:
+            return
+        acc = self.acceptance
+        cycles = acc.cycles if acc is not None else generated - 1
+        committed = acc.committed if acc is not None else generated - 1
+        drafted = list(acc.drafted_by_depth) if acc is not None else []
+        accepted = list(acc.accepted_by_depth) if acc is not None else []
+        window_cycles = cycles - self.cycles
+        sample = {
+            "t": round(now - self.arrived, 3),
+            "seconds": round(seconds, 3),
+            "tokens": generated - self.generated,
+            "tok_s": round((generated - self.generated) / seconds, 2),
+            "cycles": window_cycles,
+            "cycle_ms": round(1000 * seconds / window_cycles, 2) if window_cycles else None,
+            "accepted_length": (round((committed - self.committed) / window_cycles, 3)
+                                if window_cycles else None),
+            "drafted_by_depth": [a - b for a, b in zip(drafted, self.by_depth[0] or [0] * len(drafted))],
+            "accepted_by_depth": [a - b for a, b in zip(accepted, self.by_depth[1] or [0] * len(accepted))],
+            "context": self.stats.prompt_tokens + generated,
+        }
+        self.stats.samples.append(sample)
+        self.at, self.generated, self.cycles, self.committed = now, generated, cycles, committed
+        self.by_depth = (drafted, accepted)
+
+
 class Step:
     """A generation step that has nothing to stream: one prefill chunk, or a decode cycle
     whose tokens completed no text yet. The scheduler runs other rows after it."""
@@ -158,6 +208,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     else:
         cycles = ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
     reason = finish.reason
+    samples = DecodeSamples(stats, arrived, prefill_done, decoder.stats if decoder else None)
     # A turn that ends on its first token (max_tokens 1, a stop) runs no cycle, so nothing
     # feeds the head: keep the hiddens to give its bank entry the head's KV after the result.
     unfed = hiddens if turn is not None and decoder is not None and reason is not None else None
@@ -171,6 +222,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
         produced += step
         delta = finish.take(step)
         reason = finish.reason
+        samples.tick(time.perf_counter(), finish.generated)
         if delta is not None:
             yield delta
         elif reason is None:
@@ -181,6 +233,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
         if tail:
             yield TokenDelta(token_ids=[], text=tail)
     end = time.perf_counter()
+    samples.tick(end, finish.generated, force=True)
     if decoder is not None:
         acc = decoder.stats
         stats.drafted_by_depth, stats.accepted_by_depth = acc.drafted_by_depth, acc.accepted_by_depth

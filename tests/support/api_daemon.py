@@ -63,6 +63,12 @@ def daemon_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def ctl_in(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m mtplxctl ARGS` on the daemon home `home` (wide columns: no folded tables)."""
+    return subprocess.run([sys.executable, "-m", "mtplxctl", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**daemon_env(home), "COLUMNS": "160"})
+
+
 def paths_for(home: Path) -> Paths:
     with mock.patch.dict(os.environ, {"MTPLX_HOME": str(home)}):
         os.environ.pop("MTPLX_SOCKET", None)
