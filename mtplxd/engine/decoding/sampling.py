@@ -16,6 +16,9 @@ cycle boundaries are.
 
 from __future__ import annotations
 
+from dataclasses import fields
+from typing import Callable
+
 import mlx.core as mx
 
 from mtplxd.engine.interface import SamplingParams
@@ -187,6 +190,49 @@ def pick(logits: mx.array, params: SamplingParams, counts: mx.array, seen: mx.ar
     weights = scaled_logits(penalised, params)
     assert keys is not None and len(keys) == weights.shape[0]
     return mx.stack([mx.random.categorical(weights[i], key=keys[i]) for i in range(len(keys))])
+
+
+def graph_key(params: SamplingParams) -> tuple:
+    """The sampling settings a compiled graph bakes in (everything but seed, stops, length)."""
+    skip = {"seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos"}
+    return tuple(getattr(params, f.name) for f in fields(params) if f.name not in skip)
+
+
+_ROW_SAMPLERS: dict[tuple, Callable] = {}  # compiled samplers by graph_key, least recent first
+_ROW_SAMPLER_SLOTS = 16
+
+
+def row_sampler(params: SamplingParams) -> Callable[..., tuple[mx.array, mx.array]]:
+    """The AR step's whole sampler chain as one compiled function (built once per setting):
+    sample(logits (1, V), counts (1, V), seen (1, V), seed words, position (1,) uint32)
+    -> (token (1,), position + 1).
+
+    Why compiled: uncompiled, penalties, log-softmax, top-p's sort and scatter, min-p, top-k,
+    the temperature and the draw are a dozen separate kernels and as many graph nodes the host
+    builds every token; mlx-lm compiles its sampler, and on a GPU the difference is tens of
+    microseconds a token. The key of the draw is derived from (seed, position, TARGET) on the
+    device (`device_position_keys`), so no key array is made on the host either, and the
+    position advances inside the graph. Shapes are fixed, so it traces once.
+    """
+    key = graph_key(params)
+    if key in _ROW_SAMPLERS:
+        _ROW_SAMPLERS[key] = _ROW_SAMPLERS.pop(key)  # most recently used last
+    else:
+        if len(_ROW_SAMPLERS) >= _ROW_SAMPLER_SLOTS:  # settings vary per request: stay bounded
+            _ROW_SAMPLERS.pop(next(iter(_ROW_SAMPLERS)))
+
+        def sample(logits: mx.array, counts: mx.array, seen: mx.array, seed: mx.array,
+                   position: mx.array) -> tuple[mx.array, mx.array]:
+            penalised = apply_penalties(logits, params, counts, seen)
+            if params.greedy:
+                token = mx.argmax(penalised, axis=-1)
+            else:
+                draw_key = device_position_keys(seed, position, TARGET)[0]
+                token = mx.random.categorical(scaled_logits(penalised, params), key=draw_key)
+            return token.astype(mx.uint32), position + 1
+
+        _ROW_SAMPLERS[key] = mx.compile(sample)
+    return _ROW_SAMPLERS[key]
 
 
 def pick_first(last_logits: mx.array, params: SamplingParams, history: TokenHistory, seed: int,
