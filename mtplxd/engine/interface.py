@@ -141,6 +141,9 @@ class ModelInfo:
     weights_bytes: int
     decode_loop: str = "stepwise"  # the loop MTP requests run: "fused" | "stepwise"
     dtype: str = "bfloat16"  # what it computes (and caches) in; float32 on the Linux CPU
+    # Which implementation each fast path runs here (loaded_model.kernel_paths): a custom
+    # kernel, or MLX's own ops where the kernel is missing, off or failed its probe.
+    kernels: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""
