@@ -84,3 +84,20 @@ def test_ar_without_penalties_records_no_history(tiny_qwen3, monkeypatch):
     penalised = tiny_qwen3.complete(GenerationRequest(prompt, SamplingParams(
         temperature=0.6, max_tokens=12, seed=1, ignore_eos=True, repetition_penalty=1.2), depth=0))
     assert len(penalised.token_ids) == 12 and len(appended) > 2
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.7, top_p=0.9),
+    SamplingParams(temperature=1.0, top_k=5),
+    SamplingParams(temperature=0.6, top_p=0.95, top_k=20, min_p=0.02),
+    SamplingParams(temperature=1.3, top_p=0.5, min_p=0.1),
+    SamplingParams(temperature=0.8, top_k=500),  # k above the vocabulary: no filter
+], ids=["top_p", "top_k", "all-three", "top_p-min_p", "k-over-vocab"])
+def test_the_sorted_draw_has_exactly_the_distribution_of_scaled_logits(params):
+    for seed in range(10):
+        logits = mx.random.normal((1, V), key=mx.random.key(seed)) * 3
+        logits = mx.concatenate([logits[:, :-4], logits[:, :4]], axis=-1)  # ties at 4 values
+        want = mx.softmax(sampling.scaled_logits(logits, params), axis=-1)
+        order, weights = sampling.sorted_scaled_logits(logits, params)
+        got = mx.put_along_axis(mx.zeros_like(want), order, mx.softmax(weights, axis=-1), axis=-1)
+        assert mx.allclose(got, want, atol=1e-6).item(), seed

@@ -118,3 +118,56 @@ def test_a_kernel_probe_that_fails_or_disagrees_keeps_the_fallback(caplog):
     assert custom_kernels.probe("test", lambda: float("nan"), 0.01, "mlx") is False
     assert custom_kernels.probe("test", broken, 0.01, "mlx") is False
     assert "no such device" in caplog.text and "disagrees" in caplog.text
+
+
+def test_the_micro_bench_runs_here_and_says_the_kernel_is_not(tmp_path):
+    import json
+
+    from mtplxd.engine.bench import small_m
+
+    out = tmp_path / "small-m.json"
+    assert small_m.main([str(out), "--sizes", "tiny", "--rows", "1,3", "--bits", "4", "--repeats", "2"]) == 0
+    report = json.loads(out.read_text())
+    assert report["kernel_usable"] is ON_CUDA
+    rows = report["results"]
+    assert [(r["matrix"], r["M"]) for r in rows] == [("proj", 1), ("proj", 3), ("lm_head", 1), ("lm_head", 3)]
+    for row in rows:
+        assert row["mlx_us"] > 0 and row["weight_bytes"] > 0
+        if not ON_CUDA:
+            assert row["kernel_us"] is None and row["reference_error"] < 0.02
+
+
+NVCC = __import__("shutil").which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed here")
+def test_the_kernel_source_compiles_for_the_h200(tmp_path):
+    """What this machine can check of the CUDA kernel without a GPU: its source, in the
+    signature mx.fast.cuda_kernel generates (uint32 weights, `w_shape`, template constants),
+    compiles for sm_90 at the smallest and largest row count and both bit widths, without
+    spilling registers."""
+    import subprocess
+
+    dtype = "__nv_bfloat16"
+    kernels = []
+    for rows in (1, small_m_qmm.MAX_ROWS):
+        for bits in small_m_qmm.BITS:
+            kernels.append(
+                f"__global__ void k_{rows}_{bits}(const {dtype}* x, const uint32_t* w, "
+                f"const __grid_constant__ Shape w_shape, const {dtype}* scales, const {dtype}* biases, "
+                f"{dtype}* out) {{\n  using T = {dtype};\n  constexpr int M = {rows};\n"
+                f"  constexpr int BITS = {bits};\n  constexpr int GS = {small_m_qmm.GROUP_SIZE};\n"
+                f"  constexpr int R = {small_m_qmm.ROWS_PER_WARP};\n{small_m_qmm._SOURCE}\n}}\n")
+    # MLX's default header gives the body `Shape` and the `cg` alias (mlx/backend/cuda/custom_kernel.cpp).
+    source = (small_m_qmm._HEADER + "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n"
+              "#include <cooperative_groups.h>\n#include <cuda/std/array>\nnamespace mlx::core::cu {\n"
+              "using Shape = cuda::std::array<int32_t, 8>;\nnamespace cg = cooperative_groups;\n"
+              + "".join(kernels) + "}\n")
+    path = tmp_path / "small_m.cu"
+    path.write_text(source)
+    done = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-c", str(path), "-o", str(tmp_path / "k.o"),
+                           "-Xptxas", "-v"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "error" not in done.stderr.lower()
+    assert "spill stores" in done.stderr
+    assert all(" 0 bytes spill stores" in line for line in done.stderr.splitlines() if "spill stores" in line)

@@ -160,6 +160,32 @@ def scaled_logits(penalised: mx.array, params: SamplingParams) -> mx.array:
     return logprobs / params.temperature
 
 
+def sorted_scaled_logits(penalised: mx.array, params: SamplingParams) -> tuple[mx.array, mx.array]:
+    """`scaled_logits` in descending order of probability: (order, weights) with
+    weights[..., j] = scaled_logits(...)[..., order[..., j]]. Requires temperature > 0.
+
+    Why: top-p needs the vocabulary sorted anyway, and in sorted order every filter keeps a
+    prefix, so top-p, min-p and top-k become comparisons on the sorted row, with no scatter
+    back into vocabulary order and no second sort for top-k. A token drawn from these
+    weights is order[index]; its distribution is exactly softmax(scaled_logits(...)): the
+    same argsort decides the top-p boundary, min-p's threshold and top-k's k-th value
+    (ties at it kept) are the same numbers.
+    """
+    logprobs = penalised - mx.logsumexp(penalised, axis=-1, keepdims=True)
+    order = mx.argsort(-logprobs, axis=-1)
+    lp = mx.take_along_axis(logprobs, order, axis=-1)
+    keep = mx.ones(lp.shape, dtype=mx.bool_)
+    if 0.0 < params.top_p < 1.0:
+        probs = mx.exp(lp)
+        keep = (mx.cumsum(probs, axis=-1) - probs) < params.top_p
+    if params.min_p > 0.0:
+        keep = keep & (lp >= lp[..., :1] + mx.log(mx.array(params.min_p, mx.float32)))
+    if 0 < params.top_k < lp.shape[-1]:
+        filtered = mx.where(keep, lp, _NEG_INF)
+        keep = keep & (filtered >= filtered[..., params.top_k - 1:params.top_k])
+    return order, mx.where(keep, lp, _NEG_INF) / params.temperature
+
+
 def draft_weights(penalised: mx.array, params: SamplingParams) -> mx.array:
     """The MTP draft's log-weights, q = softmax(result): the penalised logits with min-p,
     divided by the temperature, but without the filters that need a sort (top-p, top-k).
@@ -226,6 +252,11 @@ def row_sampler(params: SamplingParams) -> Callable[..., tuple[mx.array, mx.arra
             penalised = apply_penalties(logits, params, counts, seen)
             if params.greedy:
                 token = mx.argmax(penalised, axis=-1)
+            elif 0.0 < params.top_p < 1.0 or params.top_k > 0:  # sorting anyway: draw in sorted order
+                order, weights = sorted_scaled_logits(penalised, params)
+                draw_key = device_position_keys(seed, position, TARGET)[0]
+                index = mx.random.categorical(weights, key=draw_key)
+                token = mx.take_along_axis(order, index[:, None], axis=-1)[:, 0]
             else:
                 draw_key = device_position_keys(seed, position, TARGET)[0]
                 token = mx.random.categorical(scaled_logits(penalised, params), key=draw_key)

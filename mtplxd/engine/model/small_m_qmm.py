@@ -58,13 +58,17 @@ _SOURCE = r"""
     if (n0 >= N) return;
 
     float acc[R][M];
-    for (int r = 0; r < R; ++r)
+    #pragma unroll
+    for (int r = 0; r < R; ++r) {
+        #pragma unroll
         for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+    }
 
     for (int word = lane; word < words; word += 32) {
         const int k = word * VALS;
         float xs[M][VALS];
         float xsum[M];
+        #pragma unroll
         for (int m = 0; m < M; ++m) {
             float s = 0.f;
             for (int i = 0; i < VALS; ++i) {
@@ -74,6 +78,7 @@ _SOURCE = r"""
             xsum[m] = s;
         }
         const int g = k / GS;
+        #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int n = n0 + r;
             if (n >= N) break;
@@ -107,18 +112,20 @@ def _small_m_kernel():
                                output_names=["out"], source=_SOURCE, header=_HEADER)
 
 
-def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array:
+def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
+                   rows_per_warp: int = ROWS_PER_WARP) -> mx.array:
     """x (..., K) times the dequantized W (N, K) transposed: (..., N), as
     mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=64, bits=bits).
-    CUDA only (see `usable`); at most MAX_ROWS rows."""
+    CUDA only (see `usable`); at most MAX_ROWS rows. `rows_per_warp`: output columns per
+    warp (the micro-bench tries several)."""
     lead, K = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, K)
     M, N = rows.shape[0], w.shape[0]
-    warps = -(-N // ROWS_PER_WARP)
+    warps = -(-N // rows_per_warp)
     threads = WARPS_PER_BLOCK * 32
     out = _small_m_kernel()(
         inputs=[rows, w, scales, biases],
-        template=[("T", x.dtype), ("M", M), ("BITS", bits), ("GS", GROUP_SIZE), ("R", ROWS_PER_WARP)],
+        template=[("T", x.dtype), ("M", M), ("BITS", bits), ("GS", GROUP_SIZE), ("R", rows_per_warp)],
         grid=(-(-warps // WARPS_PER_BLOCK) * threads, 1, 1), threadgroup=(threads, 1, 1),
         output_shapes=[(M, N)], output_dtypes=[x.dtype])[0]
     return out.reshape(*lead, N)
