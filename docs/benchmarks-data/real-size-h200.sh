@@ -26,7 +26,7 @@ step() {  # step NAME CAP_SECONDS COMMAND...
   if (( left < 15 )); then echo "== $name: skipped, the budget is spent"; return; fi
   (( cap > left )) && cap=$left
   echo "== $name (at most ${cap}s)"
-  timeout --signal=INT "$cap" "$@" > "$OUT/$name.log" 2>&1
+  timeout --signal=INT --kill-after=10 "$cap" "$@" > "$OUT/$name.log" 2>&1
   echo "== $name: exit $? after $(( $(date +%s) - started ))s in all"
   tail -n 25 "$OUT/$name.log"
 }

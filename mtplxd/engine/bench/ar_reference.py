@@ -10,7 +10,8 @@ compiled sampler chain, device-side keys, no penalty history without penalties),
 on the host, the history recorded every token) and `mlx_lm` (mlx-lm's pipelined
 `generate_step` with `make_sampler`). Each figure is the decode time per token (the first
 token, which comes from the prefill, excluded); `speed_vs_mlx_lm` is mlx-lm's median ms per
-token over ours (above 1: ours is faster). Also callable from other benches:
+token over ours (above 1: ours is faster). `sampler_us_median` times the three samplers
+alone on a random row of the model's vocabulary (interleaved, 50 x 20 calls). Also callable from other benches:
 `mlx_lm_decode_ms`, `ours_decode_ms`.
 """
 
@@ -101,6 +102,52 @@ def _before_cycles(trunk, cache, params, history, seed, last_token, position) ->
         yield [current.item()]
 
 
+def sampler_us(vocab: int, temperature: float, repeats: int = 50, calls: int = 20) -> dict[str, float]:
+    """Microseconds per sampled token of the sampler alone, on a random (1, vocab) row, for
+    each arm: ours (the compiled chain), ours_before (`pick` with a host key and the history
+    appended) and mlx-lm (`make_sampler` on log-probabilities, as generate_step calls it).
+    Decode times on a loaded CPU swing by 2x; this isolates what the change touched."""
+    from mlx_lm.sample_utils import make_sampler
+
+    from mtplxd.engine.decoding.sampling import (
+        TARGET, TokenHistory, pick, position_key, row_sampler, seed_words,
+    )
+
+    params = bench_params(temperature)
+    logits = mx.random.normal((1, vocab), key=mx.random.key(3)) * 4
+    history = TokenHistory(vocab, [1, 2, 3])
+    counts, seen = history.rows(None, 1)
+    mx.eval(logits, counts, seen)
+    sample, words = row_sampler(params), seed_words(0)
+    reference = make_sampler(temperature, top_p=0.95 if temperature > 0 else 0.0)
+    position = mx.array([7], mx.uint32)
+
+    def ours():
+        nonlocal position
+        token, position = sample(logits, counts, seen, words, position)
+        return token
+
+    def before():
+        keys = None if params.greedy else [position_key(0, 7, TARGET)]
+        token = pick(logits, params, *history.rows(None, 1), keys)
+        history.append(token)
+        return token
+
+    def mlx_lm():
+        return reference(logits - mx.logsumexp(logits, keepdims=True))
+
+    arms = {"ours": ours, "ours_before": before, "mlx_lm": mlx_lm}
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for repeat in range(repeats + 3):  # interleaved; the first 3 rounds are warm-up
+        for name, arm in arms.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                mx.eval(arm())
+            if repeat >= 3:
+                times[name].append((time.perf_counter() - start) * 1e6 / calls)
+    return {name: median(values) for name, values in times.items()}
+
+
 ARMS: dict[str, Callable[[Any, list[int], int, float], float]] = {
     "ours": lambda loaded, ids, n, t: ours_decode_ms(loaded.trunk, ids, n, t),
     "ours_before": lambda loaded, ids, n, t: ours_decode_ms(loaded.trunk, ids, n, t, before=True),
@@ -121,6 +168,7 @@ def run_bench(loaded: Any, *, tokens: int, repeats: int, temperatures: list[floa
         ms = {name: median(values) for name, values in results.items()}
         pairs = [m / o for o, m in zip(results["ours"], results["mlx_lm"])]
         report[str(temperature)] = {
+            "sampler_us_median": sampler_us(loaded.info.vocab_size, temperature),
             "ms_per_token_median": ms,
             "ms_per_token_all": {name: [round(v, 4) for v in values] for name, values in results.items()},
             "tokens_per_second_median": {name: 1000 / v if v else 0.0 for name, v in ms.items()},
@@ -152,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
               "runs_per_arm": args.repeats * len(PROMPTS), **machine(),
               "command": command_line(PROG, argv)}
     for temperature, entry in report["temperatures"].items():
-        ms = entry["ms_per_token_median"]
+        ms, alone = entry["ms_per_token_median"], entry["sampler_us_median"]
+        print(f"T={temperature}: sampler alone, us/token: ours {alone['ours']:.1f}, before "
+              f"{alone['ours_before']:.1f}, mlx-lm {alone['mlx_lm']:.1f}")
         print(f"T={temperature}: ms/token ours {ms['ours']:.3f}, before {ms['ours_before']:.3f}, "
               f"mlx-lm {ms['mlx_lm']:.3f}; ours vs mlx-lm {entry['speed_vs_mlx_lm']:.3f}x "
               f"(pairs median {entry['speed_vs_mlx_lm_pairs_median']:.3f}x), "

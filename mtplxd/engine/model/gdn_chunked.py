@@ -28,8 +28,6 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-MAX_TOKENS = 16  # (I + N)^-1 by repeated squaring: ceil(log2(T)) products; verifies are <= 17 rows
-
 
 def log_decay(A_log: mx.array, a: mx.array, dt_bias: mx.array) -> mx.array:
     """log g per token and value head, (B, T, Hv) float32: mlx-lm's `compute_g` before its exp."""
