@@ -3,7 +3,8 @@
     python -m mtplxd.engine.bench.ar_reference --model PATH [--tokens 256] [--repeats 3]
         [--temperatures 0,0.6] [--quantize auto|none|8bit|4bit] [--json-out FILE]
 
-Three arms decode the same prompts back to back, each `--tokens` tokens after the first
+Three arms decode the same prompts back to back (which arm goes first rotates from prompt
+to prompt), each `--tokens` tokens after the first
 (top-p 0.95 when sampling, as the decode bench): `ours` (autoregressive.ar_cycles: the
 compiled sampler chain, device-side keys, no penalty history without penalties), `ours_before`
 (the same loop with the per-token sampler as it was before: the uncompiled `pick`, a key made
@@ -25,7 +26,7 @@ from typing import Any, Callable, Iterator
 import mlx.core as mx
 
 from mtplxd.engine.bench.harness import (
-    PROMPTS, add_quantize_option, bench_parser, command_line, interleaved, machine, median,
+    PROMPTS, add_quantize_option, bench_parser, command_line, machine, median,
     prompt_ids_for, write_report,
 )
 from mtplxd.engine.interface import SamplingParams
@@ -155,6 +156,23 @@ ARMS: dict[str, Callable[[Any, list[int], int, float], float]] = {
 }
 
 
+def _rotated(loaded: Any, prompt_ids: list[list[int]], repeats: int, tokens: int,
+             temperature: float) -> dict[str, list[float]]:
+    """Every arm on every prompt, back to back, each prompt starting with the next arm in
+    turn, so what a run leaves behind (MLX's buffer cache, a burst of load on a shared
+    machine) does not always land on the same arm."""
+    names = list(ARMS)
+    results: dict[str, list[float]] = {name: [] for name in names}
+    turn = 0
+    for _ in range(repeats):
+        for ids in prompt_ids:
+            for k in range(len(names)):
+                name = names[(turn + k) % len(names)]
+                results[name].append(ARMS[name](loaded, ids, tokens, temperature))
+            turn += 1
+    return results
+
+
 def run_bench(loaded: Any, *, tokens: int, repeats: int, temperatures: list[float],
               prompts: tuple[str, ...] = PROMPTS) -> dict[str, Any]:
     """Every arm on every prompt, interleaved; JSON-ready medians and ratios per temperature."""
@@ -163,8 +181,7 @@ def run_bench(loaded: Any, *, tokens: int, repeats: int, temperatures: list[floa
     for temperature in temperatures:
         for arm in ARMS.values():  # warm-up: compile this temperature's graphs and kernels
             arm(loaded, prompt_ids[0], 8, temperature)
-        arms = [lambda ids, r, i, arm=arm: arm(loaded, ids, tokens, temperature) for arm in ARMS.values()]
-        results = dict(zip(ARMS, interleaved(prompt_ids, repeats, arms)))
+        results = _rotated(loaded, prompt_ids, repeats, tokens, temperature)
         ms = {name: median(values) for name, values in results.items()}
         pairs = [m / o for o, m in zip(results["ours"], results["mlx_lm"])]
         report[str(temperature)] = {
