@@ -14,7 +14,11 @@ from mtplxd.engine.model import gdn_chunked
 from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
 from mtplxd.engine.model.rollback import make_rollback_cache
 
-TOL = 2e-5
+from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
+
+# float32 throughout; on CUDA the matmuls may round more coarsely (TF32-class), so there the
+# check is looser. Bugs (a wrong decay, a missed row) are off by O(1).
+TOL = 2e-3 if fixed_shapes_wanted() else 2e-5
 
 
 def _inputs(T, Hk=2, Hv=4, Dk=16, Dv=8, seed=0):
@@ -70,9 +74,9 @@ def test_a_strongly_decaying_head_stays_finite():
     assert _max_error(y, want_y) < TOL and _max_error(final, want_state) < TOL
 
 
-def test_the_recurrence_stays_per_token_on_the_cpu_by_default():
-    assert not gdn_chunked.active()
-    assert gdn_chunked.path_name() == "per-token"
+def test_the_verify_is_chunked_on_cuda_only_by_default():
+    assert gdn_chunked.active() is fixed_shapes_wanted()
+    assert gdn_chunked.path_name() == ("chunked" if fixed_shapes_wanted() else "per-token")
 
 
 @pytest.fixture
@@ -118,7 +122,7 @@ def test_rollback_after_a_chunked_verify_equals_a_direct_forward(checkpoint, chu
     for got, want in zip(cache, direct):
         if isinstance(want, ArraysCache):
             assert _max_error(got[0], want[0]) < TOL and _max_error(got[1], want[1]) < TOL
-    assert _max_error(run(cache, [77]), run(direct, [77])) < 1e-4
+    assert _max_error(run(cache, [77]), run(direct, [77])) < 50 * TOL
 
 
 def test_greedy_mtp_equals_ar_with_the_chunked_verify(checkpoint, chunked):
