@@ -251,6 +251,11 @@ def _context_text(model: dict[str, Any]) -> str:
     return text
 
 
+def _kernels_text(kernels: dict[str, str]) -> str:
+    """Which implementation each fast path runs (quantized matmul, cache attention, GDN verify)."""
+    return "; ".join(f"{name.replace('_', ' ')}: {path}" for name, path in kernels.items())
+
+
 def _mode_text(model: dict[str, Any]) -> str:
     return _decoding_text(model) + _images_text(model)
 
@@ -388,6 +393,8 @@ def status_table(status: dict[str, Any]) -> Table:
     elif model.get("state") == "loaded":
         table.add_row("model", f"{model['id']} — {_mode_text(model)}")
         table.add_row("context", _context_text(model))
+        if model.get("kernels"):
+            table.add_row("kernels", _kernels_text(model["kernels"]))
         if model.get("demo"):
             table.add_row("note", model.get("hint", ""))
     else:

@@ -188,6 +188,8 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
             **(served_window(runtime).to_dict() if info else
                {"context_length": None, "model_context_length": None, "context_limited_by": None}),
             "degradations": degradations,
+            # Which implementation each fast path runs here (custom kernel or MLX's own ops).
+            "kernels": info.get("kernels") if info else None,
             "error": runtime.error,
             "active_requests": runtime.active_requests,
             "api_key_required": key_required,

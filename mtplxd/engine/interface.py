@@ -169,6 +169,9 @@ class ModelInfo:
     dtype: str = "bfloat16"  # what it computes (and caches) in; float32 on the Linux CPU
     vision: bool = False  # images in the prompt are served (a vision tower is loaded)
     vision_reason: str | None = None  # why a checkpoint with vision_config is served text-only
+    # Which implementation each fast path runs here (loaded_model.kernel_paths): a custom
+    # kernel, or MLX's own ops where the kernel is missing, off or failed its probe.
+    kernels: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""

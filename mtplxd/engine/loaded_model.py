@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
+from mtplxd.engine.decoding import buffer_attention
 from mtplxd.engine.decoding.fused import fused_supported
 from mtplxd.engine.generation import Step
 from mtplxd.engine.generation import generate as run_generation
@@ -17,7 +18,9 @@ from mtplxd.engine.interface import (
     DECODE_LOOP_CHOICES, QUANTIZE_CHOICES, GenerationRequest, GenerationResult, ModelInfo,
     ModelLoadError, TokenDelta,
 )
+from mtplxd.engine.model import gdn_chunked, small_m_qmm
 from mtplxd.engine.model.families import get_family
+from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
 from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 from mtplxd.engine.model.loader import (
     MAX_DEPTH, compute_dtype, inspect_checkpoint, load_checkpoint, model_dtype, quantize_on_load,
@@ -139,6 +142,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                           quantized=bool(quantized_at_load or report.quantization))
     if dtype is not None:
         grown = upcast(model, dtype)
+    switched = small_m_qmm.install(model)  # the model's quantized layers, MTP head included
     spec = get_family(report.model_type)
     trunk = Trunk(model, spec)
     if decode_loop != "auto":
@@ -158,6 +162,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         vocab_size=int(config.get("vocab_size") or text_config.get("vocab_size")),
         weights_bytes=report.weights_bytes + grown,  # what is resident after any upcast
         dtype=model_dtype(model),
+        kernels=kernel_paths(switched, hybrid=report.model_type in HYBRID_MODEL_TYPES),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache()) else "stepwise"),
         vision=report.vision, vision_reason=report.vision_reason,
@@ -181,6 +186,20 @@ def _mx():
     import mlx.core as mx
 
     return mx
+
+
+def kernel_paths(quantized_layers_switched: int, *, hybrid: bool) -> dict[str, str]:
+    """Which implementation each fast path runs on this machine (`ModelInfo.kernels`):
+    quantized matmuls, attention over the fused loop's cache buffer, and for hybrid models
+    the Gated DeltaNet verify. Off CUDA every entry names MLX's own ops."""
+    paths = {
+        "quantized_matmul": small_m_qmm.path_name(quantized_layers_switched),
+        "cache_attention": ("buffer CUDA kernel" if buffer_attention.usable()
+                            else "mlx scaled_dot_product_attention"),
+    }
+    if hybrid:
+        paths["gdn_verify"] = gdn_chunked.path_name()
+    return paths
 
 
 def _on_cpu() -> bool:

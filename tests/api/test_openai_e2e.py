@@ -39,6 +39,9 @@ def test_health_says_model_state_mode_and_depth(api):
     plan = body["memory"]["plan"]  # the memory guard's plan, from the model's geometry
     assert plan["kv_bytes_per_token"] > 0 and plan["weights_bytes"] > 0
     assert body["memory"]["max_context_tokens"] >= body["context_length"]
+    # Which implementation each fast path runs: on this CPU, MLX's own ops everywhere.
+    assert body["kernels"]["quantized_matmul"].startswith("mlx")
+    assert body["kernels"]["cache_attention"].startswith("mlx")
 
 
 def test_chat_non_streamed_carries_usage_stats_and_truthful_finish(client):

@@ -158,6 +158,8 @@ def test_start_with_a_model_loads_it_and_status_shows_it(tiny_model_factory):
         human = run_ctl("status")
         assert f"{model.name} — MTP depth" in human.stdout
         assert "memory guard" in human.stdout
+        assert loaded["kernels"]["quantized_matmul"] == "mlx (the small-M kernel is CUDA only)"
+        assert "quantized matmul: mlx (the small-M kernel is CUDA only)" in human.stdout
     finally:
         assert run_ctl("stop").returncode == 0
 
