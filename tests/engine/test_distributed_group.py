@@ -99,6 +99,7 @@ def test_a_worker_killed_between_requests_fails_the_next_one_naming_the_rank(tmp
     assert failed["error"] == "group_lost"
     assert "rank 1 (127.0.0.1) exited with code -9" in failed["message"]
     assert out["after_fault_seconds"] < 20  # a dead peer is seen at once, not at the deadline
+    assert out["status"]["ranks"][1]["exit_code"] == -9
     again = out["again"][0]
     assert again["error"] == "group_lost" and again["message"] == failed["message"]
 
@@ -111,7 +112,8 @@ def test_a_hung_worker_fails_the_request_at_the_deadline_and_is_stopped(tmp_path
     assert "did not answer within 3 s" in failed["message"]
     assert "still runs" in failed["message"]
     assert 3 <= out["after_fault_seconds"] < 15
-    assert not any(state["running"] for state in out["worker_states"])  # none left behind
+    assert out["status"]["lost"] == failed["message"]
+    assert not any(rank["running"] for rank in out["status"]["ranks"][1:])  # none left behind
 
 
 def test_a_rank_with_another_model_revision_is_refused_naming_the_difference(

@@ -174,7 +174,8 @@ def load_pipeline_model(path: str | os.PathLike, link: Link, *, split: str | Non
     trunk = PipelineTrunk(loaded.model, spec, link, slices[0][1])
     loaded.trunk = trunk
     own_bytes = resident_bytes(held_modules(spec, loaded.model, 0, slices[0][1], ends=True))
-    loaded.info = replace(loaded.info, decode_loop="stepwise")
+    # The guard prices what rank 0 holds (its weights; KV priced for every layer: conservative).
+    loaded.info = replace(loaded.info, decode_loop="stepwise", weights_bytes=own_bytes)
     by_rank = {p["rank"]: p for p in reports}
     ranks = [{"rank": 0, "host": os.uname().nodename, "layers": list(slices[0]),
               "weights_bytes": own_bytes, "memory_bytes": physical_memory(),

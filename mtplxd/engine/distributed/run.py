@@ -20,12 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mtplxd.engine.distributed.hostfile import free_port_run, read_hosts
-from mtplxd.engine.distributed.launcher import Workers
-from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S, Link
-from mtplxd.engine.distributed.pipeline import (
-    join_group, load_pipeline_model, worker_stats,
-)
+from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S
+from mtplxd.engine.distributed.pipeline import worker_stats
+from mtplxd.engine.distributed.serving import GroupOptions, ServingGroup
 from mtplxd.engine.interface import GenerationRequest, GroupLost, ModelLoadError, SamplingParams
 
 
@@ -68,45 +65,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    parser.add_argument("--quantize", default="auto")
     parser.add_argument("--fault", default=None,
                         help="after the requests: 'kill:R' or 'stop:R' rank R, then run them again")
     parser.add_argument("--log-dir", default=None)
     args = parser.parse_args(argv)
-    hosts = read_hosts(args.hosts)
-    port = args.port or free_port_run(hosts.size)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="mtplx-group-"))
-    workers = Workers(hosts, args.model, port, log_dir)
-    link = Link(args.timeout, on_lost=workers.on_lost)
-    out: dict[str, Any] = {"ranks": hosts.size, "port": port}
-    workers.start()
+    group = ServingGroup(GroupOptions(Path(args.hosts), log_dir, args.split, args.timeout, args.port),
+                         log=lambda line: print(line, file=sys.stderr))
+    path = Path(args.model).expanduser().resolve()
+    out: dict[str, Any] = {}
     try:
-        join_group(workers.ring, link)
         began = time.perf_counter()
-        model = load_pipeline_model(args.model, link, split=args.split,
-                                    log=lambda line: print(line, file=sys.stderr))
+        model = group.load(path, model_id=path.name, depth=None, quantize=args.quantize)
         out["load_seconds"] = round(time.perf_counter() - began, 3)
+        out["ranks"] = group.hosts.size
         out["group"] = model.group.to_dict()
+        link = group.link
         prompts, depths = json.loads(args.prompts), [int(d) for d in args.depths.split(",")]
         link.ring_json({"kind": "reset_stats"})
         out["results"] = _requests(model, prompts, depths, args.max_tokens, args.repeats)
         out["workers"] = worker_stats(link)
         if args.fault:
             action, rank = args.fault.split(":")
-            pid = workers.procs[int(rank) - 1].process.pid
+            pid = group.workers.procs[int(rank) - 1].process.pid
             os.kill(pid, signal.SIGKILL if action == "kill" else signal.SIGSTOP)
             began = time.perf_counter()
             out["after_fault"] = _requests(model, prompts[:1], depths[:1], args.max_tokens, 1)
             out["after_fault_seconds"] = round(time.perf_counter() - began, 3)
             out["again"] = _requests(model, prompts[:1], depths[:1], args.max_tokens, 1)
-            out["lost"] = link.lost
-            out["worker_states"] = workers.states()
+            out["status"] = group.status()
     except ModelLoadError as exc:
         out["refused"] = str(exc)
     except GroupLost as exc:
         out["lost"] = str(exc)
     finally:
-        link.stop()
-        workers.stop()
+        group.stop()
     print(json.dumps(out))
     return 2 if "refused" in out else 0
 
