@@ -439,8 +439,9 @@ def group_lines(group: dict[str, Any] | None) -> list[tuple[str, str]]:
                           f"{human_bytes(rank['memory_bytes'])}{state}"))
     link = group.get("link")
     if link:
+        bandwidth = link.get("hop_bandwidth_mb_s")
         lines.append(("", f"link: {link['hop_latency_ms']} ms a hop, "
-                          f"{link['hop_bandwidth_mb_s']} MB/s (measured at start)"))
+                          f"{bandwidth if bandwidth else '?'} MB/s (measured at start)"))
     if group.get("lost"):
         lines.append(("", f"[red]lost: {group['lost']}[/] — `mtplxctl restart`"))
     return lines

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -53,6 +55,16 @@ def test_start_hosts_serves_over_two_ranks_and_a_lost_worker_is_a_503_naming_it(
         expected = single.complete(GenerationRequest(
             single.tokenizer.encode(prompt), SamplingParams(max_tokens=12)))
         assert answer.choices[0].text == expected.text  # the group answers as one process
+
+        # Two requests at once: two rows, each with its own caches on the worker.
+        prompts = ["import json\n", "class Stack:"]
+        with ThreadPoolExecutor(2) as pool:
+            texts = list(pool.map(lambda p: client.completions.create(
+                model="tiny4", prompt=p, max_tokens=10, temperature=0).choices[0].text, prompts))
+        for prompt_text, text in zip(prompts, texts):
+            alone = single.complete(GenerationRequest(
+                single.tokenizer.encode(prompt_text), SamplingParams(max_tokens=10)))
+            assert text == alone.text
 
         worker_pid = group["ranks"][1]["pid"]
         os.kill(worker_pid, 9)  # a zombie until the daemon reaps it: no wait here
@@ -102,3 +114,16 @@ def test_a_bad_host_file_is_a_load_error_saying_what_is_wrong(tmp_path, monkeypa
         assert "needs \\\"ips\\\"" in text or 'needs "ips"' in text
     finally:
         run_ctl("stop")
+
+
+def test_a_daemon_killed_with_sigkill_leaves_no_worker_behind(tmp_path, hosts_file, monkeypatch):
+    model_path = write_tiny_checkpoint(tmp_path / "tiny4", "qwen3", num_hidden_layers=4)
+    monkeypatch.setenv("MTPLX_GROUP_PORT", "0")
+    started = run_ctl("start", "--port", "0", "--model", str(model_path), "--hosts",
+                      str(hosts_file), "--json", timeout=180)
+    assert started.returncode == 0, started.stderr + started.stdout
+    daemon_pid = json.loads(started.stdout)["pid"]
+    worker_pid = json.loads(run_ctl("status", "--json").stdout)["group"]["ranks"][1]["pid"]
+    os.kill(daemon_pid, signal.SIGKILL)
+    assert wait_gone(daemon_pid)
+    assert wait_gone(worker_pid)  # the ring broke: the worker saw it and exited

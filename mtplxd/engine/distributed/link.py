@@ -107,8 +107,7 @@ class Link:
         header = wire.Header(wire.FORWARD, row, hidden.shape[1], trims, self._take_frees())
 
         def exchange() -> mx.array:
-            wire.send_header(header, 1, group)
-            wire.send(hidden, 1, group)
+            wire.send_all([header.encode(), hidden], 1, group)
             return wire.recv(tuple(hidden.shape), hidden.dtype, last, group)
         began = time.perf_counter()
         out = self.call(exchange)

@@ -29,9 +29,11 @@ from mtplxd.engine.interface import GenerationRequest, GroupLost, ModelLoadError
 def _requests(model: Any, prompts: list[list[int]], depths: list[int], max_tokens: int,
               repeats: int) -> list[dict[str, Any]]:
     out = []
-    for index, prompt in enumerate(prompts):
-        for depth in depths:
-            for _ in range(repeats):
+    # Depths back to back on each prompt, repeats outermost: a benchmark's AR and MTP runs
+    # see the same machine state (bench/harness.interleaved).
+    for _ in range(repeats):
+        for index, prompt in enumerate(prompts):
+            for depth in depths:
                 out.append(_one(model, index, prompt, depth, max_tokens))
     return out
 

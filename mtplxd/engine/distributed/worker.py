@@ -83,7 +83,7 @@ class Worker:
             caches = self.rows.get(header.row)
             if caches is None and header.tokens:
                 caches = self.rows[header.row] = self.loaded.trunk.make_cache()[self.start:self.end]
-            for n in header.trims:
+            for n in header.trims if caches is not None else ():
                 for cache in caches:
                     cache.trim(n)
             if not header.tokens:  # trims and frees only
@@ -96,9 +96,10 @@ class Worker:
             mx.eval(out)
             self.compute_seconds += time.perf_counter() - began
             self.forwards += 1
-            if not self.last:
-                wire.send_header(header, self.next, self.group)
-            wire.send(out, self.next, self.group)
+            if self.last:
+                wire.send(out, self.next, self.group)
+            else:
+                wire.send_all([header.encode(), out], self.next, self.group)
 
     def answer(self, message: dict[str, Any]) -> dict[str, Any]:
         """Add this rank's part to a JSON message going around the ring."""
