@@ -138,11 +138,13 @@ def main(argv: list[str] | None = None) -> int:
             out = group(model_path, ranks, prompts, args.depth, args.max_tokens, args.repeats, workdir)
             entry = {**summarise(out["results"], args.depth), **communication(out, ranks)}
         report["configurations"][f"{ranks}_ranks"] = entry
+        report["seconds"] = round(time.perf_counter() - began, 1)
         print(f"{ranks} rank(s): {json.dumps(entry)}", file=sys.stderr)
-    report["seconds"] = round(time.perf_counter() - began, 1)
+        if args.json_out:  # after every configuration: a run cut short keeps what it measured
+            write_report(args.json_out, report)
     print(json.dumps(report, indent=2))
     if args.json_out:
-        write_report(args.json_out, report, announce=True)
+        print(f"saved {args.json_out}", file=sys.stderr)
     return 0
 
 

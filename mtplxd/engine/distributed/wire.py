@@ -9,6 +9,8 @@ Every message starts with a fixed int32 header (HEADER_LEN values):
   worker reads it, adds its answer, passes it on; the last one returns it to rank 0.
 - STOP: workers pass it on and exit.
 Trims and frees ride on the next header instead of costing a message of their own.
+Sends and receives run on the CPU stream, where the ring backend does its work (as mlx-lm's
+own collectives at load do); on unified memory that copies nothing.
 """
 
 from __future__ import annotations
@@ -57,13 +59,13 @@ class Header:
 
 def send(array: mx.array, dst: int, group: mx.distributed.Group) -> None:
     """Send `array` to rank `dst` and wait until it has left."""
-    mx.eval(mx.distributed.send(array, dst, group=group))
+    mx.eval(mx.distributed.send(array, dst, group=group, stream=mx.cpu))
 
 
 def recv(shape: tuple[int, ...], dtype: mx.Dtype, src: int,
          group: mx.distributed.Group) -> mx.array:
     """Receive an array of `shape` and `dtype` from rank `src` (blocks until it arrives)."""
-    out = mx.distributed.recv(shape, dtype, src, group=group)
+    out = mx.distributed.recv(shape, dtype, src, group=group, stream=mx.cpu)
     mx.eval(out)
     return out
 
@@ -75,7 +77,7 @@ def send_all(arrays: list[mx.array], dst: int, group: mx.distributed.Group) -> N
     for array in arrays:
         if sent is not None:
             array = mx.depends(array, sent)
-        sent = mx.distributed.send(array, dst, group=group)
+        sent = mx.distributed.send(array, dst, group=group, stream=mx.cpu)
     mx.eval(sent)
 
 
