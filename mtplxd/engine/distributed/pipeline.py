@@ -10,7 +10,6 @@ forward. The verify of K+1 tokens is one forward, so it crosses the pipeline onc
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
