@@ -85,6 +85,20 @@ def test_greedy_output_of_a_group_equals_the_single_process_output_ar_and_mtp(
     assert all(r["forwards"] > 0 for r in out["workers"])
 
 
+def test_seeded_sampled_output_of_a_group_equals_the_single_process_output(tmp_path, checkpoints):
+    # Rank 0 samples from logits that are bitwise the single process's, with the same
+    # position-keyed draws: a seeded T > 0 request is the same tokens, MTP and AR.
+    sampling = {"temperature": 0.8, "top_p": 0.95, "seed": 11}
+    single = load_model(checkpoints["qwen3_5"])
+    expected = {d: single.complete(GenerationRequest(
+        PROMPTS[0], SamplingParams(max_tokens=MAX_TOKENS, **sampling), depth=d)).token_ids
+        for d in (0, 3)}
+    out = run_group(tmp_path, 2, checkpoints["qwen3_5"], "--prompts", json.dumps(PROMPTS[:1]),
+                    "--depths", "0,3", "--max-tokens", str(MAX_TOKENS),
+                    "--sampling", json.dumps(sampling))
+    assert {r["depth"]: r["token_ids"] for r in out["results"]} == expected
+
+
 def _prefill_chunks(prompt: list[int]) -> int:
     from mtplxd.engine.model.trunk import PREFILL_CHUNK
 

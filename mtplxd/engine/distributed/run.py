@@ -27,21 +27,23 @@ from mtplxd.engine.interface import GenerationRequest, GroupLost, ModelLoadError
 
 
 def _requests(model: Any, prompts: list[list[int]], depths: list[int], max_tokens: int,
-              repeats: int) -> list[dict[str, Any]]:
+              repeats: int, sampling: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     out = []
     # Depths back to back on each prompt, repeats outermost: a benchmark's AR and MTP runs
     # see the same machine state (bench/harness.interleaved).
     for _ in range(repeats):
         for index, prompt in enumerate(prompts):
             for depth in depths:
-                out.append(_one(model, index, prompt, depth, max_tokens))
+                out.append(_one(model, index, prompt, depth, max_tokens, sampling or {}))
     return out
 
 
-def _one(model: Any, index: int, prompt: list[int], depth: int, max_tokens: int) -> dict[str, Any]:
+def _one(model: Any, index: int, prompt: list[int], depth: int, max_tokens: int,
+         sampling: dict[str, Any]) -> dict[str, Any]:
     link = model.trunk.link
     before = (link.exchange_seconds, link.exchanges)
-    request = GenerationRequest(prompt, SamplingParams(max_tokens=max_tokens), depth=depth)
+    request = GenerationRequest(prompt, SamplingParams(max_tokens=max_tokens, **sampling),
+                                depth=depth)
     try:
         result = model.complete(request)
     except GroupLost as exc:
@@ -68,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
     parser.add_argument("--quantize", default="auto")
+    parser.add_argument("--sampling", default="{}",
+                        help='SamplingParams fields as JSON, e.g. {"temperature": 0.8, "seed": 7}')
     parser.add_argument("--fault", default=None,
                         help="after the requests: 'kill:R' or 'stop:R' rank R, then run them again")
     parser.add_argument("--log-dir", default=None)
@@ -86,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         link = group.link
         prompts, depths = json.loads(args.prompts), [int(d) for d in args.depths.split(",")]
         link.ring_json({"kind": "reset_stats"})
-        out["results"] = _requests(model, prompts, depths, args.max_tokens, args.repeats)
+        out["results"] = _requests(model, prompts, depths, args.max_tokens, args.repeats,
+                                   json.loads(args.sampling))
         out["workers"] = worker_stats(link)
         if args.fault:
             action, rank = args.fault.split(":")
