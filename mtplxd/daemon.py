@@ -36,6 +36,18 @@ from mtplxd.supervisor import detect_supervisor, sd_notify
 log = logging.getLogger(__name__)
 
 
+def serving_group(config: Config, paths: Paths) -> Any:
+    """The distributed group the `hosts` setting asks for (docs/distributed.md)."""
+    from pathlib import Path
+
+    from mtplxd.engine.distributed.serving import GroupOptions, ServingGroup
+
+    options = GroupOptions(Path(config.hosts).expanduser(), paths.logs_dir / "group",
+                           config.pipeline_split, float(config.group_timeout_seconds),
+                           config.group_port)
+    return ServingGroup(options, log=log.info)
+
+
 class Daemon:
     """The running daemon's state, shared by the control methods and the HTTP app."""
 
@@ -53,6 +65,8 @@ class Daemon:
                                max_concurrent=config.max_concurrent, max_queued=config.max_queued,
                                prefill_chunk_tokens=config.prefill_chunk_tokens,
                                tuning_home=paths.home)
+        if config.hosts:
+            self.runtime.group = serving_group(config, paths)
         self.registry = MethodRegistry()
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()

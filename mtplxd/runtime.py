@@ -105,6 +105,8 @@ class Runtime:
         self.scheduler = Scheduler(max_queued=max_queued, admit=self._admit_row)
         self.owner = ModelOwner(scheduler=self.scheduler)
         self.model: Any = None  # mtplxd.engine.LoadedModel once loaded
+        # engine/distributed ServingGroup when the model is served over several hosts.
+        self.group: Any = None
         self.guard: MemoryGuard | None = None  # the loaded model's memory guard
         self.generations_started = 0  # requests that reached the engine (admitted)
         self.state = "none"  # none | loading | loaded | failed
@@ -138,6 +140,11 @@ class Runtime:
             self.owner.submit(lambda: _retire(model)).result(timeout=60)
         except Exception as exc:  # shutting down anyway; the log says why memory was not freed
             log.warning("could not release MLX memory at stop: %s", exc)
+        if self.group is not None:
+            try:
+                self.owner.submit(self.group.stop).result(timeout=60)
+            except Exception as exc:  # workers also exit on their own when the ring breaks
+                log.warning("could not stop the distributed group cleanly: %s", exc)
         self.owner.stop()
 
     async def _on_owner(self, fn: Callable[[], Any]) -> Any:
@@ -175,11 +182,16 @@ class Runtime:
         from mtplxd.engine import load_model
 
         started = time.monotonic()
-        model = await self._on_owner(lambda: load_model(
-            path, model_id=model_id, depth=depth, decode_loop=self.decode_loop,
-            quantize=self.quantize))
+        if self.group is not None:
+            model = await self._on_owner(lambda: self.group.load(
+                path, model_id=model_id, depth=depth, quantize=self.quantize))
+        else:
+            model = await self._on_owner(lambda: load_model(
+                path, model_id=model_id, depth=depth, decode_loop=self.decode_loop,
+                quantize=self.quantize))
         limit = resolve_limit(self.memory_limit, psutil.virtual_memory().total)
-        await self._enable_session_bank(model, limit)
+        if self.group is None:  # a bank would have to copy the workers' caches too
+            await self._enable_session_bank(model, limit)
         self.guard = build_guard(path, model, limit)
         self.depth_source = "setting" if depth is not None else self._apply_tuned_depth(model)
         await self._on_owner(lambda: apply_mlx_limits(self.guard))
@@ -271,6 +283,10 @@ class Runtime:
         if self.model is None:
             raise ModelNotLoaded(f"no model is loaded (state: {self.state})")
         return self.model
+
+    def group_status(self) -> dict[str, Any] | None:
+        """The distributed group's ranks, split, link and lost reason (None: one host)."""
+        return self.group.status() if self.group is not None else None
 
     def scheduler_status(self) -> dict[str, Any]:
         """The scheduler's limits, running rows and queue (status, /metrics, flight board)."""

@@ -177,8 +177,12 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
         bank_note = runtime.session_bank_note()
         if bank_note:
             degradations.append({"what": "session_bank", "why": bank_note})
+        group = runtime.group_status()
+        if group is not None and group.get("lost"):
+            degradations.append({"what": "distributed_group", "why": group["lost"]})
         body = {
-            "status": "ok" if runtime.state == "loaded" else "no_model",
+            "status": ("group_lost" if group is not None and group.get("lost") else
+                       "ok" if runtime.state == "loaded" else "no_model"),
             "state": runtime.state,
             "model": info["id"] if info else None,
             "mode": info["mode"] if info else None,
@@ -196,6 +200,7 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
             # The folder path stays off this unauthenticated page (`mtplxctl status` shows it).
             "model_info": {k: v for k, v in info.items() if k != "path"} if info else None,
             "memory": runtime.guard.status() if runtime.guard is not None else None,
+            "group": public_group(group),
         }
         return body, 200
 
@@ -221,6 +226,16 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
         return flights.snapshot(runtime.scheduler_status()), 200
 
     return app
+
+
+def public_group(group: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The distributed group as /health shows it: ranks, split, link, what was lost (no log
+    paths or pids: the page needs no key)."""
+    if group is None:
+        return None
+    ranks = [{k: v for k, v in rank.items() if k not in ("log", "pid")} for rank in group.get("ranks", [])]
+    return {"size": group["size"], "lost": group["lost"], "ranks": ranks,
+            "split": group.get("split"), "link": group.get("link")}
 
 
 def _model_card(info: dict[str, Any], runtime: Runtime) -> dict[str, Any]:

@@ -17,7 +17,8 @@ import trio
 
 from mtplxd.api import chat_format
 from mtplxd.api.errors import (
-    APIError, context_length_exceeded, invalid, model_not_found, model_not_loaded, queue_full,
+    APIError, context_length_exceeded, group_lost, invalid, model_not_found, model_not_loaded,
+    queue_full,
 )
 from mtplxd.api.flight import Flight, FlightBoard
 from mtplxd.api.metrics import Metrics
@@ -27,7 +28,7 @@ from mtplxd.api.parsers import (
 )
 from mtplxd.api.schemas import Conversation, GenParams, generation_defaults
 from mtplxd.engine.interface import (
-    GenerationRequest, GenerationResult, QueueFull, SamplingParams, TokenDelta,
+    GenerationRequest, GenerationResult, GroupLost, QueueFull, SamplingParams, TokenDelta,
 )
 from mtplxd.guard import ContextWindow, InsufficientMemory, context_window
 from mtplxd.runtime import ModelNotLoaded, Runtime
@@ -479,6 +480,8 @@ def _translate(exc: BaseException) -> BaseException:
         return exc
     if isinstance(exc, ModelNotLoaded):
         return model_not_loaded("none")
+    if isinstance(exc, GroupLost):
+        return group_lost(str(exc))
     if isinstance(exc, QueueFull):
         return queue_full(exc.queued, exc.retry_after_seconds)
     if isinstance(exc, InsufficientMemory):

@@ -193,6 +193,7 @@ def status_snapshot(daemon: "Daemon") -> dict[str, Any]:
         "requests": {"active": daemon.runtime.active_requests,
                      "started": daemon.runtime.generations_started},
         "scheduler": daemon.runtime.scheduler_status(),
+        "group": daemon.runtime.group_status(),
         "guard": daemon.runtime.guard.status() if daemon.runtime.guard is not None else None,
         "session_bank": daemon.runtime.session_bank_stats() if daemon.runtime.model is not None else None,
         "fans": daemon.fans.snapshot() if getattr(daemon, "fans", None) else None,

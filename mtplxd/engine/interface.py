@@ -13,6 +13,11 @@ class ModelLoadError(Exception):
     """A checkpoint was refused or could not be loaded; the message says what to do."""
 
 
+class GroupLost(RuntimeError):
+    """A distributed serving group lost a rank (died, hung past its deadline); the message
+    says which and why. Requests fail with 503 until the group is back (engine/distributed)."""
+
+
 class QueueFull(Exception):
     """The scheduler's admission queue holds `max_queued` requests already (an HTTP 429)."""
 

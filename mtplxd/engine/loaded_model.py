@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from mtplxd.engine.decoding import buffer_attention
 from mtplxd.engine.decoding.fused import fused_supported
@@ -44,6 +44,7 @@ class LoadedModel:
         self.head = getattr(model, "mtp", None) if info.mode == "mtp" else None
         self.bank: SessionBank | None = None  # prefix reuse across requests (enable_session_bank)
         self.vision: VisionTower | None = None  # images in the prompt (a vision checkpoint)
+        self.group: Any = None  # engine/distributed GroupInfo when served over several ranks
 
     @property
     def session_bank(self) -> SessionBank | None:
@@ -105,7 +106,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                session_bank: BankSettings | None = None,
                draft_head_bits: int | None = None,
                decode_loop: str = "auto",
-               quantize: str = "auto") -> LoadedModel:
+               quantize: str = "auto",
+               shard: Callable[[Any], None] | None = None) -> LoadedModel:
     """Load an HF-format folder for serving (owner thread only).
 
     Registered families with MTP tensors are served MTP at `depth` (default: the checkpoint's
@@ -119,6 +121,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     (trunk.default_decode_loop: fused on CUDA and CPU, stepwise on Metal).
     `quantize` quantizes an unquantized checkpoint as it loads: "8bit" or "4bit", "none", or
     "auto" (what the checkpoint's config asks for on CUDA; see loader.CUDA_QUANTIZATION_KEY).
+    `shard(model)` runs before any weight is read and may drop layers (a pipeline rank:
+    engine/distributed): only what it leaves is loaded.
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -134,7 +138,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         raise ModelLoadError(f"decode_loop must be one of {', '.join(DECODE_LOOP_CHOICES)}, "
                              f"got {decode_loop!r}")
     with_mtp = report.mode == "mtp"
-    model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp)
+    model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp, lazy=shard is not None)
+    if shard is not None:
+        shard(model)
     on_cuda = fixed_shapes_wanted()
     quantized_at_load = quantize_on_load(model, config, quantize, on_cuda=on_cuda)
     grown = 0

@@ -244,11 +244,12 @@ def _model_classes_with_mtp(spec, config: dict[str, Any]):
     return lambda config: (ModelWithMTP, args_class)
 
 
-def load_checkpoint(path: Path, *, with_mtp: bool):
+def load_checkpoint(path: Path, *, with_mtp: bool, lazy: bool = False):
     """Load (model, config, tokenizer) from a folder that `refusal_reason` accepted.
 
     With `with_mtp`, the returned model has an `.mtp` MTPHead loaded strictly from the
     checkpoint's `mtp.*` tensors; without it, those tensors are dropped before mlx-lm sees them.
+    With `lazy`, no weight is read yet (a pipeline rank evaluates only its own layers).
     """
     from mlx_lm.utils import load_config, load_model, load_tokenizer
 
@@ -261,7 +262,7 @@ def load_checkpoint(path: Path, *, with_mtp: bool):
     else:
         getter = _drop_mtp_classes(config)
     try:
-        model, config = load_model(path, get_model_classes=getter)
+        model, config = load_model(path, lazy=lazy, get_model_classes=getter)
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelLoadError(f"could not load {path}: {exc}") from exc
