@@ -27,6 +27,8 @@ COMMAND_MODULES = [
     "fans",     # fans auto|max|smart|status
     "key",      # key show|rotate
     "bench",
+    "trace",    # trace [SESSION]
+    "tune",     # tune [--depths 0-6]
     "blas",     # blas [--install]
 ]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
@@ -43,6 +44,20 @@ def print_json(data: Any) -> None:
     """One JSON document on stdout."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def save_and_show(path: Path, text: str, answer: dict[str, Any], as_json: bool,
+                  show: Callable[[dict[str, Any]], None]) -> int:
+    """Write a command's report file (`text` to `path`, folders made), name it in `answer`
+    as `report`, then print `answer` as JSON or through `show`; exit code 0."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    answer["report"] = str(path)
+    if as_json:
+        print_json(answer)
+    else:
+        show(answer)
+    return EXIT_OK
 
 
 def fail(message: str, hint: str | None = None, code: int = EXIT_ERROR) -> int:

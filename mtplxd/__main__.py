@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, help="HTTP port (config key port; 0 picks a free one)")
     parser.add_argument("--model", help="model to load at start (config key model)")
     parser.add_argument("--depth", type=int, help="default MTP depth (config key depth)")
+    parser.add_argument("--hosts", help="host file of a distributed group (config key hosts)")
     parser.add_argument("--no-model", action="store_true", help="start without loading a model")
     parser.add_argument("--log-stderr", action="store_true", help="also log to stderr")
     return parser
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = Paths.from_env()
     try:
         config = load_config(paths.config_file)
-        for key in ("host", "port", "model", "depth"):
+        for key in ("host", "port", "model", "depth", "hosts"):
             if getattr(args, key) is not None:
                 config.override(key, getattr(args, key))
     except ConfigError as exc:

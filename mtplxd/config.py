@@ -213,8 +213,29 @@ SETTINGS: dict[str, Setting] = {
         Setting("prefill_chunk_tokens", 512, as_whole_number(64, 8192),
                 "Prompt tokens per prefill forward. A long prompt is read one chunk per "
                 "scheduler turn, so running streams pause at most one chunk's time for it."),
+        Setting("hosts", None, _as_optional_str,
+                "A host file (mlx.launch's hosts.json) to serve the model over several hosts "
+                "with MLX distributed; rank 0 is this machine. Empty: one host "
+                "(docs/distributed.md)."),
+        Setting("pipeline_split", None, _as_optional_str,
+                "Layers per rank for a distributed group, e.g. 20,12 (empty: in proportion to "
+                "each host's memory)."),
+        Setting("group_timeout_seconds", 60, as_whole_number(1, 3600),
+                "Longest a distributed group's rank may take to answer one exchange before the "
+                "group is declared lost (requests get 503 group_lost)."),
+        Setting("group_port", 32323, as_whole_number(0, 65535),
+                "First TCP port of a distributed group's ring (one port per rank); 0 picks free "
+                "ports, for groups whose ranks all run on this machine."),
         Setting("shutdown_grace_seconds", 10, as_whole_number(0, 600),
                 "How long SIGTERM waits for in-flight requests before stopping."),
+        Setting("log_prompts", False, _as_bool,
+                "Add each request's last message (its first 200 characters) to its line in "
+                "logs/mtplxd.log. Off by default: the log then holds no prompt text."),
+        Setting("flight_recorder", True, _as_bool,
+                "Keep one JSON line per request (timings, cache reuse, per-second decode "
+                "samples, no prompt text) under metrics/ for `mtplxctl trace`."),
+        Setting("flight_recorder_mb", 256, as_whole_number(1, 1_048_576),
+                "Disk cap of the flight recorder's files in MB (rotated: the oldest go first)."),
         Setting("log_level", "info", _as_choice("debug", "info", "warning", "error"),
                 "Daemon log level."),
     ]

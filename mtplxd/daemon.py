@@ -26,6 +26,7 @@ from mtplxd.control.registry import MethodRegistry
 from mtplxd.control.server import serve_control
 from mtplxd.fans.controller import build_controller
 from mtplxd.fans.methods import register_fan_methods
+from mtplxd.flight import FlightRecorder
 from mtplxd.models.methods import register_model_store_methods
 from mtplxd.paths import Paths
 from mtplxd.pressure import watch_pressure
@@ -33,6 +34,18 @@ from mtplxd.runtime import BankOptions, ModelLoadFailed, Runtime
 from mtplxd.supervisor import detect_supervisor, sd_notify
 
 log = logging.getLogger(__name__)
+
+
+def serving_group(config: Config, paths: Paths) -> Any:
+    """The distributed group the `hosts` setting asks for (docs/distributed.md)."""
+    from pathlib import Path
+
+    from mtplxd.engine.distributed.serving import GroupOptions, ServingGroup
+
+    options = GroupOptions(Path(config.hosts).expanduser(), paths.logs_dir / "group",
+                           config.pipeline_split, float(config.group_timeout_seconds),
+                           config.group_port)
+    return ServingGroup(options, log=log.info)
 
 
 class Daemon:
@@ -52,7 +65,9 @@ class Daemon:
                                max_concurrent=config.max_concurrent, max_queued=config.max_queued,
                                prefill_chunk_tokens=config.prefill_chunk_tokens,
                                cohorts=config.cohorts, cohort_widths=tuple(config.cohort_widths),
-                               numerics=config.numerics)
+                               numerics=config.numerics, tuning_home=paths.home)
+        if config.hosts:
+            self.runtime.group = serving_group(config, paths)
         self.registry = MethodRegistry()
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()
@@ -61,6 +76,8 @@ class Daemon:
         self.fans = build_controller(config, paths)
         register_fan_methods(self.registry, self.fans)
         self.runtime.activity.append(self.fans.on_activity)
+        self.recorder = FlightRecorder(paths.metrics_dir, config.flight_recorder_mb * 1_000_000,
+                                       enabled=config.flight_recorder)
 
     def request_shutdown(self, why: str) -> None:
         if not self._shutdown.is_set():
@@ -74,6 +91,7 @@ class Daemon:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until shutdown is requested, then drain and stop every service."""
         self.runtime.start()
+        self.recorder.start()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_signals)
@@ -102,13 +120,15 @@ class Daemon:
                 nursery.cancel_scope.cancel()
         finally:
             self.runtime.stop()
+            self.recorder.stop()
             log.info("mtplxd stopped")
 
     async def _serve_http(self, done: trio.Event,
                           task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the HTTP API until shutdown is requested and its responses are finished."""
         try:
-            await hypercorn.trio.serve(create_app(self.runtime, self.config), self._hypercorn_config(),
+            await hypercorn.trio.serve(create_app(self.runtime, self.config,
+                                                  recorder=self.recorder), self._hypercorn_config(),
                                        shutdown_trigger=self._shutdown.wait, task_status=task_status)
         finally:
             done.set()

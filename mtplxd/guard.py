@@ -259,37 +259,40 @@ class MemoryGuard:
                 "session_bank": self._bank_bytes()}
 
     def admit(self, prompt_tokens: int, max_tokens: int,
-              prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Reservation:
+              prefill_chunk: int = DEFAULT_PREFILL_CHUNK, extra_bytes: int = 0) -> Reservation:
         """Reserve memory for a request before its prefill, or raise InsufficientMemory.
 
         Order of remedies: release idle session-bank entries, then smaller prefill chunks
-        (never larger than `prefill_chunk`).
+        (never larger than `prefill_chunk`). `extra_bytes`: what the request needs beyond its
+        tokens (its images' pixels and vision-tower activations).
         """
         with self._lock:
             try:
-                return self._admit(prompt_tokens, max_tokens, prefill_chunk)
+                return self._admit(prompt_tokens, max_tokens, prefill_chunk, extra_bytes)
             except InsufficientMemory:
                 self.refused += 1
                 raise
 
     def try_admit(self, prompt_tokens: int, max_tokens: int,
-                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Reservation | None:
+                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                  extra_bytes: int = 0) -> Reservation | None:
         """`admit` for a queue: None when the request does not fit beside the running ones but
         would once they leave (it waits); InsufficientMemory when it would not fit even then."""
         with self._lock:
             try:
-                return self._admit(prompt_tokens, max_tokens, prefill_chunk)
+                return self._admit(prompt_tokens, max_tokens, prefill_chunk, extra_bytes)
             except InsufficientMemory as refused:
                 if self._held and refused.needed_bytes <= self.available_bytes(alone=True):
                     return None  # not refused: it waits its turn
                 self.refused += 1
                 raise
 
-    def check(self, prompt_tokens: int, max_tokens: int) -> None:
+    def check(self, prompt_tokens: int, max_tokens: int, extra_bytes: int = 0) -> None:
         """Raise InsufficientMemory when the request could not fit even with nothing else
         running (checked at arrival, so a hopeless request is refused before it queues)."""
         with self._lock:
-            needed = self.plan.request_bytes(prompt_tokens, max_tokens, SMALLEST_PREFILL_CHUNK)
+            needed = self.plan.request_bytes(prompt_tokens, max_tokens, SMALLEST_PREFILL_CHUNK) \
+                + extra_bytes
             available = self.available_bytes(alone=True)
             if needed > available and self._bank_bytes() > 0:
                 self.release_bank(needed - available)
@@ -299,14 +302,15 @@ class MemoryGuard:
                 raise InsufficientMemory(needed, available, self.holders(),
                                          self.limit_bytes, self._hint(prompt_tokens, max_tokens))
 
-    def _admit(self, prompt_tokens: int, max_tokens: int, prefill_chunk: int) -> Reservation:
+    def _admit(self, prompt_tokens: int, max_tokens: int, prefill_chunk: int,
+               extra_bytes: int = 0) -> Reservation:
         chunk = max(prefill_chunk, SMALLEST_PREFILL_CHUNK)
-        needed = self.plan.request_bytes(prompt_tokens, max_tokens, chunk)
+        needed = self.plan.request_bytes(prompt_tokens, max_tokens, chunk) + extra_bytes
         if needed > self.available_bytes() and self._bank_bytes() > 0:
             self.release_bank(needed - self.available_bytes())
         while needed > self.available_bytes() and chunk > SMALLEST_PREFILL_CHUNK:
             chunk = max(chunk // 2, SMALLEST_PREFILL_CHUNK)
-            needed = self.plan.request_bytes(prompt_tokens, max_tokens, chunk)
+            needed = self.plan.request_bytes(prompt_tokens, max_tokens, chunk) + extra_bytes
         if needed > self.available_bytes():  # the callers count the refusal (or the wait)
             raise InsufficientMemory(needed, self.available_bytes(), self.holders(),
                                      self.limit_bytes, self._hint(prompt_tokens, max_tokens))

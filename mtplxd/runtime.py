@@ -86,7 +86,8 @@ class Runtime:
                  memory_limit: str | float = "auto", bank: BankOptions = BankOptions(),
                  decode_loop: str = "auto", quantize: str = "auto",
                  max_concurrent: str | int = "auto", max_queued: int = 64,
-                 prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK, cohorts: str = "auto",
+                 prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK,
+                 tuning_home: Path | None = None, cohorts: str = "auto",
                  cohort_widths: tuple[int, ...] = (1, 3, 8), numerics: str = "auto") -> None:
         from mtplxd.engine.cohort import normalize_widths
         from mtplxd.engine.owner import ModelOwner
@@ -100,12 +101,17 @@ class Runtime:
         self.quantize = quantize
         self.max_concurrent_setting = max_concurrent
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        # Where `mtplxctl tune` saves depths (MTPLX_HOME); None: tuned depths are not used.
+        self.tuning_home = tuning_home
+        self.depth_source = "none"  # setting | tuned | model: where the served depth came from
         self.numerics_setting = numerics
         self.scheduler = Scheduler(max_queued=max_queued, admit=self._admit_row,
                                    cohort_mode=cohorts, widths=normalize_widths(cohort_widths),
                                    max_backlog=DEFAULT_MAX_BACKLOG)
         self.owner = ModelOwner(scheduler=self.scheduler)
         self.model: Any = None  # mtplxd.engine.LoadedModel once loaded
+        # engine/distributed ServingGroup when the model is served over several hosts.
+        self.group: Any = None
         self.guard: MemoryGuard | None = None  # the loaded model's memory guard
         self.generations_started = 0  # requests that reached the engine (admitted)
         self.state = "none"  # none | loading | loaded | failed
@@ -141,6 +147,11 @@ class Runtime:
             self.owner.submit(lambda: _retire(model)).result(timeout=60)
         except Exception as exc:  # shutting down anyway; the log says why memory was not freed
             log.warning("could not release MLX memory at stop: %s", exc)
+        if self.group is not None:
+            try:
+                self.owner.submit(self.group.stop).result(timeout=60)
+            except Exception as exc:  # workers also exit on their own when the ring breaks
+                log.warning("could not stop the distributed group cleanly: %s", exc)
         self.owner.stop()
 
     async def _on_owner(self, fn: Callable[[], Any]) -> Any:
@@ -178,16 +189,37 @@ class Runtime:
         from mtplxd.engine import load_model
 
         started = time.monotonic()
-        model = await self._on_owner(lambda: load_model(
-            path, model_id=model_id, depth=depth, decode_loop=self.decode_loop,
-            quantize=self.quantize))
+        if self.group is not None:
+            model = await self._on_owner(lambda: self.group.load(
+                path, model_id=model_id, depth=depth, quantize=self.quantize))
+        else:
+            model = await self._on_owner(lambda: load_model(
+                path, model_id=model_id, depth=depth, decode_loop=self.decode_loop,
+                quantize=self.quantize))
         limit = resolve_limit(self.memory_limit, psutil.virtual_memory().total)
-        await self._enable_session_bank(model, limit)
+        if self.group is None:  # a bank would have to copy the workers' caches too
+            await self._enable_session_bank(model, limit)
         self.guard = build_guard(path, model, limit)
+        self.depth_source = "setting" if depth is not None else self._apply_tuned_depth(model)
         await self._on_owner(lambda: apply_mlx_limits(self.guard))
         self.model, self.state, self.loaded_at = model, "loaded", time.time()
         log.info("loaded %s in %.1fs (%s)", model_id, time.monotonic() - started, model.info.mode)
         return model.info.to_dict()
+
+    def _apply_tuned_depth(self, model: Any) -> str:
+        """With `depth = auto`: serve the depth `mtplxctl tune` saved for this model on this
+        machine, if any; returns where the served depth comes from."""
+        from mtplxd.tuning import tuned_depth, tuning_key
+
+        if self.tuning_home is None or model.head is None:
+            return "model"
+        tuned = tuned_depth(self.tuning_home, tuning_key(model.info.to_dict()))
+        if tuned is None:
+            return "model"
+        log.info("depth %d for %s from mtplxctl tune (%s)", tuned, model.info.id,
+                 self.tuning_home / "tuning.json")
+        model.info.depth = tuned
+        return "tuned"
 
     async def _fall_back(self, failed_id: str, exc: Exception) -> str:
         """After a failed load, serve the last model that loaded again (the old one was retired
@@ -217,6 +249,7 @@ class Runtime:
             return False  # the recommended depth is worked out at load
         if model.head is not None:
             model.info.depth = depth
+            self.depth_source = "setting"
         return True
 
     async def unload(self) -> bool:
@@ -258,6 +291,10 @@ class Runtime:
             raise ModelNotLoaded(f"no model is loaded (state: {self.state})")
         return self.model
 
+    def group_status(self) -> dict[str, Any] | None:
+        """The distributed group's ranks, split, link and lost reason (None: one host)."""
+        return self.group.status() if self.group is not None else None
+
     def scheduler_status(self) -> dict[str, Any]:
         """The scheduler's limits, running rows and queue (status, /metrics, flight board)."""
         return self.scheduler.status()
@@ -276,7 +313,8 @@ class Runtime:
         model = self.require_model()
         if self.guard is not None:
             # A request that can never fit is refused now; one that fits later waits its turn.
-            self.guard.check(len(request.prompt_ids), request.sampling.max_tokens)
+            self.guard.check(len(request.prompt_ids), request.sampling.max_tokens,
+                             image_bytes(request))
         if request.prefill_chunk is None:
             request.prefill_chunk = self.prefill_chunk_tokens
         send, receive = trio.open_memory_channel(math.inf)
@@ -317,7 +355,8 @@ class Runtime:
         if guard is None:
             return lambda: None
         chunk = request.prefill_chunk or self.prefill_chunk_tokens
-        reservation = guard.try_admit(len(request.prompt_ids), request.sampling.max_tokens, chunk)
+        reservation = guard.try_admit(len(request.prompt_ids), request.sampling.max_tokens, chunk,
+                                      image_bytes(request))
         if reservation is None:
             return None
         request.prefill_chunk = min(chunk, reservation.prefill_chunk)
@@ -404,3 +443,8 @@ def _release_mlx_memory() -> None:
 
     gc.collect()
     mx.clear_cache()
+
+
+def image_bytes(request: Any) -> int:
+    """What a request's images cost the memory guard beyond their prompt rows."""
+    return sum(image.price_bytes for image in getattr(request, "images", None) or [])

@@ -29,8 +29,9 @@ ALLOWED = {
     "decoding": {"interface", "model"},
     "session": {"interface", "model"},
     "": {"", "interface", "model", "decoding", "session"},
+    "distributed": {"", "interface", "model"},
     "fixtures": {"interface", "model"},
-    "bench": {"", "interface", "model", "decoding", "session", "fixtures"},
+    "bench": {"", "interface", "model", "decoding", "session", "fixtures", "distributed"},
 }
 
 

@@ -46,6 +46,8 @@ def test_wheel_top_level_names_are_exactly_mtplxd_and_mtplxctl(tmp_path):
         with zipfile.ZipFile(wheel) as archive:
             assert set(archive.read(top_level).decode().split()) <= {"mtplxd", "mtplxctl"}
     assert "mtplxctl/agents/__init__.py" in names and "mtplxctl/launchd/__init__.py" in names
+    # The chat page is served from the package: its files must travel in the wheel.
+    assert {f"mtplxd/api/static/{f}" for f in ("index.html", "chat.js", "chat.css", "markdown.js")} <= set(names)
     packaged = {"/".join(n.split("/")[:-1]).replace("/", ".") for n in names if n.endswith("/__init__.py")}
     missing = _source_packages() - packaged
     assert not missing, f"packages missing from pyproject's list: {sorted(missing)}"

@@ -55,6 +55,8 @@ def _add_start_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="HTTP bind address for this run (default from config)")
     parser.add_argument("--port", type=whole_number(0, 65535), help="HTTP port for this run (default from config)")
     parser.add_argument("--depth", type=whole_number(0, 16), help="MTP depth for this model (0 = plain AR)")
+    parser.add_argument("--hosts", help="host file (hosts.json) to serve the model over several "
+                        "hosts with MLX distributed (docs/distributed.md)")
     parser.add_argument("--recommended", action="store_true",
                         help="with no model configured, pull and serve the model recommended for "
                              "this machine's memory (`mtplxctl models list --available`)")
@@ -82,6 +84,9 @@ def cmd_start(args: argparse.Namespace) -> int:
         args.model = ensure_default_model(pull=args.recommended,
                                           confirm=_ask_yes_no if interactive else None)
 
+    if client.is_running() and getattr(args, "hosts", None):
+        err_console.print("[yellow]mtplxd is already running; --hosts applies at the next "
+                          "`mtplxctl restart --hosts FILE`[/]")
     if not client.is_running():
         error = _launch(paths, args)
         if error is not None:
@@ -124,6 +129,8 @@ def _daemon_flags(args: argparse.Namespace) -> list[str]:
         flags += ["--host", args.host]
     if args.port is not None:
         flags += ["--port", str(args.port)]
+    if getattr(args, "hosts", None):
+        flags += ["--hosts", str(Path(args.hosts).expanduser().resolve())]
     if args.model or args.depth is not None:
         # mtplxctl loads it over the socket, with progress, once the daemon answers.
         flags.append("--no-model")
@@ -134,9 +141,9 @@ def _launch(paths: Paths, args: argparse.Namespace) -> int | None:
     """Start the daemon: through the service manager when installed, else detached."""
     manager = _installed_service_manager()
     if manager is not None:
-        if args.host or args.port is not None:
+        if args.host or args.port is not None or getattr(args, "hosts", None):
             return fail("the login service runs mtplxd with the saved configuration",
-                        "use `mtplxctl config set host|port VALUE`, then `mtplxctl restart`")
+                        "use `mtplxctl config set host|port|hosts VALUE`, then `mtplxctl restart`")
         error = _start_service(manager)
         if error is not None:
             return error
@@ -251,12 +258,30 @@ def _context_text(model: dict[str, Any]) -> str:
     return text
 
 
+def _kernels_text(kernels: dict[str, str]) -> str:
+    """Which implementation each fast path runs (quantized matmul, cache attention, GDN verify)."""
+    return "; ".join(f"{name.replace('_', ' ')}: {path}" for name, path in kernels.items())
+
+
 def _mode_text(model: dict[str, Any]) -> str:
+    return _decoding_text(model) + _images_text(model)
+
+
+def _decoding_text(model: dict[str, Any]) -> str:
     if model.get("mode") == "mtp":
         loop = " (fused loop)" if model.get("decode_loop") == "fused" else ""
         weights = model.get("quantization") or model.get("dtype")
         return f"MTP depth {model.get('depth')}{loop}" + (f", {weights}" if weights else "")
     return f"AR: {model.get('ar_reason') or 'no MTP head'}"
+
+
+def _images_text(model: dict[str, Any]) -> str:
+    """Whether the prompt may carry images, and why not when the checkpoint has a tower."""
+    if model.get("vision"):
+        return "; reads images"
+    if model.get("vision_reason"):
+        return f"; text only: {model['vision_reason']}"
+    return ""
 
 
 # ---------------------------------------------------------------- stop / restart
@@ -375,6 +400,8 @@ def status_table(status: dict[str, Any]) -> Table:
     elif model.get("state") == "loaded":
         table.add_row("model", f"{model['id']} — {_mode_text(model)}")
         table.add_row("context", _context_text(model))
+        if model.get("kernels"):
+            table.add_row("kernels", _kernels_text(model["kernels"]))
         if model.get("demo"):
             table.add_row("note", model.get("hint", ""))
     else:
@@ -413,12 +440,35 @@ def status_table(status: dict[str, Any]) -> Table:
                           f"{bank.get('ssd_entries', 0)} entries, {human_bytes(bank.get('ssd_bytes', 0))}")
         if bank.get("note"):
             table.add_row("", f"[yellow]{bank['note']}[/]")
+    for line in group_lines(status.get("group")):
+        table.add_row(*line)
     if status.get("fans"):
         from mtplxctl.commands.fans import summary_line
 
         table.add_row("fans", summary_line(status["fans"]))
     table.add_row("", f"[dim]{status['powered_by']}[/]")
     return table
+
+
+def group_lines(group: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """Status rows of a distributed group: one per rank, the link, what was lost."""
+    if not group:
+        return []
+    lines = [("group", f"{group['size']} ranks from {group['hosts_file']}")]
+    for rank in group.get("ranks", []):
+        first, end = rank["layers"]
+        state = "" if rank.get("running", True) else f" [red]exited ({rank.get('exit_code')})[/]"
+        lines.append(("", f"rank {rank['rank']} {rank['host']}: layers {first}-{end - 1}, "
+                          f"{human_bytes(rank['weights_bytes'])} weights of "
+                          f"{human_bytes(rank['memory_bytes'])}{state}"))
+    link = group.get("link")
+    if link:
+        bandwidth = link.get("hop_bandwidth_mb_s")
+        lines.append(("", f"link: {link['hop_latency_ms']} ms a hop, "
+                          f"{bandwidth if bandwidth else '?'} MB/s (measured at start)"))
+    if group.get("lost"):
+        lines.append(("", f"[red]lost: {group['lost']}[/] — `mtplxctl restart`"))
+    return lines
 
 
 # ---------------------------------------------------------------- logs

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn,
@@ -45,8 +46,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pull.add_argument("--json", action="store_true", help="print progress as JSON lines")
     pull.set_defaults(func=cmd_pull)
 
-    check = verbs.add_parser("check", help="is each pulled revision still the Hub's latest?")
-    check.add_argument("model", nargs="?", metavar="REPO", help="one repo (default: all)")
+    check = verbs.add_parser(
+        "check", help="is each pulled revision still the Hub's latest? (or: how a folder or "
+                      "every family is served)")
+    check.add_argument("model", nargs="?", metavar="REPO|PATH",
+                       help="one repo (default: all), or a local checkpoint folder: is it served "
+                            "MTP, AR or refused, and why")
+    check.add_argument("--families", action="store_true",
+                       help="every family mlx-lm or mlx-vlm can load: MTP (head depth), AR or "
+                            "refused, with the reason")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.set_defaults(func=cmd_check)
 
@@ -345,6 +353,10 @@ def _list_available(pulled: list[dict[str, Any]], as_json: bool) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.families:
+        return _check_families(args.json)
+    if args.model and Path(args.model).expanduser().is_dir():
+        return _check_folder(Path(args.model).expanduser(), args.json)
     params = {"model": args.model} if args.model else {}
     try:
         answer = run_operation("models.check", params, lambda store, emit: {"models": store.check(args.model)})
@@ -369,6 +381,55 @@ def cmd_check(args: argparse.Namespace) -> int:
     if any(r["status"] == "outdated" for r in answer["models"]):
         console.print("[dim]update one: mtplxctl models update REPO[/]")
     return EXIT_OK
+
+
+def _check_families(as_json: bool) -> int:
+    """The honest registry: every loadable family and how it is served (local, no daemon)."""
+    from mtplxd.engine.model.family_table import CHECKPOINT_REFUSALS, family_table
+
+    rows = family_table()
+    if as_json:
+        print_json({"families": [r.to_dict() for r in rows],
+                    "checkpoint_refusals": list(CHECKPOINT_REFUSALS)})
+        return EXIT_OK
+    styles = {"mtp": "green", "ar": "yellow", "refused": "red"}
+    table = wrapping_table("family", "loaders", "served", "why / notes")
+    for row in rows:
+        served = f"[{styles[row.mode]}]{row.mode.upper()}[/]"
+        if row.mode == "mtp":
+            served += f" head {row.mtp_head_layers} layer, depth {row.draft_depth}"
+        if row.vision:
+            served += " +images"
+        notes = row.reason or ""
+        if row.reasoning_effort:
+            notes += f" [dim](reasoning effort: {row.reasoning_effort})[/]"
+        table.add_row(row.model_type, ", ".join(row.loaders), served, notes)
+    console.print(table)
+    counts = {mode: sum(r.mode == mode for r in rows) for mode in styles}
+    console.print(f"{counts['mtp']} MTP, {counts['ar']} AR, {counts['refused']} refused. Any checkpoint "
+                  "is refused for: " + "; ".join(CHECKPOINT_REFUSALS) + ".")
+    return EXIT_OK
+
+
+def _check_folder(path: Path, as_json: bool) -> int:
+    """How one local checkpoint folder would be served (config.json and headers only)."""
+    from mtplxd.engine import ModelLoadError, inspect_checkpoint
+
+    try:
+        report = inspect_checkpoint(path).to_dict()
+    except ModelLoadError as exc:
+        return fail(str(exc))
+    code = EXIT_OK if report["mode"] != "refused" else EXIT_ERROR
+    if as_json:
+        print_json(report)
+        return code
+    console.print(f"{path}: [bold]{report['mode'].upper()}[/] ({report['model_type']})"
+                  + (f": {report['reason']}" if report["reason"] else ""))
+    if report["vision"]:
+        console.print("images: served through the checkpoint's vision tower")
+    elif report["vision_reason"]:
+        console.print(f"images: not served: {report['vision_reason']}")
+    return code
 
 
 def cmd_rm(args: argparse.Namespace) -> int:

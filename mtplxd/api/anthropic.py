@@ -11,10 +11,12 @@ from quart import Response
 
 from mtplxd.api import sse
 from mtplxd.api.errors import ANTHROPIC, error_body, invalid
+from mtplxd.api.images import image_part
 from mtplxd.api.openai import as_api_error
 from mtplxd.api.parsers import ContentDelta, Event, ReasoningDelta, ToolCallEvent
 from mtplxd.api.schemas import (
-    Conversation, GenParams, Reader, function_tool, read_sampling, read_stop, text_of,
+    Conversation, GenParams, Reader, function_tool, join_text_parts, read_sampling, read_stop,
+    text_of,
 )
 from mtplxd.api.service import TICK, Generations, Outcome, Plan
 
@@ -77,7 +79,7 @@ def _to_chat(raw: Any, name: str) -> list[dict[str, Any]]:
         b = Reader(block, where)
         kind = b.str("type", required=True)
         if kind == "text":
-            text.append(b.str("text", ""))
+            text.append({"type": "text", "text": b.str("text", "")})
         elif kind == "thinking" and role == "assistant":
             reasoning.append(b.str("thinking", ""))
         elif kind == "redacted_thinking":
@@ -91,20 +93,22 @@ def _to_chat(raw: Any, name: str) -> list[dict[str, Any]]:
         elif kind == "tool_result" and role == "user":
             out.append({"role": "tool", "tool_call_id": b.str("tool_use_id", ""),
                         "content": text_of(b.raw("content"), f"{where}.content")})
+        elif kind == "image" and role == "user":
+            text.append(image_part(kind, block, where))
         elif kind in ("image", "document"):
-            raise invalid(f"`{where}` is a {kind} block; this model takes text only", where,
+            raise invalid(f"`{where}` is a {kind} block; only user turns may carry images", where,
                           code="unsupported_content")
         else:
             raise invalid(f"`{where}.type` {kind!r} is not valid in a {role} message", f"{where}.type")
     if role == "assistant":
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+        message: dict[str, Any] = {"role": "assistant", "content": join_text_parts(text)}
         if reasoning:
             message["reasoning_content"] = "".join(reasoning)
         if calls:
             message["tool_calls"] = calls
         out.append(message)
     elif text or not out:
-        out.append({"role": "user", "content": "".join(text)})
+        out.append({"role": "user", "content": join_text_parts(text)})
     return out
 
 

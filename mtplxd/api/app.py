@@ -11,12 +11,12 @@ import logging
 import time
 from typing import Any, Awaitable, Callable
 
-from quart import Response, request
+from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from mtplxd import blas
-from mtplxd.api import anthropic, openai, responses
+from mtplxd.api import anthropic, openai, responses, webui
 from mtplxd.api.address import is_loopback
 from mtplxd.api.auth import is_authorized, load_key
 from mtplxd.api.cors import browser_origin, cors_headers, origin_allowed
@@ -25,9 +25,10 @@ from mtplxd.api.flight import FlightBoard
 from mtplxd.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from mtplxd.api.metrics import Metrics
 from mtplxd.api.schemas import require_json_object
-from mtplxd.api.service import Generations, served_window
+from mtplxd.api.receipts import Client, Receipts, request_line
+from mtplxd.api.service import Generations, served_window, session_id_from_headers
 from mtplxd.config import Config
-from mtplxd.logs import printable
+from mtplxd.flight import FlightRecorder
 from mtplxd.paths import Paths
 from mtplxd.runtime import Runtime
 
@@ -35,11 +36,14 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # Codex with many tools sends ~1 MB; long chats a few MB
 KEEPALIVE_SECONDS = 5.0
-OPEN_PATHS = {"/health"}  # answered without a key (liveness probes)
+# Answered without a key: liveness probes, and the chat page's files (they ask for the key).
+OPEN_PATHS = {"/health"} | webui.PUBLIC_PATHS
 
 
-def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = KEEPALIVE_SECONDS) -> QuartTrio:
-    """Build the app over the daemon's runtime (the model owner) and its settings."""
+def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = KEEPALIVE_SECONDS,
+               recorder: FlightRecorder | None = None) -> QuartTrio:
+    """Build the app over the daemon's runtime (the model owner) and its settings; each
+    request's line goes to the log and its record to `recorder` (when given)."""
     app = QuartTrio("mtplxd")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.config["RESPONSE_TIMEOUT"] = None  # generations stream for as long as they need
@@ -53,12 +57,17 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
     stored = load_key(Paths.from_env()) if key_required else None
     api_key = stored.key if stored else None
     allowed_origins = list(config.cors_origins)
-    metrics = Metrics(runtime)
+    metrics = Metrics(runtime, recorder)
     flights = FlightBoard()
-    gen = Generations(runtime, metrics, flights, lambda: app.nursery, keepalive_seconds)
+    receipts = Receipts(recorder, log_prompts=config.log_prompts)
+    gen = Generations(runtime, metrics, flights, lambda: app.nursery, keepalive_seconds, receipts)
 
     @app.before_request
     async def guard() -> Any:
+        g.mtplx_client = Client(method=request.method, path=request.path,
+                                user_agent=(request.headers.get("User-Agent") or "")[:256] or None,
+                                session_id=session_id_from_headers(),
+                                started=time.perf_counter(), wall=time.time())
         origin = browser_origin(request.headers)
         if origin is not None and not origin_allowed(origin, request.headers.get("Host"), allowed_origins):
             raise APIError(403, f"browser requests from {origin} are not allowed; add the origin "
@@ -80,15 +89,28 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
                 response.headers[name] = value
         if request.url_rule is not None:
             metrics.observe_request(request.url_rule.rule, response.status_code)
+        if response.status_code < 400 and g.get("mtplx_plan") is None and g.get("mtplx_client"):
+            # A generation's line comes when it ends (Generations); this is everything else.
+            # Probes and reads poll: their lines show at log_level = debug only.
+            client = g.mtplx_client
+            level = logging.INFO if request.method == "POST" else logging.DEBUG
+            logging.getLogger("mtplxd.requests").log(level, "%s", request_line(
+                {"method": client.method, "path": client.path, "status": response.status_code,
+                 "outcome": "completed",
+                 "duration_s": time.perf_counter() - client.started}))
         return response
+
+    def _refused(error: APIError) -> None:
+        # A refused request is otherwise invisible in `mtplxctl logs`: say what and why, so a
+        # field an agent sends that we refuse shows up without capturing its traffic.
+        client = g.get("mtplx_client") or Client(method=request.method, path=request.path,
+                                                  started=time.perf_counter(), wall=time.time())
+        receipts.refused(client, error.status, error.code, error.message, error.param,
+                         plan=g.get("mtplx_plan"))
 
     @app.errorhandler(APIError)
     async def api_error(error: APIError) -> Response:
-        # A refused request is otherwise invisible in `mtplxctl logs`: say what and why, so a
-        # field an agent sends that we refuse shows up without capturing its traffic.
-        log.info("%s %s refused: %d %s%s: %s", request.method, printable(request.path), error.status,
-                 error.code or "error", f" ({printable(error.param)})" if error.param else "",
-                 printable(error.message))
+        _refused(error)
         await _drain_body()
         return _error_response(error)
 
@@ -96,7 +118,9 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
     async def http_error(error: HTTPException) -> Response:
         if error.code not in (408, 413):  # a body too slow or too large is not read on
             await _drain_body()
-        return _error_response(from_http_status(error.code or 500, error.description or error.name))
+        answer = from_http_status(error.code or 500, error.description or error.name)
+        _refused(answer)
+        return _error_response(answer)
 
     async def _drain_body() -> None:
         # Answering before the request's body is read leaves its bytes on a keep-alive
@@ -111,8 +135,10 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
     async def unexpected(error: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.path)
         await _drain_body()
-        return _error_response(APIError(500, f"internal error: {type(error).__name__}: {error}",
-                                        code="internal_error"))
+        internal = APIError(500, f"internal error: {type(error).__name__}: {error}",
+                            code="internal_error")
+        _refused(internal)
+        return _error_response(internal)
 
     def _error_response(error: APIError) -> Response:
         body, status, headers = render_error(error, dialect_for_path(request.path))
@@ -135,6 +161,8 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
     generation_route("/v1/messages", anthropic.messages)
     generation_route("/v1/messages/count_tokens", anthropic.count_tokens)
 
+    webui.register(app)
+
     @app.get("/health")
     async def health() -> tuple[dict[str, Any], int]:
         info = runtime.info()
@@ -144,11 +172,17 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
         chosen = blas.status()
         if chosen is not None and chosen.degraded:
             degradations.append({"what": "blas", "why": chosen.degraded})
+        if info and info.get("vision_reason"):
+            degradations.append({"what": "vision", "why": info["vision_reason"]})
         bank_note = runtime.session_bank_note()
         if bank_note:
             degradations.append({"what": "session_bank", "why": bank_note})
+        group = runtime.group_status()
+        if group is not None and group.get("lost"):
+            degradations.append({"what": "distributed_group", "why": group["lost"]})
         body = {
-            "status": "ok" if runtime.state == "loaded" else "no_model",
+            "status": ("group_lost" if group is not None and group.get("lost") else
+                       "ok" if runtime.state == "loaded" else "no_model"),
             "state": runtime.state,
             "model": info["id"] if info else None,
             "mode": info["mode"] if info else None,
@@ -158,12 +192,15 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
             **(served_window(runtime).to_dict() if info else
                {"context_length": None, "model_context_length": None, "context_limited_by": None}),
             "degradations": degradations,
+            # Which implementation each fast path runs here (custom kernel or MLX's own ops).
+            "kernels": info.get("kernels") if info else None,
             "error": runtime.error,
             "active_requests": runtime.active_requests,
             "api_key_required": key_required,
             # The folder path stays off this unauthenticated page (`mtplxctl status` shows it).
             "model_info": {k: v for k, v in info.items() if k != "path"} if info else None,
             "memory": runtime.guard.status() if runtime.guard is not None else None,
+            "group": public_group(group),
         }
         return body, 200
 
@@ -191,6 +228,16 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
     return app
 
 
+def public_group(group: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The distributed group as /health shows it: ranks, split, link, what was lost (no log
+    paths or pids: the page needs no key)."""
+    if group is None:
+        return None
+    ranks = [{k: v for k, v in rank.items() if k not in ("log", "pid")} for rank in group.get("ranks", [])]
+    return {"size": group["size"], "lost": group["lost"], "ranks": ranks,
+            "split": group.get("split"), "link": group.get("link")}
+
+
 def _model_card(info: dict[str, Any], runtime: Runtime) -> dict[str, Any]:
     """An OpenAI model object, with the context window the agents probe for (the server's:
     memory may cap it below the model's, which `mtplx.model_context_length` keeps)."""
@@ -202,6 +249,9 @@ def _model_card(info: dict[str, Any], runtime: Runtime) -> dict[str, Any]:
         "owned_by": "mtplx",
         "context_length": window.served,
         "max_model_len": window.served,
+        # What the prompt may carry (agents such as Pi read this to offer image input).
+        "modalities": {"input": ["text", "image"] if info.get("vision") else ["text"]},
+        "supports_vision": bool(info.get("vision")),
         "mtplx": {"mode": info["mode"], "depth": info["depth"], "family": info["family"],
                   "quantization": info["quantization"], "ar_reason": info["ar_reason"],
                   "model_context_length": window.model,

@@ -6,17 +6,24 @@ a request's template never waits behind another request's generation. Decides th
 - the forced opener of a tool call when `tool_choice` is "required" or names a tool (the
   prompt ends with `<tool_call>` and, for a named tool, the call's name: the model can only
   continue the call; the opener is fed to the output parser as if the model had written it),
-- the template's tool-call style (Qwen XML `<function=...>` or JSON).
+- the model's tool-call dialect (Qwen's `<tool_call>` with XML `<function=...>` or JSON
+  bodies, or LFM2's pythonic `<|tool_call_start|>[f(x=1)]<|tool_call_end|>`), and which
+  reasoning-effort levels the model's family has.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from mtplxd.api import pythonic_tools
 from mtplxd.api.errors import invalid
+from mtplxd.api.images import message_images, without_image_bytes
+from mtplxd.api.parsers import QWEN_TOOLS, ToolDialect
 from mtplxd.api.schemas import Conversation
+from mtplxd.engine.interface import PreparedImage
+from mtplxd.engine.model.vision import ImageError, expand_placeholders
 
 # reasoning_effort values (OpenAI's vocabulary plus "xhigh"). Qwen-style models have one
 # switch, thinking on or off: "none" and "minimal" turn it off, the others on.
@@ -34,6 +41,46 @@ def thinking_for_effort(effort: str | None, param: str) -> bool | None:
     return EFFORT_THINKING[effort]
 
 
+def effort_levels(template: str) -> dict[str, bool | None]:
+    """The reasoning-effort levels a model's family has, from its chat template: level ->
+    enable_thinking to pass (None: the template has no switch).
+
+    A template with `enable_thinking` (Qwen) has every level; one that writes `<think>` with
+    no switch (LFM2.5 thinking checkpoints) always reasons ("high" only); one with neither
+    (LFM2 instruct) never does ("none" only).
+    """
+    if "enable_thinking" in template:
+        return dict(EFFORT_THINKING)
+    if "<think>" in template or "</think>" in template:
+        return {"high": None}
+    return {"none": None}
+
+
+def check_effort(conversation: Conversation, template: str, model_id: str) -> None:
+    """A 400 listing the family's levels when the requested effort is not one of them."""
+    effort = conversation.reasoning_effort
+    levels = effort_levels(template)
+    if effort is not None and effort not in levels:
+        raise invalid(f"model {model_id!r} has no reasoning effort {effort!r}; its levels are: "
+                      f"{', '.join(levels)}. Send one of those or leave the effort out (in an "
+                      "agent, set its reasoning effort for this model)", conversation.effort_param,
+                      code="invalid_reasoning_effort")
+
+
+def tool_dialect(tokenizer: Any, template: str) -> ToolDialect:
+    """The model's tool-call dialect: LFM2's pythonic markers when its template or vocabulary
+    has them, else Qwen's `<tool_call>`."""
+    marker = pythonic_tools.CALL_OPEN
+    if marker in template or "<|tool_list_start|>" in template:
+        return pythonic_tools.PYTHONIC_TOOLS
+    try:
+        if marker in tokenizer.get_vocab():
+            return pythonic_tools.PYTHONIC_TOOLS
+    except (AttributeError, TypeError):
+        pass
+    return QWEN_TOOLS
+
+
 @dataclass
 class RenderedPrompt:
     """A rendered chat prompt, ready for the engine."""
@@ -41,6 +88,8 @@ class RenderedPrompt:
     prompt_ids: list[int]
     start_in_reasoning: bool  # the template opened <think>: output starts as reasoning
     output_prefix: str        # text the prompt forced as the start of the answer ("" usually)
+    dialect: ToolDialect = QWEN_TOOLS  # how the model writes tool calls
+    images: list[PreparedImage] = field(default_factory=list)  # in prompt order
 
 
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -61,9 +110,17 @@ def render_chat(model: Any, conversation: Conversation) -> RenderedPrompt:
     if not template:
         raise invalid("this model has no chat template; use /v1/completions with a raw prompt",
                       "messages", code="no_chat_template")
+    check_effort(conversation, template, model.info.id)
+    dialect = tool_dialect(tokenizer, template)
     messages = normalize_messages(conversation.messages)
     if not messages:
         raise invalid("`messages` must contain at least one message", "messages")
+    if dialect is pythonic_tools.PYTHONIC_TOOLS and "tool_calls" not in template:
+        messages = [_with_calls_as_text(m) for m in messages]
+    images = message_images(messages)
+    if images:
+        vision = _vision_of(model)
+        messages = without_image_bytes(messages)
     forced = conversation.tool_choice if conversation.tools_active else "auto"
     kwargs: dict[str, Any] = {}
     if conversation.enable_thinking is not None:
@@ -77,17 +134,49 @@ def render_chat(model: Any, conversation: Conversation) -> RenderedPrompt:
     except Exception as exc:  # jinja raises its own errors for messages it refuses
         raise invalid(f"the chat template refused these messages: {exc}", "messages",
                       code="template_error") from None
-    prefix = forced_tool_opener(forced, xml_style="<function=" in template)
+    prefix = forced_tool_opener(forced, xml_style="<function=" in template, dialect=dialect)
     prompt_ids = list(tokenizer.encode(text + prefix, add_special_tokens=False))
+    prepared: list[PreparedImage] = []
+    if images:
+        try:
+            prepared = [vision.prepare(data) for data in images]
+            prompt_ids = expand_placeholders(prompt_ids, vision.image_token_id, prepared)
+        except ImageError as exc:
+            raise invalid(f"image: {exc}", "messages", code="invalid_image") from None
     return RenderedPrompt(prompt_ids=prompt_ids,
                           start_in_reasoning=text.rstrip().endswith("<think>") and not prefix,
-                          output_prefix=prefix)
+                          output_prefix=prefix, dialect=dialect, images=prepared)
 
 
-def forced_tool_opener(tool_choice: str | dict[str, Any], *, xml_style: bool) -> str:
+def _vision_of(model: Any) -> Any:
+    """The model's vision tower, or a 400 naming the model when it has none."""
+    vision = getattr(model, "vision", None)
+    if vision is None:
+        why = model.info.vision_reason or "it has no vision tower and takes text only"
+        raise invalid(f"model {model.info.id!r} cannot read images: {why}. Send text only, or "
+                      "load a vision checkpoint (see docs/models.md)", "messages",
+                      code="model_has_no_vision")
+    return vision
+
+
+def _with_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message whose tool calls are written into its content in the pythonic
+    syntax: LFM2's template renders `content` only, and the model must see its own calls."""
+    if message.get("role") != "assistant" or not message.get("tool_calls"):
+        return message
+    content = message.get("content") or ""
+    rest = {k: v for k, v in message.items() if k != "tool_calls"}
+    return {**rest, "content": content + pythonic_tools.render_calls(message["tool_calls"])}
+
+
+def forced_tool_opener(tool_choice: str | dict[str, Any], *, xml_style: bool,
+                       dialect: ToolDialect = QWEN_TOOLS) -> str:
     """The answer's forced beginning for `tool_choice` "required" or a named function."""
     if tool_choice in ("auto", "none"):
         return ""
+    if dialect is pythonic_tools.PYTHONIC_TOOLS:
+        opener = dialect.open + "["
+        return opener if tool_choice == "required" else opener + tool_choice["name"] + "("  # type: ignore[index]
     if tool_choice == "required":
         return "<tool_call>\n"
     name = tool_choice["name"]  # type: ignore[index]

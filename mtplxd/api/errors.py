@@ -77,6 +77,12 @@ def model_not_loaded(state: str) -> APIError:
                     code="model_not_loaded", headers={"Retry-After": "5"})
 
 
+def group_lost(reason: str) -> APIError:
+    """A 503 while a distributed serving group has lost a rank (docs/distributed.md)."""
+    return APIError(503, f"the distributed serving group lost a rank: {reason}; restart it "
+                         "with `mtplxctl restart`", code="group_lost", headers={"Retry-After": "30"})
+
+
 def model_not_found(requested: str, served: str) -> APIError:
     """A 404 for a model id that is not the one being served."""
     return APIError(404, f"the model {requested!r} does not exist; this server serves "

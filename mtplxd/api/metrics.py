@@ -26,7 +26,7 @@ RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 40, 60, 80, 100, 150, 200, 400, 1000)
 class Metrics:
     """One registry per app (tests run several apps in one process)."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: Any, recorder: Any = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("mtplx_requests", "HTTP API requests answered",
@@ -84,6 +84,11 @@ class Metrics:
         available = Gauge("mtplx_system_available_memory_bytes", "Memory available on the machine",
                           registry=r)
         available.set_function(lambda: psutil.virtual_memory().available)
+        if recorder is not None:  # the flight recorder: records on disk, and lost ones
+            for name, what in (("written", "Flight records written"),
+                               ("dropped", "Flight records lost (queue full or disk failing)")):
+                gauge = Gauge(f"mtplx_flight_records_{name}", what, registry=r)
+                gauge.set_function(lambda name=name: getattr(recorder, name))
 
     def _mean_acceptance(self) -> float:
         cycles = self.cycles._value.get()

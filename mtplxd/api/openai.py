@@ -33,6 +33,7 @@ def parse_chat_request(data: dict[str, Any]) -> tuple[str | None, Conversation, 
     conversation = Conversation(messages=messages, tools=tools,
                                 tool_choice=_tool_choice(body, tools))
     conversation.enable_thinking = _enable_thinking(body)
+    conversation.reasoning_effort = body.str("reasoning_effort")
     if body.int("n", 1, low=1) != 1:
         raise invalid("`n` must be 1: this server returns one choice per request", "n",
                       code="unsupported_parameter")
@@ -61,7 +62,7 @@ def _chat_message(raw: Any, name: str) -> dict[str, Any]:
     role = msg.str("role", required=True, choices=CHAT_ROLES)
     if role == "developer":
         role = "system"
-    content = text_of(msg.raw("content"), f"{name}.content")
+    content = text_of(msg.raw("content"), f"{name}.content", images=role == "user")
     out: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant":
         reasoning = msg.raw("reasoning_content") or msg.raw("reasoning")

@@ -8,10 +8,12 @@ checks this). Markup that could still be a tag is held back until it is decided.
 Recognised output:
 - `<think> ... </think>` at the start of the output (or, when the prompt already opened
   `<think>`, everything up to `</think>`) becomes reasoning.
-- `<tool_call> ... </tool_call>` blocks whose body is either JSON
-  (`{"name": ..., "arguments": {...}}`) or Qwen's XML style
-  (`<function=NAME><parameter=KEY>VALUE</parameter></function>`) become tool calls. A body
-  that parses as neither stays content, byte for byte; so does an unterminated block.
+- tool-call blocks of the model's dialect (a `ToolDialect`: its open and close markers and a
+  body parser) become tool calls. The default, Qwen's, is `<tool_call> ... </tool_call>` with
+  a JSON body (`{"name": ..., "arguments": {...}}`) or Qwen's XML style
+  (`<function=NAME><parameter=KEY>VALUE</parameter></function>`); LFM2's pythonic dialect
+  lives in `pythonic_tools`. A body that does not parse stays content, byte for byte; so does
+  an unterminated block.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import json
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -55,6 +57,20 @@ class ToolCallEvent:
 Event = ReasoningDelta | ContentDelta | ToolCallEvent
 
 
+@dataclass(frozen=True)
+class ToolDialect:
+    """How one model family writes tool calls: the block's markers and its body parser.
+
+    parse(body, schemas) -> [(name, arguments JSON), ...] for a well-formed body (one block
+    may hold several calls), or None: the block then stays content.
+    """
+
+    name: str
+    open: str
+    close: str
+    parse: Callable[[str, dict[str, dict[str, Any]]], list[tuple[str, str]] | None]
+
+
 def new_call_id() -> str:
     """A fresh tool-call id in OpenAI's style."""
     return "call_" + secrets.token_hex(12)
@@ -75,9 +91,12 @@ class OutputParser:
     """Turns generated text, fed in any chunking, into reasoning/content/tool-call events."""
 
     def __init__(self, *, parse_tools: bool, start_in_reasoning: bool = False,
-                 tool_schemas: dict[str, dict[str, Any]] | None = None, raw: bool = False) -> None:
-        """`raw`: plain text completion, every character is content (no markup, no trimming)."""
+                 tool_schemas: dict[str, dict[str, Any]] | None = None, raw: bool = False,
+                 dialect: ToolDialect | None = None) -> None:
+        """`raw`: plain text completion, every character is content (no markup, no trimming).
+        `dialect`: the model's tool-call markup (default: Qwen's `<tool_call>`)."""
         self.parse_tools = parse_tools and not raw
+        self.dialect = dialect or QWEN_TOOLS
         self.tool_schemas = tool_schemas or {}
         # "start": nothing but whitespace yet (a <think> may still open); "reasoning";
         # "content"; "tool": inside a <tool_call> block.
@@ -110,7 +129,7 @@ class OutputParser:
         events: list[Event] = []
         if self.mode == "tool":
             # An unterminated call is not a call: give its text back as content.
-            self._emit_content(events, self._pending_ws + TOOL_OPEN + self._buffer)
+            self._emit_content(events, self._pending_ws + self.dialect.open + self._buffer)
         elif self.mode == "reasoning":
             self._emit_reasoning(events, (self._pending_ws if self._buffer else "") + self._buffer)
         elif self.mode == "start" or not self._content_started:
@@ -167,34 +186,36 @@ class OutputParser:
             if not self._buffer:
                 return
         if self.parse_tools:
-            start = self._buffer.find(TOOL_OPEN)
+            opener = self.dialect.open
+            start = self._buffer.find(opener)
             if start >= 0:
                 self._emit_held_content(events, self._buffer[:start])
-                self._buffer = self._buffer[start + len(TOOL_OPEN):]
+                self._buffer = self._buffer[start + len(opener):]
                 self.mode = "tool"
                 return
-            keep = _partial_tag_suffix(self._buffer, [TOOL_OPEN])
+            keep = _partial_tag_suffix(self._buffer, [opener])
         else:
             keep = 0
         self._emit_held_content(events, self._buffer[:len(self._buffer) - keep], hold_ws=self.parse_tools)
         self._buffer = self._buffer[len(self._buffer) - keep:]
 
     def _step_tool(self, events: list[Event]) -> None:
-        end = self._buffer.find(TOOL_CLOSE)
+        opener, closer = self.dialect.open, self.dialect.close
+        end = self._buffer.find(closer)
         if end < 0:
             return
         body = self._buffer[:end]
-        self._buffer = self._buffer[end + len(TOOL_CLOSE):]
+        self._buffer = self._buffer[end + len(closer):]
         self.mode = "content"
-        call = parse_tool_call_body(body, self.tool_schemas)
-        if call is None:
-            self._emit_content(events, self._pending_ws + TOOL_OPEN + body + TOOL_CLOSE)
+        calls = self.dialect.parse(body, self.tool_schemas)
+        if not calls:
+            self._emit_content(events, self._pending_ws + opener + body + closer)
             self._pending_ws = ""
             return
-        name, arguments = call
         self._pending_ws = ""  # whitespace before a call is layout
-        events.append(ToolCallEvent(self.tool_calls, new_call_id(), name, arguments))
-        self.tool_calls += 1
+        for name, arguments in calls:
+            events.append(ToolCallEvent(self.tool_calls, new_call_id(), name, arguments))
+            self.tool_calls += 1
         # Whitespace between consecutive calls is layout too.
         self._content_started = False
 
@@ -245,6 +266,14 @@ def parse_tool_call_body(body: str, schemas: dict[str, dict[str, Any]]) -> tuple
     if match:
         return _parse_xml_call(match.group(1).strip(), match.group(2), schemas)
     return None
+
+
+def _parse_qwen_block(body: str, schemas: dict[str, dict[str, Any]]) -> list[tuple[str, str]] | None:
+    call = parse_tool_call_body(body, schemas)
+    return [call] if call else None
+
+
+QWEN_TOOLS = ToolDialect("qwen", TOOL_OPEN, TOOL_CLOSE, _parse_qwen_block)
 
 
 def _parse_json_call(text: str) -> tuple[str, str] | None:
@@ -329,9 +358,9 @@ def collect(events: Iterable[Event]) -> ParsedOutput:
 
 def parse_text(text: str, *, parse_tools: bool, start_in_reasoning: bool = False,
                tool_schemas: dict[str, dict[str, Any]] | None = None,
-               prefix: str = "") -> ParsedOutput:
+               prefix: str = "", dialect: ToolDialect | None = None) -> ParsedOutput:
     """Parse a whole output at once (the non-streamed path)."""
     parser = OutputParser(parse_tools=parse_tools, start_in_reasoning=start_in_reasoning,
-                          tool_schemas=tool_schemas)
+                          tool_schemas=tool_schemas, dialect=dialect)
     events = parser.feed(prefix + text) + parser.finish()
     return collect(events)

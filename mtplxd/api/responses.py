@@ -134,6 +134,8 @@ def parse_responses_request(data: dict[str, Any]) -> tuple[str | None, Conversat
     if reasoning is not None:
         conversation.enable_thinking = chat_format.thinking_for_effort(
             reasoning.str("effort"), "reasoning.effort")
+        conversation.reasoning_effort = reasoning.str("effort")
+        conversation.effort_param = "reasoning.effort"
     text = body.obj("text")
     fmt = text.obj("format") if text else None
     if fmt is not None and fmt.str("type", "text") != "text":
@@ -153,7 +155,8 @@ def _add_item(messages: list[dict[str, Any]], raw: Any, where: str, tools: ToolM
         role = "system" if role == "developer" else role
         messages.append({"role": role, "content": text_of(item.raw("content"), f"{where}.content",
                                                           text_types=("input_text", "output_text", "text",
-                                                                      "refusal"))})
+                                                                      "refusal"),
+                                                          images=role == "user")})
     elif kind in ("function_call", "custom_tool_call"):
         name = flat_name(item.str("name", required=True), item.str("namespace"))
         if kind == "function_call":

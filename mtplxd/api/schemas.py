@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mtplxd.api.errors import APIError, invalid
+from mtplxd.api.images import IMAGE_PART_TYPES, image_part
 
 MAX_DEPTH = 8  # mirrors mtplxd.engine.model.loader.MAX_DEPTH (kept import-light)
 MAX_STOP_SEQUENCES = 16
@@ -117,6 +118,10 @@ class Conversation:
     tools: list[dict[str, Any]] = field(default_factory=list)  # [{"type":"function","function":{...}}]
     tool_choice: str | dict[str, Any] = "auto"  # "auto" | "none" | "required" | {"name": ...}
     enable_thinking: bool | None = None  # None: the template's default
+    # The client's reasoning effort and the field it came in (its 400 names that field); the
+    # model's family decides which levels exist (chat_format.effort_levels).
+    reasoning_effort: str | None = None
+    effort_param: str = "reasoning_effort"
 
     @property
     def tools_active(self) -> bool:
@@ -181,30 +186,50 @@ def read_stop(body: Reader, key: str) -> list[str]:
     return [s for s in items if s]
 
 
-def text_of(content: Any, name: str, *, text_types: tuple[str, ...] = ("text", "input_text", "output_text")) -> str:
-    """Text of a message `content`: a string, or an array of text parts joined in order."""
+def text_of(content: Any, name: str, *, text_types: tuple[str, ...] = ("text", "input_text", "output_text"),
+            images: bool = False) -> Any:
+    """Text of a message `content`: a string, or an array of text parts joined in order.
+
+    With `images` (user turns), image parts are read too: content with an image becomes a
+    list of `{"type": "text", "text": ...}` and `{"type": "image", "data": bytes}` parts in
+    order (whether the model can see them is decided at render time)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise invalid(f"`{name}` must be a string or an array of content parts", name)
-    pieces = []
+    parts: list[dict[str, Any]] = []
     for i, part in enumerate(content):
         part_name = f"{name}[{i}]"
         if isinstance(part, str):
-            pieces.append(part)
+            parts.append({"type": "text", "text": part})
             continue
         reader = Reader(part, part_name)
         kind = reader.str("type", "text")
         if kind in text_types:
-            pieces.append(reader.str("text", ""))
-        elif kind in ("image_url", "input_image", "image", "input_audio", "input_file", "document"):
-            raise invalid(f"`{part_name}` is a {kind} part; this model takes text only", part_name,
+            parts.append({"type": "text", "text": reader.str("text", "")})
+        elif images and kind in IMAGE_PART_TYPES:
+            parts.append(image_part(kind, part, part_name))
+        elif kind in IMAGE_PART_TYPES + ("input_audio", "input_file", "document"):
+            raise invalid(f"`{part_name}` is a {kind} part; only text is accepted here", part_name,
                           code="unsupported_content")
         else:
             raise invalid(f"`{part_name}.type` {kind!r} is not a text part", part_name)
-    return "".join(pieces)
+    return join_text_parts(parts)
+
+
+def join_text_parts(parts: list[dict[str, Any]]) -> Any:
+    """One string when `parts` are all text, else the parts with adjacent texts merged."""
+    merged: list[dict[str, Any]] = []
+    for part in parts:
+        if part["type"] == "text" and merged and merged[-1]["type"] == "text":
+            merged[-1] = {"type": "text", "text": merged[-1]["text"] + part["text"]}
+        else:
+            merged.append(part)
+    if all(p["type"] == "text" for p in merged):
+        return "".join(p["text"] for p in merged)
+    return merged
 
 
 def function_tool(name: Any, description: Any, parameters: Any, where: str) -> dict[str, Any]:

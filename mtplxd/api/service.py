@@ -17,14 +17,18 @@ import trio
 
 from mtplxd.api import chat_format
 from mtplxd.api.errors import (
-    APIError, context_length_exceeded, invalid, model_not_found, model_not_loaded, queue_full,
+    APIError, context_length_exceeded, group_lost, invalid, model_not_found, model_not_loaded,
+    queue_full,
 )
 from mtplxd.api.flight import Flight, FlightBoard
 from mtplxd.api.metrics import Metrics
-from mtplxd.api.parsers import Event, OutputParser, ParsedOutput, ToolCallEvent, collect
+from mtplxd.api.receipts import CLIENT_CLOSED, Client, Receipts
+from mtplxd.api.parsers import (
+    QWEN_TOOLS, Event, OutputParser, ParsedOutput, ToolCallEvent, ToolDialect, collect,
+)
 from mtplxd.api.schemas import Conversation, GenParams, generation_defaults
 from mtplxd.engine.interface import (
-    GenerationRequest, GenerationResult, QueueFull, SamplingParams, TokenDelta,
+    GenerationRequest, GenerationResult, GroupLost, QueueFull, SamplingParams, TokenDelta,
 )
 from mtplxd.guard import ContextWindow, InsufficientMemory, context_window
 from mtplxd.runtime import ModelNotLoaded, Runtime
@@ -53,8 +57,11 @@ class Plan:
     tool_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
     start_in_reasoning: bool = False
     output_prefix: str = ""
+    dialect: ToolDialect = QWEN_TOOLS  # the model's tool-call markup
     raw_text: bool = False  # legacy completions: output is plain text, verbatim
     opened: "_OpenStream | None" = None  # set by Generations.open_stream
+    client: Client = field(default_factory=Client)  # who asked (request log, flight record)
+    context_window: int | None = None  # the server's window when it was admitted
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -72,7 +79,8 @@ class Plan:
     def new_parser(self) -> OutputParser:
         """An output parser for this plan, already fed the forced opener (if any)."""
         parser = OutputParser(parse_tools=self.parse_tools, start_in_reasoning=self.start_in_reasoning,
-                              tool_schemas=self.tool_schemas, raw=self.raw_text)
+                              tool_schemas=self.tool_schemas, raw=self.raw_text,
+                              dialect=self.dialect)
         if self.output_prefix:
             parser.feed(self.output_prefix)
         return parser
@@ -100,6 +108,7 @@ class Outcome:
     def mtplx_stats(self) -> dict[str, Any]:
         """The engine's stats for this request plus the output-cap facts."""
         stats = self.result.stats.to_dict()
+        stats.pop("samples", None)  # the flight recorder's, not the client's
         stats["max_tokens"] = self.plan.max_tokens
         stats["max_tokens_requested"] = self.plan.max_tokens_requested
         stats["request_id"] = self.plan.id
@@ -121,10 +130,12 @@ class Generations:
     """Admission and running of generations over the daemon's runtime."""
 
     def __init__(self, runtime: Runtime, metrics: Metrics, flights: FlightBoard,
-                 nursery: Callable[[], trio.Nursery], keepalive_seconds: float) -> None:
+                 nursery: Callable[[], trio.Nursery], keepalive_seconds: float,
+                 receipts: Receipts | None = None) -> None:
         self.runtime = runtime
         self.metrics = metrics
         self.flights = flights
+        self.receipts = receipts or Receipts(None)
         self._nursery = nursery
         self.keepalive_seconds = keepalive_seconds
         self._tokenizer_limiter = trio.CapacityLimiter(1)
@@ -169,10 +180,14 @@ class Generations:
         model = self.require_model(requested)
         rendered = await self.on_tokenizer(lambda m: chat_format.render_chat(m, conversation))
         plan = self._plan(endpoint, model, rendered.prompt_ids, params)
+        plan.request.images = rendered.images
+        if self.receipts.log_prompts and conversation.messages:
+            plan.client.prompt_excerpt = str(conversation.messages[-1].get("content") or "")
         plan.parse_tools = conversation.tools_active
         plan.tool_schemas = conversation.tool_schemas()
         plan.start_in_reasoning = rendered.start_in_reasoning
         plan.output_prefix = rendered.output_prefix
+        plan.dialect = rendered.dialect
         return plan
 
     async def plan_prompt(self, endpoint: str, requested: str | None, prompt_ids: list[int],
@@ -181,6 +196,9 @@ class Generations:
         model = self.require_model(requested)
         plan = self._plan(endpoint, model, prompt_ids, params)
         plan.raw_text = True
+        if self.receipts.log_prompts:
+            tail = prompt_ids[-64:]
+            plan.client.prompt_excerpt = await self.on_tokenizer(lambda m: m.tokenizer.decode(tail))
         return plan
 
     def _plan(self, endpoint: str, model: Any, prompt_ids: list[int], params: GenParams) -> Plan:
@@ -214,8 +232,11 @@ class Generations:
         request = GenerationRequest(prompt_ids=list(prompt_ids), sampling=sampling, depth=params.depth,
                                     session_id=session_id_from_headers(),
                                     arrived_at=time.perf_counter(), request_id=plan_id)
-        return Plan(id=plan_id, endpoint=endpoint, model_id=model.info.id,
-                    request=request, max_tokens=max_tokens, max_tokens_requested=params.max_tokens)
+        plan = Plan(id=plan_id, endpoint=endpoint, model_id=model.info.id, request=request,
+                    max_tokens=max_tokens, max_tokens_requested=params.max_tokens,
+                    client=current_client(), context_window=window.served or None)
+        _remember_plan(plan)  # a refusal after this point is recorded with the plan's facts
+        return plan
 
     def _flight(self, plan: Plan, stream: bool) -> Flight:
         return self.flights.begin(Flight(
@@ -232,6 +253,7 @@ class Generations:
         events: list[Event] = []
         reasoning_tokens = 0
         result = None
+        refused = False
         ending = "cancelled"  # unless a result or an error says otherwise
         try:
             async with self._generate(plan) as items:
@@ -244,11 +266,15 @@ class Generations:
                         result, ending = item, ""
         except Exception as exc:
             ending = "error"
-            raise _translate(exc) from exc
+            error = _translate(exc)
+            refused = isinstance(error, APIError)  # the app's error handler records it
+            raise error from exc
         finally:
             self.flights.end(flight)
             if ending:
                 self.metrics.observe_unfinished(ending)
+            if not (ending == "error" and refused):
+                self._receipt(plan, flight, result, ending)
         if result is None:
             raise RuntimeError("the engine ended without a result")
         events += parser.finish()
@@ -277,11 +303,13 @@ class Generations:
         except BaseException:
             self.flights.end(flight)
             self.metrics.observe_unfinished("error")
+            self._receipt(plan, flight, None, "error")
             raise
         receive, scope = plan.opened.receive, plan.opened.scope
         parser = plan.new_parser()
         reasoning_tokens = 0
         calls: list[ToolCallEvent] = []
+        result: GenerationResult | None = None
         last_sent = trio.current_time()
         try:
             async with receive:
@@ -304,6 +332,7 @@ class Generations:
                             last_sent = trio.current_time()
                             yield events
                     elif isinstance(item, GenerationResult):
+                        result = item
                         tail = parser.finish()
                         calls += [e for e in tail if isinstance(e, ToolCallEvent)]
                         if tail:
@@ -321,6 +350,7 @@ class Generations:
             self.flights.end(flight)
             if ending:
                 self.metrics.observe_unfinished(ending)
+            self._receipt(plan, flight, result, ending)
 
     async def _produce(self, plan: Plan, send: trio.MemorySendChannel, scope: trio.CancelScope,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -346,6 +376,20 @@ class Generations:
                         send.send_nowait(exc)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         pass
+
+    def _receipt(self, plan: Plan, flight: Flight, result: GenerationResult | None,
+                 ending: str) -> None:
+        """The request's log line and flight record. `ending` is "" (a result came), "error",
+        or "cancelled": with a result the engine cancelled it (unload, stop); without one the
+        client left first."""
+        if result is not None and ending != "error":
+            outcome = "cancelled" if result.finish_reason == "cancelled" else "completed"
+            status = 200
+        elif ending == "cancelled":
+            outcome, status = "disconnected", CLIENT_CLOSED
+        else:
+            outcome, status = "error", 200 if flight.stream else 500
+        self.receipts.finished(plan, plan.client, result, outcome, status, flight)
 
     def _generate(self, plan: Plan):
         return self.runtime.generate(plan.request)
@@ -378,6 +422,24 @@ def session_id_from_headers() -> str | None:
         if value:
             return value[:256]
     return None
+
+
+def current_client() -> Client:
+    """Who sent the current HTTP request (stamped by the app as it arrived); a blank Client
+    outside a request."""
+    from quart import g, has_request_context
+
+    if not has_request_context():
+        return Client(started=time.perf_counter(), wall=time.time())
+    client = g.get("mtplx_client")
+    return client if client is not None else Client(started=time.perf_counter(), wall=time.time())
+
+
+def _remember_plan(plan: Plan) -> None:
+    from quart import g, has_request_context
+
+    if has_request_context():
+        g.mtplx_plan = plan
 
 
 @dataclass
@@ -418,6 +480,8 @@ def _translate(exc: BaseException) -> BaseException:
         return exc
     if isinstance(exc, ModelNotLoaded):
         return model_not_loaded("none")
+    if isinstance(exc, GroupLost):
+        return group_lost(str(exc))
     if isinstance(exc, QueueFull):
         return queue_full(exc.queued, exc.retry_after_seconds)
     if isinstance(exc, InsufficientMemory):

@@ -19,6 +19,7 @@ from mtplxd.control.registry import MethodRegistry, Notify
 from mtplxd.guard import context_window
 from mtplxd.logs import tail
 from mtplxd.runtime import EMBEDDED_MODEL_ID, ModelLoadFailed
+from mtplxd.tuning import tuning_key
 
 if TYPE_CHECKING:
     from mtplxd.config import Config
@@ -164,6 +165,9 @@ def model_snapshot(daemon: "Daemon") -> dict[str, Any] | None:
         template = getattr(runtime.model.tokenizer, "chat_template", None) or ""
         snapshot["reasoning"] = "<think>" in template
         snapshot["demo"] = info.get("id") == EMBEDDED_MODEL_ID
+        # `mtplxctl tune` saves its depth under this key; the next load looks it up.
+        snapshot["tuning_key"] = tuning_key(info)
+        snapshot["depth_source"] = runtime.depth_source
         if snapshot["demo"]:
             snapshot["hint"] = DEMO_HINT
     return snapshot
@@ -189,9 +193,11 @@ def status_snapshot(daemon: "Daemon") -> dict[str, Any]:
         "requests": {"active": daemon.runtime.active_requests,
                      "started": daemon.runtime.generations_started},
         "scheduler": daemon.runtime.scheduler_status(),
+        "group": daemon.runtime.group_status(),
         "guard": daemon.runtime.guard.status() if daemon.runtime.guard is not None else None,
         "session_bank": daemon.runtime.session_bank_stats() if daemon.runtime.model is not None else None,
         "fans": daemon.fans.snapshot() if getattr(daemon, "fans", None) else None,
+        "flight_recorder": daemon.recorder.status() if getattr(daemon, "recorder", None) else None,
         "blas": blas.snapshot(),  # the BLAS this daemon's MLX calls
         "memory": {
             "rss_bytes": process.memory_info().rss,

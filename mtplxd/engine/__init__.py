@@ -9,6 +9,8 @@ which picks the CPU's BLAS before MLX loads), so it runs alone on any machine. I
 - `session/`: the session bank (RAM and SSD tiers).
 - `loaded_model`, `generation`, `scheduler`, `owner` (this level): the runtime that ties them
   together; the scheduler steps every generation a prefill chunk or decode cycle at a time.
+- `distributed/`: one model served over several processes or hosts (pipeline parallel over
+  `mx.distributed`), rank 0's trunk and the workers' loop; see docs/distributed.md.
 - `fixtures/` and `bench/`: tiny checkpoints and benchmarks; the runtime never imports them.
 """
 

@@ -27,6 +27,7 @@ from mtplxd.engine.interface import (
 from mtplxd.engine.model.mtp_head import MTPHead
 from mtplxd.engine.model.trunk import PREFILL_CHUNK, Trunk
 from mtplxd.engine.session.bank import SessionBank
+from mtplxd.engine.model.vision import VisionTower, bank_key
 
 
 class _Finish:
@@ -67,6 +68,56 @@ class _Finish:
         return TokenDelta(token_ids=accepted, text=text)
 
 
+SAMPLE_SECONDS = 1.0
+
+
+class DecodeSamples:
+    """Per-second decode samples into `stats.samples`: what the flight recorder plots.
+
+    Each sample covers the window since the previous one: tokens/s, cycles and their mean
+    time, accepted length and accepted/drafted counts by draft position, and the context
+    length at its end. Draft and verify time are not split: the fused loop runs both in one
+    graph and the stepwise loop launches the next draft before it reads the verify, so timing
+    them apart would need a device sync that slows the very thing being measured.
+    """
+
+    def __init__(self, stats: GenerationStats, arrived: float, start: float,
+                 acceptance: Any = None) -> None:
+        self.stats = stats
+        self.arrived = arrived
+        self.acceptance = acceptance  # the decoder's AcceptanceStats (None: AR)
+        self.at, self.generated, self.cycles, self.committed = start, 1, 0, 0
+        self.by_depth = ([], [])
+
+    def tick(self, now: float, generated: int, force: bool = False) -> None:
+        """Close a window when a second passed (or `force`, at the end, when tokens came)."""
+        seconds = now - self.at
+        if (seconds < SAMPLE_SECONDS and not force) or generated <= self.generated or seconds <= 0:
+            return
+        acc = self.acceptance
+        cycles = acc.cycles if acc is not None else generated - 1
+        committed = acc.committed if acc is not None else generated - 1
+        drafted = list(acc.drafted_by_depth) if acc is not None else []
+        accepted = list(acc.accepted_by_depth) if acc is not None else []
+        window_cycles = cycles - self.cycles
+        sample = {
+            "t": round(now - self.arrived, 3),
+            "seconds": round(seconds, 3),
+            "tokens": generated - self.generated,
+            "tok_s": round((generated - self.generated) / seconds, 2),
+            "cycles": window_cycles,
+            "cycle_ms": round(1000 * seconds / window_cycles, 2) if window_cycles else None,
+            "accepted_length": (round((committed - self.committed) / window_cycles, 3)
+                                if window_cycles else None),
+            "drafted_by_depth": [a - b for a, b in zip(drafted, self.by_depth[0] or [0] * len(drafted))],
+            "accepted_by_depth": [a - b for a, b in zip(accepted, self.by_depth[1] or [0] * len(accepted))],
+            "context": self.stats.prompt_tokens + generated,
+        }
+        self.stats.samples.append(sample)
+        self.at, self.generated, self.cycles, self.committed = now, generated, cycles, committed
+        self.by_depth = (drafted, accepted)
+
+
 class Step:
     """A generation step that has nothing to stream: one prefill chunk, or a decode cycle
     whose tokens completed no text yet. The scheduler runs other rows after it."""
@@ -81,17 +132,18 @@ STEP = Step()
 def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationRequest,
              depth: int, vocab_size: int,
              should_stop: Callable[[], bool],
-             bank: SessionBank | None = None) -> Iterator[TokenDelta | GenerationResult]:
+             bank: SessionBank | None = None,
+             vision: VisionTower | None = None) -> Iterator[TokenDelta | GenerationResult]:
     """Run one request; yield TokenDeltas, then exactly one GenerationResult.
 
     depth 0 (or no head) decodes plain AR; depth K >= 1 runs the speculative loop. The
     caller validated depth. should_stop() is checked before prefill and between cycles.
     With a session `bank`, the longest stored prefix of the prompt is restored first (only
     the rest is prefilled; stats.cached_tokens says how much), and after the result the
-    committed state is stored back.
+    committed state is stored back. A request with images needs the model's `vision` tower.
     """
     for item in generate_steps(trunk, head, tokenizer, request, depth, vocab_size,
-                               should_stop, bank):
+                               should_stop, bank, vision):
         if not isinstance(item, Step):
             yield item
     mx.clear_cache()  # the request's buffers go back now, not when the next one needs them
@@ -100,7 +152,8 @@ def generate(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationR
 def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: GenerationRequest,
                    depth: int, vocab_size: int,
                    should_stop: Callable[[], bool],
-                   bank: SessionBank | None = None, *, cohort: bool = False
+                   bank: SessionBank | None = None,
+                   vision: VisionTower | None = None, *, cohort: bool = False
                    ) -> Generator[TokenDelta | GenerationResult | Step | VerifyCall, Any, None]:
     """`generate`, one unit of work per item: every prefill chunk and every decode cycle
     yields (a TokenDelta when it completed text, else STEP), so the scheduler can step many
@@ -129,15 +182,17 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     history = TokenHistory(vocab_size, prompt)
     chunk = request.prefill_chunk or PREFILL_CHUNK
     turn, head_cache, pending_from = None, None, 0
+    embeddings, key = _image_inputs(trunk, vision, request)
     if bank is None:
         cache = trunk.make_cache()
-        prefill = trunk.prefill_steps(prompt, cache, chunk, should_stop=should_stop)
+        prefill = trunk.prefill_steps(prompt, cache, chunk, should_stop=should_stop,
+                                      embeddings=embeddings)
     else:
-        turn = bank.begin(trunk, head if depth > 0 else None, prompt, request.session_id)
+        turn = bank.begin(trunk, head if depth > 0 else None, prompt, request.session_id, key=key)
         cache, head_cache, pending_from = turn.cache, turn.head_cache, turn.pending_from
         stats.cached_tokens = turn.cached
         stats.restored_from = turn.restored_from
-        prefill = turn.prefill_steps(chunk, should_stop=should_stop)
+        prefill = turn.prefill_steps(chunk, should_stop=should_stop, embeddings=embeddings)
     prefilled = yield from _counted(prefill, stats)
     if prefilled is None:
         now = time.perf_counter()
@@ -165,6 +220,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     else:
         cycles = ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
     reason = finish.reason
+    samples = DecodeSamples(stats, arrived, prefill_done, decoder.stats if decoder else None)
     # A turn that ends on its first token (max_tokens 1, a stop) runs no cycle, so nothing
     # feeds the head: keep the hiddens to give its bank entry the head's KV after the result.
     unfed = hiddens if turn is not None and decoder is not None and reason is not None else None
@@ -180,6 +236,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
         produced += step
         delta = finish.take(step)
         reason = finish.reason
+        samples.tick(time.perf_counter(), finish.generated)
         if delta is not None:
             yield delta
         elif reason is None:
@@ -190,6 +247,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
         if tail:
             yield TokenDelta(token_ids=[], text=tail)
     end = time.perf_counter()
+    samples.tick(end, finish.generated, force=True)
     if decoder is not None:
         acc = decoder.stats
         stats.drafted_by_depth, stats.accepted_by_depth = acc.drafted_by_depth, acc.accepted_by_depth
@@ -205,6 +263,20 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
                                                         prompt, first, pending_from)
         turn.store(produced, decoder.head_cache if decoder else None,
                    decoder.pending_hidden if decoder else None)
+
+
+def _image_inputs(trunk: Trunk, vision: VisionTower | None, request: GenerationRequest
+                  ) -> tuple[mx.array | None, list[int] | None]:
+    """(the prompt's input embeddings with its images spliced in, the session-bank key that
+    names each image row by the image's bytes), or (None, None) for a text-only prompt."""
+    if not request.images:
+        return None, None
+    if vision is None:
+        raise ValueError("this model has no vision tower; the request carries images")
+    prompt = list(request.prompt_ids)
+    embeddings = vision.embed_prompt(trunk.input_embedding, prompt, request.images)
+    mx.eval(embeddings)
+    return embeddings, bank_key(prompt, vision.image_token_id, request.images)
 
 
 def _counted(steps: Generator[None, None, Any], stats: GenerationStats

@@ -6,10 +6,16 @@ Plain dataclasses, no MLX, so the API and control layers can import them cheaply
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 class ModelLoadError(Exception):
     """A checkpoint was refused or could not be loaded; the message says what to do."""
+
+
+class GroupLost(RuntimeError):
+    """A distributed serving group lost a rank (died, hung past its deadline); the message
+    says which and why. Requests fail with 503 until the group is back (engine/distributed)."""
 
 
 class QueueFull(Exception):
@@ -59,6 +65,26 @@ class SamplingParams:
 
 
 @dataclass
+class PreparedImage:
+    """An image ready for the vision tower: preprocessed pixels (a numpy array, no MLX), its
+    patch grid, how many prompt rows it fills, and the sha256 of its bytes (the session bank
+    keys image rows by it)."""
+
+    digest: str
+    tokens: int
+    grid_thw: tuple[int, int, int]
+    pixel_values: Any = field(repr=False, default=None)
+    # Peak bytes the vision tower needs for it (pixels, activations, attention scores, the
+    # output rows): the memory guard adds them to the request's price.
+    price_bytes: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its preprocessed pixels."""
+        return int(getattr(self.pixel_values, "nbytes", 0))
+
+
+@dataclass
 class GenerationRequest:
     """One completion: prompt token ids, sampling, and the MTP depth (0 = plain AR)."""
 
@@ -75,6 +101,8 @@ class GenerationRequest:
     arrived_at: float | None = None
     # The caller's id for this request (the API's request id), shown in scheduler snapshots.
     request_id: str | None = None
+    # Images in the prompt, in order; each fills a run of the model's image-placeholder ids.
+    images: list[PreparedImage] = field(default_factory=list)
 
 
 @dataclass
@@ -109,6 +137,9 @@ class GenerationStats:
     prefill_chunks: int = 0  # prefill forwards; the scheduler ran other rows between them
     restored_from: str = "cold"  # where the reused prompt prefix came from: cold | ram | ssd
     rows_max: int = 1  # the most rows running at once (this one included) while it ran
+    # Decode samples about once a second (rate, acceptance by depth, context length) for the
+    # flight recorder; not part of the API's mtplx_stats (see generation.DecodeSamples).
+    samples: list[dict] = field(default_factory=list)
     # Decode cycles by the width of the cohort whose batched verify the row ran in ({"3": 12});
     # empty when the row decoded alone (not through the scheduler's cohorts).
     cohort_widths: dict[str, int] = field(default_factory=dict)
@@ -144,6 +175,11 @@ class ModelInfo:
     weights_bytes: int
     decode_loop: str = "stepwise"  # the loop MTP requests run: "fused" | "stepwise"
     dtype: str = "bfloat16"  # what it computes (and caches) in; float32 on the Linux CPU
+    vision: bool = False  # images in the prompt are served (a vision tower is loaded)
+    vision_reason: str | None = None  # why a checkpoint with vision_config is served text-only
+    # Which implementation each fast path runs here (loaded_model.kernel_paths): a custom
+    # kernel, or MLX's own ops where the kernel is missing, off or failed its probe.
+    kernels: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""
@@ -163,6 +199,8 @@ class CheckpointReport:
     has_mtp_tensors: bool
     weights_bytes: int
     context_length: int | None
+    vision: bool = False  # config.json has a vision tower that mtplx serves
+    vision_reason: str | None = None  # why a vision_config is not served (text only)
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
+from mtplxd.engine.decoding import buffer_attention
 from mtplxd.engine.decoding.cohort_rows import VerifyCall
 from mtplxd.engine.decoding.fused import fused_supported
 from mtplxd.engine.generation import Step
@@ -17,7 +19,9 @@ from mtplxd.engine.interface import (
     DECODE_LOOP_CHOICES, QUANTIZE_CHOICES, GenerationRequest, GenerationResult, ModelInfo,
     ModelLoadError, TokenDelta,
 )
+from mtplxd.engine.model import gdn_chunked, small_m_qmm
 from mtplxd.engine.model.families import get_family
+from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
 from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 from mtplxd.engine.model.loader import (
     MAX_DEPTH, compute_dtype, inspect_checkpoint, load_checkpoint, model_dtype, quantize_on_load,
@@ -25,6 +29,9 @@ from mtplxd.engine.model.loader import (
 )
 from mtplxd.engine.model.trunk import Trunk
 from mtplxd.engine.session.bank import BankSettings, SessionBank, identity_for
+from mtplxd.engine.model.vision import VisionTower, load_vision_tower
+
+log = logging.getLogger(__name__)
 
 
 class LoadedModel:
@@ -37,6 +44,8 @@ class LoadedModel:
         self.trunk = trunk
         self.head = getattr(model, "mtp", None) if info.mode == "mtp" else None
         self.bank: SessionBank | None = None  # prefix reuse across requests (enable_session_bank)
+        self.vision: VisionTower | None = None  # images in the prompt (a vision checkpoint)
+        self.group: Any = None  # engine/distributed GroupInfo when served over several ranks
 
     @property
     def session_bank(self) -> SessionBank | None:
@@ -67,7 +76,7 @@ class LoadedModel:
         """
         depth = self.resolve_depth(request.depth)
         return run_generation(self.trunk, self.head, self.tokenizer, request, depth,
-                              self.info.vocab_size, should_stop, self.bank)
+                              self.info.vocab_size, should_stop, self.bank, self.vision)
 
     def generate_steps(self, request: GenerationRequest,
                        should_stop: Callable[[], bool] = lambda: False, *,
@@ -78,7 +87,8 @@ class LoadedModel:
         `cohort`, decode cycles yield VerifyCalls for the scheduler's cohorts (cohort.py)."""
         depth = self.resolve_depth(request.depth)
         return run_generation_steps(self.trunk, self.head, self.tokenizer, request, depth,
-                                    self.info.vocab_size, should_stop, self.bank, cohort=cohort)
+                                    self.info.vocab_size, should_stop, self.bank, self.vision,
+                                    cohort=cohort)
 
     def complete(self, request: GenerationRequest,
                  should_stop: Callable[[], bool] = lambda: False) -> GenerationResult:
@@ -100,7 +110,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                session_bank: BankSettings | None = None,
                draft_head_bits: int | None = None,
                decode_loop: str = "auto",
-               quantize: str = "auto") -> LoadedModel:
+               quantize: str = "auto",
+               shard: Callable[[Any], None] | None = None) -> LoadedModel:
     """Load an HF-format folder for serving (owner thread only).
 
     Registered families with MTP tensors are served MTP at `depth` (default: the checkpoint's
@@ -114,6 +125,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     (trunk.default_decode_loop: fused on CUDA and CPU, stepwise on Metal).
     `quantize` quantizes an unquantized checkpoint as it loads: "8bit" or "4bit", "none", or
     "auto" (what the checkpoint's config asks for on CUDA; see loader.CUDA_QUANTIZATION_KEY).
+    `shard(model)` runs before any weight is read and may drop layers (a pipeline rank:
+    engine/distributed): only what it leaves is loaded.
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -129,7 +142,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         raise ModelLoadError(f"decode_loop must be one of {', '.join(DECODE_LOOP_CHOICES)}, "
                              f"got {decode_loop!r}")
     with_mtp = report.mode == "mtp"
-    model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp)
+    model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp, lazy=shard is not None)
+    if shard is not None:
+        shard(model)
     on_cuda = fixed_shapes_wanted()
     quantized_at_load = quantize_on_load(model, config, quantize, on_cuda=on_cuda)
     grown = 0
@@ -137,6 +152,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                           quantized=bool(quantized_at_load or report.quantization))
     if dtype is not None:
         grown = upcast(model, dtype)
+    switched = small_m_qmm.install(model)  # the model's quantized layers, MTP head included
     spec = get_family(report.model_type)
     trunk = Trunk(model, spec)
     if decode_loop != "auto":
@@ -156,13 +172,44 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         vocab_size=int(config.get("vocab_size") or text_config.get("vocab_size")),
         weights_bytes=report.weights_bytes + grown,  # what is resident after any upcast
         dtype=model_dtype(model),
+        kernels=kernel_paths(switched, hybrid=report.model_type in HYBRID_MODEL_TYPES),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache()) else "stepwise"),
+        vision=report.vision, vision_reason=report.vision_reason,
     )
     loaded = LoadedModel(model, tokenizer, info, trunk)
+    if report.vision:
+        try:
+            loaded.vision = load_vision_tower(path, config)
+        except ModelLoadError as exc:  # the text is still served; images are refused, saying why
+            log.warning("serving %s text only: %s", path.name, exc)
+            info.vision, info.vision_reason = False, f"the vision tower did not load: {exc}"
+        else:
+            if dtype is not None:
+                loaded.vision.model.set_dtype(getattr(_mx(), dtype))
     if session_bank is not None:
         loaded.enable_session_bank(session_bank)
     return loaded
+
+
+def _mx():
+    import mlx.core as mx
+
+    return mx
+
+
+def kernel_paths(quantized_layers_switched: int, *, hybrid: bool) -> dict[str, str]:
+    """Which implementation each fast path runs on this machine (`ModelInfo.kernels`):
+    quantized matmuls, attention over the fused loop's cache buffer, and for hybrid models
+    the Gated DeltaNet verify. Off CUDA every entry names MLX's own ops."""
+    paths = {
+        "quantized_matmul": small_m_qmm.path_name(quantized_layers_switched),
+        "cache_attention": ("buffer CUDA kernel" if buffer_attention.usable()
+                            else "mlx scaled_dot_product_attention"),
+    }
+    if hybrid:
+        paths["gdn_verify"] = gdn_chunked.path_name()
+    return paths
 
 
 def _on_cpu() -> bool:

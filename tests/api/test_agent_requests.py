@@ -119,9 +119,9 @@ def test_a_refused_request_is_logged_with_its_parameter(api):
     log_file = api.home / "logs" / "mtplxd.log"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        lines = [line for line in log_file.read_text().splitlines() if "refused: 400" in line]
+        lines = [line for line in log_file.read_text().splitlines() if " 400 " in line and "refused:" in line]
         if lines:
             break
         time.sleep(0.05)
-    assert any("POST /v1/messages refused: 400 invalid_request (messages[0].role)" in line
+    assert any("POST /v1/messages 400 " in line and "refused: invalid_request (messages[0].role)" in line
                for line in lines), lines

@@ -117,3 +117,14 @@ def test_errors_come_in_anthropic_shape(client, api):
     raw = httpx.post(api.base_url + "/v1/messages", content=b"[1,2]",
                      headers={"content-type": "application/json"})
     assert raw.status_code == 400 and raw.json()["type"] == "error"
+
+
+def test_an_image_block_for_a_text_only_model_is_a_400_naming_the_model(client):
+    source = {"type": "base64", "media_type": "image/png", "data": (
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")}
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model=MODEL_ID, max_tokens=5, messages=[
+            {"role": "user", "content": [{"type": "image", "source": source}]}])
+    error = err.value.body["error"]
+    assert error["type"] == "invalid_request_error" and MODEL_ID in error["message"]
+    assert "no vision tower" in error["message"]

@@ -39,6 +39,9 @@ def test_health_says_model_state_mode_and_depth(api):
     plan = body["memory"]["plan"]  # the memory guard's plan, from the model's geometry
     assert plan["kv_bytes_per_token"] > 0 and plan["weights_bytes"] > 0
     assert body["memory"]["max_context_tokens"] >= body["context_length"]
+    # Which implementation each fast path runs: on this CPU, MLX's own ops everywhere.
+    assert body["kernels"]["quantized_matmul"].startswith("mlx")
+    assert body["kernels"]["cache_attention"].startswith("mlx")
 
 
 def test_chat_non_streamed_carries_usage_stats_and_truthful_finish(client):
@@ -230,3 +233,16 @@ def test_logprobs_for_generated_tokens_is_a_clear_400(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=MODEL_ID, prompt="x", max_tokens=4, logprobs=1)
     assert err.value.body["param"] == "logprobs"
+
+
+def test_an_image_part_for_a_text_only_model_is_a_400_naming_the_model(client):
+    # One transparent pixel: a valid image, which this model still cannot read.
+    pixel = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
+             "YPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                             {"type": "image_url", "image_url": {"url": pixel}}]}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=1)
+    assert err.value.body["code"] == "model_has_no_vision"
+    assert MODEL_ID in err.value.body["message"] and "no vision tower" in err.value.body["message"]
+    assert client.models.list().data[0].model_extra["supports_vision"] is False

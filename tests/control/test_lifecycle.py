@@ -159,6 +159,8 @@ def test_start_with_a_model_loads_it_and_status_shows_it(tiny_model_factory):
         human = run_ctl("status")
         assert f"{model.name} — MTP depth" in human.stdout
         assert "memory guard" in human.stdout
+        assert loaded["kernels"]["quantized_matmul"] == "mlx (the small-M kernel is CUDA only)"
+        assert "quantized matmul: mlx (the small-M kernel is CUDA only)" in human.stdout
         # The numerics profile `auto` resolved to on this machine (exact on OpenBLAS).
         assert re.search(r"cohorts\s+widths 1,3,8, numerics (exact|throughput), 0 paused", human.stdout)
     finally:

@@ -87,3 +87,29 @@ def test_accept_and_residual_rules_reproduce_p_exactly():
     emitted = q * accept + reject * speculative.residual_distribution(p, q)
     assert mx.allclose(emitted, p, atol=1e-6)
     assert mx.allclose(speculative.residual_distribution(p, p), p)  # nothing to correct: falls back to p
+
+
+AR_PARAMS = SamplingParams(temperature=0.6, top_p=0.5)
+
+
+def test_sampled_ar_matches_the_exact_target_distribution(tiny_qwen3, prompt, decode_loop):
+    """AR (depth 0) samples through the compiled chain with device-made keys: same test."""
+    if decode_loop != "stepwise":
+        pytest.skip("AR runs one loop whatever the MTP decode loop is")
+    joint = exact_joint(tiny_qwen3, prompt, AR_PARAMS)
+    counts = sampled_counts(tiny_qwen3, prompt, AR_PARAMS, 0, N_SAMPLES)
+    assert chi_square_p_value(joint, counts, N_SAMPLES) > 1e-3
+
+
+def test_an_ar_sampler_without_top_p_fails_the_same_test(tiny_qwen3, prompt, decode_loop, monkeypatch):
+    if decode_loop != "stepwise":
+        pytest.skip("AR runs one loop whatever the MTP decode loop is")
+    import mtplxd.engine.decoding.sampling as sampling
+
+    joint = exact_joint(tiny_qwen3, prompt, AR_PARAMS)  # before the wrong rule goes in
+    exact = sampling.scaled_logits
+    monkeypatch.setattr(sampling, "_ROW_SAMPLERS", {})  # trace with the wrong rule
+    monkeypatch.setattr(sampling, "scaled_logits",
+                        lambda penalised, params: exact(penalised, SamplingParams(temperature=params.temperature)))
+    counts = sampled_counts(tiny_qwen3, prompt, AR_PARAMS, 0, N_SAMPLES)
+    assert chi_square_p_value(joint, counts, N_SAMPLES) < 1e-3

@@ -226,3 +226,16 @@ def test_admission_never_prefills_in_larger_chunks_than_asked():
     plan = plan_for_config(QWEN3_4B, weights_bytes=1 * GIB)
     guard = MemoryGuard(plan, limit_bytes=32 * GIB, serial=False)
     assert guard.admit(4096, 0, prefill_chunk=128).prefill_chunk == 128
+
+
+def test_images_are_priced_on_top_of_their_tokens():
+    plan = plan_for_config(QWEN3_4B, weights_bytes=1 * GIB)
+    guard = MemoryGuard(plan, limit_bytes=2 * GIB)
+    text = guard.admit(1000, 100)
+    with_image = guard.admit(1000, 100, extra_bytes=64 * 1024 * 1024)
+    assert with_image.bytes == text.bytes + 64 * 1024 * 1024
+    with_image.release()
+    text.release()
+    with pytest.raises(InsufficientMemory):
+        guard.check(1000, 100, extra_bytes=2 * GIB)  # the tokens fit, the image does not
+    guard.check(1000, 100)

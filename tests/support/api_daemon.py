@@ -10,8 +10,10 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 from unittest import mock
 
 import httpx
@@ -61,6 +63,12 @@ def daemon_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def ctl_in(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m mtplxctl ARGS` on the daemon home `home` (wide columns: no folded tables)."""
+    return subprocess.run([sys.executable, "-m", "mtplxctl", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**daemon_env(home), "COLUMNS": "160"})
+
+
 def paths_for(home: Path) -> Paths:
     with mock.patch.dict(os.environ, {"MTPLX_HOME": str(home)}):
         os.environ.pop("MTPLX_SOCKET", None)
@@ -90,3 +98,13 @@ def start_api_daemon(home: Path, *args: str, wait_model: bool = True, timeout: f
         time.sleep(0.1)
     process.kill()
     raise RuntimeError("mtplxd did not come up:\n" + (home / "daemon.out").read_text(errors="replace"))
+
+
+@contextmanager
+def serving(checkpoint: Path, home: Path) -> Iterator[ApiDaemon]:
+    """A loopback daemon in `home` serving `checkpoint`, stopped on exit."""
+    daemon = start_api_daemon(home, MTPLX_MODEL=str(checkpoint))
+    try:
+        yield daemon
+    finally:
+        daemon.stop()

@@ -64,15 +64,15 @@ def measure_ar(model, ids: list[int], params: SamplingParams, steps: int) -> dic
     history = TokenHistory(model.info.vocab_size, ids)
     first = pick_first(logits, params, history, 0, len(ids))
     step = ar_step(trunk, cache, params, history, seed=0)
-    current = step(mx.array([first]), len(ids) + 1)
+    current, following = step(mx.array([first], mx.uint32), mx.array([len(ids) + 1], mx.uint32))
     counts = primitives([current])
-    mx.eval(current)
-    pending = step(current, len(ids) + 2)
+    mx.eval(current, following)
+    pending, following = step(current, following)
     mx.async_eval(pending)
     host, wait = [], []
-    for position in range(len(ids) + 3, len(ids) + 3 + steps):
+    for _ in range(steps):
         current, started = pending, time.perf_counter()
-        pending = step(current, position)
+        pending, following = step(current, following)
         mx.async_eval(pending)
         submitted = time.perf_counter()
         current.item()

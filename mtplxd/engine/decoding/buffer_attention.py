@@ -20,14 +20,12 @@ mx.fast.scaled_dot_product_attention with the mask.
 
 from __future__ import annotations
 
-import logging
 import math
 
 import mlx.core as mx
 
+from mtplxd.engine.model import custom_kernels
 from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
-
-log = logging.getLogger(__name__)
 
 _HEADER = "#include <cooperative_groups/reduce.h>\n"
 
@@ -154,22 +152,17 @@ def usable() -> bool:
     return _usable
 
 
+def _probe_error() -> float:
+    rows, dim, slots, offset = 3, 64, 40, 20
+    q = mx.random.normal((1, 4, rows, dim), key=mx.random.key(0)).astype(mx.bfloat16)
+    k = mx.random.normal((1, 2, slots, dim), key=mx.random.key(1)).astype(mx.bfloat16)
+    v = mx.random.normal((1, 2, slots, dim), key=mx.random.key(2)).astype(mx.bfloat16)
+    mask = mx.arange(slots)[None] <= offset + mx.arange(rows)[:, None]
+    scale = 1 / math.sqrt(dim)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    got = buffer_attention(q, k, v, mx.array(offset), scale)
+    return mx.max(mx.abs(got.astype(mx.float32) - want.astype(mx.float32))).item()
+
+
 def _probe() -> bool:
-    try:
-        rows, dim, slots, offset = 3, 64, 40, 20
-        q = mx.random.normal((1, 4, rows, dim), key=mx.random.key(0)).astype(mx.bfloat16)
-        k = mx.random.normal((1, 2, slots, dim), key=mx.random.key(1)).astype(mx.bfloat16)
-        v = mx.random.normal((1, 2, slots, dim), key=mx.random.key(2)).astype(mx.bfloat16)
-        mask = mx.arange(slots)[None] <= offset + mx.arange(rows)[:, None]
-        scale = 1 / math.sqrt(dim)
-        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-        got = buffer_attention(q, k, v, mx.array(offset), scale)
-        error = mx.max(mx.abs(got.astype(mx.float32) - want.astype(mx.float32))).item()
-    except Exception as exc:  # noqa: BLE001 - any JIT or launch failure means "not here"
-        log.warning("buffer attention kernel unavailable, using mx.fast attention: %s", exc)
-        return False
-    if not error < 0.05:
-        log.warning("buffer attention kernel disagrees with mx.fast attention (max error %s); "
-                    "not using it", error)
-        return False
-    return True
+    return custom_kernels.probe("buffer attention", _probe_error, 0.05, "mx.fast attention")

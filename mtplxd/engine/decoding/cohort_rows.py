@@ -17,7 +17,8 @@ from typing import Any, Generator
 
 import mlx.core as mx
 
-from mtplxd.engine.decoding.sampling import TARGET, TokenHistory, pick, position_key
+from mtplxd.engine.decoding.autoregressive import ar_pick
+from mtplxd.engine.decoding.sampling import TokenHistory
 from mtplxd.engine.decoding.speculative import SpeculativeDecoder
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.trunk import Trunk
@@ -62,15 +63,14 @@ class CohortSpeculativeDecoder(SpeculativeDecoder):
 
 def cohort_ar_cycles(trunk: Trunk, cache: list[Any], params: SamplingParams, history: TokenHistory,
                      seed: int, last_token: int, position: int) -> CohortCycles:
-    """autoregressive.ar_cycles for the AR batch lane: one (1, 1) VerifyCall per token.
+    """autoregressive.ar_cycles for the AR batch lane: one (1, 1) VerifyCall per token, picked
+    by the same sampler (so a seeded row draws what it draws alone).
 
     `last_token` is the committed token at absolute `position`, in `history`, not yet fed."""
-    token = last_token
+    pick_next = ar_pick(params, history, seed)
+    token, following = last_token, mx.array([position + 1], mx.uint32)
     while True:
-        position += 1
-        _, logits = yield VerifyCall(trunk, mx.array([[token]]), cache)
-        counts, seen = history.rows(None, 1)
-        keys = None if params.greedy else [position_key(seed, position, TARGET)]
-        token = pick(logits[0], params, counts, seen, keys).item()
-        history.append([token])
+        _, logits = yield VerifyCall(trunk, mx.array([[token]], mx.uint32), cache)
+        chosen, following = pick_next(logits[0], following)
+        token = chosen.item()
         yield [token]

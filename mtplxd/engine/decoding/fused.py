@@ -25,7 +25,7 @@ the stepwise loop, whose rollback caches replay recurrent state on the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple
 
 import mlx.core as mx
@@ -35,8 +35,8 @@ from mlx_lm.models.cache import KVCache
 
 from mtplxd.engine.decoding import buffer_attention
 from mtplxd.engine.decoding.sampling import (
-    CYCLE, TokenHistory, apply_penalties, device_position_keys, draft_weights, history_rows,
-    one_hot, scaled_logits, seed_words,
+    CYCLE, TokenHistory, apply_penalties, device_position_keys, draft_weights, graph_key,
+    history_rows, one_hot, scaled_logits, seed_words,
 )
 from mtplxd.engine.decoding.speculative import (
     AcceptanceStats, acceptance_probability, feed_pending_pairs, log_weights,
@@ -154,12 +154,6 @@ def _buffers_of(caches: list[StaticKVCache]) -> list[mx.array]:
     return [array for entry in caches for array in (entry.keys, entry.values)]
 
 
-def _graph_key(params: SamplingParams) -> tuple:
-    """The sampling settings a compiled graph bakes in (everything but seed, stops, length)."""
-    skip = {"seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos"}
-    return tuple(getattr(params, f.name) for f in fields(params) if f.name not in skip)
-
-
 def _compiled(trunk: Trunk, key: tuple, build: Callable[[], Callable]) -> Callable:
     """The trunk's compiled function for `key`, built on first use (a small LRU)."""
     cache = trunk.compiled_graphs
@@ -224,7 +218,7 @@ class FusedSpeculativeDecoder:
         self.pending_hidden: mx.array | None = None
         self.stats = AcceptanceStats(depth)
         route_static_cache_attention()
-        self._cycle = _compiled(trunk, ("mtp", depth, _graph_key(params)),
+        self._cycle = _compiled(trunk, ("mtp", depth, graph_key(params)),
                                 lambda: _speculative_cycle(trunk, head, params, depth))
 
     def cycles(self, prompt_hiddens: list[mx.array], prompt_ids: list[int],

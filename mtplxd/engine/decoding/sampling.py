@@ -16,6 +16,9 @@ cycle boundaries are.
 
 from __future__ import annotations
 
+from dataclasses import fields
+from typing import Callable
+
 import mlx.core as mx
 
 from mtplxd.engine.interface import SamplingParams
@@ -157,6 +160,32 @@ def scaled_logits(penalised: mx.array, params: SamplingParams) -> mx.array:
     return logprobs / params.temperature
 
 
+def sorted_scaled_logits(penalised: mx.array, params: SamplingParams) -> tuple[mx.array, mx.array]:
+    """`scaled_logits` in descending order of probability: (order, weights) with
+    weights[..., j] = scaled_logits(...)[..., order[..., j]]. Requires temperature > 0.
+
+    Why: top-p needs the vocabulary sorted anyway, and in sorted order every filter keeps a
+    prefix, so top-p, min-p and top-k become comparisons on the sorted row, with no scatter
+    back into vocabulary order and no second sort for top-k. A token drawn from these
+    weights is order[index]; its distribution is exactly softmax(scaled_logits(...)): the
+    same argsort decides the top-p boundary, min-p's threshold and top-k's k-th value
+    (ties at it kept) are the same numbers.
+    """
+    logprobs = penalised - mx.logsumexp(penalised, axis=-1, keepdims=True)
+    order = mx.argsort(-logprobs, axis=-1)
+    lp = mx.take_along_axis(logprobs, order, axis=-1)
+    keep = mx.ones(lp.shape, dtype=mx.bool_)
+    if 0.0 < params.top_p < 1.0:
+        probs = mx.exp(lp)
+        keep = (mx.cumsum(probs, axis=-1) - probs) < params.top_p
+    if params.min_p > 0.0:
+        keep = keep & (lp >= lp[..., :1] + mx.log(mx.array(params.min_p, mx.float32)))
+    if 0 < params.top_k < lp.shape[-1]:
+        filtered = mx.where(keep, lp, _NEG_INF)
+        keep = keep & (filtered >= filtered[..., params.top_k - 1:params.top_k])
+    return order, mx.where(keep, lp, _NEG_INF) / params.temperature
+
+
 def draft_weights(penalised: mx.array, params: SamplingParams) -> mx.array:
     """The MTP draft's log-weights, q = softmax(result): the penalised logits with min-p,
     divided by the temperature, but without the filters that need a sort (top-p, top-k).
@@ -187,6 +216,54 @@ def pick(logits: mx.array, params: SamplingParams, counts: mx.array, seen: mx.ar
     weights = scaled_logits(penalised, params)
     assert keys is not None and len(keys) == weights.shape[0]
     return mx.stack([mx.random.categorical(weights[i], key=keys[i]) for i in range(len(keys))])
+
+
+def graph_key(params: SamplingParams) -> tuple:
+    """The sampling settings a compiled graph bakes in (everything but seed, stops, length)."""
+    skip = {"seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos"}
+    return tuple(getattr(params, f.name) for f in fields(params) if f.name not in skip)
+
+
+_ROW_SAMPLERS: dict[tuple, Callable] = {}  # compiled samplers by graph_key, least recent first
+_ROW_SAMPLER_SLOTS = 16
+
+
+def row_sampler(params: SamplingParams) -> Callable[..., tuple[mx.array, mx.array]]:
+    """The AR step's whole sampler chain as one compiled function (built once per setting):
+    sample(logits (1, V), counts (1, V), seen (1, V), seed words, position (1,) uint32)
+    -> (token (1,), position + 1).
+
+    Why compiled: uncompiled, penalties, log-softmax, top-p's sort and scatter, min-p, top-k,
+    the temperature and the draw are a dozen separate kernels and as many graph nodes the host
+    builds every token; mlx-lm compiles its sampler, and on a GPU the difference is tens of
+    microseconds a token. The key of the draw is derived from (seed, position, TARGET) on the
+    device (`device_position_keys`), so no key array is made on the host either, and the
+    position advances inside the graph. Shapes are fixed, so it traces once.
+    """
+    key = graph_key(params)
+    if key in _ROW_SAMPLERS:
+        _ROW_SAMPLERS[key] = _ROW_SAMPLERS.pop(key)  # most recently used last
+    else:
+        if len(_ROW_SAMPLERS) >= _ROW_SAMPLER_SLOTS:  # settings vary per request: stay bounded
+            _ROW_SAMPLERS.pop(next(iter(_ROW_SAMPLERS)))
+
+        def sample(logits: mx.array, counts: mx.array, seen: mx.array, seed: mx.array,
+                   position: mx.array) -> tuple[mx.array, mx.array]:
+            penalised = apply_penalties(logits, params, counts, seen)
+            if params.greedy:
+                token = mx.argmax(penalised, axis=-1)
+            elif 0.0 < params.top_p < 1.0 or params.top_k > 0:  # sorting anyway: draw in sorted order
+                order, weights = sorted_scaled_logits(penalised, params)
+                draw_key = device_position_keys(seed, position, TARGET)[0]
+                index = mx.random.categorical(weights, key=draw_key)
+                token = mx.take_along_axis(order, index[:, None], axis=-1)[:, 0]
+            else:
+                draw_key = device_position_keys(seed, position, TARGET)[0]
+                token = mx.random.categorical(scaled_logits(penalised, params), key=draw_key)
+            return token.astype(mx.uint32), position + 1
+
+        _ROW_SAMPLERS[key] = mx.compile(sample)
+    return _ROW_SAMPLERS[key]
 
 
 def pick_first(last_logits: mx.array, params: SamplingParams, history: TokenHistory, seed: int,

@@ -99,6 +99,22 @@ def registered_families() -> list[str]:
     return sorted(_REGISTRY)
 
 
+# Families mlx-lm serves whose checkpoints carry no MTP head to draft with, and why: the
+# reason `status`, `/health` and `mtplxctl models check` give for serving them AR.
+AR_FAMILY_REASONS = {
+    "lfm2": ("LFM2/LFM2.5 checkpoints carry no MTP head (LiquidAI ships none); serving plain "
+             "autoregressive"),
+    "lfm2_moe": ("LFM2 MoE checkpoints carry no MTP head (LiquidAI ships none); serving plain "
+                 "autoregressive"),
+}
+
+
+def ar_reason(model_type: str) -> str:
+    """Why a model type without a registered MTP family is served AR."""
+    return AR_FAMILY_REASONS.get(
+        model_type, f"model type {model_type!r} has no MTP support in mtplx; serving plain autoregressive")
+
+
 def _qwen3_layer(args: Any) -> nn.Module:
     from mlx_lm.models.qwen3 import TransformerBlock
 

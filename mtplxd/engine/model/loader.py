@@ -173,10 +173,18 @@ def inspect_checkpoint(path: str | os.PathLike) -> CheckpointReport:
         refused = f"model type {model_type!r} is not supported by mlx-lm {_mlx_lm_version()}"
     if refused is not None:
         mode, reason = "refused", refused
+    from mtplxd.engine.model.vision import has_vision_config, vision_refusal
+
+    vision_reason = vision_refusal(config)
+    if has_vision_config(config) and vision_reason is None \
+            and not any(n.startswith(("model.visual.", "vision_tower.")) for n in names):
+        vision_reason = "config.json has vision_config but the weights hold no vision tower; serving text only"
     return CheckpointReport(
         path=str(path), model_type=model_type, family=model_type if spec else None, mode=mode,
         reason=reason, quantization=quantization_label(config), has_mtp_tensors=has_mtp,
         weights_bytes=weights_bytes, context_length=context,
+        vision=has_vision_config(config) and vision_reason is None and mode != "refused",
+        vision_reason=vision_reason,
     )
 
 
@@ -184,7 +192,12 @@ def mtp_mode(config: dict[str, Any], registered: bool, has_mtp_tensors: bool) ->
     """("mtp", None) or ("ar", why) for a loadable checkpoint."""
     model_type = config.get("model_type")
     if not registered:
-        return "ar", f"model type {model_type!r} has no MTP support in mtplx; serving plain autoregressive"
+        from mtplxd.engine.model.families import ar_reason
+
+        if has_mtp_tensors:  # a head mtplx cannot build yet: say so rather than "none shipped"
+            return "ar", (f"the checkpoint has mtp.* tensors, but mtplx has no MTP layer for model "
+                          f"type {model_type!r} yet; serving plain autoregressive")
+        return "ar", ar_reason(str(model_type))
     layers = mtp_layer_count(config)
     if not has_mtp_tensors:
         return "ar", ("the checkpoint has no mtp.* tensors (mlx-lm conversions drop them); "
@@ -231,11 +244,12 @@ def _model_classes_with_mtp(spec, config: dict[str, Any]):
     return lambda config: (ModelWithMTP, args_class)
 
 
-def load_checkpoint(path: Path, *, with_mtp: bool):
+def load_checkpoint(path: Path, *, with_mtp: bool, lazy: bool = False):
     """Load (model, config, tokenizer) from a folder that `refusal_reason` accepted.
 
     With `with_mtp`, the returned model has an `.mtp` MTPHead loaded strictly from the
     checkpoint's `mtp.*` tensors; without it, those tensors are dropped before mlx-lm sees them.
+    With `lazy`, no weight is read yet (a pipeline rank evaluates only its own layers).
     """
     from mlx_lm.utils import load_config, load_model, load_tokenizer
 
@@ -248,7 +262,7 @@ def load_checkpoint(path: Path, *, with_mtp: bool):
     else:
         getter = _drop_mtp_classes(config)
     try:
-        model, config = load_model(path, get_model_classes=getter)
+        model, config = load_model(path, lazy=lazy, get_model_classes=getter)
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelLoadError(f"could not load {path}: {exc}") from exc

@@ -38,6 +38,8 @@ from mlx_lm.models import qwen3_5, qwen3_next
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
+from mtplxd.engine.model import gdn_chunked
+
 # A verify forward is K+1 tokens (K <= 16 in practice). Longer forwards (prefill) keep only
 # the snapshot: capturing them would hold ~2x conv_dim values per token per layer alive.
 DEFAULT_MAX_CAPTURE_TOKENS = 32
@@ -59,6 +61,10 @@ class GDNCapture:
     A_log: mx.array | None = None
     dt_bias: mx.array | None = None
     use_kernel: bool = True
+    # Set when the forward ran the chunked delta rule (gdn_chunked.py): a prefix's state is
+    # then rebuilt from these without replaying the recurrence.
+    u: mx.array | None = None
+    log_gamma: mx.array | None = None
 
     @property
     def replayable(self) -> bool:
@@ -139,6 +145,11 @@ class RollbackArraysCache(ArraysCache):
     def _commit_prefix(self, c: GDNCapture, keep: int) -> None:
         n_window = c.conv_input.shape[1] - c.tokens
         self.cache[0] = mx.contiguous(c.conv_input[:, keep : keep + n_window, :])
+        if c.u is not None:
+            self.cache[1] = gdn_chunked.state_after(
+                _state_or_zeros(c.state_snapshot, (*c.u.shape[:2], c.u.shape[-1], c.k.shape[-1])), c.u,
+                gdn_chunked.heads_first(c.k, c.u.shape[1]), c.log_gamma, keep)
+            return
         _, state = gated_delta_update(
             c.q[:, :keep],
             c.k[:, :keep],
@@ -219,19 +230,30 @@ class _CapturingGDN:
         ]
         q, k = normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
         use_kernel = not self.training
-        out, state = gated_delta_update(
-            q, k, v, a, b, self.A_log, self.dt_bias, state_snapshot, None, use_kernel=use_kernel
-        )
+        u = log_gamma = None
+        if T > 1 and gdn_chunked.active():  # a verify: all rows in one go, no per-row loop
+            out, state, u, log_gamma = gdn_chunked.chunked_delta(
+                q, k, v, gdn_chunked.log_decay(self.A_log, a, self.dt_bias), mx.sigmoid(b),
+                _state_or_zeros(state_snapshot, (B, self.num_v_heads, self.head_v_dim, self.head_k_dim)))
+        else:
+            out, state = gated_delta_update(
+                q, k, v, a, b, self.A_log, self.dt_bias, state_snapshot, None, use_kernel=use_kernel
+            )
         cache[1] = state
         cache.advance(T)
         cache.record(
             GDNCapture(
                 T, conv_snapshot, state_snapshot, conv_input,
-                q, k, v, a, b, self.A_log, self.dt_bias, use_kernel,
+                q, k, v, a, b, self.A_log, self.dt_bias, use_kernel, u, log_gamma,
             )
         )
         out = self.norm(out, z)
         return self.out_proj(out.reshape(B, T, -1))
+
+
+def _state_or_zeros(state: mx.array | None, shape: tuple[int, ...]) -> mx.array:
+    """The recurrent state, or the float32 zeros mlx-lm starts from: (B, Hv, Dv, Dk)."""
+    return state if state is not None else mx.zeros(shape, dtype=mx.float32)
 
 
 class RollbackGatedDeltaNet(_CapturingGDN, qwen3_5.GatedDeltaNet):

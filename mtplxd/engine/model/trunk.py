@@ -63,6 +63,14 @@ class Trunk:
         """Input embeddings of (B, L) tokens (shared with the MTP head)."""
         return self.text.model.embed_tokens(tokens)
 
+    def input_embedding(self, tokens: mx.array) -> mx.array:
+        """The trunk's own input embeddings of (B, L) tokens, for any family (a prompt with
+        images splices the vision tower's rows into them)."""
+        if self.text is not None:
+            return self.embed(tokens)
+        inner = getattr(self.model, "language_model", self.model)
+        return inner.model.embed_tokens(tokens)
+
     def lm_head(self, hidden: mx.array) -> mx.array:
         """Logits from post-norm hidden states."""
         if self._tied():
@@ -96,17 +104,22 @@ class Trunk:
     def _tied(self) -> bool:
         return getattr(self.text.args, "tie_word_embeddings", False) or not hasattr(self.text, "lm_head")
 
-    def forward(self, tokens: mx.array, cache: list[Any], *,
-                all_logits: bool) -> tuple[mx.array | None, mx.array]:
+    def forward(self, tokens: mx.array, cache: list[Any], *, all_logits: bool,
+                embeddings: mx.array | None = None) -> tuple[mx.array | None, mx.array]:
         """Run (1, L) tokens; return (hidden (1,L,H) or None, logits (1,L',V)).
 
         L' is L when `all_logits`, else 1 (the last position: prefill never materialises
-        a (L, vocab) matrix it does not need).
+        a (L, vocab) matrix it does not need). `embeddings` (1, L, H) replace the tokens'
+        own input embeddings (a prompt with images).
         """
         if self.text is None:
-            logits = self.model(tokens, cache=cache)
+            extra = {} if embeddings is None else {"input_embeddings": embeddings}
+            logits = self.model(tokens, cache=cache, **extra)
             return None, logits if all_logits else logits[:, -1:, :]
-        hidden = self.text.model(tokens, cache)
+        if embeddings is not None:
+            hidden = self.text.model(tokens, cache, input_embeddings=embeddings)
+        else:
+            hidden = self.text.model(tokens, cache)
         rows = hidden if all_logits else hidden[:, -1:, :]
         return hidden, self.lm_head(rows)
 
@@ -124,9 +137,11 @@ class Trunk:
     def prefill_steps(self, prompt_ids: list[int], cache: list[Any],
                       chunk_size: int = PREFILL_CHUNK, *,
                       should_stop: Callable[[], bool] | None = None,
+                      embeddings: mx.array | None = None,
                       ) -> Generator[None, None, tuple[list[mx.array], mx.array] | None]:
         """`prefill` one chunk per step: yields None after every chunk but the last and
-        returns what `prefill` returns, so a scheduler can run other rows between chunks."""
+        returns what `prefill` returns, so a scheduler can run other rows between chunks.
+        `embeddings` (1, len(prompt), H): the prompt's input embeddings (images spliced in)."""
         hiddens: list[mx.array] = []
         logits = None
         for start in range(0, len(prompt_ids), chunk_size):
@@ -135,7 +150,8 @@ class Trunk:
                 if should_stop is not None and should_stop():
                     return None
             chunk = mx.array(prompt_ids[start:start + chunk_size])[None]
-            hidden, logits = self.forward(chunk, cache, all_logits=False)
+            rows = None if embeddings is None else embeddings[:, start:start + chunk_size]
+            hidden, logits = self.forward(chunk, cache, all_logits=False, embeddings=rows)
             if hidden is not None:
                 hiddens.append(hidden)
             mx.eval(logits, hidden if hidden is not None else logits)

@@ -194,8 +194,12 @@ class BankTurn:
 
     def __init__(self, bank: "SessionBank", trunk: Trunk, prompt: list[int], session_id: str,
                  kinds: tuple[str, ...] | None, cache: list[Any], head_cache: list[Any] | None,
-                 plan: RestorePlan | None, source: BankEntry | None) -> None:
+                 plan: RestorePlan | None, source: BankEntry | None,
+                 key: list[int] | None = None) -> None:
         self.bank, self.trunk, self.prompt, self.session_id = bank, trunk, prompt, session_id
+        # What entries are matched and stored under: the prompt, with image rows replaced by
+        # values derived from the image bytes (vision.bank_key).
+        self.key = prompt if key is None else key
         self.kinds, self.cache, self.head_cache = kinds, cache, head_cache
         self.cached = plan.trunk_len if plan else 0
         # Where the restored prefix came from, for the request's stats: cold | ram | ssd.
@@ -203,7 +207,7 @@ class BankTurn:
         self.pending_from = plan.head_len if plan else 0
         self.boundaries: dict[int, GDNState] = {}
         if source is not None and plan is not None and source.hybrid:
-            matched = common_prefix(source.tokens, prompt)
+            matched = common_prefix(source.tokens, self.key)
             self.boundaries = {b: s for b, s in source.boundaries.items() if b <= matched}
         self.restored_hidden: mx.array | None = None
         if head_cache is not None and plan is not None and source is not None \
@@ -226,9 +230,11 @@ class BankTurn:
         when `should_stop()` turns True between two forwards (nothing is stored then)."""
         return run_steps(self.prefill_steps(chunk_size, should_stop=should_stop))
 
-    def prefill_steps(self, chunk_size: int, *, should_stop: Callable[[], bool] | None = None
+    def prefill_steps(self, chunk_size: int, *, should_stop: Callable[[], bool] | None = None,
+                      embeddings: mx.array | None = None,
                       ) -> Generator[None, None, tuple[list[mx.array], mx.array] | None]:
-        """`prefill` one forward per step (yields None between forwards), for the scheduler."""
+        """`prefill` one forward per step (yields None between forwards), for the scheduler.
+        `embeddings`: the whole prompt's input embeddings (images spliced in), or None."""
         rest = self.prompt[self.cached:]
         ends = list(range(chunk_size, len(rest), chunk_size)) + [len(rest)]
         if self.hybrid and len(rest) > 1 and len(rest) - 1 not in ends:
@@ -242,7 +248,9 @@ class BankTurn:
                 if should_stop is not None and should_stop():
                     return None
             chunk = mx.array(rest[start:end])[None]
-            hidden, logits = self.trunk.forward(chunk, self.cache, all_logits=False)
+            rows = None if embeddings is None else \
+                embeddings[:, self.cached + start:self.cached + end]
+            hidden, logits = self.trunk.forward(chunk, self.cache, all_logits=False, embeddings=rows)
             if hidden is not None:
                 hiddens.append(hidden)
             mx.eval(logits, hidden if hidden is not None else logits)
@@ -391,18 +399,22 @@ class SessionBank:
     # -- requests (owner thread) ----------------------------------------------------------
 
     def begin(self, trunk: Trunk, head: "MTPHead | None", prompt: list[int],
-              session_id: str | None = None) -> BankTurn:
+              session_id: str | None = None, key: list[int] | None = None) -> BankTurn:
         """Restore the longest usable stored prefix of `prompt` into fresh caches.
 
         `head` is the MTP head when the request speculates (its cache is restored too),
-        None for AR. Never raises for a miss: the turn then starts from empty caches.
+        None for AR. `key` is what entries are matched and stored under when it is not the
+        prompt itself (a prompt with images: vision.bank_key). Never raises for a miss: the
+        turn then starts from empty caches.
         """
         session = session_id or ANONYMOUS
+        fed = prompt
+        prompt = fed if key is None else key
         cache = trunk.make_cache()
         kinds = cache_kinds(cache)
         head_cache = trunk.make_head_cache(head) if head is not None else None
         if kinds is None:
-            return BankTurn(self, trunk, prompt, session, None, cache, head_cache, None, None)
+            return BankTurn(self, trunk, fed, session, None, cache, head_cache, None, None, prompt)
         need_head = head is not None
         with self._lock:
             self._expire()
@@ -412,14 +424,14 @@ class SessionBank:
         entry, plan = self._maybe_ssd(prompt, need_head, session, entry, plan, kinds)
         if entry is None or plan is None:
             self.counters.misses += 1
-            return BankTurn(self, trunk, prompt, session, kinds, cache, head_cache, None, None)
+            return BankTurn(self, trunk, fed, session, kinds, cache, head_cache, None, None, prompt)
         with self._lock:
             entry.hits += 1
             entry.last_used = self.clock()
             self.counters.hits += 1
             self.counters.cached_tokens += plan.trunk_len
         self._install(entry, plan, cache, head_cache)
-        turn = BankTurn(self, trunk, prompt, session, kinds, cache, head_cache, plan, entry)
+        turn = BankTurn(self, trunk, fed, session, kinds, cache, head_cache, plan, entry, prompt)
         if entry is not ram_entry and turn.cached:
             turn.restored_from = "ssd"
         return turn
@@ -493,7 +505,7 @@ class SessionBank:
         """Build an entry from a finished request's caches and insert it (see BankTurn.store)."""
         cache, kinds = turn.cache, turn.kinds
         length = next(c.offset for c, k in zip(cache, kinds) if k == KV)
-        tokens = tuple((turn.prompt + produced)[:length])
+        tokens = tuple((turn.key + produced)[:length])
         if len(tokens) != length or length == 0:
             return
         kv: list[tuple[mx.array, mx.array] | None] = []
@@ -503,7 +515,7 @@ class SessionBank:
         boundaries = dict(turn.boundaries)
         if turn.hybrid:
             boundaries[length] = gdn_state(cache, kinds)
-            prompt_end = len(turn.prompt)
+            prompt_end = len(turn.key)
             boundaries = self._thin(boundaries, keep={prompt_end - 1, prompt_end, length})
         entry = BankEntry(tokens=tokens, kinds=kinds, kv=kv, boundaries=boundaries,
                           session_id=turn.session_id, last_used=self.clock())

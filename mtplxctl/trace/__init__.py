@@ -1,0 +1,1 @@
+"""`mtplxctl trace`: sessions from the flight recorder, their diagnosis and HTML report."""

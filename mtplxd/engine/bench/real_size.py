@@ -1,0 +1,305 @@
+"""The engine at real model sizes, random weights built in memory, beside stock mlx-lm.
+
+    python -m mtplxd.engine.bench.real_size [--sizes qwen3-4b,qwen3-32b,hybrid-27b]
+        [--dtypes bf16,8bit,4bit] [--context 512] [--depths 1,2,3,4,5] [--decode-tokens 48]
+        [--cycles 16] [--repeats 10] [--small-m-kernel] [--json-out FILE]
+
+No download: each model is built from its config with random weights (bf16, then MLX affine
+quantization in groups of 64 for 8bit/4bit), with a random MTP head, one layer at a time so
+a 65 GB bf16 32B never needs a float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3,
+the releases' config.json), `hybrid-27b` (Qwen3.5/3.6-27B: 64 layers, 48 Gated DeltaNet and
+16 gated attention, hidden 5120, vocab 248,320), and `tiny` / `tiny-hybrid` for tests. For
+each size and dtype, at `--context` tokens of context:
+
+  * decode: ms per token of our AR loop and of mlx-lm's `generate_step` (the reference line)
+    over `--decode-tokens` tokens, greedy and T=0.6 top-p 0.95; `roofline_ms` = bytes read
+    per decode step / 4.3 TB/s (the H200's copy bandwidth), where the bytes are every trunk
+    weight (the embedding table counts only when it is also the lm_head) plus the KV cache
+    at the context; `of_roofline` = roofline_ms / our greedy decode ms;
+  * forward of 1..6 tokens (cache trimmed back after each: fixed shapes), and each as a
+    multiple of the 1-token forward; with `--small-m-kernel`, again with the small-M
+    quantized kernel installed (small_m_qmm.py; quantized dtypes, CUDA only);
+  * a whole speculative cycle at each depth, greedy and sampled: the engine's own loop
+    (fused for dense, stepwise for hybrid) run for `--cycles` cycles after warm-up, ms per
+    cycle and as a multiple of our decode step;
+  * projected MTP/AR at MTPLX's published acceptance profile (97.6 / 95.2 / 88.1 / 75.6% of
+    cycles accept depth 1 / 2 / 3 / 4): (1 + sum of the first K rates) * decode_ms / cycle_ms(K),
+    at each temperature with that temperature's decode and cycle costs (depths <= 4).
+
+A random head accepts almost nothing, so each measured cycle commits about one token; the
+cycle's cost is what is measured, the acceptance is the profile's.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from mtplxd.engine.bench.ar_reference import mlx_lm_decode_ms, ours_decode_ms
+from mtplxd.engine.bench.harness import bench_parser, command_line, machine, write_report
+from mtplxd.engine.bench.verify import DIMS, measure_forward_costs
+from mtplxd.engine.interface import SamplingParams
+
+PROG = "python -m mtplxd.engine.bench.real_size"
+BANDWIDTH_BYTES_PER_S = 4.3e12  # H200 device-to-device copy (docs/benchmarks.md)
+PROFILE = (0.976, 0.952, 0.881, 0.756)  # MTPLX's published acceptance at depths 1..4
+TEMPERATURES = (0.0, 0.6)
+
+_HYBRID_27B = dict(
+    hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, full_attention_interval=4,
+    num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+    linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
+    linear_conv_kernel_dim=4, vocab_size=248320, tie_word_embeddings=False)
+_TINY_HYBRID = dict(
+    hidden_size=128, intermediate_size=256, num_hidden_layers=4, full_attention_interval=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
+    linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+    linear_conv_kernel_dim=4, vocab_size=512, tie_word_embeddings=False)
+
+SIZES: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3-4b": ("qwen3", DIMS["qwen3-4b"]),
+    # Qwen/Qwen3-32B (config.json of the release): 64 layers, hidden 5120, GQA 64/8 x 128.
+    "qwen3-32b": ("qwen3", dict(hidden_size=5120, num_hidden_layers=64, intermediate_size=25600,
+                                num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                                vocab_size=151936, tie_word_embeddings=False)),
+    "hybrid-27b": ("qwen3_5", _HYBRID_27B),
+    "tiny": ("qwen3", dict(DIMS["tiny"], hidden_size=128, intermediate_size=256, head_dim=32)),
+    "tiny-hybrid": ("qwen3_5", _TINY_HYBRID),
+}
+DTYPES: dict[str, int | None] = {"bf16": None, "8bit": 8, "4bit": 4}
+
+
+# --- building ----------------------------------------------------------------------------
+
+
+def build_model(size: str, dtype: str) -> tuple[nn.Module, Any]:
+    """(mlx-lm model with a random `.mtp` head, its family spec), weights evaluated."""
+    from mlx_lm.models import qwen3, qwen3_5
+
+    from mtplxd.engine.model.families import get_family
+    from mtplxd.engine.model.mtp_head import MTPHead
+
+    family, dims = SIZES[size]
+    spec = get_family(family)
+    if family == "qwen3":
+        config = dict(model_type="qwen3", rms_norm_eps=1e-6, max_position_embeddings=40960,
+                      rope_theta=1000000.0, **dims)
+        model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
+    else:
+        text = dict(model_type="qwen3_5_text", rms_norm_eps=1e-6, max_position_embeddings=262144,
+                    attn_output_gate=True, attention_bias=False,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                     "partial_rotary_factor": 0.25},
+                    **dims)
+        model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict({"model_type": "qwen3_5", "text_config": text}))
+    text_args = spec.text_args(model.args)
+    model.mtp = MTPHead(text_args.hidden_size, text_args.rms_norm_eps, spec.build_mtp_layer(text_args))
+    materialize(model, spec.text_model(model).model.layers, DTYPES[dtype])
+    return model, spec
+
+
+def materialize(model: nn.Module, layers: list[nn.Module], bits: int | None) -> None:
+    """Cast to bf16 and (bits) quantize in groups of 64, one decoder layer at a time and then
+    the rest (embedding, norms, lm_head, MTP head), so the float32 initial values of one
+    layer at most are alive at once (a 32B model's would be 131 GB)."""
+    for block in [*layers, model]:
+        block.set_dtype(mx.bfloat16)
+        if bits is not None:
+            nn.quantize(block, group_size=64, bits=bits, class_predicate=_quantizable)
+        mx.eval(block.parameters())
+
+
+def _quantizable(_: str, module: nn.Module) -> bool:
+    # Layers already quantized have no to_quantized; widths 64 does not divide stay bf16.
+    return hasattr(module, "to_quantized") and module.weight.shape[-1] % 64 == 0
+
+
+def bytes_read_per_step(model: nn.Module, trunk: Any, context: int) -> dict[str, int]:
+    """What one decode step must read: every trunk weight (an untied embedding table only
+    gives one row) and the KV cache of `context` tokens (attention layers, bf16)."""
+    params = {k: v for k, v in tree_flatten(model.parameters()) if not k.startswith("mtp.")}
+    weights = sum(v.nbytes for v in params.values())
+    embed = sum(v.nbytes for k, v in params.items() if "embed_tokens" in k)
+    tied = trunk._tied()
+    args = trunk.text.args
+    attention_layers = sum(1 for layer in trunk.text.model.layers if not getattr(layer, "is_linear", False))
+    kv = attention_layers * 2 * args.num_key_value_heads * args.head_dim * 2 * context
+    return {"weights_bytes": weights, "bytes_read_per_step": weights - (0 if tied else embed) + kv,
+            "kv_bytes": kv}
+
+
+# --- measuring ---------------------------------------------------------------------------
+
+
+def sampling(temperature: float) -> SamplingParams:
+    """The bench's settings: greedy, or top-p 0.95 at the temperature."""
+    return SamplingParams(temperature=temperature, top_p=0.95 if temperature > 0 else 1.0)
+
+
+def loop_cycle_ms(trunk: Any, head: Any, prompt: list[int], depth: int, temperature: float,
+                  cycles: int, warmup: int = 3) -> dict[str, float]:
+    """ms per cycle of the engine's own MTP loop at `depth` (fused where the cache allows it,
+    as generation.py chooses), and the tokens it committed per cycle."""
+    from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
+    from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
+    from mtplxd.engine.decoding.speculative import SpeculativeDecoder
+
+    params = sampling(temperature)
+    cache = trunk.make_cache()
+    hiddens, logits = trunk.prefill(prompt, cache)
+    history = TokenHistory(logits.shape[-1], prompt)
+    first = pick_first(logits, params, history, 0, len(prompt))
+    fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache)
+    decoder = (FusedSpeculativeDecoder if fused else SpeculativeDecoder)(
+        trunk, head, cache, params, history, 0, depth)
+    loop = decoder.cycles(hiddens, prompt, first)
+    for _ in range(warmup):
+        next(loop)
+    committed = 0
+    start = time.perf_counter()
+    for _ in range(cycles):
+        committed += len(next(loop))
+    elapsed = time.perf_counter() - start
+    loop.close()
+    return {"ms": elapsed * 1000 / cycles, "tokens_per_cycle": committed / cycles,
+            "loop": "fused" if fused else "stepwise"}
+
+
+def projected_speedups(decode_ms: float, cycle_ms: dict[str, float]) -> dict[str, float]:
+    """MTP/AR at the published acceptance profile, per depth <= len(PROFILE)."""
+    return {depth: (1 + sum(PROFILE[:int(depth)])) * decode_ms / ms
+            for depth, ms in cycle_ms.items() if int(depth) <= len(PROFILE) and ms > 0}
+
+
+def measure_config(size: str, dtype: str, *, context: int, depths: list[int], decode_tokens: int,
+                   cycles: int, repeats: int, small_m_kernel: bool) -> dict[str, Any]:
+    """Every figure of one size and dtype (see the module docstring), JSON-ready."""
+    from mtplxd.engine.model import gdn_chunked, small_m_qmm
+    from mtplxd.engine.model.trunk import Trunk
+
+    started = time.perf_counter()
+    model, spec = build_model(size, dtype)
+    build_seconds = time.perf_counter() - started
+    trunk = Trunk(model, spec)
+    vocab = trunk.text.args.vocab_size
+    prompt = mx.random.randint(0, vocab, (context,), key=mx.random.key(1)).tolist()
+    sizes = bytes_read_per_step(model, trunk, context)
+    roofline_ms = sizes["bytes_read_per_step"] / BANDWIDTH_BYTES_PER_S * 1000
+    entry: dict[str, Any] = {"size": size, "dtype": dtype, "family": spec.model_type, **sizes,
+                             "roofline_ms": roofline_ms, "build_seconds": build_seconds,
+                             "gdn_verify": gdn_chunked.path_name() if spec.model_type != "qwen3" else None}
+
+    decode: dict[str, dict[str, float]] = {}
+    for temperature in TEMPERATURES:
+        ours_decode_ms(trunk, prompt[:64], 4, temperature)  # warm-up: this setting's graphs
+        mlx_lm_decode_ms(model, prompt[:64], 4, temperature)
+        ours = ours_decode_ms(trunk, prompt, decode_tokens, temperature)
+        reference = mlx_lm_decode_ms(model, prompt, decode_tokens, temperature)
+        decode[str(temperature)] = {"ours_ms": ours, "mlx_lm_ms": reference,
+                                    "speed_vs_mlx_lm": reference / ours if ours else 0.0}
+    greedy_decode = decode["0.0"]["ours_ms"]
+    entry["decode"] = decode
+    entry["of_roofline"] = roofline_ms / greedy_decode if greedy_decode else 0.0
+    entry["mlx_lm_of_roofline"] = roofline_ms / decode["0.0"]["mlx_lm_ms"]
+
+    cache = trunk.make_cache()
+    trunk.prefill(prompt, cache)
+    forward = measure_forward_costs(trunk, cache, vocab, 0, repeats, token_counts=range(1, 7))
+    entry["forward_ms_by_tokens"] = forward
+    entry["forward_over_one_token"] = {k: v / forward["1"] for k, v in forward.items()}
+    if small_m_kernel and DTYPES[dtype] is not None:
+        switched = small_m_qmm.install(model, force=True)
+        entry["small_m_kernel_layers"] = switched
+        if switched:
+            with_kernel = measure_forward_costs(trunk, cache, vocab, 0, repeats, token_counts=range(1, 7))
+            entry["forward_ms_by_tokens_small_m_kernel"] = with_kernel
+            entry["forward_over_one_token_small_m_kernel"] = {k: v / forward["1"] for k, v in with_kernel.items()}
+            _uninstall(model)
+    del cache
+
+    cycle: dict[str, dict[str, Any]] = {}
+    for temperature in TEMPERATURES:
+        by_depth = {str(d): loop_cycle_ms(trunk, model.mtp, prompt, d, temperature, cycles) for d in depths}
+        decode_ms = decode[str(temperature)]["ours_ms"]
+        ms = {d: v["ms"] for d, v in by_depth.items()}
+        cycle[str(temperature)] = {
+            "cycle_ms_by_depth": ms,
+            "cycle_over_decode_by_depth": {d: v / decode_ms for d, v in ms.items()},
+            "tokens_per_cycle_random_head": {d: v["tokens_per_cycle"] for d, v in by_depth.items()},
+            "loop": next(iter(by_depth.values()))["loop"] if by_depth else None,
+            "projected_mtp_over_ar": projected_speedups(decode_ms, ms),
+        }
+    entry["cycles"] = cycle
+    entry["seconds"] = time.perf_counter() - started
+    del model, trunk
+    gc.collect()
+    mx.clear_cache()
+    return entry
+
+
+def _uninstall(model: nn.Module) -> None:
+    """Put the stock QuantizedLinear class back (the figures after this are MLX's own)."""
+    from mtplxd.engine.model.small_m_qmm import SmallMQuantizedLinear
+
+    for _, module in model.named_modules():
+        if isinstance(module, SmallMQuantizedLinear):
+            module.__class__ = nn.QuantizedLinear
+
+
+def _summary_line(entry: dict[str, Any]) -> str:
+    forward = entry["forward_over_one_token"]
+    cycles = entry["cycles"]["0.0"]["cycle_over_decode_by_depth"]
+    return (f"{entry['size']} {entry['dtype']}: decode {entry['decode']['0.0']['ours_ms']:.2f} ms "
+            f"(mlx-lm {entry['decode']['0.0']['mlx_lm_ms']:.2f}), {entry['of_roofline']:.0%} of roofline; "
+            f"forward 2/4/6 = {forward['2']:.2f}/{forward['4']:.2f}/{forward['6']:.2f}x; "
+            f"cycle/decode by depth {', '.join(f'{d}:{v:.2f}' for d, v in cycles.items())}; "
+            f"{entry['seconds']:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = bench_parser(PROG, __doc__)
+    parser.add_argument("--sizes", default="qwen3-4b,qwen3-32b,hybrid-27b")
+    parser.add_argument("--dtypes", default="bf16,8bit,4bit")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--depths", default="1,2,3,4,5")
+    parser.add_argument("--decode-tokens", type=int, default=48)
+    parser.add_argument("--cycles", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--small-m-kernel", action="store_true",
+                        help="also time the quantized forwards with the small-M CUDA kernel")
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    sizes = [s for s in args.sizes.split(",") if s]
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    unknown = [s for s in sizes if s not in SIZES] + [d for d in dtypes if d not in DTYPES]
+    if unknown:
+        parser.error(f"unknown size or dtype: {', '.join(unknown)} (sizes: {', '.join(SIZES)}; "
+                     f"dtypes: {', '.join(DTYPES)})")
+    depths = [int(d) for d in args.depths.split(",") if d]
+    report: dict[str, Any] = {"configs": [], **machine(), "context": args.context,
+                              "profile": list(PROFILE), "bandwidth_bytes_per_s": BANDWIDTH_BYTES_PER_S,
+                              "command": command_line(PROG, argv)}
+    for size in sizes:
+        for dtype in dtypes:
+            entry = measure_config(size, dtype, context=args.context, depths=depths,
+                                   decode_tokens=args.decode_tokens, cycles=args.cycles,
+                                   repeats=args.repeats, small_m_kernel=args.small_m_kernel)
+            report["configs"].append(entry)
+            print(_summary_line(entry), flush=True)
+            if args.json_out:  # after every config: a run cut short keeps what it measured
+                write_report(args.json_out, report)
+    if args.json_out:
+        print(f"saved {args.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The small-M quantized matmul kernel against mx.quantized_matmul, and its error, per shape.
+
+    python -m mtplxd.engine.bench.small_m OUT.json [--sizes qwen3-4b,qwen3-32b] [--rows 1,2,3,4,5,6]
+        [--bits 4,8] [--repeats 20]
+
+For every weight matrix of a Qwen3-4B and a Qwen3-32B layer (and the lm_head), 4- and 8-bit
+(groups of 64), and M = 1..6 input rows (bf16): microseconds per call of
+mx.quantized_matmul and of the kernel (a batch of calls evaluated together, after warm-up, so
+launch plus run time), the weight bytes each call reads over that time (GB/s, and the
+fraction of the 4.3 TB/s roofline), and each one's error against the float32 truth
+(mx.quantized_matmul of float32 inputs). `kernel_over_mlx` below 1 means the kernel is
+faster; `kernel_us_by_rows_per_warp` times the kernel built with 1, 2 and 4 output columns
+per warp (the shipped setting is ROWS_PER_WARP). Off CUDA the kernel columns are null (the kernel is CUDA only) and the plain-ops
+reference's error is reported instead, so the script runs anywhere.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import mlx.core as mx
+
+from mtplxd.engine.bench.harness import bench_parser, command_line, machine, median_ms, write_report
+from mtplxd.engine.model import small_m_qmm
+
+PROG = "python -m mtplxd.engine.bench.small_m"
+BANDWIDTH_BYTES_PER_S = 4.3e12
+
+# (name, N out, K in) of each matrix a decode step reads, per layer, and the lm_head.
+SHAPES: dict[str, list[tuple[str, int, int]]] = {
+    "qwen3-4b": [("q_proj", 4096, 2560), ("k_proj", 1024, 2560), ("o_proj", 2560, 4096),
+                 ("gate_proj", 9728, 2560), ("down_proj", 2560, 9728), ("lm_head", 151936, 2560)],
+    "qwen3-32b": [("q_proj", 8192, 5120), ("k_proj", 1024, 5120), ("o_proj", 5120, 8192),
+                  ("gate_proj", 25600, 5120), ("down_proj", 5120, 25600), ("lm_head", 151936, 5120)],
+    "tiny": [("proj", 192, 128), ("lm_head", 512, 128)],
+}
+CALLS = 16  # calls evaluated together per timed sample
+OTHER_ROWS_PER_WARP = (1, 2)  # variants of the kernel's output columns per warp, timed too
+
+
+def _per_call_us(fn, x, repeats: int) -> float:
+    return median_ms(lambda: mx.eval([fn(x) for _ in range(CALLS)]), repeats) / CALLS * 1000
+
+
+def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int) -> list[dict[str, Any]]:
+    """One weight matrix at every row count: times, bandwidth and errors."""
+    weight = (mx.random.normal((N, K), key=mx.random.key(N + K)) * 0.02).astype(mx.bfloat16)
+    w, scales, biases = mx.quantize(weight, group_size=small_m_qmm.GROUP_SIZE, bits=bits)
+    del weight
+    mx.eval(w, scales, biases)
+    read = w.nbytes + scales.nbytes + biases.nbytes
+    on_cuda = small_m_qmm.usable()
+    out = []
+    for M in rows:
+        x = mx.random.normal((M, K), key=mx.random.key(M)).astype(mx.bfloat16)
+        mx.eval(x)
+
+        def stock(x):
+            return mx.quantized_matmul(x, w, scales, biases, transpose=True,
+                                       group_size=small_m_qmm.GROUP_SIZE, bits=bits)
+
+        def kernel(x, per_warp=small_m_qmm.ROWS_PER_WARP):
+            return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, per_warp)
+
+        truth = mx.quantized_matmul(x.astype(mx.float32), w, scales.astype(mx.float32),
+                                    biases.astype(mx.float32), transpose=True,
+                                    group_size=small_m_qmm.GROUP_SIZE, bits=bits)
+        mlx_us = _per_call_us(stock, x, repeats)
+        row: dict[str, Any] = {"N": N, "K": K, "bits": bits, "M": M, "weight_bytes": read,
+                               "mlx_us": mlx_us, "mlx_of_roofline": read / BANDWIDTH_BYTES_PER_S * 1e6 / mlx_us,
+                               "mlx_error": small_m_qmm.relative_error(stock(x), truth),
+                               "kernel_us": None, "kernel_over_mlx": None, "kernel_error": None}
+        if on_cuda:
+            # The shipped output columns per warp, then the others the kernel can be built with.
+            by_per_warp = {per_warp: _per_call_us(lambda x, p=per_warp: kernel(x, p), x, repeats)
+                           for per_warp in (small_m_qmm.ROWS_PER_WARP, *OTHER_ROWS_PER_WARP)}
+            kernel_us = by_per_warp[small_m_qmm.ROWS_PER_WARP]
+            row.update(kernel_us=kernel_us, kernel_over_mlx=kernel_us / mlx_us,
+                       kernel_us_by_rows_per_warp=by_per_warp,
+                       kernel_of_roofline=read / BANDWIDTH_BYTES_PER_S * 1e6 / kernel_us,
+                       kernel_error=small_m_qmm.relative_error(kernel(x), truth))
+        else:
+            row["reference_error"] = small_m_qmm.relative_error(
+                small_m_qmm.reference(x, w, scales, biases, bits), truth)
+        out.append(row)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = bench_parser(PROG, __doc__)
+    parser.add_argument("out")
+    parser.add_argument("--sizes", default="qwen3-4b,qwen3-32b")
+    parser.add_argument("--rows", default="1,2,3,4,5,6")
+    parser.add_argument("--bits", default="4,8")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args(argv)
+    rows = [int(r) for r in args.rows.split(",")]
+    results: list[dict[str, Any]] = []
+    report = {"kernel_usable": small_m_qmm.usable(), "results": results, **machine(),
+              "command": command_line(PROG, argv)}
+    for size in args.sizes.split(","):
+        for name, N, K in SHAPES[size]:
+            for bits in (int(b) for b in args.bits.split(",")):
+                for row in measure_shape(N, K, bits, rows, args.repeats):
+                    row.update(size=size, matrix=name)
+                    results.append(row)
+                    kernel = (f"kernel {row['kernel_us']:8.1f} us ({row['kernel_over_mlx']:.2f}x, "
+                              f"err {row['kernel_error']:.1e})" if row["kernel_us"] is not None else "kernel n/a")
+                    print(f"{size:10s} {name:9s} q{bits} M={row['M']}: mlx {row['mlx_us']:8.1f} us "
+                          f"({row['mlx_of_roofline']:.0%} of roofline) {kernel}", flush=True)
+                write_report(args.out, report, indent=1)  # as it goes: a cut-short run keeps its rows
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

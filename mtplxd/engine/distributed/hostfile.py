@@ -1,0 +1,115 @@
+"""The user's hosts.json and the ring addresses MLX distributed connects over.
+
+hosts.json is mlx.launch's host file, so one file serves both tools:
+    {"backend": "ring", "hosts": [{"ssh": "mac-a.local", "ips": ["10.0.0.1"]},
+                                  {"ssh": "mac-b.local", "ips": ["10.0.0.2"]}]}
+(a bare list of host entries is accepted too). The first host is rank 0: the machine the
+daemon runs on. Optional keys per host: "model" (the folder on that host, when it is not the
+same path as on rank 0) and "python" (the interpreter with mtplx installed there).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PORT = 32323  # mlx.launch's default starting port
+LOCAL_NAMES = {"127.0.0.1", "localhost", "::1"}
+
+
+@dataclass(frozen=True)
+class Host:
+    """One rank's host: where to ssh, the IP the ring uses, optional per-host overrides."""
+
+    ssh: str
+    ip: str
+    model: str | None = None
+    python: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        """True when the rank runs on this machine (started without ssh)."""
+        return self.ssh in LOCAL_NAMES
+
+
+@dataclass(frozen=True)
+class HostFile:
+    """The parsed host file: hosts in rank order and the backend."""
+
+    hosts: list[Host]
+    backend: str = "ring"
+
+    @property
+    def size(self) -> int:
+        """How many ranks the group has."""
+        return len(self.hosts)
+
+
+def parse_hosts(data: Any) -> HostFile:
+    """A HostFile from the decoded JSON of hosts.json; ValueError naming what is wrong."""
+    if isinstance(data, list):
+        data = {"hosts": data}
+    if not isinstance(data, dict) or not isinstance(data.get("hosts"), list):
+        raise ValueError('hosts.json must be {"hosts": [{"ssh": ..., "ips": [...]}, ...]}')
+    backend = data.get("backend") or "ring"
+    if backend != "ring":
+        raise ValueError(f"backend {backend!r} is not supported yet; use \"ring\"")
+    hosts = []
+    for i, entry in enumerate(data["hosts"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("ssh"), str):
+            raise ValueError(f"host {i}: each host needs an \"ssh\" name")
+        ips = entry.get("ips") or ([entry["ssh"]] if _is_ip(entry["ssh"]) else [])
+        if not ips or not all(isinstance(ip, str) and _is_ip(ip) for ip in ips):
+            raise ValueError(f"host {i} ({entry['ssh']}): the ring backend needs \"ips\" (IP addresses)")
+        hosts.append(Host(entry["ssh"], ips[0], entry.get("model"), entry.get("python")))
+    if len(hosts) < 2:
+        raise ValueError("a distributed group needs at least two hosts")
+    return HostFile(hosts, backend)
+
+
+def read_hosts(path: str | Path) -> HostFile:
+    """Parse the host file at `path`."""
+    try:
+        data = json.loads(Path(path).expanduser().read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from None
+    return parse_hosts(data)
+
+
+def ring_addresses(hosts: HostFile, port: int = DEFAULT_PORT) -> str:
+    """The MLX_HOSTFILE content for the ring backend: one "ip:port" list per rank, a port per
+    rank counting up from `port`, as mlx.launch writes it."""
+    return json.dumps([[f"{h.ip}:{port + i}"] for i, h in enumerate(hosts.hosts)])
+
+
+def free_port_run(count: int) -> int:
+    """A first port of `count` consecutive free TCP ports on loopback (tests, local groups)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count < 65535 and all(_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError(f"no run of {count} free ports found on loopback")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        socket.inet_pton(socket.AF_INET6 if ":" in text else socket.AF_INET, text)
+    except OSError:
+        return False
+    return True

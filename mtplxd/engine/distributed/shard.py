@@ -1,0 +1,60 @@
+"""Loading one rank's share of a checkpoint: its layers, plus the ends on rank 0.
+
+The checkpoint is opened lazily (`load_checkpoint(lazy=True)`); the layers a rank does not
+hold are replaced by None (as mlx-lm's PipelineMixin does) before anything is read, so a
+rank reads and keeps only its own weights.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from mtplxd.engine.model.families import FamilySpec
+
+
+def layer_count(config: dict[str, Any]) -> int:
+    """The trunk's number of decoder layers (nested text configs included)."""
+    text = config.get("text_config") or {}
+    return int(config.get("num_hidden_layers") or text.get("num_hidden_layers") or 0)
+
+
+def keep_only(spec: FamilySpec, start: int, end: int, *, ends: bool) -> Callable[[nn.Module], None]:
+    """A `load_model(shard=...)` hook keeping layers [start, end) (and, with `ends`, the
+    embeddings, final norm, lm_head and MTP head) and reading exactly those weights."""
+    def shard(model: nn.Module) -> None:
+        text = spec.text_model(model)
+        layers = text.model.layers
+        for i in range(len(layers)):
+            if not start <= i < end:
+                layers[i] = None
+        mx.eval([m.parameters() for m in held_modules(spec, model, start, end, ends=ends)])
+    return shard
+
+
+def held_modules(spec: FamilySpec, model: nn.Module, start: int, end: int, *,
+                 ends: bool) -> list[nn.Module]:
+    """The modules a rank holding layers [start, end) (and the ends, with `ends`) keeps."""
+    text = spec.text_model(model)
+    modules = list(text.model.layers[start:end])
+    if ends:
+        modules += [text.model.embed_tokens, text.model.norm,
+                    getattr(text, "lm_head", None), getattr(model, "mtp", None)]
+    return [m for m in modules if isinstance(m, nn.Module)]
+
+
+def resident_bytes(modules: list[nn.Module]) -> int:
+    """Bytes of the parameters of `modules` (what a rank holds)."""
+    return sum(v.nbytes for m in modules for _, v in tree_flatten(m.parameters()))
+
+
+def physical_memory() -> int:
+    """This machine's physical memory in bytes (what the split is proportional to)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0

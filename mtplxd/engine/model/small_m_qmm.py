@@ -1,0 +1,237 @@
+"""Quantized matmuls of a few rows (M = 1..6) in one CUDA kernel that reads the weights once.
+
+Why: a verify of K+1 tokens multiplies K+1 rows by every weight matrix. Such a product is
+bound by reading the weights, so K+1 rows should cost about what one row costs; on the H200
+MLX's CUDA quantized matmul costs about M times one row (a 4-bit matvec of 4 rows took 4x
+one row), which makes a 6-token verify of a 4-bit 32B model cost 4.2 decode steps, and MTP
+cannot win there (docs/benchmarks.md, "Real sizes"). This kernel streams each weight word
+once and applies it to all M rows.
+
+Layout (MLX affine quantization, `mx.quantize(w, group_size=64, bits)`): `w` (N, K*bits/32)
+uint32, value i of a word in bits [i*bits, (i+1)*bits); `scales` and `biases` (N, K/64);
+W[n, k] = scales[n, k/64] * q + biases[n, k/64]. A warp owns ROWS_PER_WARP output columns;
+each lane takes one word of each at a time, the matching slice of all M input rows stays in
+its registers for all of them, and per word it adds scale * sum(x q) + bias * sum(x) (the
+sum of x is shared by the columns). The warp's partial sums are reduced at the end.
+
+`reference` spells the same arithmetic in plain MLX ops (the CPU runs it; a test compares it
+with mx.quantized_matmul, which pins the layout the kernel reads). Where the kernel is not
+usable (Metal, CPU, a failed compile, a probe that disagrees) everything stays on
+mx.quantized_matmul, and `path_name()` says which is active (`/health`, `mtplxctl status`).
+It is off by default until the H200 measures it faster (`python -m
+mtplxd.engine.bench.small_m OUT.json`); `install(model, force=True)` turns it on.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mtplxd.engine.model import custom_kernels
+from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
+
+MAX_ROWS = 6  # verify shapes of depth <= 5; longer inputs (prefill) keep MLX's kernels
+GROUP_SIZE = 64
+BITS = (4, 8)
+ROWS_PER_WARP = 4  # output columns a warp computes together (x slices reused across them)
+WARPS_PER_BLOCK = 8
+ENABLED_BY_DEFAULT = False  # flip once the H200 bench shows the kernel faster at every M
+
+_HEADER = "#include <cooperative_groups/reduce.h>\n"
+
+_SOURCE = r"""
+    constexpr int VALS = 32 / BITS;              // values in one uint32 word
+    constexpr unsigned MASK = (1u << BITS) - 1u;
+    auto block = cg::this_thread_block();
+    auto warp = cg::tiled_partition<32>(block);
+    const int lane = warp.thread_rank();
+    const int warp_id = blockIdx.x * (blockDim.x / 32) + warp.meta_group_rank();
+
+    const int N = w_shape[0];
+    const int words = w_shape[1];                // words per weight row
+    const int K = words * VALS;
+    const int groups = K / GS;
+    const int n0 = warp_id * R;
+    if (n0 >= N) return;
+
+    float acc[R][M];
+    #pragma unroll
+    for (int r = 0; r < R; ++r) {
+        #pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+    }
+
+    for (int word = lane; word < words; word += 32) {
+        const int k = word * VALS;
+        float xs[M][VALS];
+        float xsum[M];
+        #pragma unroll
+        for (int m = 0; m < M; ++m) {
+            float s = 0.f;
+            for (int i = 0; i < VALS; ++i) {
+                xs[m][i] = static_cast<float>(x[(size_t)m * K + k + i]);
+                s += xs[m][i];
+            }
+            xsum[m] = s;
+        }
+        const int g = k / GS;
+        #pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int n = n0 + r;
+            if (n >= N) break;
+            const uint32_t packed = w[(size_t)n * words + word];
+            const float scale = static_cast<float>(scales[(size_t)n * groups + g]);
+            const float bias = static_cast<float>(biases[(size_t)n * groups + g]);
+            float q[VALS];
+            for (int i = 0; i < VALS; ++i) q[i] = static_cast<float>((packed >> (i * BITS)) & MASK);
+            for (int m = 0; m < M; ++m) {
+                float dot = 0.f;
+                for (int i = 0; i < VALS; ++i) dot += xs[m][i] * q[i];
+                acc[r][m] += scale * dot + bias * xsum[m];
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        const int n = n0 + r;
+        for (int m = 0; m < M; ++m) {
+            const float total = cg::reduce(warp, acc[r][m], cg::plus<float>());
+            if (lane == 0 && n < N) out[(size_t)m * N + n] = static_cast<T>(total);
+        }
+    }
+"""
+
+_usable: bool | None = None
+
+
+@functools.cache
+def _small_m_kernel():
+    return mx.fast.cuda_kernel(name="mtplx_small_m_qmm", input_names=["x", "w", "scales", "biases"],
+                               output_names=["out"], source=_SOURCE, header=_HEADER)
+
+
+def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
+                   rows_per_warp: int = ROWS_PER_WARP) -> mx.array:
+    """x (..., K) times the dequantized W (N, K) transposed: (..., N), as
+    mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=64, bits=bits).
+    CUDA only (see `usable`); at most MAX_ROWS rows. `rows_per_warp`: output columns per
+    warp (the micro-bench tries several)."""
+    lead, K = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, K)
+    M, N = rows.shape[0], w.shape[0]
+    warps = -(-N // rows_per_warp)
+    threads = WARPS_PER_BLOCK * 32
+    out = _small_m_kernel()(
+        inputs=[rows, w, scales, biases],
+        template=[("T", x.dtype), ("M", M), ("BITS", bits), ("GS", GROUP_SIZE), ("R", rows_per_warp)],
+        grid=(-(-warps // WARPS_PER_BLOCK) * threads, 1, 1), threadgroup=(threads, 1, 1),
+        output_shapes=[(M, N)], output_dtypes=[x.dtype])[0]
+    return out.reshape(*lead, N)
+
+
+def reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array:
+    """The kernel's arithmetic in plain MLX ops (any backend): unpack each word's values,
+    then scale * sum(x q) + bias * sum(x) per group, summed over the groups."""
+    lead, K = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, K).astype(mx.float32)
+    vals = 32 // bits
+    shifts = mx.arange(vals, dtype=mx.uint32) * bits
+    q = ((w[..., None] >> shifts) & ((1 << bits) - 1)).astype(mx.float32)  # (N, words, vals)
+    N = w.shape[0]
+    q = q.reshape(N, K // GROUP_SIZE, GROUP_SIZE)  # (N, groups, 64)
+    xg = rows.reshape(-1, K // GROUP_SIZE, GROUP_SIZE)  # (M, groups, 64)
+    dots = mx.einsum("mgi,ngi->mng", xg, q)
+    sums = mx.sum(xg, axis=-1)[:, None, :]  # (M, 1, groups)
+    out = mx.sum(scales.astype(mx.float32)[None] * dots + biases.astype(mx.float32)[None] * sums, axis=-1)
+    return out.astype(x.dtype).reshape(*lead, N)
+
+
+def supported(x: mx.array, layer: Any) -> bool:
+    """The kernel's domain: affine 4- or 8-bit weights in groups of 64, 1..MAX_ROWS input
+    rows of a floating dtype, and K a whole number of groups."""
+    rows = x.size // x.shape[-1] if x.ndim else 0
+    return (getattr(layer, "mode", "affine") == "affine" and layer.bits in BITS
+            and layer.group_size == GROUP_SIZE and 1 <= rows <= MAX_ROWS
+            and x.shape[-1] % GROUP_SIZE == 0 and x.dtype in (mx.bfloat16, mx.float16, mx.float32)
+            and getattr(layer, "biases", None) is not None)
+
+
+class SmallMQuantizedLinear(nn.QuantizedLinear):
+    """nn.QuantizedLinear whose few-row products go through the kernel (install() swaps a
+    model's QuantizedLinear modules to this class; parameters and names are unchanged)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if not supported(x, self):
+            return super().__call__(x)
+        out = small_m_matmul(x, self["weight"], self["scales"], self["biases"], self.bits)
+        if "bias" in self:
+            out = out + self["bias"]
+        return out
+
+
+def install(model: nn.Module, *, force: bool | None = None) -> int:
+    """Route `model`'s quantized linear layers through the kernel where it is usable.
+
+    `force` None follows ENABLED_BY_DEFAULT; True or False decides. Returns how many layers
+    were switched (0 off CUDA, when off, or when the probe fails: the stock ops stay).
+    """
+    wanted = ENABLED_BY_DEFAULT if force is None else force
+    if not wanted or not usable():
+        return 0
+    switched = 0
+    for _, module in model.named_modules():
+        if type(module) is nn.QuantizedLinear:
+            module.__class__ = SmallMQuantizedLinear
+            switched += 1
+    return switched
+
+
+def path_name(switched: int) -> str:
+    """What /health and status say about a model's quantized matmuls, given what `install`
+    returned for it: the kernel, or MLX's own (and why)."""
+    if switched:
+        return f"small-M CUDA kernel (1..{MAX_ROWS} rows)"
+    if not fixed_shapes_wanted():
+        return "mlx (the small-M kernel is CUDA only)"
+    return "mlx" if ENABLED_BY_DEFAULT and not usable() else "mlx (small-M kernel off by default)"
+
+
+def usable() -> bool:
+    """True on CUDA once the kernel compiled and matched mx.quantized_matmul on a probe.
+    Checked once per process; a failure is logged and leaves the stock ops in place."""
+    global _usable
+    if _usable is None:
+        _usable = fixed_shapes_wanted() and _probe()
+    return _usable
+
+
+def relative_error(got: mx.array, want: mx.array) -> float:
+    """max |got - want| over max |want| (float32)."""
+    got, want = got.astype(mx.float32), want.astype(mx.float32)
+    return mx.max(mx.abs(got - want)).item() / (mx.max(mx.abs(want)).item() or 1.0)
+
+
+def probe_case(M: int, bits: int, N: int = 320, K: int = 512, dtype: mx.Dtype = mx.bfloat16):
+    """(x, w, scales, biases, float32 truth) on random data: the truth is mx.quantized_matmul
+    with everything in float32 (MLX's own low-precision matmuls round more than the kernel)."""
+    keys = mx.random.split(mx.random.key(M * 10 + bits), 2)
+    weight = mx.random.normal((N, K), key=keys[0]) * 0.05
+    w, scales, biases = mx.quantize(weight.astype(dtype), group_size=GROUP_SIZE, bits=bits)
+    x = mx.random.normal((M, K), key=keys[1]).astype(dtype)
+    truth = mx.quantized_matmul(x.astype(mx.float32), w, scales.astype(mx.float32),
+                                biases.astype(mx.float32), transpose=True, group_size=GROUP_SIZE, bits=bits)
+    return x, w, scales, biases, truth
+
+
+def probe_error(M: int, bits: int, **shape: Any) -> float:
+    """The kernel's relative error against the float32 truth (raises where it cannot run)."""
+    x, w, scales, biases, truth = probe_case(M, bits, **shape)
+    return relative_error(small_m_matmul(x, w, scales, biases, bits), truth)
+
+
+def _probe() -> bool:
+    return custom_kernels.probe(
+        "small-M quantized matmul", lambda: max(probe_error(M, bits) for M in (1, 3, 6) for bits in BITS),
+        0.01, "mx.quantized_matmul")

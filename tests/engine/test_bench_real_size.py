@@ -1,0 +1,87 @@
+"""The real-size bench (bench.real_size) at tiny dims, and our AR beside mlx-lm's
+generate_step (bench.ar_reference): they run end to end on this CPU and their JSON holds
+the figures the docs' tables are made of, consistent with each other."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mtplxd.engine.bench import ar_reference, real_size
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("real-size") / "real-size.json"
+    assert real_size.main(["--sizes", "tiny,tiny-hybrid", "--dtypes", "bf16,4bit", "--context", "32",
+                           "--depths", "1,2", "--decode-tokens", "4", "--cycles", "2", "--repeats", "2",
+                           "--small-m-kernel", "--json-out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_every_size_and_dtype_is_measured(report):
+    assert [(c["size"], c["dtype"]) for c in report["configs"]] == [
+        ("tiny", "bf16"), ("tiny", "4bit"), ("tiny-hybrid", "bf16"), ("tiny-hybrid", "4bit")]
+    assert report["profile"] == list(real_size.PROFILE) and report["context"] == 32
+    assert "real_size" in report["command"]
+
+
+def test_decode_is_beside_mlx_lm_and_against_the_roofline(report):
+    for config in report["configs"]:
+        for temperature in ("0.0", "0.6"):
+            decode = config["decode"][temperature]
+            assert decode["ours_ms"] > 0 and decode["mlx_lm_ms"] > 0
+            assert decode["speed_vs_mlx_lm"] == pytest.approx(decode["mlx_lm_ms"] / decode["ours_ms"])
+        assert config["roofline_ms"] == pytest.approx(
+            config["bytes_read_per_step"] / real_size.BANDWIDTH_BYTES_PER_S * 1000)
+        assert config["of_roofline"] == pytest.approx(config["roofline_ms"] / config["decode"]["0.0"]["ours_ms"])
+
+
+def test_bytes_read_count_the_embedding_only_when_it_is_the_lm_head(report):
+    tiny_bf16, tiny_q4, hybrid_bf16, _ = report["configs"]
+    # tiny is tied: its table is read whole as the lm_head; tiny-hybrid's only gives a row.
+    assert tiny_bf16["bytes_read_per_step"] == tiny_bf16["weights_bytes"] + tiny_bf16["kv_bytes"]
+    assert hybrid_bf16["bytes_read_per_step"] < hybrid_bf16["weights_bytes"] + hybrid_bf16["kv_bytes"]
+    assert tiny_q4["weights_bytes"] < tiny_bf16["weights_bytes"] / 2  # 4-bit plus scales and biases
+    assert hybrid_bf16["gdn_verify"] == "per-token" and tiny_bf16["gdn_verify"] is None
+
+
+def test_forwards_and_cycles_are_multiples_of_a_decode_step(report):
+    for config in report["configs"]:
+        forward = config["forward_ms_by_tokens"]
+        assert set(forward) == {"1", "2", "3", "4", "5", "6"}
+        assert config["forward_over_one_token"]["1"] == 1.0
+        for temperature in ("0.0", "0.6"):
+            cycles = config["cycles"][temperature]
+            decode = config["decode"][temperature]["ours_ms"]
+            assert set(cycles["cycle_ms_by_depth"]) == {"1", "2"}
+            for depth, ms in cycles["cycle_ms_by_depth"].items():
+                assert cycles["cycle_over_decode_by_depth"][depth] == pytest.approx(ms / decode)
+                tokens = 1 + sum(real_size.PROFILE[:int(depth)])
+                assert cycles["projected_mtp_over_ar"][depth] == pytest.approx(tokens * decode / ms)
+        assert config["cycles"]["0.0"]["loop"] == ("stepwise" if config["family"] == "qwen3_5" else "fused")
+        if config["dtype"] == "4bit":  # off CUDA the kernel does not install: nothing extra timed
+            assert config["small_m_kernel_layers"] == 0
+            assert "forward_ms_by_tokens_small_m_kernel" not in config
+
+
+def test_an_unknown_size_is_refused_with_the_known_ones(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        real_size.main(["--sizes", "qwen3-70b"])
+    assert exit_info.value.code == 2
+    assert "qwen3-70b" in capsys.readouterr().err
+
+
+def test_ar_reference_runs_ours_before_and_mlx_lm_side_by_side(tiny_model_factory, tmp_path, capsys):
+    out = tmp_path / "ar.json"
+    assert ar_reference.main(["--model", str(tiny_model_factory("qwen3")), "--tokens", "6",
+                              "--repeats", "1", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    for temperature in ("0.0", "0.6"):
+        entry = report["temperatures"][temperature]
+        assert set(entry["ms_per_token_median"]) == {"ours", "ours_before", "mlx_lm"}
+        assert all(len(runs) == 4 for runs in entry["ms_per_token_all"].values())
+        assert entry["speed_vs_mlx_lm"] == pytest.approx(
+            entry["ms_per_token_median"]["mlx_lm"] / entry["ms_per_token_median"]["ours"])
+    assert "ours vs mlx-lm" in capsys.readouterr().out

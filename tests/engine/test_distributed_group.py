@@ -1,0 +1,144 @@
+"""A model served over 2 and 3 real ranks (ring backend over 127.0.0.1) gives, greedy, the
+single-process output token for token, AR and MTP, dense and hybrid; a worker that dies or
+hangs fails the request with the reason and the group refuses work after; a rank with another
+model is refused at start with the difference named.
+
+Every rank is a real process: rank 0 is `python -m mtplxd.engine.distributed.run`, which
+starts the workers with mlx.launch's launch script (engine/distributed/launcher.py), exactly
+as the daemon does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtplxd.engine import GenerationRequest, SamplingParams, load_model
+
+PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(20, 60))]
+MAX_TOKENS = 16
+
+
+def hosts_file(tmp_path: Path, ranks: int, models: dict[int, Path] | None = None) -> Path:
+    hosts = [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]} for _ in range(ranks)]
+    for rank, model in (models or {}).items():
+        hosts[rank]["model"] = str(model)
+    path = tmp_path / f"hosts{ranks}.json"
+    path.write_text(json.dumps({"backend": "ring", "hosts": hosts}))
+    return path
+
+
+def run_group(tmp_path: Path, ranks: int, model: Path, *extra: str,
+              models: dict[int, Path] | None = None, timeout: float = 120) -> dict:
+    command = [sys.executable, "-m", "mtplxd.engine.distributed.run",
+               "--hosts", str(hosts_file(tmp_path, ranks, models)), "--model", str(model),
+               "--log-dir", str(tmp_path / "logs"), *extra]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert done.stdout.strip(), f"rank 0 printed nothing (rc {done.returncode}): {done.stderr[-2000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def single_process(model_path: Path, depths: list[int]) -> dict[tuple[int, int], list[int]]:
+    model = load_model(model_path)
+    out = {}
+    for i, prompt in enumerate(PROMPTS):
+        for depth in depths:
+            request = GenerationRequest(prompt, SamplingParams(max_tokens=MAX_TOKENS), depth=depth)
+            out[(i, depth)] = model.complete(request).token_ids
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_model_factory):
+    # Four layers, so three ranks each hold at least one.
+    return {"qwen3": tiny_model_factory("qwen3", num_hidden_layers=4),
+            "qwen3_5": tiny_model_factory("qwen3_5")}
+
+
+@pytest.mark.parametrize(("family", "ranks", "split"), [
+    ("qwen3", 2, None), ("qwen3", 3, "2,1,1"), ("qwen3_5", 2, "1,3"), ("qwen3_5", 3, None),
+])
+def test_greedy_output_of_a_group_equals_the_single_process_output_ar_and_mtp(
+        tmp_path, checkpoints, family, ranks, split):
+    model = checkpoints[family]
+    depths = [0, 1, 3]
+    reference = single_process(model, depths)
+    extra = ["--prompts", json.dumps(PROMPTS), "--depths", ",".join(map(str, depths)),
+             "--max-tokens", str(MAX_TOKENS)] + (["--split", split] if split else [])
+    out = run_group(tmp_path, ranks, model, *extra)
+    assert "refused" not in out and "lost" not in out, out
+    assert [r["rank"] for r in out["group"]["ranks"]] == list(range(ranks))
+    layers = [tuple(r["layers"]) for r in out["group"]["ranks"]]
+    assert layers[0][0] == 0 and all(a[1] == b[0] for a, b in zip(layers, layers[1:]))
+    if split:
+        assert [e - s for s, e in layers] == [int(n) for n in split.split(",")]
+    for result in out["results"]:
+        key = (result["prompt"], result["depth"])
+        assert result["token_ids"] == reference[key], f"prompt {key[0]} depth {key[1]} diverged"
+        # A verify of K+1 tokens is one trip around the ring: one exchange per cycle (plus the
+        # prefill chunks, and the one cycle the loop runs ahead and retracts at the end).
+        assert result["exchanges"] <= result["cycles"] + _prefill_chunks(PROMPTS[key[0]]) + 1
+    assert all(r["forwards"] > 0 for r in out["workers"])
+
+
+def test_seeded_sampled_output_of_a_group_equals_the_single_process_output(tmp_path, checkpoints):
+    # Rank 0 samples from logits that are bitwise the single process's, with the same
+    # position-keyed draws: a seeded T > 0 request is the same tokens, MTP and AR.
+    sampling = {"temperature": 0.8, "top_p": 0.95, "seed": 11}
+    single = load_model(checkpoints["qwen3_5"])
+    expected = {d: single.complete(GenerationRequest(
+        PROMPTS[0], SamplingParams(max_tokens=MAX_TOKENS, **sampling), depth=d)).token_ids
+        for d in (0, 3)}
+    out = run_group(tmp_path, 2, checkpoints["qwen3_5"], "--prompts", json.dumps(PROMPTS[:1]),
+                    "--depths", "0,3", "--max-tokens", str(MAX_TOKENS),
+                    "--sampling", json.dumps(sampling))
+    assert {r["depth"]: r["token_ids"] for r in out["results"]} == expected
+
+
+def _prefill_chunks(prompt: list[int]) -> int:
+    from mtplxd.engine.model.trunk import PREFILL_CHUNK
+
+    return -(-len(prompt) // PREFILL_CHUNK)
+
+
+def test_a_worker_killed_between_requests_fails_the_next_one_naming_the_rank(tmp_path, checkpoints):
+    out = run_group(tmp_path, 2, checkpoints["qwen3"], "--prompts", json.dumps(PROMPTS[:1]),
+                    "--depths", "3", "--max-tokens", "8", "--fault", "kill:1", "--timeout", "20")
+    assert out["results"][0]["token_ids"]
+    failed = out["after_fault"][0]
+    assert failed["error"] == "group_lost"
+    assert "rank 1 (127.0.0.1) exited with code -9" in failed["message"]
+    assert out["after_fault_seconds"] < 20  # a dead peer is seen at once, not at the deadline
+    assert out["status"]["ranks"][1]["exit_code"] == -9
+    again = out["again"][0]
+    assert again["error"] == "group_lost" and again["message"] == failed["message"]
+
+
+def test_a_hung_worker_fails_the_request_at_the_deadline_and_is_stopped(tmp_path, checkpoints):
+    out = run_group(tmp_path, 3, checkpoints["qwen3"], "--prompts", json.dumps(PROMPTS[:1]),
+                    "--depths", "0", "--max-tokens", "4", "--fault", "stop:2", "--timeout", "3")
+    failed = out["after_fault"][0]
+    assert failed["error"] == "group_lost"
+    assert "did not answer within 3 s" in failed["message"]
+    assert "still runs" in failed["message"]
+    assert 3 <= out["after_fault_seconds"] < 15
+    assert out["status"]["lost"] == failed["message"]
+    assert not any(rank["running"] for rank in out["status"]["ranks"][1:])  # none left behind
+
+
+def test_a_rank_with_another_model_revision_is_refused_naming_the_difference(
+        tmp_path, tiny_model_factory, checkpoints):
+    other = tiny_model_factory("qwen3", num_hidden_layers=4, seed=7)
+    out = run_group(tmp_path, 2, checkpoints["qwen3"], "--depths", "0", models={1: other})
+    assert "rank 1 (" in out["refused"] and "does not serve the same model" in out["refused"]
+    assert "model.safetensors differs" in out["refused"]
+
+
+def test_a_rank_with_another_config_is_refused_naming_the_key(tmp_path, tiny_model_factory, checkpoints):
+    other = tiny_model_factory("qwen3", num_hidden_layers=4, rms_norm_eps=1e-5)
+    out = run_group(tmp_path, 2, checkpoints["qwen3"], "--depths", "0", models={1: other})
+    assert "config rms_norm_eps" in out["refused"]

@@ -1,0 +1,173 @@
+"""The small-M quantized matmul kernel (small_m_qmm.py): its plain-ops reference pins the
+layout the kernel reads against mx.quantized_matmul on this CPU; off CUDA nothing changes and
+the status says so; on CUDA (through the device) the kernel matches the float32 truth and
+keeps greedy MTP equal to AR."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from mtplxd.engine import GenerationRequest, SamplingParams, load_model
+from mtplxd.engine.model import small_m_qmm
+from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
+
+ON_CUDA = fixed_shapes_wanted()
+needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="the kernel is CUDA only; this machine runs MLX on the CPU")
+
+
+@pytest.mark.parametrize("bits", small_m_qmm.BITS)
+@pytest.mark.parametrize("rows", range(1, small_m_qmm.MAX_ROWS + 1))
+def test_reference_equals_mx_quantized_matmul_in_float32(bits, rows):
+    x, w, scales, biases, truth = small_m_qmm.probe_case(rows, bits, N=96, K=256, dtype=mx.float32)
+    assert small_m_qmm.relative_error(small_m_qmm.reference(x, w, scales, biases, bits), truth) < 1e-5
+
+
+def test_reference_keeps_leading_dimensions_and_dtype():
+    x, w, scales, biases, truth = small_m_qmm.probe_case(4, 4, N=64, K=128, dtype=mx.bfloat16)
+    out = small_m_qmm.reference(x.reshape(1, 4, 128), w, scales, biases, 4)
+    assert out.shape == (1, 4, 64) and out.dtype == mx.bfloat16
+    assert small_m_qmm.relative_error(out.reshape(4, 64), truth) < 0.02
+
+
+def test_the_kernel_domain_is_few_rows_of_affine_4_and_8_bit_groups_of_64():
+    layer = nn.QuantizedLinear(128, 64, bias=False, group_size=64, bits=4)
+    assert small_m_qmm.supported(mx.zeros((1, 6, 128)), layer)
+    assert not small_m_qmm.supported(mx.zeros((1, 7, 128)), layer)  # prefill: MLX's kernels
+    assert not small_m_qmm.supported(mx.zeros((1, 1, 128), mx.int32), layer)
+    assert not small_m_qmm.supported(mx.zeros((1, 1, 128)), nn.QuantizedLinear(128, 64, group_size=32, bits=4))
+    assert not small_m_qmm.supported(mx.zeros((1, 1, 128)), nn.QuantizedLinear(128, 64, group_size=64, bits=3))
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the fallback is what runs off CUDA")
+def test_off_cuda_install_changes_nothing_and_says_why(tiny_model_factory):
+    assert not small_m_qmm.usable()
+    model = load_model(tiny_model_factory("qwen3", quantize_bits=4))
+    assert small_m_qmm.install(model.model, force=True) == 0
+    assert not any(isinstance(m, small_m_qmm.SmallMQuantizedLinear) for _, m in model.model.named_modules())
+    assert model.info.kernels["quantized_matmul"] == "mlx (the small-M kernel is CUDA only)"
+    request = GenerationRequest(model.tokenizer.encode("def f(x):"), SamplingParams(max_tokens=8))
+    assert len(model.complete(request).token_ids) == 8
+
+
+def test_a_hybrid_model_names_its_gdn_verify_path(tiny_model_factory):
+    info = load_model(tiny_model_factory("qwen3")).info
+    assert "gdn_verify" not in info.kernels
+    hybrid = load_model(tiny_model_factory("qwen3_5")).info
+    assert hybrid.kernels["gdn_verify"] == ("chunked" if ON_CUDA else "per-token")
+
+
+@needs_cuda
+@pytest.mark.parametrize("bits", small_m_qmm.BITS)
+@pytest.mark.parametrize("rows", range(1, small_m_qmm.MAX_ROWS + 1))
+def test_cuda_kernel_matches_the_float32_truth(bits, rows):
+    for N, K in ((320, 512), (2560, 2560), (999, 1024)):
+        assert small_m_qmm.probe_error(rows, bits, N=N, K=K) < 0.01
+
+
+@needs_cuda
+def test_cuda_greedy_mtp_equals_ar_with_the_kernel(tiny_model_factory):
+    model = load_model(tiny_model_factory("qwen3", head_dim=64), quantize="4bit")
+    assert small_m_qmm.install(model.model, force=True) > 0
+    ids = model.tokenizer.encode("def add(a, b):")
+
+    def run(depth):
+        request = GenerationRequest(ids, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True), depth=depth)
+        return model.complete(request).token_ids
+
+    assert run(3) == run(0)
+
+
+def test_installed_layers_route_few_rows_to_the_kernel_and_the_rest_to_mlx(tiny_model_factory, monkeypatch):
+    """The routing, on this CPU: the GPU is what this machine lacks, so the kernel's plain-ops
+    twin (`reference`) stands in for it; prefill-sized inputs must still go to MLX."""
+    calls = []
+
+    def kernel_twin(x, w, scales, biases, bits):
+        calls.append(x.size // x.shape[-1])
+        return small_m_qmm.reference(x, w, scales, biases, bits)
+
+    monkeypatch.setattr(small_m_qmm, "_usable", True)
+    monkeypatch.setattr(small_m_qmm, "small_m_matmul", kernel_twin)
+    model = load_model(tiny_model_factory("qwen3"), quantize="8bit")  # groups of 64 where they fit
+    ids = model.tokenizer.encode("def add(a, b):\n    return a")
+
+    def run(depth):
+        request = GenerationRequest(ids, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), depth=depth)
+        return model.complete(request).token_ids
+
+    stock = run(3)
+    switched = small_m_qmm.install(model.model, force=True)
+    assert switched > 0 and small_m_qmm.path_name(switched).startswith("small-M CUDA kernel")
+    model.trunk.compiled_graphs.clear()  # trace the fused cycle again, through the new layers
+    assert run(0) == run(3)  # greedy MTP = AR with the kernel's arithmetic
+    assert calls and max(calls) <= small_m_qmm.MAX_ROWS  # the prompt (len(ids) rows) went to MLX
+    assert len(ids) > small_m_qmm.MAX_ROWS
+    assert len(stock) == 24
+
+
+def test_a_kernel_probe_that_fails_or_disagrees_keeps_the_fallback(caplog):
+    from mtplxd.engine.model import custom_kernels
+
+    def broken():
+        raise RuntimeError("nvrtc: no such device")
+
+    assert custom_kernels.probe("test", lambda: 0.001, 0.01, "mlx") is True
+    assert custom_kernels.probe("test", lambda: 0.5, 0.01, "mlx") is False
+    assert custom_kernels.probe("test", lambda: float("nan"), 0.01, "mlx") is False
+    assert custom_kernels.probe("test", broken, 0.01, "mlx") is False
+    assert "no such device" in caplog.text and "disagrees" in caplog.text
+
+
+def test_the_micro_bench_runs_here_and_says_the_kernel_is_not(tmp_path):
+    import json
+
+    from mtplxd.engine.bench import small_m
+
+    out = tmp_path / "small-m.json"
+    assert small_m.main([str(out), "--sizes", "tiny", "--rows", "1,3", "--bits", "4", "--repeats", "2"]) == 0
+    report = json.loads(out.read_text())
+    assert report["kernel_usable"] is ON_CUDA
+    rows = report["results"]
+    assert [(r["matrix"], r["M"]) for r in rows] == [("proj", 1), ("proj", 3), ("lm_head", 1), ("lm_head", 3)]
+    for row in rows:
+        assert row["mlx_us"] > 0 and row["weight_bytes"] > 0
+        if not ON_CUDA:
+            assert row["kernel_us"] is None and row["reference_error"] < 0.02
+
+
+NVCC = __import__("shutil").which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed here")
+def test_the_kernel_source_compiles_for_the_h200(tmp_path):
+    """What this machine can check of the CUDA kernel without a GPU: its source, in the
+    signature mx.fast.cuda_kernel generates (uint32 weights, `w_shape`, template constants),
+    compiles for sm_90 at the smallest and largest row count and both bit widths, without
+    spilling registers."""
+    import subprocess
+
+    dtype = "__nv_bfloat16"
+    kernels = []
+    for rows in (1, small_m_qmm.MAX_ROWS):
+        for bits in small_m_qmm.BITS:
+            kernels.append(
+                f"__global__ void k_{rows}_{bits}(const {dtype}* x, const uint32_t* w, "
+                f"const __grid_constant__ Shape w_shape, const {dtype}* scales, const {dtype}* biases, "
+                f"{dtype}* out) {{\n  using T = {dtype};\n  constexpr int M = {rows};\n"
+                f"  constexpr int BITS = {bits};\n  constexpr int GS = {small_m_qmm.GROUP_SIZE};\n"
+                f"  constexpr int R = {small_m_qmm.ROWS_PER_WARP};\n{small_m_qmm._SOURCE}\n}}\n")
+    # MLX's default header gives the body `Shape` and the `cg` alias (mlx/backend/cuda/custom_kernel.cpp).
+    source = (small_m_qmm._HEADER + "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n"
+              "#include <cooperative_groups.h>\n#include <cuda/std/array>\nnamespace mlx::core::cu {\n"
+              "using Shape = cuda::std::array<int32_t, 8>;\nnamespace cg = cooperative_groups;\n"
+              + "".join(kernels) + "}\n")
+    path = tmp_path / "small_m.cu"
+    path.write_text(source)
+    done = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-c", str(path), "-o", str(tmp_path / "k.o"),
+                           "-Xptxas", "-v"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "error" not in done.stderr.lower()
+    assert "spill stores" in done.stderr
+    assert all(" 0 bytes spill stores" in line for line in done.stderr.splitlines() if "spill stores" in line)
