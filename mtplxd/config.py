@@ -130,6 +130,15 @@ def _as_str_list(value: Any) -> list[str]:
     raise ValueError("must be a list of strings (or a comma-separated string)")
 
 
+def _as_cohort_widths(value: Any) -> list[int]:
+    """Cohort widths: whole numbers from 1 to 64, a list or a comma-separated string."""
+    items = _as_str_list(value) if isinstance(value, str) else value
+    as_width = as_whole_number(1, 64)
+    if not isinstance(items, list) or not items:
+        raise ValueError("must be a list of whole numbers from 1 to 64, such as 1,3,8")
+    return sorted({as_width(item) for item in items})
+
+
 @dataclass(frozen=True)
 class Setting:
     """One documented configuration key."""
@@ -184,8 +193,20 @@ SETTINGS: dict[str, Setting] = {
                 "How long a client may take to send a request body before it gets a 408 "
                 "(a stalled or trickling upload must not hold a worker)."),
         Setting("max_concurrent", "auto", _as_auto_or_int(1, 64),
-                "Generations decoding at once (scheduler rows, interleaved a cycle at a time): "
-                "auto (8 on CUDA, 4 on Metal and CPU) or 1 to 64; 1 serves one at a time."),
+                "Generations decoding at once (scheduler rows, stepped a cycle at a time, "
+                "verified together in cohorts): auto (8 on CUDA, 4 on Metal and CPU) or 1 to "
+                "64; 1 serves one at a time."),
+        Setting("cohorts", "auto", _as_choice("auto", "always", "off"),
+                "MTP cohorts (several rows' drafts verified in one batched forward): auto "
+                "(a request that starts beside others joins cohorts; a lone one keeps the "
+                "single-stream loop), always, or off (rows interleave one at a time)."),
+        Setting("cohort_widths", [1, 3, 8], _as_cohort_widths,
+                "Rows per cohort forward; a cohort is sealed at the narrowest width that holds "
+                "its rows (fixed widths keep GPU kernel shapes few). 1 is always included."),
+        Setting("numerics", "auto", _as_choice("auto", "exact", "throughput"),
+                "Cohort numerics: exact (each row's verify forward alone: bit-identical to "
+                "solo decoding), throughput (one batched forward: may round apart from solo "
+                "where batched matmuls do), or auto (docs/concurrency.md)."),
         Setting("max_queued", 64, as_whole_number(0, 4096),
                 "Requests that may wait for a free row; one more gets HTTP 429 with "
                 "Retry-After."),

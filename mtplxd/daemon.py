@@ -64,7 +64,8 @@ class Daemon:
                                decode_loop=config.decode_loop, quantize=config.quantize,
                                max_concurrent=config.max_concurrent, max_queued=config.max_queued,
                                prefill_chunk_tokens=config.prefill_chunk_tokens,
-                               tuning_home=paths.home)
+                               cohorts=config.cohorts, cohort_widths=tuple(config.cohort_widths),
+                               numerics=config.numerics, tuning_home=paths.home)
         if config.hosts:
             self.runtime.group = serving_group(config, paths)
         self.registry = MethodRegistry()

@@ -87,9 +87,11 @@ class Runtime:
                  decode_loop: str = "auto", quantize: str = "auto",
                  max_concurrent: str | int = "auto", max_queued: int = 64,
                  prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK,
-                 tuning_home: Path | None = None) -> None:
+                 tuning_home: Path | None = None, cohorts: str = "auto",
+                 cohort_widths: tuple[int, ...] = (1, 3, 8), numerics: str = "auto") -> None:
+        from mtplxd.engine.cohort import normalize_widths
         from mtplxd.engine.owner import ModelOwner
-        from mtplxd.engine.scheduler import Scheduler
+        from mtplxd.engine.scheduler import DEFAULT_MAX_BACKLOG, Scheduler
 
         self.models_dir = models_dir
         self.default_depth = default_depth
@@ -102,7 +104,10 @@ class Runtime:
         # Where `mtplxctl tune` saves depths (MTPLX_HOME); None: tuned depths are not used.
         self.tuning_home = tuning_home
         self.depth_source = "none"  # setting | tuned | model: where the served depth came from
-        self.scheduler = Scheduler(max_queued=max_queued, admit=self._admit_row)
+        self.numerics_setting = numerics
+        self.scheduler = Scheduler(max_queued=max_queued, admit=self._admit_row,
+                                   cohort_mode=cohorts, widths=normalize_widths(cohort_widths),
+                                   max_backlog=DEFAULT_MAX_BACKLOG)
         self.owner = ModelOwner(scheduler=self.scheduler)
         self.model: Any = None  # mtplxd.engine.LoadedModel once loaded
         # engine/distributed ServingGroup when the model is served over several hosts.
@@ -123,11 +128,13 @@ class Runtime:
 
     def start(self) -> None:
         """Start the owner thread, with the scheduler's row limit resolved for this machine."""
+        from mtplxd.engine.cohort import resolve_numerics
         from mtplxd.engine.scheduler import default_max_concurrent
 
         setting = self.max_concurrent_setting
         self.scheduler.configure(
-            max_concurrent=default_max_concurrent() if setting == "auto" else int(setting))
+            max_concurrent=default_max_concurrent() if setting == "auto" else int(setting),
+            numerics=resolve_numerics(self.numerics_setting))
         self.owner.start()
 
     def stop(self) -> None:
@@ -328,13 +335,14 @@ class Runtime:
             except trio.RunFinishedError:
                 row.cancel()
 
-        row = Row(request, lambda should_stop: model.generate_steps(request, should_stop), deliver)
+        row = Row(request, lambda should_stop, cohort=False: model.generate_steps(
+            request, should_stop, cohort=cohort), deliver, cohort_capable=True)
         self.owner.submit_row(row)
         self._begin()
         try:
             self.generations_started += 1
             async with receive:
-                yield _unwrap(receive)
+                yield _unwrap(receive, row)
         finally:
             row.cancel()
             self._end()
@@ -379,10 +387,11 @@ class Runtime:
         await self._idle.wait()
 
 
-async def _unwrap(receive: trio.MemoryReceiveChannel) -> AsyncIterator[Any]:
+async def _unwrap(receive: trio.MemoryReceiveChannel, row: Any) -> AsyncIterator[Any]:
     from mtplxd.engine.scheduler import RowFailure
 
     async for item in receive:
+        row.consumed()  # taken: a row paused for this reader's backlog may go on
         if isinstance(item, RowFailure):
             raise item.error
         yield item

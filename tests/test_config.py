@@ -27,12 +27,25 @@ def test_defaults_then_file_then_environment(tmp_path):
     ("fan_mode = 'loud'\n", 'fan_mode cannot be "loud"'),
     ("colour = 'blue'\n", "no setting named colour"),
     ("port = \n", "not valid TOML"),
+    ("cohort_widths = [3, 0]\n", "cohort_widths cannot be .*whole number from 1 to 64"),
+    ("cohort_widths = []\n", "cohort_widths cannot be .*such as 1,3,8"),
+    ("numerics = 'fast'\n", 'numerics cannot be "fast"'),
 ])
 def test_invalid_file_names_the_key(tmp_path, text, named):
     path = tmp_path / "config.toml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=named):
         load_config(path, environ={})
+
+
+def test_cohort_settings_read_a_toml_list_or_a_comma_separated_variable(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("cohort_widths = [8, 3, 3]\nnumerics = 'exact'\n")
+    config = load_config(path, environ={"MTPLX_COHORTS": "always"})
+    assert (config.cohort_widths, config.numerics, config.cohorts) == ([3, 8], "exact", "always")
+    config = load_config(path, environ={"MTPLX_COHORT_WIDTHS": "1, 3,8"})
+    assert (config.cohort_widths, config.sources["cohort_widths"]) == ([1, 3, 8], "env")
+    assert load_config(tmp_path / "none.toml", environ={}).cohort_widths == [1, 3, 8]
 
 
 def test_invalid_environment_value_names_the_variable(tmp_path):

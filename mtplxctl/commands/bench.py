@@ -1,4 +1,5 @@
-"""bench: AR vs MTP decode speed and acceptance on this machine, printed and saved as JSON.
+"""bench: AR vs MTP decode speed and acceptance on this machine, printed and saved as JSON;
+with --streams, concurrent streams (serial MTP, AR batch lane, MTP cohorts side by side).
 
 Runs the engine benchmark in this process (not through the daemon, so the numbers are the
 engine's own); results go to ~/.mtplx/metrics/bench-<time>.json unless --json-out says where.
@@ -27,6 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="MTP decode loop (default: the configured decode_loop)")
     bench.add_argument("--quantize", choices=("auto", "none", "8bit", "4bit"),
                        help="quantize the weights as they load (default: the configured quantize)")
+    bench.add_argument("--streams", help="concurrent streams instead, e.g. 1,2,3,4,8: serial MTP, "
+                       "interleaved MTP, the AR batch lane and MTP cohorts side by side")
+    bench.add_argument("--numerics", choices=("exact", "throughput"), default="throughput",
+                       help="with --streams: the cohorts' numerics (default throughput)")
     bench.set_defaults(func=cmd_bench)
 
 
@@ -40,6 +45,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except (ConfigError, ModelLoadFailed) as exc:
         return fail(str(exc))
     out = args.json_out or str(paths.metrics_dir / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    if args.streams:
+        return _bench_streams(args, str(folder), out, args.quantize or config.quantize)
     argv = ["--model", str(folder), "--max-tokens", str(args.max_tokens), "--repeats",
             str(args.repeats), "--temperatures", args.temperatures, "--json-out", out,
             "--decode-loop", args.decode_loop or config.decode_loop,
@@ -47,3 +54,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.depth is not None:
         argv += ["--depth", str(args.depth)]
     return bench.main(argv)
+
+
+def _bench_streams(args: argparse.Namespace, folder: str, out: str, quantize: str) -> int:
+    from mtplxd.engine.bench import concurrency
+
+    try:
+        streams = [int(n) for n in args.streams.split(",") if n.strip()]
+    except ValueError:
+        streams = []
+    if not streams or min(streams) < 1:
+        return fail(f"--streams takes stream counts such as 1,2,3,4,8, got {args.streams}")
+    argv = ["--model", folder, "--streams", ",".join(map(str, streams)), "--max-tokens",
+            str(args.max_tokens), "--repeats", str(args.repeats), "--numerics", args.numerics,
+            "--quantize", quantize, "--json-out", out]
+    if args.depth is not None:
+        argv += ["--depth", str(args.depth)]
+    from mtplxd.engine.bench.harness import exit_without_teardown
+
+    exit_without_teardown(concurrency.main(argv))  # it ran MLX on an owner thread
+    return 0  # not reached

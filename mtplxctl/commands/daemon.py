@@ -418,9 +418,13 @@ def status_table(status: dict[str, Any]) -> Table:
     if scheduler:
         table.add_row("scheduler", f"{scheduler['running']} running of {scheduler['max_concurrent']}"
                       f" rows, {scheduler['queued']} queued (max {scheduler['max_queued']})")
+        if scheduler.get("cohort_widths"):
+            table.add_row("cohorts", f"widths {','.join(map(str, scheduler['cohort_widths']))}, "
+                          f"numerics {scheduler.get('numerics')}, {scheduler.get('paused', 0)} paused")
         for row in scheduler.get("rows", []):
+            width = f", cohort {row['cohort_width']} wide" if row.get("cohort_width") else ""
             table.add_row("", f"{row.get('request_id') or row['row']}: {row['phase']}, "
-                          f"{row['completion_tokens']} tokens, waited {row['queue_wait_seconds']}s")
+                          f"{row['completion_tokens']} tokens, waited {row['queue_wait_seconds']}s{width}")
     guard = status.get("guard")
     if guard:
         table.add_row("memory guard", f"limit {human_bytes(guard['limit_bytes'])}, "

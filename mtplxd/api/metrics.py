@@ -54,6 +54,11 @@ class Metrics:
         self.queue_wait = Histogram("mtplx_queue_wait_seconds",
                                     "Time from arrival to admission into a scheduler row",
                                     buckets=QUEUE_WAIT_BUCKETS, registry=r)
+        # The cohort-width histogram: a row's decode cycles, by the width of the cohort whose
+        # batched verify it ran in (rows outside cohorts add nothing).
+        self.cohort_cycles = Counter("mtplx_cohort_row_cycles",
+                                     "Decode cycles rows ran in an MTP cohort, by cohort width",
+                                     ["width"], registry=r)
         self.mean_accept = Gauge("mtplx_spec_decode_mean_acceptance_length",
                                  "Tokens committed per verify cycle since start", registry=r)
         self.mean_accept.set_function(self._mean_acceptance)
@@ -65,6 +70,9 @@ class Metrics:
         queued = Gauge("mtplx_scheduler_queued_requests", "Generations waiting for a row",
                        registry=r)
         queued.set_function(lambda: runtime.scheduler_status()["queued"])
+        paused = Gauge("mtplx_scheduler_paused_rows",
+                       "Rows paused because their reader has not taken their output", registry=r)
+        paused.set_function(lambda: runtime.scheduler_status().get("paused", 0))
         loaded = Gauge("mtplx_model_loaded", "1 while a model is loaded", registry=r)
         loaded.set_function(lambda: 1 if runtime.state == "loaded" else 0)
         depth = Gauge("mtplx_model_depth", "Default MTP depth of the loaded model (0 = AR)", registry=r)
@@ -106,6 +114,8 @@ class Metrics:
         for i, (drafted, accepted) in enumerate(zip(stats.drafted_by_depth, stats.accepted_by_depth)):
             self.drafted.labels(position=str(i + 1)).inc(drafted)
             self.accepted.labels(position=str(i + 1)).inc(accepted)
+        for width, cycles in getattr(stats, "cohort_widths", {}).items():
+            self.cohort_cycles.labels(width=width).inc(cycles)
         if stats.depth > 0 and stats.cycles:
             self.cycles.inc(stats.cycles)
             self.committed.inc(stats.mean_accepted_length * stats.cycles)

@@ -14,6 +14,9 @@ from typing import Any, Callable, Generator, Iterator
 import mlx.core as mx
 
 from mtplxd.engine.decoding.autoregressive import ar_cycles
+from mtplxd.engine.decoding.cohort_rows import (
+    CohortSpeculativeDecoder, VerifyCall, cohort_ar_cycles,
+)
 from mtplxd.engine.decoding.detokenize import TextStream
 from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
 from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
@@ -150,12 +153,16 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
                    depth: int, vocab_size: int,
                    should_stop: Callable[[], bool],
                    bank: SessionBank | None = None,
-                   vision: VisionTower | None = None,
-                   ) -> Iterator[TokenDelta | GenerationResult | Step]:
+                   vision: VisionTower | None = None, *, cohort: bool = False
+                   ) -> Generator[TokenDelta | GenerationResult | Step | VerifyCall, Any, None]:
     """`generate`, one unit of work per item: every prefill chunk and every decode cycle
     yields (a TokenDelta when it completed text, else STEP), so the scheduler can step many
     requests on one thread. The request's own caches, sampler and seed live in this
-    generator alone: its output does not depend on what runs between its steps."""
+    generator alone: its output does not depend on what runs between its steps.
+
+    With `cohort`, each decode cycle first yields a VerifyCall and must be sent that call's
+    (hidden, logits) (engine/cohort.py runs the verifies of many rows together); the item
+    that `send` returns is the cycle's TokenDelta or STEP (or the result)."""
     params = request.sampling
     prompt = list(request.prompt_ids)
     if not prompt:
@@ -201,10 +208,15 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     decoder = None
     if depth > 0:
         fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache)
-        decoder_class = FusedSpeculativeDecoder if fused else SpeculativeDecoder
+        if cohort:
+            decoder_class = CohortSpeculativeDecoder
+        else:
+            decoder_class = FusedSpeculativeDecoder if fused else SpeculativeDecoder
         decoder = decoder_class(trunk, head, cache, params, history, seed, depth,
                                 head_cache=head_cache)
         cycles = decoder.cycles(hiddens, prompt, first, pending_from=pending_from)
+    elif cohort:
+        cycles = cohort_ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
     else:
         cycles = ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
     reason = finish.reason
@@ -219,6 +231,8 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
             reason = "cancelled"
             break
         step = next(cycles)
+        while isinstance(step, VerifyCall):  # a cohort row: the scheduler runs the verify
+            step = cycles.send((yield step))
         produced += step
         delta = finish.take(step)
         reason = finish.reason

@@ -140,6 +140,9 @@ class GenerationStats:
     # Decode samples about once a second (rate, acceptance by depth, context length) for the
     # flight recorder; not part of the API's mtplx_stats (see generation.DecodeSamples).
     samples: list[dict] = field(default_factory=list)
+    # Decode cycles by the width of the cohort whose batched verify the row ran in ({"3": 12});
+    # empty when the row decoded alone (not through the scheduler's cohorts).
+    cohort_widths: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""

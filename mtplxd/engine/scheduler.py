@@ -13,8 +13,13 @@ sampler, seed and stats, so its output does not depend on what runs between its 
 is cancelled (its client left) or fails leaves at the end of the turn and gives back its
 memory reservation; a failure ends only that row.
 
-Phase 1 of issue #20: rows are interleaved, not batched. Verifying several rows' drafts in one
-target forward (MTP cohorts of width 3/8, an AR batch lane) is the next phase.
+Rows made with `cohort=True` (LoadedModel.generate_steps) do not run their own verify: a
+decode cycle yields a VerifyCall, and after every row of the turn has been stepped the calls
+are grouped into cohorts of fixed width (cohort.py: MTP rows of one depth together, AR rows
+in the AR batch lane) that each run one target forward; each row then settles its own cycle.
+
+A row whose reader is slow (more than `max_backlog` delivered items not yet taken) is
+paused: it is not stepped until its reader catches up, and the other rows go on.
 No trio, no HTTP: the daemon reaches this through `ModelOwner.submit_row`.
 """
 
@@ -29,11 +34,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from mtplxd.engine.cohort import DEFAULT_WIDTHS, VerifyCall, group, run_cohort
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, QueueFull, TokenDelta
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUED = 64
+# Items a row may have delivered that its reader has not taken yet before it is paused.
+DEFAULT_MAX_BACKLOG = 256
 MAX_CONCURRENT_LIMIT = 64
 # A row's service-time estimate before any row finished (seconds), for Retry-After.
 INITIAL_SERVICE_SECONDS = 5.0
@@ -46,9 +54,9 @@ AdmitHook = Callable[[GenerationRequest], "Callable[[], None] | None"]
 
 
 def default_max_concurrent() -> int:
-    """Rows run at once by default: 8 where the backend compiles fixed shapes (CUDA, room for
-    the coming 8-wide cohorts), 4 elsewhere (Metal, CPU): interleaved rows share one device,
-    so more rows only stretch each one while holding their KV."""
+    """Rows run at once by default: 8 where the backend compiles fixed shapes (CUDA: one full
+    8-wide cohort), 4 elsewhere (Metal, CPU), where more rows stretch each one for less
+    batching gain while holding their KV."""
     from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 
     return 8 if fixed_shapes_wanted() else 4
@@ -72,11 +80,15 @@ class Row:
     """
 
     def __init__(self, request: GenerationRequest, start: StepsFactory,
-                 deliver: Callable[[Any], None]) -> None:
+                 deliver: Callable[[Any], None], *, cohort_capable: bool = False) -> None:
         self.id = next(_ids)
         self.request = request
         self.deliver = deliver
         self._start = start
+        # True when `start` takes `cohort=` (LoadedModel.generate_steps): the scheduler then
+        # decides at admission whether the row decodes in cohorts (cohort_mode).
+        self.cohort_capable = cohort_capable
+        self.in_cohorts = False
         self._cancelled = threading.Event()
         self.steps: Iterator[Any] | None = None
         self.phase = "queued"  # queued | prefill | decode | done
@@ -85,6 +97,39 @@ class Row:
         self.tokens = 0
         self.steps_taken = 0  # prefill chunks and decode cycles run so far
         self.rows_max = 0
+        self.cohort_widths: dict[int, int] = {}  # cohort width -> decode cycles run in it
+        self._backlog = 0  # delivered items its reader has not taken (see consumed)
+        self._backlog_lock = threading.Lock()
+        self.wake: Callable[[], None] = lambda: None  # the scheduler's: a paused row may go on
+        self.paused = False  # over its backlog when last checked: `consumed` must wake the owner
+
+    def delivered(self) -> None:
+        """Count one item handed to `deliver` (owner thread)."""
+        with self._backlog_lock:
+            self._backlog += 1
+
+    def consumed(self, items: int = 1) -> None:
+        """The reader took `items` delivered items (any thread); wakes the owner when the
+        row was paused for its backlog (only then: a wake per token would flood the owner's
+        queue, and jobs wait behind it)."""
+        with self._backlog_lock:
+            self._backlog = max(self._backlog - items, 0)
+            paused, self.paused = self.paused, False
+        if paused:
+            self.wake()
+
+    @property
+    def backlog(self) -> int:
+        return self._backlog
+
+    def over_backlog(self, bound: int) -> bool:
+        """True when `bound` items wait unread; then marks the row paused, atomically with
+        `consumed`, so the reader's next take is sure to wake the owner."""
+        with self._backlog_lock:
+            if self._backlog >= bound:
+                self.paused = True
+                return True
+            return False
 
     def cancel(self) -> None:
         """Ask the row to end (thread-safe): it leaves with finish_reason "cancelled" at the
@@ -107,6 +152,8 @@ class Row:
             "completion_tokens": self.tokens,
             "steps": self.steps_taken,
             "depth": self.request.depth,
+            "cohort_width": max(self.cohort_widths, key=self.cohort_widths.get, default=None),
+            "backlog": self._backlog,
             "queue_wait_seconds": round((admitted if admitted is not None else now) - arrived, 3),
             "age_seconds": round(now - arrived, 3),
         }
@@ -116,10 +163,19 @@ class Scheduler:
     """FIFO admission and round-robin stepping of rows; `turn` runs on the owner thread only."""
 
     def __init__(self, max_concurrent: int = 1, max_queued: int = DEFAULT_MAX_QUEUED,
-                 admit: AdmitHook | None = None) -> None:
+                 admit: AdmitHook | None = None, widths: tuple[int, ...] = DEFAULT_WIDTHS,
+                 numerics: str = "exact", max_backlog: int | None = None,
+                 cohort_mode: str = "auto") -> None:
         self.max_concurrent = max_concurrent
         self.max_queued = max_queued
         self.admit = admit
+        self.widths = widths  # cohort widths (sorted, 1 included): cohort.parse_widths
+        self.numerics = numerics  # "exact" | "throughput": cohort.resolve_numerics
+        # None: never pause (the caller's deliver takes everything); the daemon bounds it and
+        # its readers call Row.consumed.
+        self.max_backlog = max_backlog
+        self.cohort_mode = cohort_mode  # auto | always | off: see _wants_cohort
+        self.cohort_histogram: dict[int, int] = {w: 0 for w in widths}  # width -> cohorts run
         self.wake: Callable[[], None] = lambda: None  # set by the owner: a submission wakes it
         self._lock = threading.Lock()
         self._queue: deque[Row] = deque()
@@ -127,12 +183,23 @@ class Scheduler:
         self._service_seconds = INITIAL_SERVICE_SECONDS
         self.counters = {"admitted": 0, "finished": 0, "failed": 0, "refused_queue_full": 0}
 
-    def configure(self, max_concurrent: int | None = None, max_queued: int | None = None) -> None:
+    def configure(self, max_concurrent: int | None = None, max_queued: int | None = None,
+                  widths: tuple[int, ...] | None = None, numerics: str | None = None,
+                  cohort_mode: str | None = None, max_backlog: int | None = None) -> None:
         """Change the limits (any thread); rows already running keep running."""
         if max_concurrent is not None:
             self.max_concurrent = max(1, min(int(max_concurrent), MAX_CONCURRENT_LIMIT))
         if max_queued is not None:
             self.max_queued = max(0, int(max_queued))
+        if widths is not None:
+            self.widths = widths
+            self.cohort_histogram = {w: self.cohort_histogram.get(w, 0) for w in widths}
+        if numerics is not None:
+            self.numerics = numerics
+        if cohort_mode is not None:
+            self.cohort_mode = cohort_mode
+        if max_backlog is not None:
+            self.max_backlog = max_backlog
 
     # -- any thread -----------------------------------------------------------------------
 
@@ -141,6 +208,7 @@ class Scheduler:
         `max_queued` requests already wait."""
         if row.request.arrived_at is None:
             row.request.arrived_at = time.perf_counter()
+        row.wake = self.wake
         with self._lock:
             # Only requests that cannot start at once count against the queue's bound.
             free = self.max_concurrent - len(self._running)
@@ -159,8 +227,13 @@ class Scheduler:
         return int(min(max(math.ceil(estimate), 1), 60))
 
     def has_work(self) -> bool:
-        """True while rows run or wait."""
-        return bool(self._running or self._queue)
+        """True while a row can be stepped or a request waits (rows paused for a slow reader
+        do not count: the owner may block until a reader wakes it)."""
+        return bool(self._queue) or any(not self._paused(row) for row in self._running)
+
+    def _paused(self, row: Row) -> bool:
+        return (self.max_backlog is not None and not row.cancelled
+                and row.over_backlog(self.max_backlog))
 
     def cancel_all(self) -> None:
         """Cancel every waiting and running row (model unload, daemon stop)."""
@@ -180,6 +253,10 @@ class Scheduler:
             "running": len(running),
             "queued": len(queued),
             "rows": [row.snapshot(now) for row in running + queued],
+            "cohort_widths": list(self.widths),
+            "numerics": self.numerics,
+            "cohorts_by_width": dict(self.cohort_histogram),
+            "paused": sum(1 for row in running if self._paused(row)),
             **self.counters,
         }
 
@@ -189,9 +266,16 @@ class Scheduler:
         """One turn: admit what fits, then step every running row once."""
         self._admit()
         running = list(self._running)
+        waiting: list[tuple[Row, VerifyCall]] = []
         for row in running:
             row.rows_max = max(row.rows_max, len(running))
-            self._step(row)
+            if self._paused(row):
+                continue  # its reader is behind: the others go on (its next take wakes us)
+            call = self._step(row)
+            if call is not None:
+                waiting.append((row, call))
+        if waiting:
+            self._run_cohorts(waiting)
         with self._lock:
             self._running = [row for row in self._running if row.phase != "done"]
             idle = not self._running
@@ -241,31 +325,73 @@ class Scheduler:
         row.phase = "prefill"
         self.counters["admitted"] += 1
         try:
-            row.steps = row._start(lambda: row.cancelled)
+            if row.cohort_capable:
+                row.in_cohorts = self._wants_cohort(row)
+                row.steps = row._start(lambda: row.cancelled, cohort=row.in_cohorts)
+            else:
+                row.steps = row._start(lambda: row.cancelled)
         except Exception as exc:  # bad depth and the like: this request's error only
             self._fail(row, exc)
 
-    def _step(self, row: Row) -> None:
+    def _wants_cohort(self, row: Row) -> bool:
+        """Whether a row starting now decodes in cohorts: always, never (off), or (auto) when
+        it does not start alone. A lone request keeps the solo decode loop (fused, pipelined:
+        the single-stream speed); once it runs it stays in its loop, and rows that join it
+        form cohorts among themselves."""
+        if self.cohort_mode != "auto":
+            return self.cohort_mode == "always"
+        with self._lock:
+            others = [r for r in self._running if r is not row and r.phase != "done"]
+            return bool(others or self._queue)
+
+    def _step(self, row: Row) -> VerifyCall | None:
+        """Step a row once; a cohort row's VerifyCall comes back for `_run_cohorts`."""
         if row.phase == "done" or row.steps is None:
-            return
+            return None
         row.steps_taken += 1
+        return self._advance(row, None)
+
+    def _run_cohorts(self, waiting: list[tuple[Row, VerifyCall]]) -> None:
+        """Run this turn's verify calls as cohorts, then let each row settle its cycle."""
+        calls = [call for _, call in waiting]
+        for indices, width in group(calls, self.widths):
+            try:
+                answers = run_cohort([calls[i] for i in indices], width, self.numerics)
+            except Exception as exc:  # the shared forward failed: its rows end, no others
+                for i in indices:
+                    self._fail(waiting[i][0], exc)
+                continue
+            self.cohort_histogram[width] = self.cohort_histogram.get(width, 0) + 1
+            for i, answer in zip(indices, answers):
+                row = waiting[i][0]
+                row.cohort_widths[width] = row.cohort_widths.get(width, 0) + 1
+                if self._advance(row, answer) is not None:
+                    self._fail(row, RuntimeError("a cohort row asked for two verifies in one cycle"))
+
+    def _advance(self, row: Row, answer: Any) -> VerifyCall | None:
+        """Resume the row's generator (next, or send a cohort's answer) and handle its item."""
         try:
-            item = next(row.steps)
+            item = next(row.steps) if answer is None else row.steps.send(answer)
         except StopIteration:
             self._fail(row, RuntimeError("the generation ended without a result"))
-            return
+            return None
         except Exception as exc:
             log.warning("row %s (%s) failed: %s", row.id, row.request.request_id, exc)
             self._fail(row, exc)
-            return
+            return None
+        if isinstance(item, VerifyCall):
+            row.phase = "decode"
+            return item
         if isinstance(item, TokenDelta):
             row.phase = "decode"
             row.tokens += len(item.token_ids)
             self._deliver(row, item)
         elif isinstance(item, GenerationResult):
             item.stats.rows_max = max(row.rows_max, 1)
+            item.stats.cohort_widths = {str(w): n for w, n in sorted(row.cohort_widths.items())}
             self._deliver(row, item)
             self._finish(row)
+        return None
 
     def _finish(self, row: Row) -> None:
         """The row's result is out: run what the generation does after it (the session bank's
@@ -299,6 +425,7 @@ class Scheduler:
             row.release = None
 
     def _deliver(self, row: Row, item: Any) -> None:
+        row.delivered()
         try:
             row.deliver(item)
         except Exception:  # a broken consumer ends its own row, never the scheduler

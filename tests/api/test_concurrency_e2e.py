@@ -38,10 +38,12 @@ def _client(daemon: ApiDaemon) -> openai.OpenAI:
     return openai.OpenAI(base_url=daemon.base_url + "/v1", api_key="none", max_retries=0)
 
 
-def _stream_text(daemon: ApiDaemon, prompt: str, depth: int, out: dict, key: int) -> None:
+def _stream_text(daemon: ApiDaemon, prompt: str, depth: int, out: dict, key: int,
+                 **sampling) -> None:
+    sampling = {"max_tokens": 24, **sampling}
     stream = _client(daemon).chat.completions.create(
-        model=MODEL_ID, messages=[{"role": "user", "content": prompt}], max_tokens=24,
-        temperature=0, stream=True, extra_body={"mtp_depth": depth})
+        model=MODEL_ID, messages=[{"role": "user", "content": prompt}], temperature=0,
+        stream=True, extra_body={"mtp_depth": depth}, **sampling)
     out[key] = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
 
 
@@ -186,5 +188,40 @@ def test_stop_cancels_rows_that_outlast_the_grace_time(tiny_checkpoint, tmp_path
         assert daemon.process.wait(30) == 0
         assert time.monotonic() - stopped < 15
         thread.join(30)
+    finally:
+        daemon.stop()
+
+
+def test_cohort_streams_equal_their_solo_output_and_show_in_stats_and_metrics(tiny_checkpoint, tmp_path):
+    """A daemon whose rows always decode in cohorts: three streams at one depth share 3-wide
+    batched verifies; each still equals its solo greedy output, the OpenAI SDK's stats say
+    which widths it ran in, and /metrics counts the cycles by width."""
+    daemon = start_api_daemon(tmp_path / "home", MTPLX_MODEL=str(tiny_checkpoint),
+                              MTPLX_MAX_CONCURRENT="3", MTPLX_COHORTS="always",
+                              MTPLX_NUMERICS="throughput")
+    try:
+        # Negative penalties keep the tiny model from stopping early: the streams overlap.
+        long = {"max_tokens": 160, "frequency_penalty": -2.0, "presence_penalty": -2.0}
+        solo: dict = {}
+        for i, prompt in enumerate(PROMPTS[:3]):
+            _stream_text(daemon, prompt, 2, solo, i, **long)
+        together: dict = {}
+        threads = [threading.Thread(target=_stream_text, args=(daemon, p, 2, together, i),
+                                    kwargs=long) for i, p in enumerate(PROMPTS[:3])]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert together == solo
+        status = daemon.client.call("daemon.status")["scheduler"]
+        assert status["cohort_widths"] == [1, 3, 8] and status["numerics"] == "throughput"
+        assert status["cohorts_by_width"]["3"] > 0
+        answer = _client(daemon).chat.completions.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+            extra_body={"mtp_depth": 2})
+        assert set(answer.model_extra["mtplx_stats"]["cohort_widths"]) == {"1"}
+        metrics = httpx.get(daemon.base_url + "/metrics").text
+        assert 'mtplx_cohort_row_cycles_total{width="3"}' in metrics
+        assert "mtplx_scheduler_paused_rows 0.0" in metrics
     finally:
         daemon.stop()

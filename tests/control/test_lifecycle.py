@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 
@@ -160,6 +161,8 @@ def test_start_with_a_model_loads_it_and_status_shows_it(tiny_model_factory):
         assert "memory guard" in human.stdout
         assert loaded["kernels"]["quantized_matmul"] == "mlx (the small-M kernel is CUDA only)"
         assert "quantized matmul: mlx (the small-M kernel is CUDA only)" in human.stdout
+        # The numerics profile `auto` resolved to on this machine (exact on OpenBLAS).
+        assert re.search(r"cohorts\s+widths 1,3,8, numerics (exact|throughput), 0 paused", human.stdout)
     finally:
         assert run_ctl("stop").returncode == 0
 

@@ -137,3 +137,43 @@ def test_bench_host_refuses_an_ar_only_model(tiny_model_factory):
     from mtplxd.engine.bench.host import main as host_main
 
     assert host_main(["--model", str(tiny_model_factory("llama"))]) == 2
+
+
+def test_mtplxctl_bench_streams_runs_every_concurrency_arm_side_by_side(tiny_model_factory, tmp_path):
+    from support.daemon import run_ctl
+
+    out = tmp_path / "streams.json"
+    result = run_ctl("bench", "--model", str(tiny_model_factory("qwen3")), "--streams", "1,3",
+                     "--repeats", "1", "--max-tokens", "6", "--depth", "2", "--json-out", str(out),
+                     timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["depth"] == 2 and report["numerics"] == "throughput"
+    one, three = report["streams"]["1"], report["streams"]["3"]
+    assert set(one) == {"serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts", "direct_mtp",
+                        "direct_ar"}
+    assert set(three) == {"serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts"}
+    assert all(arm["aggregate_tokens_per_second"] > 0 for arm in three.values())
+    # Three rows at once: the cohort arms ran 3 wide, the others outside cohorts.
+    assert three["mtp_cohorts"]["cohort_width_cycles"].get("3", 0) > 0
+    assert three["ar_batch"]["cohort_width_cycles"].get("3", 0) > 0
+    assert three["serial_mtp"]["cohort_width_cycles"] == {}
+    assert report["ratios"]["3"]["mtp_cohorts_over_serial_mtp_aggregate"] > 0
+    late = report["late_short_request_beside_two_long"]
+    assert set(late) == {"cohorts_off", "cohorts_always"}
+    assert all(probe["ttft_seconds"] > 0 and probe["budget_seconds"] > 0 for probe in late.values())
+    bad = run_ctl("bench", "--model", str(tiny_model_factory("qwen3")), "--streams", "0,x")
+    assert bad.returncode != 0 and "--streams takes stream counts" in bad.stderr
+
+
+def test_bench_cohort_times_widths_and_measures_the_logit_difference(tmp_path):
+    from mtplxd.engine.bench.cohort import main as cohort_main
+
+    out = tmp_path / "cohort.json"
+    assert cohort_main(["--dims", "tiny", "--dtype", "float32", "--context", "16", "--depth", "2",
+                        "--widths", "1,3", "--repeats", "1", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["cycle_cost"]) == {"W=1,L=1", "W=3,L=1", "W=1,L=3", "W=3,L=3"}
+    assert all(cost["batched_ms"] > 0 for cost in report["cycle_cost"].values())
+    assert report["max_abs_logit_difference_batched_vs_per_row"]["1"] == 0.0
+    assert report["max_abs_logit_difference_batched_vs_per_row"]["3"] < 1e-3

@@ -8,46 +8,18 @@ from __future__ import annotations
 
 import pytest
 
-from mtplxd.engine import GenerationRequest, GenerationResult, SamplingParams, TokenDelta, load_model
+from mtplxd.engine import GenerationRequest, GenerationResult, SamplingParams, load_model
 from mtplxd.engine.interface import QueueFull
 from mtplxd.engine.owner import ModelOwner
 from mtplxd.engine.scheduler import Row, RowFailure, Scheduler
 from mtplxd.engine.session.bank import BankSettings
-
-PROMPTS = [
-    "def add(a, b):\n    ret",
-    "le café est tr",
-    "x",
-    "import json\nwith open(path) as f:\n    data = json.lo",
-    "The quick brown fox jumps over the lazy dog, and then",
-    "for i in range(10):\n    print(",
-    "class Stack:\n    def __init__(self):\n        self.items = []\n    def push",
-    "SELECT name FROM users WHERE",
-]
+from support.rows import PROMPTS, Collector, assert_each_row_equals, run_until_idle
 
 
 @pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
 def model(tiny_model_factory, request):
     """A dense and a hybrid (Gated DeltaNet + attention) tiny model, each with its MTP head."""
     return load_model(tiny_model_factory(request.param))
-
-
-class Collector:
-    """What one row delivered, in order, plus a shared log of (row name, kind) events."""
-
-    def __init__(self, name: str, log: list) -> None:
-        self.name, self.log = name, log
-        self.items: list = []
-
-    def __call__(self, item) -> None:
-        self.items.append(item)
-        kind = type(item).__name__
-        self.log.append((self.name, kind))
-
-    @property
-    def result(self) -> GenerationResult:
-        assert isinstance(self.items[-1], GenerationResult), self.items[-1]
-        return self.items[-1]
 
 
 def request_for(model, index: int, *, depth: int, max_tokens: int, chunk: int | None = None,
@@ -69,15 +41,6 @@ def add_row(scheduler: Scheduler, model, request: GenerationRequest, name: str, 
     return sink
 
 
-def run_until_idle(scheduler: Scheduler, max_turns: int = 10_000) -> int:
-    turns = 0
-    while scheduler.has_work():
-        scheduler.turn()
-        turns += 1
-        assert turns < max_turns
-    return turns
-
-
 def joining_rows(model, scheduler: Scheduler, requests: list[GenerationRequest]) -> list[Collector]:
     """Row i joins after i turns of the rows before it."""
     log: list = []
@@ -97,12 +60,7 @@ def test_rows_joining_at_different_cycles_equal_their_solo_greedy_ar_output(mode
     references = [solo(model, GenerationRequest(r.prompt_ids, r.sampling, depth=0,
                                                 prefill_chunk=r.prefill_chunk)) for r in requests]
     sinks = joining_rows(model, Scheduler(max_concurrent=width), requests)
-    for i, (sink, reference) in enumerate(zip(sinks, references)):
-        result = sink.result
-        assert result.token_ids == reference.token_ids, f"row {i} (depth {depths[i]}) diverged"
-        assert result.text == reference.text and result.finish_reason == reference.finish_reason
-        streamed = [t for item in sink.items if isinstance(item, TokenDelta) for t in item.token_ids]
-        assert streamed == result.token_ids
+    assert_each_row_equals(sinks, references, depths)
     assert max(sink.result.stats.rows_max for sink in sinks) == width
 
 

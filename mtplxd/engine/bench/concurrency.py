@@ -1,39 +1,54 @@
 """Concurrent streams through the scheduler: aggregate and per-request tok/s, TTFT p50/p99.
 
     python -m mtplxd.engine.bench.concurrency --model PATH [--streams 1,2,3,4,8]
-        [--max-tokens 128] [--repeats 3] [--modes mtp,ar] [--json-out FILE]
+        [--max-tokens 128] [--repeats 3] [--arms ARMS] [--numerics throughput]
+        [--depth K] [--json-out FILE]
 
-Per mode (mtp: the model's depth; ar: depth 0) and per stream count N, N greedy requests
-(the bench prompts in turn, ignore_eos, `--max-tokens` each) arrive at the same instant and
-run three ways on the real owner thread:
-- direct: each request run whole by `LoadedModel.complete`, one after another (the engine as
-  it was before the scheduler: the single-stream baseline, no scheduler in the way);
-- serial: through the scheduler with one row (max_concurrent 1): FIFO, one at a time;
-- interleaved: through the scheduler with N rows, stepped a cycle at a time.
+At each stream count N, N greedy requests (the bench prompts in turn, ignore_eos,
+`--max-tokens` each) arrive at the same instant and run on the real owner thread, once per arm:
+- serial_mtp: the scheduler with one row (max_concurrent 1), MTP at depth K: one at a time,
+  today's serial MTP;
+- interleaved_mtp: N rows stepped a cycle at a time, each its own verify (cohorts off:
+  phase 1 of issue #20);
+- ar_batch: N rows at depth 0 in the AR batch lane (cohorts always: one batched forward per
+  token for all rows);
+- mtp_cohorts: N rows at depth K in MTP cohorts (cohorts always: every row's drafts verified
+  in one batched forward per cycle, widths 1/3/8);
+- direct_mtp and direct_ar (1 stream only): one request run whole by LoadedModel.complete,
+  the single-stream speed (solo decode loop, no scheduler), in the same run.
+Then a late short request: two long MTP generations decode, a short one arrives, and its
+TTFT is set against its own solo prefill plus two of the long rows' decode cycles (cohorts
+off and always).
 TTFT counts from arrival (queue wait included); aggregate tok/s is all tokens over the wall
 time from arrival to the last result; per-request tok/s is each request's own decode rate.
-The arms alternate within each repeat so the machine's drift hits them alike. Interleaving
-does not batch (phase 1 of issue #20): it trades per-request speed for TTFT, and aggregate
-tok/s stays about the serial figure.
+The arms alternate within each repeat so the machine's drift hits them alike.
 """
 
 from __future__ import annotations
 
 import gc
 import statistics
-import sys
 import threading
 import time
 from typing import Any
 
 from mtplxd.engine.bench.harness import (
-    PROMPTS, add_quantize_option, bench_parser, command_line, machine, prompt_ids_for, write_report,
+    PROMPTS, add_quantize_option, bench_parser, command_line, exit_without_teardown, machine,
+    prompt_ids_for, write_report,
 )
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, SamplingParams
 from mtplxd.engine.owner import ModelOwner
 from mtplxd.engine.scheduler import Row, RowFailure, Scheduler
 
-ARMS = ("direct", "serial", "interleaved")
+ARMS = ("serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts")
+SINGLE_STREAM_ARMS = ("direct_mtp", "direct_ar")
+# arm -> (MTP or AR, row slots: "one" or "n", cohort mode)
+ARM_SETUP = {
+    "serial_mtp": ("mtp", "one", "off"),
+    "interleaved_mtp": ("mtp", "n", "off"),
+    "ar_batch": ("ar", "n", "always"),
+    "mtp_cohorts": ("mtp", "n", "always"),
+}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -66,10 +81,11 @@ def run_direct(owner: ModelOwner, model: Any, requests: list[GenerationRequest]
     return owner.submit(work).result()
 
 
-def run_rows(owner: ModelOwner, model: Any, requests: list[GenerationRequest], rows: int
-             ) -> list[tuple[GenerationResult, float]]:
-    """The requests through the scheduler with `rows` row slots; (result, finish time) each."""
-    owner.scheduler.configure(max_concurrent=rows, max_queued=len(requests))
+def run_rows(owner: ModelOwner, model: Any, requests: list[GenerationRequest], rows: int,
+             cohorts: str = "off") -> list[tuple[GenerationResult, float]]:
+    """The requests through the scheduler with `rows` row slots and cohort mode `cohorts`;
+    (result, finish time) each."""
+    owner.scheduler.configure(max_concurrent=rows, max_queued=len(requests), cohort_mode=cohorts)
     results: list[Any] = [None] * len(requests)
     done = threading.Semaphore(0)
 
@@ -81,7 +97,8 @@ def run_rows(owner: ModelOwner, model: Any, requests: list[GenerationRequest], r
         return deliver
 
     for i, request in enumerate(requests):
-        owner.submit_row(Row(request, lambda stop, r=request: model.generate_steps(r, stop), sink(i)))
+        owner.submit_row(Row(request, lambda stop, cohort, r=request: model.generate_steps(
+            r, stop, cohort=cohort), sink(i), cohort_capable=True))
     for _ in requests:
         done.acquire()
     for item, _ in results:
@@ -106,30 +123,119 @@ def summarize(runs: list[list[tuple[GenerationResult, float]]], arrived: list[fl
         "ttft_p99_seconds": round(percentile(ttfts, 99), 4),
         "mean_accepted_length": round(statistics.mean(
             r.stats.mean_accepted_length for run in runs for r, _ in run), 3),
+        "cohort_width_cycles": _width_cycles(runs),
     }
 
 
-def bench_mode(owner: ModelOwner, model: Any, depth: int, streams: list[int], max_tokens: int,
-               repeats: int) -> dict[str, Any]:
-    """Every arm at every stream count for one depth."""
+def _width_cycles(runs: list[list[tuple[GenerationResult, float]]]) -> dict[str, int]:
+    """Row decode cycles by cohort width, over all the arm's requests (empty outside cohorts)."""
+    total: dict[str, int] = {}
+    for run in runs:
+        for result, _ in run:
+            for width, cycles in result.stats.cohort_widths.items():
+                total[width] = total.get(width, 0) + cycles
+    return dict(sorted(total.items(), key=lambda item: int(item[0])))
+
+
+def run_arm(owner: ModelOwner, model: Any, arm: str, n: int, depth: int,
+            max_tokens: int) -> tuple[list[tuple[GenerationResult, float]], float]:
+    """One repeat of one arm at n streams: (results with finish times, arrival time)."""
+    if arm in SINGLE_STREAM_ARMS:
+        requests = requests_for(model, 1, depth if arm == "direct_mtp" else 0, max_tokens)
+        return run_direct(owner, model, requests), requests[0].arrived_at
+    mode, slots, cohorts = ARM_SETUP[arm]
+    requests = requests_for(model, n, depth if mode == "mtp" else 0, max_tokens)
+    rows = 1 if slots == "one" else n
+    return run_rows(owner, model, requests, rows, cohorts), requests[0].arrived_at
+
+
+def bench_streams(owner: ModelOwner, model: Any, arms: list[str], depth: int, streams: list[int],
+                  max_tokens: int, repeats: int) -> dict[str, Any]:
+    """Every arm at every stream count (the single-stream arms at 1 stream only)."""
     out: dict[str, Any] = {}
     for n in streams:
-        runs: dict[str, list] = {arm: [] for arm in ARMS}
-        starts: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        here = arms + (list(SINGLE_STREAM_ARMS) if n == 1 else [])
+        runs: dict[str, list] = {arm: [] for arm in here}
+        starts: dict[str, list[float]] = {arm: [] for arm in here}
         for _ in range(repeats):
-            for arm in ARMS:
-                requests = requests_for(model, n, depth, max_tokens)
-                starts[arm].append(requests[0].arrived_at)
-                if arm == "direct":
-                    runs[arm].append(run_direct(owner, model, requests))
-                else:
-                    runs[arm].append(run_rows(owner, model, requests, 1 if arm == "serial" else n))
-        out[str(n)] = {arm: summarize(runs[arm], starts[arm]) for arm in ARMS}
-        print(f"depth {depth} streams {n}: " + "; ".join(
+            for arm in here:
+                results, arrived = run_arm(owner, model, arm, n, depth, max_tokens)
+                runs[arm].append(results)
+                starts[arm].append(arrived)
+        out[str(n)] = {arm: summarize(runs[arm], starts[arm]) for arm in here}
+        print(f"streams {n}: " + "; ".join(
             f"{arm} {fig['aggregate_tokens_per_second']} tok/s agg, "
             f"{fig['per_request_tokens_per_second_median']} per req, TTFT p50 "
             f"{fig['ttft_p50_seconds']}s p99 {fig['ttft_p99_seconds']}s"
             for arm, fig in out[str(n)].items()), flush=True)
+    return out
+
+
+def late_short_request(owner: ModelOwner, model: Any, depth: int, cohorts: str,
+                       long_tokens: int = 256) -> dict[str, Any]:
+    """Two long generations decode; a short request arrives once both have streamed 8 tokens.
+    Its TTFT against its own solo prefill plus two of the long rows' decode cycles (the issue's
+    target: first token within that). Cohort mode `cohorts` for all three rows."""
+    owner.scheduler.configure(max_concurrent=3, max_queued=3, cohort_mode=cohorts)
+    streamed = [0, 0]
+    started = threading.Event()
+    finished = threading.Semaphore(0)
+    results: dict[int, Any] = {}
+
+    def sink(index: int):
+        def deliver(item: Any) -> None:
+            if isinstance(item, (GenerationResult, RowFailure)):
+                results[index] = item
+                finished.release()
+            elif index < 2 and getattr(item, "token_ids", None):
+                streamed[index] += len(item.token_ids)
+                if min(streamed) >= 8:
+                    started.set()
+        return deliver
+
+    def submit(index: int, request: GenerationRequest) -> Row:
+        return owner.submit_row(Row(request, lambda stop, cohort: model.generate_steps(
+            request, stop, cohort=cohort), sink(index), cohort_capable=True))
+
+    long_rows = [submit(i, r) for i, r in enumerate(requests_for(model, 2, depth, long_tokens))]
+    started.wait(300)
+    short = requests_for(model, 3, depth, 8)[2]
+    submit(2, short)
+    finished.acquire()  # the short one finishes first; then stop the long ones
+    for row in long_rows:
+        row.cancel()
+    finished.acquire()
+    finished.acquire()
+    for item in results.values():
+        if isinstance(item, RowFailure):
+            raise item.error
+    solo = owner.submit(lambda: model.complete(GenerationRequest(
+        list(short.prompt_ids), SamplingParams(max_tokens=1), depth=depth))).result()
+    cycle = statistics.median(r.stats.decode_seconds / max(r.stats.cycles, 1) for i, r in results.items()
+                              if i < 2)
+    ttft = results[2].stats.ttft_seconds
+    budget = solo.stats.prefill_seconds + 2 * cycle
+    return {"ttft_seconds": round(ttft, 4), "solo_prefill_seconds": round(solo.stats.prefill_seconds, 4),
+            "long_rows_cycle_seconds": round(cycle, 4), "budget_seconds": round(budget, 4),
+            "ttft_over_budget": round(ttft / budget, 3) if budget > 0 else None}
+
+
+def ratios(figures: dict[str, Any]) -> dict[str, Any]:
+    """Side-by-side ratios per stream count: cohorts' aggregate over serial MTP and over the AR
+    batch lane, and cohorts' per-request rate over the AR lane's."""
+    out = {}
+    for n, arms in figures.items():
+        row = {}
+        cohorts = arms.get("mtp_cohorts")
+        for base in ("serial_mtp", "interleaved_mtp", "ar_batch"):
+            if cohorts and base in arms and arms[base]["aggregate_tokens_per_second"] > 0:
+                row[f"mtp_cohorts_over_{base}_aggregate"] = round(
+                    cohorts["aggregate_tokens_per_second"] / arms[base]["aggregate_tokens_per_second"], 3)
+        if cohorts and "ar_batch" in arms and arms["ar_batch"]["per_request_tokens_per_second_median"] > 0:
+            row["mtp_cohorts_over_ar_batch_per_request"] = round(
+                cohorts["per_request_tokens_per_second_median"]
+                / arms["ar_batch"]["per_request_tokens_per_second_median"], 3)
+        out[n] = row
     return out
 
 
@@ -139,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default="1,2,3,4,8", help="comma-separated stream counts")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--modes", default="mtp,ar", help="mtp (the model's depth), ar (depth 0)")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated: " + ", ".join(ARMS))
+    parser.add_argument("--depth", type=int, default=None, help="MTP depth (default: the model's)")
+    parser.add_argument("--numerics", default="throughput", choices=("exact", "throughput"),
+                        help="cohort numerics (docs/concurrency.md); default throughput")
     parser.add_argument("--json-out", default=None)
     add_quantize_option(parser)
     args = parser.parse_args(argv)
@@ -152,20 +261,31 @@ def main(argv: list[str] | None = None) -> int:
         held.append(owner.submit(lambda: load_model(args.model, quantize=args.quantize)).result())
         model = held[0]
         streams = [int(s) for s in args.streams.split(",")]
-        depths = {"mtp": model.info.depth, "ar": 0}
-        modes = [m for m in args.modes.split(",") if m == "ar" or model.head is not None]
-        # Warm-up: compiled graphs and first-call costs stay out of the figures.
-        for mode in modes:
-            run_rows(owner, model, requests_for(model, 2, depths[mode], 16), 2)
+        arms = [arm for arm in args.arms.split(",") if arm]
+        unknown = [arm for arm in arms if arm not in ARMS]
+        if unknown:
+            parser.error(f"unknown arm {unknown[0]}; choose from {', '.join(ARMS)}")
+        if model.head is None:
+            arms = [arm for arm in arms if ARM_SETUP[arm][0] == "ar"]
+        depth = model.info.depth if args.depth is None else args.depth
+        owner.scheduler.configure(numerics=args.numerics)
+        # Warm-up: compiled graphs, cohort widths and first-call costs stay out of the figures.
+        for arm in arms:
+            run_arm(owner, model, arm, 3, depth, 16)
+        figures = bench_streams(owner, model, arms, depth, streams, args.max_tokens, args.repeats)
+        late = {}
+        if model.head is not None:
+            for mode in ("off", "always"):
+                late[f"cohorts_{mode}"] = late_short_request(owner, model, depth, mode)
+                print(f"late short request, cohorts {mode}: {late[f'cohorts_{mode}']}", flush=True)
         report = {
             "bench": "concurrency",
             "command": command_line("python -m mtplxd.engine.bench.concurrency", argv),
             "model": model.info.id, "machine": machine(), "max_tokens": args.max_tokens,
-            "repeats": args.repeats, "arms": list(ARMS),
-            "modes": {mode: {"depth": depths[mode],
-                             "streams": bench_mode(owner, model, depths[mode], streams,
-                                                   args.max_tokens, args.repeats)}
-                      for mode in modes},
+            "repeats": args.repeats, "depth": depth, "numerics": args.numerics,
+            "cohort_widths": list(owner.scheduler.widths), "arms": arms,
+            "streams": figures, "ratios": ratios(figures),
+            "late_short_request_beside_two_long": late,
         }
     finally:
         model = None
@@ -178,4 +298,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -157,3 +158,20 @@ def write_report(path: str | Path, report: dict[str, Any], *, indent: int = 2, a
     path.write_text(json.dumps(report, indent=indent) + "\n")
     if announce:
         print(f"saved {path}")
+
+
+def print_and_save(report: dict[str, Any], json_out: str | None) -> int:
+    """Print `report` as JSON, save it to `json_out` when given; the exit status 0."""
+    print(json.dumps(report, indent=2))
+    if json_out:
+        write_report(json_out, report)
+    return 0
+
+
+def exit_without_teardown(code: int) -> None:
+    """Leave the process now, after flushing output, without interpreter teardown: a bench
+    that ran MLX on a model-owner thread can abort in MLX's native thread teardown at exit
+    ("terminate called without an active exception"), as the daemon did (mtplxd.__main__)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -18,14 +18,15 @@ Medians over `--repeats` timed calls after warm-up.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any, Iterable
 
 import mlx.core as mx
 
-from mtplxd.engine.bench.harness import bench_parser, command_line, device_name, median_ms, write_report
+from mtplxd.engine.bench.harness import (
+    bench_parser, command_line, device_name, median_ms, print_and_save,
+)
 
 PROG = "python -m mtplxd.engine.bench.verify"
 
@@ -291,10 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         "greedy": _greedy_both_caches(trunk, model.mtp, prompt[:64], vocab, args.greedy_tokens),
         "command": command_line(PROG, argv),
     }
-    print(json.dumps(report, indent=2))
-    if args.json_out:
-        write_report(args.json_out, report)
-    return 0
+    return print_and_save(report, args.json_out)
 
 
 if __name__ == "__main__":

@@ -22,23 +22,36 @@ from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.trunk import Trunk
 
 
+def ar_pick(params: SamplingParams, history: TokenHistory,
+            seed: int) -> Callable[[mx.array, mx.array], tuple[mx.array, mx.array]]:
+    """pick(logits (1, V), position) -> (chosen, position + 1): the token at absolute
+    `position` ((1,) uint32 on the device), recorded in `history` when penalties are on. The
+    AR step and the AR batch lane (cohort_rows.py) pick with it alike."""
+    sample = row_sampler(params)
+    words = seed_words(seed)
+    counts, seen = history.rows(None, 1)  # without penalties the sampler never reads them
+
+    def pick_next(logits: mx.array, position: mx.array) -> tuple[mx.array, mx.array]:
+        nonlocal counts, seen
+        chosen, following = sample(logits, counts, seen, words, position)
+        if params.has_penalties:
+            history.append(chosen)  # lazily: the next step's penalties see this token
+            counts, seen = history.rows(None, 1)
+        return chosen, following
+
+    return pick_next
+
+
 def ar_step(trunk: Trunk, cache: list[Any], params: SamplingParams, history: TokenHistory,
             seed: int) -> Callable[[mx.array, mx.array], tuple[mx.array, mx.array]]:
     """step(token, position) -> (chosen, position + 1): the lazy graph that feeds `token`
     (shape (1,)) and picks the token at absolute `position` ((1,) uint32 on the device),
     recorded in `history` when penalties are on."""
-    sample = row_sampler(params)
-    words = seed_words(seed)
-    counts, seen = history.rows(None, 1)  # without penalties the sampler never reads them
+    pick_next = ar_pick(params, history, seed)
 
     def step(token: mx.array, position: mx.array) -> tuple[mx.array, mx.array]:
-        nonlocal counts, seen
         _, logits = trunk.forward(token.reshape(1, 1), cache, all_logits=True)
-        chosen, following = sample(logits[0], counts, seen, words, position)
-        if params.has_penalties:
-            history.append(chosen)  # lazily: the next step's penalties see this token
-            counts, seen = history.rows(None, 1)
-        return chosen, following
+        return pick_next(logits[0], position)
 
     return step
 

@@ -127,10 +127,8 @@ class SpeculativeDecoder:
         prompt row (already committed). `pending_from` > 0 when the head's cache already
         holds the pairs before it (a session-bank restore).
         """
-        n = len(prompt_ids)
-        pending_h = mx.concatenate(prompt_hiddens, axis=1)
-        pending_tokens = prompt_ids[pending_from + 1:] + [first_token]
-        self.pending_hidden = pending_h
+        n, pending_h, pending_tokens = self._begin(prompt_hiddens, prompt_ids, first_token,
+                                                   pending_from)
         token = first_token
         # Cycle c+1 is built and handed to the device before cycle c's tokens go out, so the
         # caller's work (detokenizing, streaming) overlaps the device's.
@@ -139,10 +137,7 @@ class SpeculativeDecoder:
             while True:
                 accepted, committed, hidden = self._settle(launched)
                 launched = None
-                self.stats.record(accepted, len(committed))
-                self.history.append(committed)
-                pending_h, pending_tokens = hidden, committed
-                self.pending_hidden = pending_h
+                pending_h, pending_tokens = self._commit(accepted, committed, hidden)
                 n += len(committed)
                 token = committed[-1]
                 launched = self._launch(n, token, pending_h, pending_tokens)
@@ -150,6 +145,21 @@ class SpeculativeDecoder:
         finally:
             if launched is not None:  # the caller stopped: undo the cycle nobody will read
                 self._retract(launched)
+
+    def _begin(self, prompt_hiddens: list[mx.array], prompt_ids: list[int], first_token: int,
+               pending_from: int) -> tuple[int, mx.array, list[int]]:
+        """The state before the first cycle: (n, PENDING hiddens, PENDING tokens)."""
+        pending_h = mx.concatenate(prompt_hiddens, axis=1)
+        self.pending_hidden = pending_h
+        return len(prompt_ids), pending_h, prompt_ids[pending_from + 1:] + [first_token]
+
+    def _commit(self, accepted: int, committed: list[int],
+                hidden: mx.array) -> tuple[mx.array, list[int]]:
+        """Count a settled cycle and make its verified rows PENDING; return (hiddens, tokens)."""
+        self.stats.record(accepted, len(committed))
+        self.history.append(committed)
+        self.pending_hidden = hidden
+        return hidden, committed
 
     def _first_draft_hidden(self, pending_h: mx.array, pending_tokens: list[int]) -> mx.array:
         """Run the head over PENDING (in prefill-sized chunks); return the last g (1,1,H)."""
@@ -190,11 +200,24 @@ class SpeculativeDecoder:
     def _launch(self, n: int, token: int, pending_h: mx.array,
                 pending_tokens: list[int]) -> "_Launched":
         """Build drafts, verify and the accept decisions lazily; start them on the device."""
-        params, K = self.params, self.depth
+        drafted = self._prepare(n, token, pending_h, pending_tokens)
+        hidden, logits = self.trunk.forward(drafted.block, self.cache, all_logits=True)
+        return self._decide(n, drafted, hidden, logits)
+
+    def _prepare(self, n: int, token: int, pending_h: mx.array,
+                 pending_tokens: list[int]) -> "_Drafted":
+        """Feed PENDING to the head and draft K tokens: the (1, K+1) verify block, lazily.
+        Cohorts (decoding/cohort_rows.py) verify many rows' blocks in one forward."""
         head_start = self.head_cache[0].offset
         drafts, q_rows = self._draft(n, pending_h, pending_tokens)
         block = mx.concatenate([mx.array([token], dtype=drafts.dtype), drafts])[None]
-        hidden, logits = self.trunk.forward(block, self.cache, all_logits=True)
+        return _Drafted(head_start, head_start + len(pending_tokens), drafts, q_rows, block)
+
+    def _decide(self, n: int, drafted: "_Drafted", hidden: mx.array,
+                logits: mx.array) -> "_Launched":
+        """The accept decisions from the verify's (1, K+1) logits; start them on the device."""
+        params, K = self.params, self.depth
+        drafts, q_rows = drafted.drafts, drafted.q_rows
         counts, seen = self.history.rows(drafts, K + 1)
         penalised = apply_penalties(logits[0], params, counts, seen)
         if params.greedy:
@@ -202,7 +225,7 @@ class SpeculativeDecoder:
         else:
             decisions = self._sampled_decisions(n, penalised, drafts, q_rows)
         mx.async_eval(decisions, drafts, hidden)
-        return _Launched(head_start, head_start + len(pending_tokens), drafts, decisions, hidden)
+        return _Launched(drafted.head_start, drafted.head_committed, drafts, decisions, hidden)
 
     def _settle(self, launched: "_Launched") -> tuple[int, list[int], mx.array]:
         """Read the decisions (the cycle's one host sync), commit, roll the rest back."""
@@ -251,6 +274,17 @@ class SpeculativeDecoder:
         fallback = mx.concatenate([residual_distribution(p[:K], q), p[K:]], axis=0)
         corrections = draw_rows(fallback, position_key(self.seed, n + 1, RESIDUAL)).astype(mx.uint32)
         return mx.stack([mx.concatenate([accept, mx.zeros((1,), mx.uint32)]), corrections])
+
+
+@dataclass
+class _Drafted:
+    """A cycle's drafts, before its verify forward."""
+
+    head_start: int  # head cache offset before the PENDING pass
+    head_committed: int  # ... after it (the chained draft entries come on top)
+    drafts: mx.array
+    q_rows: list[mx.array]
+    block: mx.array  # (1, K+1): the last committed token, then the drafts
 
 
 @dataclass

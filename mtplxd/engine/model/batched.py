@@ -1,0 +1,133 @@
+"""One target forward over several rows that each keep their own cache (a cohort's verify).
+
+Rows of a cohort sit at different context lengths (each accepted a different number of
+drafts every cycle), so they cannot share one left-padded cache without re-padding it every
+cycle. Instead each row keeps its own trunk cache, exactly as when it decodes alone, and the
+forward splits work by what depends on the row:
+  - batched over all rows: embeddings, RMSNorms, the q/k/v and o projections, the MLP and
+    lm_head (the weight reads, which are what a small-batch decode step pays for);
+  - per row: RoPE at the row's own offset, its cache update, its causal mask and attention.
+Per-row attention is the same computation as the row's solo forward, and every batched op
+computes each row alone on backends whose matmuls do (MLX's bundled CPU BLAS). Elsewhere
+(OpenBLAS, CUDA) a matmul over more rows may round differently: the `numerics` setting
+(cohort.py) chooses between these batched forwards and per-row ones.
+
+The hybrid family (Qwen3.5/3.6, Qwen3-Next: Gated DeltaNet layers between gated-attention
+layers) batches its norms, MLP (or MoE block) and lm_head; each row's token mixer (a
+DeltaNet layer with its conv and recurrent state, or a gated attention with its KV) runs
+per row, as mlx-lm's own module on that row's slice with that row's cache and mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.base import (
+    create_attention_mask, create_ssm_mask, scaled_dot_product_attention,
+)
+
+from mtplxd.engine.model.trunk import Trunk
+
+
+def batched_supported(trunk: Trunk) -> bool:
+    """True when the trunk's body can run `batched_forward`: dense qwen3, or a hybrid body
+    (Qwen3.5/3.6, Qwen3-Next) that is not split over a pipeline."""
+    if trunk.text is None:
+        return False
+    body = trunk.text.model
+    if _is_dense_body(body):
+        return all(_is_dense_block(layer) for layer in body.layers)
+    return _is_hybrid_body(body) and getattr(body, "pipeline_size", 1) == 1
+
+
+def batched_forward(trunk: Trunk, tokens: mx.array,
+                    caches: list[list[Any] | None]) -> tuple[mx.array, mx.array]:
+    """Run (W, L) tokens, row i on `caches[i]` (None: a padding row whose output is unused);
+    return (post-norm hidden (W, L, H), logits (W, L, V)). Every live row's cache advances by
+    L exactly as `trunk.forward` on that row alone would advance it."""
+    body = trunk.text.model
+    h = body.embed_tokens(tokens)
+    if _is_dense_body(body):
+        masks = _row_masks(h, caches, 0, create_attention_mask)
+        for index, layer in enumerate(body.layers):
+            h = _dense_block(layer, h, masks, _layer_caches(caches, index))
+    else:
+        # The model's own rule: attention layers share one mask, DeltaNet layers another.
+        fa_masks = _row_masks(h, caches, body.fa_idx, create_attention_mask)
+        ssm_masks = _row_masks(h, caches, body.ssm_idx, create_ssm_mask)
+        for index, layer in enumerate(body.layers):
+            masks = ssm_masks if layer.is_linear else fa_masks
+            h = _hybrid_block(layer, h, masks, _layer_caches(caches, index))
+    hidden = body.norm(h)
+    return hidden, trunk.lm_head(hidden)
+
+
+def _row_masks(h: mx.array, caches: list[list[Any] | None], index: int | None,
+               make: Any) -> list[Any]:
+    if index is None:
+        return [None] * len(caches)
+    return [None if cache is None else make(h[i:i + 1], cache[index])
+            for i, cache in enumerate(caches)]
+
+
+def _layer_caches(caches: list[list[Any] | None], index: int) -> list[Any | None]:
+    return [None if cache is None else cache[index] for cache in caches]
+
+
+def _is_dense_body(body: Any) -> bool:
+    from mlx_lm.models.qwen3 import Qwen3Model
+
+    return type(body) is Qwen3Model
+
+
+def _is_hybrid_body(body: Any) -> bool:
+    from mlx_lm.models.qwen3_5 import Qwen3_5TextModel
+    from mlx_lm.models.qwen3_next import Qwen3NextModel
+
+    return type(body) in (Qwen3_5TextModel, Qwen3NextModel)
+
+
+def _is_dense_block(layer: Any) -> bool:
+    from mlx_lm.models.qwen3 import TransformerBlock
+
+    return type(layer) is TransformerBlock
+
+
+def _dense_block(layer: Any, x: mx.array, masks: list[Any],
+                 caches: list[Any | None]) -> mx.array:
+    """qwen3's TransformerBlock with its projections batched and its attention per row (the
+    ops and their order are mlx-lm's own, so a row's numbers are its solo numbers)."""
+    attn = layer.self_attn
+    B, L, _ = x.shape
+    normed = layer.input_layernorm(x)
+    queries, keys, values = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
+    queries = attn.q_norm(queries.reshape(B, L, attn.n_heads, -1)).transpose(0, 2, 1, 3)
+    keys = attn.k_norm(keys.reshape(B, L, attn.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+    values = values.reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    outputs = []
+    for i, cache in enumerate(caches):
+        q = queries[i:i + 1]
+        if cache is None:  # a padding row: its attention is skipped, its output discarded
+            outputs.append(mx.zeros_like(q))
+            continue
+        q = attn.rope(q, offset=cache.offset)
+        k = attn.rope(keys[i:i + 1], offset=cache.offset)
+        k, v = cache.update_and_fetch(k, values[i:i + 1])
+        outputs.append(scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale,
+                                                    mask=masks[i]))
+    attended = mx.concatenate(outputs, axis=0).transpose(0, 2, 1, 3).reshape(B, L, -1)
+    h = x + attn.o_proj(attended)
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def _hybrid_block(layer: Any, x: mx.array, masks: list[Any],
+                  caches: list[Any | None]) -> mx.array:
+    """A hybrid decoder layer: norms and MLP batched, the token mixer per row (mlx-lm's
+    DecoderLayer order: x + mixer(norm(x)), then h + mlp(norm(h)))."""
+    mixer = layer.linear_attn if layer.is_linear else layer.self_attn
+    normed = layer.input_layernorm(x)
+    rows = [mx.zeros_like(normed[i:i + 1]) if cache is None else mixer(normed[i:i + 1], masks[i], cache)
+            for i, cache in enumerate(caches)]
+    h = x + mx.concatenate(rows, axis=0)
+    return h + layer.mlp(layer.post_attention_layernorm(h))
