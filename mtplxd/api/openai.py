@@ -9,7 +9,9 @@ from quart import Response
 
 from mtplxd.api import chat_format, sse
 from mtplxd.api.errors import APIError, OPENAI, error_body, invalid
-from mtplxd.api.parsers import ContentDelta, Event, ReasoningDelta, ToolCallEvent
+from mtplxd.api.parsers import (
+    ContentDelta, Event, ReasoningDelta, ToolCallDelta, ToolCallEvent, ToolCallStart,
+)
 from mtplxd.api.schemas import (
     Conversation, GenParams, Reader, arguments_object, function_tool, read_penalties,
     read_sampling, read_stop, reject_unsupported, text_of,
@@ -168,12 +170,20 @@ def _tool_call_json(call: ToolCallEvent) -> dict[str, Any]:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def _chat_delta(event: Event) -> dict[str, Any]:
+def _chat_delta(event: Event) -> dict[str, Any] | None:
+    """The chunk delta for one event; None for a call's end (its arguments were streamed).
+    A call streams as OpenAI's does: id, type and name with empty arguments first, then
+    argument fragments under the same index."""
     if isinstance(event, ContentDelta):
         return {"content": event.text}
     if isinstance(event, ReasoningDelta):
         return {"reasoning_content": event.text}
-    return {"tool_calls": [{"index": event.index, **_tool_call_json(event)}]}
+    if isinstance(event, ToolCallStart):
+        return {"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
+                                "function": {"name": event.name, "arguments": ""}}]}
+    if isinstance(event, ToolCallDelta):
+        return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}
+    return None
 
 
 async def _chat_stream(gen: Generations, plan: Plan, response_id: str,
@@ -194,7 +204,9 @@ async def _chat_stream(gen: Generations, plan: Plan, response_id: str,
                 yield from_outcome_chat(base, item, include_usage)
             else:
                 for event in item:
-                    yield chunk(_chat_delta(event))
+                    delta = _chat_delta(event)
+                    if delta is not None:
+                        yield chunk(delta)
     except Exception as exc:  # the stream already started: end it with an error frame
         yield sse.openai_frame(error_body(as_api_error(exc), OPENAI))
     yield sse.OPENAI_DONE

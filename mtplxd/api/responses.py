@@ -21,7 +21,9 @@ from quart import Response
 from mtplxd.api import chat_format, sse
 from mtplxd.api.errors import APIError, invalid
 from mtplxd.api.openai import as_api_error
-from mtplxd.api.parsers import ContentDelta, Event, ReasoningDelta, ToolCallEvent
+from mtplxd.api.parsers import (
+    ContentDelta, Event, ReasoningDelta, ToolCallDelta, ToolCallEvent, ToolCallStart,
+)
 from mtplxd.api.schemas import (
     Conversation, GenParams, Reader, arguments_object, function_tool, read_sampling, text_of,
 )
@@ -79,21 +81,37 @@ class ToolMap:
         self.tools.append(tool)
         self.kinds[flat] = (kind, name, namespace)
 
-    def item_for(self, call: ToolCallEvent) -> dict[str, Any]:
-        """The output item for a model's tool call."""
+    def item_for(self, call: ToolCallStart | ToolCallEvent) -> dict[str, Any]:
+        """The output item for a model's tool call: complete for a ToolCallEvent, in progress
+        with empty arguments for a ToolCallStart (a stream fills it with `complete`)."""
         kind, name, namespace = self.kinds.get(call.name, ("function", call.name, None))
         item: dict[str, Any]
         if kind == "custom":
-            args = json.loads(call.arguments)
-            text = args.get("input") if isinstance(args.get("input"), str) else call.arguments
             item = {"type": "custom_tool_call", "id": "ctc_" + call.id[5:], "call_id": call.id,
-                    "name": name, "input": text, "status": "completed"}
+                    "name": name, "input": "", "status": "in_progress"}
         else:
             item = {"type": "function_call", "id": "fc_" + call.id[5:], "call_id": call.id,
-                    "name": name, "arguments": call.arguments, "status": "completed"}
+                    "name": name, "arguments": "", "status": "in_progress"}
         if namespace:
             item["namespace"] = namespace
+        if isinstance(call, ToolCallEvent):
+            complete(item, call.arguments)
         return item
+
+
+def complete(item: dict[str, Any], arguments: str) -> None:
+    """Fill a call item with the call's whole arguments (a custom tool's `input` is the text
+    the model put under `input`, or the raw arguments when it wrote something else)."""
+    if item["type"] == "custom_tool_call":
+        try:
+            args = json.loads(arguments)
+        except ValueError:
+            args = None
+        text = args.get("input") if isinstance(args, dict) else None
+        item["input"] = text if isinstance(text, str) else arguments
+    else:
+        item["arguments"] = arguments
+    item["status"] = "completed"
 
 
 def flat_name(name: str, namespace: str | None) -> str:
@@ -344,15 +362,20 @@ class _StreamWriter:
                                        {"output_index": self.index, "item": _finished(item)})
 
     def write(self, event: Event) -> bytes:
+        """The frames for one parser event. A function call's arguments stream as
+        `function_call_arguments.delta`; a custom tool's input is the `input` field inside
+        the model's JSON, so it is sent whole when the call ends."""
+        if isinstance(event, ToolCallDelta):
+            return self._arguments_delta(event.text)
+        if isinstance(event, ToolCallEvent):
+            return self._end_call(event)
         out = b""
-        if isinstance(event, ToolCallEvent) or type(event) is not self.kind:
+        if isinstance(event, ToolCallStart) or type(event) is not self.kind:
             out += self.close()
             item = self.items.new_item(event)
             self.current, self.kind = item, type(event)
-            added = json.loads(json.dumps(item))
-            if item["type"] == "function_call":
-                added["arguments"], added["status"] = "", "in_progress"
-            out += self.events.frame("response.output_item.added", {"output_index": self.index, "item": added})
+            out += self.events.frame("response.output_item.added",
+                                     {"output_index": self.index, "item": json.loads(json.dumps(item))})
             if item["type"] in ("message", "reasoning"):
                 out += self.events.frame("response.content_part.added", {
                     "item_id": item["id"], "output_index": self.index, "content_index": 0,
@@ -365,17 +388,26 @@ class _StreamWriter:
             extra = {"logprobs": []} if isinstance(event, ContentDelta) else {}
             out += self.events.frame(name, {"item_id": item["id"], "output_index": self.index,
                                             "content_index": 0, "delta": event.text, **extra})
-        elif item["type"] == "function_call":
-            out += self.events.frame("response.function_call_arguments.delta", {
-                "item_id": item["id"], "output_index": self.index, "delta": event.arguments})
-            out += self.events.frame("response.function_call_arguments.done", {
-                "item_id": item["id"], "output_index": self.index, "arguments": event.arguments,
+        return out
+
+    def _arguments_delta(self, text: str) -> bytes:
+        item = self.current
+        if item is None or item["type"] != "function_call":
+            return b""
+        return self.events.frame("response.function_call_arguments.delta", {
+            "item_id": item["id"], "output_index": self.index, "delta": text})
+
+    def _end_call(self, call: ToolCallEvent) -> bytes:
+        item = self.current
+        assert item is not None
+        complete(item, call.arguments)
+        if item["type"] == "function_call":
+            out = self.events.frame("response.function_call_arguments.done", {
+                "item_id": item["id"], "output_index": self.index, "arguments": item["arguments"],
                 "name": item["name"]})
         else:
-            out += self.events.frame("response.custom_tool_call_input.delta", {
+            out = self.events.frame("response.custom_tool_call_input.delta", {
                 "item_id": item["id"], "output_index": self.index, "delta": item["input"]})
             out += self.events.frame("response.custom_tool_call_input.done", {
                 "item_id": item["id"], "output_index": self.index, "input": item["input"]})
-        return out
-
-
+        return out + self.close()

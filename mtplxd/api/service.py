@@ -74,7 +74,7 @@ class Plan:
         parser = OutputParser(parse_tools=self.parse_tools, start_in_reasoning=self.start_in_reasoning,
                               tool_schemas=self.tool_schemas, raw=self.raw_text)
         if self.output_prefix:
-            parser.feed(self.output_prefix)
+            parser.feed_prefix(self.output_prefix)
         return parser
 
 
