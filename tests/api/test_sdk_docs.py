@@ -29,11 +29,13 @@ def run(command: list[str], api, cwd: Path) -> str:
 
 @pytest.mark.parametrize("client", ["openai", "anthropic"])
 def test_python_sdk_example_runs_as_written(api, tmp_path, client):
-    [example] = [b for b in blocks("python") if f"from {client} import" in b]
-    script = tmp_path / f"{client}_example.py"
-    script.write_text(example)
-    # A random-weight model may answer with an end token at once: the run is the check.
-    assert run([sys.executable, str(script)], api, tmp_path).endswith("\n")
+    examples = [b for b in blocks("python") if f"from {client} import" in b]
+    assert len(examples) >= 2  # plain chat, and streamed tool calls
+    for i, example in enumerate(examples):
+        script = tmp_path / f"{client}_example_{i}.py"
+        script.write_text(example)
+        # A random-weight model may answer with an end token at once: the run is the check.
+        assert run([sys.executable, str(script)], api, tmp_path).endswith("\n")
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="Node is not installed here")
