@@ -192,6 +192,14 @@ SETTINGS: dict[str, Setting] = {
         Setting("prefill_chunk_tokens", 512, as_whole_number(64, 8192),
                 "Prompt tokens per prefill forward. A long prompt is read one chunk per "
                 "scheduler turn, so running streams pause at most one chunk's time for it."),
+        Setting("repetition_guard", "auto", _as_choice("auto", "on", "off"),
+                "Runaway-loop guard: ends a generation caught repeating one span (finish_reason "
+                "length, stats repetition_stop): auto (for requests without an output cap), on "
+                "(every request) or off. A request's `repetition_guard` true/false overrides it."),
+        Setting("repetition_min_tokens", 128, as_whole_number(16, 1_000_000),
+                "Runaway-loop guard: the fewest tokens a repetition must cover to end the output."),
+        Setting("repetition_min_repeats", 6, as_whole_number(2, 10_000),
+                "Runaway-loop guard: the fewest times the repeated span must occur."),
         Setting("shutdown_grace_seconds", 10, as_whole_number(0, 600),
                 "How long SIGTERM waits for in-flight requests before stopping."),
         Setting("log_level", "info", _as_choice("debug", "info", "warning", "error"),

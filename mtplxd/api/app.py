@@ -25,7 +25,7 @@ from mtplxd.api.flight import FlightBoard
 from mtplxd.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from mtplxd.api.metrics import Metrics
 from mtplxd.api.schemas import require_json_object
-from mtplxd.api.service import Generations, served_window
+from mtplxd.api.service import Generations, LoopGuard, served_window
 from mtplxd.config import Config
 from mtplxd.logs import printable
 from mtplxd.paths import Paths
@@ -55,7 +55,8 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
     allowed_origins = list(config.cors_origins)
     metrics = Metrics(runtime)
     flights = FlightBoard()
-    gen = Generations(runtime, metrics, flights, lambda: app.nursery, keepalive_seconds)
+    gen = Generations(runtime, metrics, flights, lambda: app.nursery, keepalive_seconds,
+                      LoopGuard.from_config(config))
 
     @app.before_request
     async def guard() -> Any:

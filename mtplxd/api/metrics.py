@@ -51,6 +51,10 @@ class Metrics:
         self.cycles = Counter("mtplx_spec_decode_cycles", "Speculative verify cycles", registry=r)
         self.committed = Counter("mtplx_spec_decode_committed_tokens",
                                  "Tokens committed by speculative verify cycles", registry=r)
+        self.repetition_stops = Counter("mtplx_repetition_stops",
+                                        "Generations ended by the runaway-loop guard", registry=r)
+        self.repetition_trimmed = Counter("mtplx_repetition_trimmed_tokens",
+                                          "Repeated tokens the loop guard kept from clients", registry=r)
         self.queue_wait = Histogram("mtplx_queue_wait_seconds",
                                     "Time from arrival to admission into a scheduler row",
                                     buckets=QUEUE_WAIT_BUCKETS, registry=r)
@@ -92,6 +96,9 @@ class Metrics:
         self.cached_tokens.inc(stats.cached_tokens)
         self.finished.labels(finish_reason=stats.finish_reason).inc()
         self.queue_wait.observe(stats.queue_wait_seconds)
+        if stats.repetition_stop:
+            self.repetition_stops.inc()
+            self.repetition_trimmed.inc(stats.repetition_trimmed_tokens)
         if stats.completion_tokens:
             self.ttft.observe(stats.ttft_seconds)
         if stats.decode_tokens_per_second > 0:

@@ -143,6 +143,7 @@ class GenParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     depth: int | None = None
+    repetition_guard: bool | None = None  # None = the server's `repetition_guard` setting
 
 
 def read_sampling(body: Reader, params: GenParams) -> GenParams:
@@ -159,6 +160,7 @@ def read_sampling(body: Reader, params: GenParams) -> GenParams:
     if params.seed is not None:
         params.seed %= 2 ** 63
     params.depth = body.int("mtp_depth", low=0, high=MAX_DEPTH)
+    params.repetition_guard = body.bool("repetition_guard")
     return params
 
 

@@ -24,7 +24,7 @@ from mtplxd.api.metrics import Metrics
 from mtplxd.api.parsers import Event, OutputParser, ParsedOutput, ToolCallEvent, collect
 from mtplxd.api.schemas import Conversation, GenParams, generation_defaults
 from mtplxd.engine.interface import (
-    GenerationRequest, GenerationResult, QueueFull, SamplingParams, TokenDelta,
+    GenerationRequest, GenerationResult, QueueFull, RepetitionPolicy, SamplingParams, TokenDelta,
 )
 from mtplxd.guard import ContextWindow, InsufficientMemory, context_window
 from mtplxd.runtime import ModelNotLoaded, Runtime
@@ -117,12 +117,35 @@ class Outcome:
         }
 
 
+@dataclass
+class LoopGuard:
+    """The runaway-loop guard's settings (config `repetition_*`): which requests get it."""
+
+    mode: str = "auto"  # auto: requests without an output cap; on; off
+    policy: RepetitionPolicy = field(default_factory=RepetitionPolicy)
+
+    @classmethod
+    def from_config(cls, config: Any) -> "LoopGuard":
+        """The guard config.toml (or the environment) asks for."""
+        return cls(config.repetition_guard, RepetitionPolicy(
+            min_tokens=config.repetition_min_tokens, min_repeats=config.repetition_min_repeats))
+
+    def policy_for(self, params: GenParams) -> RepetitionPolicy | None:
+        """The guard for one request: its own `repetition_guard` wins, else the mode."""
+        wanted = params.repetition_guard
+        if wanted is None:
+            wanted = self.mode == "on" or (self.mode == "auto" and params.max_tokens is None)
+        return self.policy if wanted else None
+
+
 class Generations:
     """Admission and running of generations over the daemon's runtime."""
 
     def __init__(self, runtime: Runtime, metrics: Metrics, flights: FlightBoard,
-                 nursery: Callable[[], trio.Nursery], keepalive_seconds: float) -> None:
+                 nursery: Callable[[], trio.Nursery], keepalive_seconds: float,
+                 loop_guard: "LoopGuard | None" = None) -> None:
         self.runtime = runtime
+        self.loop_guard = loop_guard or LoopGuard()
         self.metrics = metrics
         self.flights = flights
         self._nursery = nursery
@@ -213,7 +236,8 @@ class Generations:
         # Arrival is stamped here, before any queue: TTFT and queue_wait count from it.
         request = GenerationRequest(prompt_ids=list(prompt_ids), sampling=sampling, depth=params.depth,
                                     session_id=session_id_from_headers(),
-                                    arrived_at=time.perf_counter(), request_id=plan_id)
+                                    arrived_at=time.perf_counter(), request_id=plan_id,
+                                    repetition=self.loop_guard.policy_for(params))
         return Plan(id=plan_id, endpoint=endpoint, model_id=model.info.id,
                     request=request, max_tokens=max_tokens, max_tokens_requested=params.max_tokens)
 

@@ -58,6 +58,19 @@ class SamplingParams:
                 or self.repetition_penalty != 1.0)
 
 
+@dataclass(frozen=True)
+class RepetitionPolicy:
+    """When the runaway-loop guard ends a generation (engine/decoding/repetition.py): a span
+    of at most `max_period` tokens repeated `min_repeats` times over at least `min_tokens`
+    tokens. Text is held back once `hold_tokens` tokens of a span repeat, and released when
+    the repetition breaks; if it becomes a loop, the held text is dropped."""
+
+    min_tokens: int = 128
+    min_repeats: int = 6
+    max_period: int = 256
+    hold_tokens: int = 16
+
+
 @dataclass
 class GenerationRequest:
     """One completion: prompt token ids, sampling, and the MTP depth (0 = plain AR)."""
@@ -75,6 +88,20 @@ class GenerationRequest:
     arrived_at: float | None = None
     # The caller's id for this request (the API's request id), shown in scheduler snapshots.
     request_id: str | None = None
+    # The runaway-loop guard; None = off.
+    repetition: RepetitionPolicy | None = None
+    # Log-probabilities of the generated tokens with this many alternatives each (0 to 20);
+    # None = not asked for (decoding/logprobs.py).
+    logprobs: int | None = None
+
+
+@dataclass
+class TokenLogprob:
+    """One generated token's log-probability and its `top` alternatives (id, logprob), best first."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -83,6 +110,7 @@ class TokenDelta:
 
     token_ids: list[int]
     text: str
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked
 
 
 @dataclass
@@ -109,6 +137,11 @@ class GenerationStats:
     prefill_chunks: int = 0  # prefill forwards; the scheduler ran other rows between them
     restored_from: str = "cold"  # where the reused prompt prefix came from: cold | ram | ssd
     rows_max: int = 1  # the most rows running at once (this one included) while it ran
+    # The runaway-loop guard ended the output (finish_reason "length"): the loop's period and
+    # the repeated tokens trimmed from the output (never sent).
+    repetition_stop: bool = False
+    repetition_period: int = 0
+    repetition_trimmed_tokens: int = 0
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""

@@ -8,15 +8,13 @@ arguments arrive over several decode steps exactly as a real model's would.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import anthropic
 import httpx
 import openai
 import pytest
 
-from mtplxd.engine.fixtures.scripted import write_scripted_checkpoint
-from support.api_daemon import start_api_daemon
+from support.api_daemon import start_scripted_daemon
 
 TWO_CALLS = ["Let me look.", "\n<tool_call>\n", '{"name": "read_file", "arguments": {', '"path": ',
              '"src', '/main.py"', ', "lines": [1, ', "20]", "}}", "\n</tool_call>",
@@ -37,14 +35,9 @@ EXPECTED = [("read_file", {"path": "src/main.py", "lines": [1, 20]}),
             ("shell", {"command": 'ls -la "/tmp" | head', "timeout": 30})]
 
 
-def serve(tmp_path_factory: pytest.TempPathFactory, name: str, pieces: list[str]):
-    path = write_scripted_checkpoint(tmp_path_factory.mktemp("scripted") / name, pieces)
-    return start_api_daemon(tmp_path_factory.mktemp("api-home"), MTPLX_MODEL=str(path))
-
-
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory):
-    daemon = serve(tmp_path_factory, "scripted-tools", TWO_CALLS)
+    daemon = start_scripted_daemon(tmp_path_factory, "scripted-tools", TWO_CALLS)
     try:
         yield daemon
     finally:
@@ -124,7 +117,7 @@ def test_responses_streams_function_call_arguments_delta(oai):
 
 
 def test_malformed_arguments_end_as_a_call_with_the_raw_text_never_a_500(tmp_path_factory):
-    daemon = serve(tmp_path_factory, "scripted-malformed", MALFORMED)
+    daemon = start_scripted_daemon(tmp_path_factory, "scripted-malformed", MALFORMED)
     try:
         with openai.OpenAI(base_url=daemon.base_url + "/v1", api_key="unused", max_retries=0) as client:
             base = dict(model="scripted-malformed", messages=USER, tools=OPENAI_TOOLS)
