@@ -29,6 +29,7 @@ class Piece:
 class Scored:
     """A TokenLogprob with its token and alternatives shown."""
 
+    token: int
     piece: Piece
     logprob: float
     top: list[tuple[Piece, float]]
@@ -74,7 +75,7 @@ def ids_of(entries: list[TokenLogprob]) -> list[int]:
 
 def scored(entries: list[TokenLogprob], pieces: dict[int, Piece]) -> list[Scored]:
     """`entries` with their tokens shown."""
-    return [Scored(pieces[e.token], _finite(e.logprob), [(pieces[t], _finite(v)) for t, v in e.top])
+    return [Scored(e.token, pieces[e.token], _finite(e.logprob), [(pieces[t], _finite(v)) for t, v in e.top])
             for e in entries]
 
 
@@ -90,12 +91,22 @@ def chat_content(items: list[Scored]) -> list[dict[str, Any]]:
             for s in items]
 
 
-def completion_logprobs(items: list[Scored], offset: int, with_top: bool) -> dict[str, Any]:
-    """Legacy completions' `logprobs` for `items`, the first starting at character `offset`."""
+def _by_text(top: list[tuple[Piece, float]]) -> dict[str, float]:
+    """Alternatives keyed by text; two tokens with the same text (parts of one character)
+    keep the better logprob (they come best first)."""
+    out: dict[str, float] = {}
+    for piece, value in top:
+        out.setdefault(piece.text, value)
+    return out
+
+
+def completion_logprobs(items: list[Scored], offset: int) -> dict[str, Any]:
+    """Legacy completions' `logprobs` for `items`, the first starting at character `offset`
+    (`top_logprobs`: one {token: logprob} object per position, empty with `logprobs: 0`)."""
     offsets, position = [], offset
     for s in items:
         offsets.append(position)
         position += len(s.piece.text)
     return {"tokens": [s.piece.text for s in items], "token_logprobs": [s.logprob for s in items],
-            "top_logprobs": [{p.text: v for p, v in s.top} for s in items] if with_top else None,
-            "text_offset": offsets}
+            "top_logprobs": [_by_text(s.top) for s in items],
+            "text_offset": offsets, "token_ids": [s.token for s in items]}

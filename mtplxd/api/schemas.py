@@ -144,6 +144,7 @@ class GenParams:
     stop: list[str] = field(default_factory=list)
     depth: int | None = None
     repetition_guard: bool | None = None  # None = the server's `repetition_guard` setting
+    logprobs: int | None = None  # alternatives per generated token's logprob; None = no logprobs
 
 
 def read_sampling(body: Reader, params: GenParams) -> GenParams:

@@ -20,11 +20,13 @@ from mtplxd.api.errors import (
     APIError, context_length_exceeded, invalid, model_not_found, model_not_loaded, queue_full,
 )
 from mtplxd.api.flight import Flight, FlightBoard
+from mtplxd.api.logprobs import LogprobItems, Scored, ids_of, scored, token_pieces
 from mtplxd.api.metrics import Metrics
 from mtplxd.api.parsers import Event, OutputParser, ParsedOutput, ToolCallEvent, collect
 from mtplxd.api.schemas import Conversation, GenParams, generation_defaults
 from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, QueueFull, RepetitionPolicy, SamplingParams, TokenDelta,
+    TokenLogprob,
 )
 from mtplxd.guard import ContextWindow, InsufficientMemory, context_window
 from mtplxd.runtime import ModelNotLoaded, Runtime
@@ -87,6 +89,7 @@ class Outcome:
     parsed: ParsedOutput
     reasoning_tokens: int
     stop_sequence: str | None
+    logprobs: list[TokenLogprob] | None = None  # the generated tokens', when the request asked
 
     @property
     def finish_reason(self) -> str:
@@ -237,7 +240,8 @@ class Generations:
         request = GenerationRequest(prompt_ids=list(prompt_ids), sampling=sampling, depth=params.depth,
                                     session_id=session_id_from_headers(),
                                     arrived_at=time.perf_counter(), request_id=plan_id,
-                                    repetition=self.loop_guard.policy_for(params))
+                                    repetition=self.loop_guard.policy_for(params),
+                                    logprobs=params.logprobs)
         return Plan(id=plan_id, endpoint=endpoint, model_id=model.info.id,
                     request=request, max_tokens=max_tokens, max_tokens_requested=params.max_tokens)
 
@@ -254,6 +258,7 @@ class Generations:
         flight = self._flight(plan, stream=False)
         parser = plan.new_parser()
         events: list[Event] = []
+        logprobs: list[TokenLogprob] = []
         reasoning_tokens = 0
         result = None
         ending = "cancelled"  # unless a result or an error says otherwise
@@ -263,6 +268,7 @@ class Generations:
                     if isinstance(item, TokenDelta):
                         reasoning_tokens += len(item.token_ids) if parser.in_reasoning else 0
                         events += parser.feed(item.text)
+                        logprobs += item.logprobs or []
                         flight.on_delta(len(item.token_ids), item.text)
                     elif isinstance(item, GenerationResult):
                         result, ending = item, ""
@@ -276,7 +282,9 @@ class Generations:
         if result is None:
             raise RuntimeError("the engine ended without a result")
         events += parser.finish()
-        return await self._outcome(plan, result, collect(events), reasoning_tokens)
+        outcome = await self._outcome(plan, result, collect(events), reasoning_tokens)
+        outcome.logprobs = logprobs if plan.request.logprobs is not None else None
+        return outcome
 
     async def open_stream(self, plan: Plan) -> None:
         """Admit `plan` to the engine before any byte of a streamed response is sent, so that a
@@ -289,10 +297,10 @@ class Generations:
             raise _translate(exc) from exc
         plan.opened = _OpenStream(receive, scope)
 
-    async def stream(self, plan: Plan) -> AsyncIterator[Tick | list[Event] | Outcome]:
+    async def stream(self, plan: Plan) -> AsyncIterator[Tick | list[Event] | LogprobItems | Outcome]:
         """Run `plan` (opened by `open_stream`, or opened here), yielding parsed events as they
-        are decided, TICKs while quiet, then the Outcome. Leaving the iteration early (a
-        disconnect) cancels the engine."""
+        are decided (each delta's LogprobItems first, when the request asked), TICKs while
+        quiet, then the Outcome. Leaving the iteration early (a disconnect) cancels the engine."""
         flight = self._flight(plan, stream=True)
         ending = "cancelled"  # a client that leaves mid-stream; cleared by a result, set by errors
         try:
@@ -322,6 +330,8 @@ class Generations:
                     if isinstance(item, TokenDelta):
                         reasoning_tokens += len(item.token_ids) if parser.in_reasoning else 0
                         flight.on_delta(len(item.token_ids), item.text)
+                        if item.logprobs:
+                            yield LogprobItems(item.logprobs)
                         events = parser.feed(item.text)
                         calls += [e for e in events if isinstance(e, ToolCallEvent)]
                         if events:
@@ -345,6 +355,11 @@ class Generations:
             self.flights.end(flight)
             if ending:
                 self.metrics.observe_unfinished(ending)
+
+    async def show_logprobs(self, entries: list[TokenLogprob]) -> list[Scored]:
+        """`entries` with their tokens' text and bytes (tokenizer work, off the owner thread)."""
+        pieces = await self.on_tokenizer(lambda m: token_pieces(m, ids_of(entries)))
+        return scored(entries, pieces)
 
     async def _produce(self, plan: Plan, send: trio.MemorySendChannel, scope: trio.CancelScope,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
