@@ -21,6 +21,7 @@ from quart import Response
 from mtplxd.api import chat_format, sse
 from mtplxd.api.errors import APIError, invalid
 from mtplxd.api.openai import as_api_error
+from mtplxd.api.logprobs import LogprobItems, chat_content
 from mtplxd.api.parsers import (
     ContentDelta, Event, ReasoningDelta, ToolCallDelta, ToolCallEvent, ToolCallStart,
 )
@@ -160,7 +161,18 @@ def parse_responses_request(data: dict[str, Any]) -> tuple[str | None, Conversat
     params = GenParams()
     read_sampling(body, params)
     params.max_tokens = body.int("max_output_tokens", low=1)
+    params.logprobs = _wanted_logprobs(body)
     return model, conversation, params, bool(body.bool("stream", False)), tools
+
+
+def _wanted_logprobs(body: Reader) -> int | None:
+    """`include: ["message.output_text.logprobs"]` and/or `top_logprobs` (0-20): how many
+    alternatives per generated token's logprob; None = no logprobs."""
+    top = body.int("top_logprobs", low=0, high=20)
+    include = body.list("include")
+    if top is None and "message.output_text.logprobs" not in include:
+        return None
+    return top or 0
 
 
 def _add_item(messages: list[dict[str, Any]], raw: Any, where: str, tools: ToolMap) -> None:
@@ -296,12 +308,15 @@ async def responses(gen: Generations, data: dict[str, Any]) -> Response | tuple[
         return sse.sse_response(_stream(gen, plan, response_id, data, tools), _headers(plan, tools))
     outcome = await gen.complete(plan)
     items = _Items(tools)
+    logprobs = chat_content(await gen.show_logprobs(outcome.logprobs)) if outcome.logprobs is not None else []
     for event in outcome.parsed.blocks:
         item = items.new_item(event)
         if isinstance(event, ReasoningDelta):
             item["content"][0]["text"] = event.text
         elif isinstance(event, ContentDelta):
             item["content"][0]["text"] = event.text
+            # Every generated token's logprob, in order, goes with the (first) answer text.
+            item["content"][0]["logprobs"], logprobs = logprobs, []
         _finished(item)
     body = _response_object(response_id, plan, "completed", items.items, data, outcome)
     return body, 200, _headers(plan, tools)
@@ -318,6 +333,8 @@ async def _stream(gen: Generations, plan: Plan, response_id: str, body: dict[str
         async for item in gen.stream(plan):
             if item is TICK:
                 yield sse.COMMENT_KEEPALIVE
+            elif isinstance(item, LogprobItems):
+                writer.logprobs += chat_content(await gen.show_logprobs(item.entries))
             elif isinstance(item, Outcome):
                 yield writer.close()
                 final = _response_object(response_id, plan, "completed", items.items, body, item)
@@ -339,6 +356,7 @@ class _StreamWriter:
     def __init__(self, events: sse.ResponsesEvents, items: _Items) -> None:
         self.events = events
         self.items = items
+        self.logprobs: list[dict[str, Any]] = []  # decoded tokens' logprobs not sent yet
         self.current: dict[str, Any] | None = None
         self.kind: type | None = None
 
@@ -385,7 +403,12 @@ class _StreamWriter:
         if isinstance(event, (ContentDelta, ReasoningDelta)):
             item["content"][0]["text"] += event.text
             name = "response.output_text.delta" if isinstance(event, ContentDelta) else "response.reasoning_text.delta"
-            extra = {"logprobs": []} if isinstance(event, ContentDelta) else {}
+            extra: dict[str, Any] = {}
+            if isinstance(event, ContentDelta):
+                # The logprobs of every token decoded since the last text delta (reasoning and
+                # call tokens included) ride on the next one.
+                extra["logprobs"], self.logprobs = self.logprobs, []
+                item["content"][0].setdefault("logprobs", []).extend(extra["logprobs"])
             out += self.events.frame(name, {"item_id": item["id"], "output_index": self.index,
                                             "content_index": 0, "delta": event.text, **extra})
         return out

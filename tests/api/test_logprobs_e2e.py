@@ -85,3 +85,16 @@ def test_echo_with_generation_scores_the_prompt_and_the_output_together(client):
     chunks = list(client.completions.create(prompt=prompt, echo=True, logprobs=1, stream=True, **GREEDY))
     streamed = [x for c in chunks if c.choices and c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
     assert streamed == lp.token_logprobs
+
+
+def test_responses_put_the_logprobs_on_the_output_text(client):
+    base = dict(model=MODEL_ID, input="write a function that adds two numbers", temperature=0,
+                max_output_tokens=16, top_logprobs=2, include=["message.output_text.logprobs"])
+    whole = client.responses.create(**base)
+    [message] = [i for i in whole.output if i.type == "message"]
+    logprobs = message.content[0].logprobs
+    assert len(logprobs) == whole.usage.output_tokens
+    assert all(len(e.top_logprobs) == 2 for e in logprobs)
+    streamed = [e for event in client.responses.create(stream=True, **base)
+                if event.type == "response.output_text.delta" for e in event.logprobs]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in logprobs]
