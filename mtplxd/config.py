@@ -192,6 +192,16 @@ SETTINGS: dict[str, Setting] = {
         Setting("prefill_chunk_tokens", 512, as_whole_number(64, 8192),
                 "Prompt tokens per prefill forward. A long prompt is read one chunk per "
                 "scheduler turn, so running streams pause at most one chunk's time for it."),
+        Setting("embedding_model", [], _as_str_list,
+                "Embedding models served at /v1/embeddings (Qwen3-Embedding kind): folders or "
+                "pulled repo ids, loaded on first request."),
+        Setting("reranker_model", [], _as_str_list,
+                "Reranker models served at /v1/rerank (Qwen3-Reranker kind): folders or pulled "
+                "repo ids, loaded on first request."),
+        Setting("retrieval_resident_limit", 2, as_whole_number(1, 64),
+                "Embedding and reranker models kept loaded at once (least recently used goes)."),
+        Setting("retrieval_trust_remote_code", False, _as_bool,
+                "Serve retrieval checkpoints that ship their own Python code (auto_map)."),
         Setting("repetition_guard", "auto", _as_choice("auto", "on", "off"),
                 "Runaway-loop guard: ends a generation caught repeating one span (finish_reason "
                 "length, stats repetition_stop): auto (for requests without an output cap), on "

@@ -114,6 +114,36 @@ class Runtime:
         self._last_good: tuple[Path, str, int | None] | None = None
         self._idle = trio.Event()
         self._idle.set()
+        from mtplxd.engine.retrieval import RetrievalPool
+
+        self.retrieval = RetrievalPool([])  # embedding and reranker models (configure_retrieval)
+
+    def configure_retrieval(self, specs: list[tuple[str, str]], limit: int, trust_remote_code: bool) -> list[str]:
+        """Serve the retrieval models `specs` ((model spec, kind) pairs: a folder or a pulled
+        repo id, "embedding" or "rerank"), at most `limit` resident. They load on first use.
+        Returns one line per spec that resolves to no model (it is left out)."""
+        from mtplxd.engine.retrieval import RetrievalPool, RetrievalSpec
+
+        resolved, problems = [], []
+        for spec, kind in specs:
+            try:
+                path, model_id = resolve_model(spec, self.models_dir)
+            except ModelLoadFailed as exc:
+                problems.append(f"{kind} model {spec}: {exc}")
+                continue
+            resolved.append(RetrievalSpec(model_id, path, kind))
+        self.retrieval = RetrievalPool(resolved, limit, trust_remote_code)
+        return problems
+
+    async def run_retrieval(self, model_id: str, fn: Callable[[Any], Any]) -> Any:
+        """Run `fn(retrieval model)` on the owner thread, loading the model first if it is not
+        resident. One call is one batch: chat rows wait at most that long."""
+        pool = self.retrieval
+        return await self._on_owner(lambda: fn(pool.get(model_id)))
+
+    def release_retrieval(self) -> None:
+        """Drop the resident retrieval models (memory pressure); they reload on next use."""
+        self.owner.submit(self.retrieval.release)
 
     def start(self) -> None:
         """Start the owner thread, with the scheduler's row limit resolved for this machine."""

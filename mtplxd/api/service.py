@@ -22,6 +22,7 @@ from mtplxd.api.errors import (
 from mtplxd.api.flight import Flight, FlightBoard
 from mtplxd.api.logprobs import LogprobItems, Scored, ids_of, scored, token_pieces
 from mtplxd.api.metrics import Metrics
+from mtplxd.api.retrieval import refuse_chat_on_retrieval_model
 from mtplxd.api.parsers import Event, OutputParser, ParsedOutput, ToolCallEvent, collect
 from mtplxd.api.schemas import Conversation, GenParams, generation_defaults
 from mtplxd.engine.interface import (
@@ -158,7 +159,9 @@ class Generations:
     # -- admission ------------------------------------------------------------------------
 
     def require_model(self, requested: str | None) -> Any:
-        """The loaded model, or 503 (none loaded) / 404 (another id asked for)."""
+        """The loaded model, or 400 (an embedding/reranker id) / 503 (none loaded) / 404
+        (another id asked for)."""
+        refuse_chat_on_retrieval_model(self.runtime, requested)
         if self.runtime.state != "loaded" or self.runtime.model is None:
             raise model_not_loaded(self.runtime.state)
         model = self.runtime.model

@@ -12,6 +12,17 @@ class ModelLoadError(Exception):
     """A checkpoint was refused or could not be loaded; the message says what to do."""
 
 
+EMBEDDING, RERANK = "embedding", "rerank"  # the kinds of retrieval model (engine/retrieval.py)
+
+
+class RetrievalError(Exception):
+    """A retrieval model cannot serve: `code` says why (remote_code, load_failed, not_reranker)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class QueueFull(Exception):
     """The scheduler's admission queue holds `max_queued` requests already (an HTTP 429)."""
 

@@ -15,6 +15,25 @@ import pytest
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
 
+@pytest.fixture(scope="module")
+def api(tiny_checkpoint, tmp_path_factory):
+    """The daemon the examples talk to: the tiny chat model plus a tiny embedder and reranker
+    (the retrieval examples need them)."""
+    from mtplxd.engine.fixtures.retrieval import write_tiny_embedding_checkpoint, write_tiny_reranker_checkpoint
+    from support.api_daemon import start_api_daemon
+
+    root = tmp_path_factory.mktemp("retrieval")
+    daemon = start_api_daemon(
+        tmp_path_factory.mktemp("api-home"),
+        "--embedding-model", str(write_tiny_embedding_checkpoint(root / "tiny-embedder")),
+        "--reranker-model", str(write_tiny_reranker_checkpoint(root / "tiny-reranker")),
+        MTPLX_MODEL=str(tiny_checkpoint))
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
 def blocks(language: str) -> list[str]:
     """The ```LANGUAGE blocks of docs/api.md, in order."""
     return re.findall(rf"```{language}\n(.*?)```", API_DOC.read_text(), flags=re.S)
