@@ -60,6 +60,15 @@ def _as_auto_or_int(low: int, high: int) -> Callable[[Any], str | int]:
     return parse
 
 
+def _as_kv_bits(value: Any) -> str | int:
+    """`auto`, 0, 4 or 8."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, bool) or str(value).strip() not in ("0", "4", "8"):
+        raise ValueError("must be auto, 0, 4 or 8")
+    return int(value)
+
+
 def _as_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -158,6 +167,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("quantize", "auto", _as_choice("auto", "none", "8bit", "4bit"),
                 "Quantize an unquantized model as it loads: 8bit, 4bit, none, or auto (what the "
                 "model's config asks for on CUDA; the embedded model asks for 8bit there)."),
+        Setting("kv_bits", "auto", _as_kv_bits,
+                "Attention KV cache quantization: 8 or 4 bits, 0 (full precision), or auto (the "
+                "model's config.json mtplx_kv_bits, else 0). Halves (8) or quarters (4) KV memory."),
         Setting("memory_limit", "auto", _as_memory_limit,
                 "Memory limit: auto, max, or GiB."),
         Setting("fan_mode", "auto", _as_choice("auto", "max", "smart"),

@@ -50,7 +50,7 @@ class Daemon:
         self.runtime = Runtime(paths.models_dir, depth, config.memory_limit, bank,
                                decode_loop=config.decode_loop, quantize=config.quantize,
                                max_concurrent=config.max_concurrent, max_queued=config.max_queued,
-                               prefill_chunk_tokens=config.prefill_chunk_tokens)
+                               prefill_chunk_tokens=config.prefill_chunk_tokens, kv_bits=config.kv_bits)
         specs = ([(m, "embedding") for m in config.embedding_model]
                  + [(m, "rerank") for m in config.reranker_model])
         for problem in self.runtime.configure_retrieval(specs, config.retrieval_resident_limit,

@@ -86,7 +86,7 @@ class Runtime:
                  memory_limit: str | float = "auto", bank: BankOptions = BankOptions(),
                  decode_loop: str = "auto", quantize: str = "auto",
                  max_concurrent: str | int = "auto", max_queued: int = 64,
-                 prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK) -> None:
+                 prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK, kv_bits: int | str = "auto") -> None:
         from mtplxd.engine.owner import ModelOwner
         from mtplxd.engine.scheduler import Scheduler
 
@@ -96,6 +96,7 @@ class Runtime:
         self.bank_options = bank
         self.decode_loop = decode_loop
         self.quantize = quantize
+        self.kv_bits = kv_bits  # attention KV quantization: 0, 4, 8 or "auto" (the model's)
         self.max_concurrent_setting = max_concurrent
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.scheduler = Scheduler(max_queued=max_queued, admit=self._admit_row)
@@ -203,7 +204,7 @@ class Runtime:
         started = time.monotonic()
         model = await self._on_owner(lambda: load_model(
             path, model_id=model_id, depth=depth, decode_loop=self.decode_loop,
-            quantize=self.quantize))
+            quantize=self.quantize, kv_bits=self.kv_bits))
         limit = resolve_limit(self.memory_limit, psutil.virtual_memory().total)
         await self._enable_session_bank(model, limit)
         self.guard = build_guard(path, model, limit)
@@ -382,7 +383,8 @@ async def _unwrap(receive: trio.MemoryReceiveChannel) -> AsyncIterator[Any]:
 def build_guard(path: Path, model: Any, limit_bytes: int) -> MemoryGuard:
     """The memory guard of a freshly loaded model, from its config.json geometry."""
     config = json.loads((Path(path) / "config.json").read_text())
-    plan = plan_for_config(config, model.info.weights_bytes, model.info.dtype)
+    plan = plan_for_config(config, model.info.weights_bytes, model.info.dtype,
+                           kv_bits=getattr(model.info, "kv_bits", 0))
 
     def system_available() -> int:
         # Other processes count too: never plan into memory the OS does not have to give.

@@ -185,6 +185,7 @@ class ModelInfo:
     weights_bytes: int
     decode_loop: str = "stepwise"  # the loop MTP requests run: "fused" | "stepwise"
     dtype: str = "bfloat16"  # what it computes (and caches) in; float32 on the Linux CPU
+    kv_bits: int = 0  # attention KV cache quantization (0 = full precision)
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""
