@@ -145,3 +145,26 @@ def test_metrics_count_embeddings_and_rerank(api, client):
     assert 'mtplx_retrieval_requests_total{kind="embedding"}' in text
     assert 'mtplx_retrieval_requests_total{kind="rerank"}' in text
     assert 'mtplx_retrieval_inputs_total{kind="embedding"}' in text
+
+
+def test_a_chat_stream_and_embeddings_run_side_by_side(client):
+    import threading
+
+    streamed: list[str] = []
+
+    def chat() -> None:
+        for chunk in client.chat.completions.create(model=MODEL_ID, stream=True, max_tokens=40, temperature=0,
+                                                    messages=[{"role": "user", "content": "count to ten"}]):
+            if chunk.choices and chunk.choices[0].delta.content:
+                streamed.append(chunk.choices[0].delta.content)
+
+    worker = threading.Thread(target=chat)
+    worker.start()
+    vectors = [client.embeddings.create(model=EMBEDDER, input=TEXTS * 8).data for _ in range(3)]
+    worker.join(120)
+    assert not worker.is_alive()
+    whole = client.chat.completions.create(model=MODEL_ID, max_tokens=40, temperature=0,
+                                           messages=[{"role": "user", "content": "count to ten"}])
+    # Interleaved with embedding batches on the model thread, the stream is what it is alone.
+    assert "".join(streamed) == (whole.choices[0].message.content or "")
+    assert all(len(v) == 24 for v in vectors)
