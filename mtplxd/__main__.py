@@ -36,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--depth", type=int, help="default MTP depth (config key depth)")
     parser.add_argument("--hosts", help="host file of a distributed group (config key hosts)")
     parser.add_argument("--no-model", action="store_true", help="start without loading a model")
+    parser.add_argument("--embedding-model", action="append",
+                        help="serve this embedding model at /v1/embeddings (repeatable; config key "
+                             "embedding_model)")
+    parser.add_argument("--reranker-model", action="append",
+                        help="serve this reranker at /v1/rerank (repeatable; config key reranker_model)")
+    parser.add_argument("--retrieval-trust-remote-code", action="store_true", default=None,
+                        help="serve retrieval checkpoints that ship Python code (auto_map)")
     parser.add_argument("--log-stderr", action="store_true", help="also log to stderr")
     return parser
 
@@ -45,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = Paths.from_env()
     try:
         config = load_config(paths.config_file)
-        for key in ("host", "port", "model", "depth", "hosts"):
+        for key in ("host", "port", "model", "depth", "hosts", "embedding_model", "reranker_model",
+                    "retrieval_trust_remote_code"):
             if getattr(args, key) is not None:
                 config.override(key, getattr(args, key))
     except ConfigError as exc:

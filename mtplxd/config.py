@@ -60,6 +60,15 @@ def _as_auto_or_int(low: int, high: int) -> Callable[[Any], str | int]:
     return parse
 
 
+def _as_kv_bits(value: Any) -> str | int:
+    """`auto`, 0, 4 or 8."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, bool) or str(value).strip() not in ("0", "4", "8"):
+        raise ValueError("must be auto, 0, 4 or 8")
+    return int(value)
+
+
 def _as_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -167,6 +176,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("quantize", "auto", _as_choice("auto", "none", "8bit", "4bit"),
                 "Quantize an unquantized model as it loads: 8bit, 4bit, none, or auto (what the "
                 "model's config asks for on CUDA; the embedded model asks for 8bit there)."),
+        Setting("kv_bits", "auto", _as_kv_bits,
+                "Attention KV cache quantization: 8 or 4 bits, 0 (full precision), or auto (the "
+                "model's config.json mtplx_kv_bits, else 0). Halves (8) or quarters (4) KV memory."),
         Setting("memory_limit", "auto", _as_memory_limit,
                 "Memory limit: auto, max, or GiB."),
         Setting("fan_mode", "auto", _as_choice("auto", "max", "smart"),
@@ -226,6 +238,24 @@ SETTINGS: dict[str, Setting] = {
         Setting("group_port", 32323, as_whole_number(0, 65535),
                 "First TCP port of a distributed group's ring (one port per rank); 0 picks free "
                 "ports, for groups whose ranks all run on this machine."),
+        Setting("embedding_model", [], _as_str_list,
+                "Embedding models served at /v1/embeddings (Qwen3-Embedding kind): folders or "
+                "pulled repo ids, loaded on first request."),
+        Setting("reranker_model", [], _as_str_list,
+                "Reranker models served at /v1/rerank (Qwen3-Reranker kind): folders or pulled "
+                "repo ids, loaded on first request."),
+        Setting("retrieval_resident_limit", 2, as_whole_number(1, 64),
+                "Embedding and reranker models kept loaded at once (least recently used goes)."),
+        Setting("retrieval_trust_remote_code", False, _as_bool,
+                "Serve retrieval checkpoints that ship their own Python code (auto_map)."),
+        Setting("repetition_guard", "auto", _as_choice("auto", "on", "off"),
+                "Runaway-loop guard: ends a generation caught repeating one span (finish_reason "
+                "length, stats repetition_stop): auto (for requests without an output cap), on "
+                "(every request) or off. A request's `repetition_guard` true/false overrides it."),
+        Setting("repetition_min_tokens", 128, as_whole_number(16, 1_000_000),
+                "Runaway-loop guard: the fewest tokens a repetition must cover to end the output."),
+        Setting("repetition_min_repeats", 6, as_whole_number(2, 10_000),
+                "Runaway-loop guard: the fewest times the repeated span must occur."),
         Setting("shutdown_grace_seconds", 10, as_whole_number(0, 600),
                 "How long SIGTERM waits for in-flight requests before stopping."),
         Setting("log_prompts", False, _as_bool,

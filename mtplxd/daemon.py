@@ -29,7 +29,7 @@ from mtplxd.fans.methods import register_fan_methods
 from mtplxd.flight import FlightRecorder
 from mtplxd.models.methods import register_model_store_methods
 from mtplxd.paths import Paths
-from mtplxd.pressure import watch_pressure
+from mtplxd.pressure import CHECK_INTERVAL_SECONDS, memory_pressure, watch_pressure
 from mtplxd.runtime import BankOptions, ModelLoadFailed, Runtime
 from mtplxd.supervisor import detect_supervisor, sd_notify
 
@@ -65,9 +65,15 @@ class Daemon:
                                max_concurrent=config.max_concurrent, max_queued=config.max_queued,
                                prefill_chunk_tokens=config.prefill_chunk_tokens,
                                cohorts=config.cohorts, cohort_widths=tuple(config.cohort_widths),
-                               numerics=config.numerics, tuning_home=paths.home)
+                               numerics=config.numerics, tuning_home=paths.home,
+                               kv_bits=config.kv_bits)
         if config.hosts:
             self.runtime.group = serving_group(config, paths)
+        specs = ([(m, "embedding") for m in config.embedding_model]
+                 + [(m, "rerank") for m in config.reranker_model])
+        for problem in self.runtime.configure_retrieval(specs, config.retrieval_resident_limit,
+                                                        config.retrieval_trust_remote_code):
+            log.warning("not serving %s", problem)
         self.registry = MethodRegistry()
         self.http_binds: list[str] = []
         self._shutdown = trio.Event()
@@ -110,6 +116,10 @@ class Daemon:
                 if self.load_model_at_start:
                     nursery.start_soon(self._load_initial_model)
                 nursery.start_soon(watch_pressure, self._bank_bytes, self._release_bank)
+                # Embedding and reranker models are dropped under pressure too (they reload).
+                nursery.start_soon(watch_pressure, lambda: len(self.runtime.retrieval.resident()),
+                                   self._release_retrieval, memory_pressure, CHECK_INTERVAL_SECONDS,
+                                   "resident retrieval models")
                 await self._shutdown.wait()
                 sd_notify("STOPPING=1")
                 with trio.move_on_after(self.config.shutdown_grace_seconds):
@@ -142,6 +152,11 @@ class Daemon:
         config.errorlog = logging.getLogger("hypercorn.error")
         config.server_names = []
         return config
+
+    def _release_retrieval(self, needed: int) -> int:
+        count = len(self.runtime.retrieval.resident())
+        self.runtime.release_retrieval()
+        return count
 
     def _bank_bytes(self) -> int:
         guard = self.runtime.guard

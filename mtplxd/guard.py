@@ -107,11 +107,13 @@ def _layer_kinds(config: dict[str, Any]) -> tuple[int, int]:
 
 
 def plan_for_config(config: dict[str, Any], weights_bytes: int,
-                    dtype: str | None = None) -> MemoryPlan:
+                    dtype: str | None = None, kv_bits: int = 0) -> MemoryPlan:
     """Compute the MemoryPlan of a model from its config.json and its resident weights' size.
 
     `dtype` is what the loaded model computes in when it differs from the checkpoint's (the
-    Linux CPU upcasts to float32): its KV cache and activations are that wide too.
+    Linux CPU upcasts to float32): its KV cache and activations are that wide too. With
+    `kv_bits` (8 or 4) the attention KV is priced as stored quantized: `kv_bits` per element
+    plus a scale and a bias (model dtype) per group of 64 (32 when the head needs it).
     """
     text = _text_config(config)
     dtype = DTYPE_BYTES.get(dtype, 2) if dtype else _dtype_bytes(text)
@@ -121,6 +123,9 @@ def plan_for_config(config: dict[str, Any], weights_bytes: int,
     head_dim = int(text.get("head_dim") or hidden // heads)
     attention_layers, recurrent_layers = _layer_kinds(text)
     per_layer_kv = kv_heads * head_dim * 2 * dtype  # keys and values
+    if kv_bits:
+        group = 64 if head_dim % 64 == 0 else 32
+        per_layer_kv = int(kv_heads * head_dim * 2 * (kv_bits / 8 + 2 * dtype / group))
     mtp_layers = int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers") or 0)
     recurrent = 0
     if recurrent_layers:

@@ -53,12 +53,13 @@ def memory_pressure() -> str:
 
 async def watch_pressure(bank_bytes: Callable[[], int], release: Callable[[int], int],
                          read_pressure: Callable[[], str] = memory_pressure,
-                         interval: float = CHECK_INTERVAL_SECONDS) -> None:
-    """Forever: under warn release half of the bank's idle bytes, under critical all of them."""
+                         interval: float = CHECK_INTERVAL_SECONDS, what: str = "bytes of session bank") -> None:
+    """Forever: under warn release half of what is held (`bank_bytes()`: the session bank's
+    idle bytes, or another holder's count), under critical all of it."""
     while True:
         level = read_pressure()
         held = bank_bytes()
         if level != "normal" and held > 0:
             freed = release(held if level == "critical" else held // 2)
-            log.warning("memory pressure %s: released %d bytes of session bank", level, freed)
+            log.warning("memory pressure %s: released %d %s", level, freed, what)
         await trio.sleep(interval)

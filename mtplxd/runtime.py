@@ -88,7 +88,8 @@ class Runtime:
                  max_concurrent: str | int = "auto", max_queued: int = 64,
                  prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK,
                  tuning_home: Path | None = None, cohorts: str = "auto",
-                 cohort_widths: tuple[int, ...] = (1, 3, 8), numerics: str = "auto") -> None:
+                 cohort_widths: tuple[int, ...] = (1, 3, 8), numerics: str = "auto",
+                 kv_bits: int | str = "auto") -> None:
         from mtplxd.engine.cohort import normalize_widths
         from mtplxd.engine.owner import ModelOwner
         from mtplxd.engine.scheduler import DEFAULT_MAX_BACKLOG, Scheduler
@@ -99,6 +100,7 @@ class Runtime:
         self.bank_options = bank
         self.decode_loop = decode_loop
         self.quantize = quantize
+        self.kv_bits = kv_bits  # attention KV quantization: 0, 4, 8 or "auto" (the model's)
         self.max_concurrent_setting = max_concurrent
         self.prefill_chunk_tokens = prefill_chunk_tokens
         # Where `mtplxctl tune` saves depths (MTPLX_HOME); None: tuned depths are not used.
@@ -125,6 +127,36 @@ class Runtime:
         self._last_good: tuple[Path, str, int | None] | None = None
         self._idle = trio.Event()
         self._idle.set()
+        from mtplxd.engine.retrieval import RetrievalPool
+
+        self.retrieval = RetrievalPool([])  # embedding and reranker models (configure_retrieval)
+
+    def configure_retrieval(self, specs: list[tuple[str, str]], limit: int, trust_remote_code: bool) -> list[str]:
+        """Serve the retrieval models `specs` ((model spec, kind) pairs: a folder or a pulled
+        repo id, "embedding" or "rerank"), at most `limit` resident. They load on first use.
+        Returns one line per spec that resolves to no model (it is left out)."""
+        from mtplxd.engine.retrieval import RetrievalPool, RetrievalSpec
+
+        resolved, problems = [], []
+        for spec, kind in specs:
+            try:
+                path, model_id = resolve_model(spec, self.models_dir)
+            except ModelLoadFailed as exc:
+                problems.append(f"{kind} model {spec}: {exc}")
+                continue
+            resolved.append(RetrievalSpec(model_id, path, kind))
+        self.retrieval = RetrievalPool(resolved, limit, trust_remote_code)
+        return problems
+
+    async def run_retrieval(self, model_id: str, fn: Callable[[Any], Any]) -> Any:
+        """Run `fn(retrieval model)` on the owner thread, loading the model first if it is not
+        resident. One call is one batch: chat rows wait at most that long."""
+        pool = self.retrieval
+        return await self._on_owner(lambda: fn(pool.get(model_id)))
+
+    def release_retrieval(self) -> None:
+        """Drop the resident retrieval models (memory pressure); they reload on next use."""
+        self.owner.submit(self.retrieval.release)
 
     def start(self) -> None:
         """Start the owner thread, with the scheduler's row limit resolved for this machine."""
@@ -195,7 +227,7 @@ class Runtime:
         else:
             model = await self._on_owner(lambda: load_model(
                 path, model_id=model_id, depth=depth, decode_loop=self.decode_loop,
-                quantize=self.quantize))
+                quantize=self.quantize, kv_bits=self.kv_bits))
         limit = resolve_limit(self.memory_limit, psutil.virtual_memory().total)
         if self.group is None:  # a bank would have to copy the workers' caches too
             await self._enable_session_bank(model, limit)
@@ -400,7 +432,8 @@ async def _unwrap(receive: trio.MemoryReceiveChannel, row: Any) -> AsyncIterator
 def build_guard(path: Path, model: Any, limit_bytes: int) -> MemoryGuard:
     """The memory guard of a freshly loaded model, from its config.json geometry."""
     config = json.loads((Path(path) / "config.json").read_text())
-    plan = plan_for_config(config, model.info.weights_bytes, model.info.dtype)
+    plan = plan_for_config(config, model.info.weights_bytes, model.info.dtype,
+                           kv_bits=getattr(model.info, "kv_bits", 0))
 
     def system_available() -> int:
         # Other processes count too: never plan into memory the OS does not have to give.

@@ -60,6 +60,13 @@ def _add_start_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recommended", action="store_true",
                         help="with no model configured, pull and serve the model recommended for "
                              "this machine's memory (`mtplxctl models list --available`)")
+    parser.add_argument("--embedding-model", action="append",
+                        help="also serve this embedding model at /v1/embeddings (repeatable; for this "
+                             "run; `config set embedding_model` keeps it)")
+    parser.add_argument("--reranker-model", action="append",
+                        help="also serve this reranker at /v1/rerank (repeatable; for this run)")
+    parser.add_argument("--retrieval-trust-remote-code", action="store_true",
+                        help="serve retrieval checkpoints that ship their own Python code (auto_map)")
     parser.add_argument("--foreground", action="store_true",
                         help="run the daemon in this terminal instead of in the background")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -131,6 +138,12 @@ def _daemon_flags(args: argparse.Namespace) -> list[str]:
         flags += ["--port", str(args.port)]
     if getattr(args, "hosts", None):
         flags += ["--hosts", str(Path(args.hosts).expanduser().resolve())]
+    for spec in args.embedding_model or []:
+        flags += ["--embedding-model", spec]
+    for spec in args.reranker_model or []:
+        flags += ["--reranker-model", spec]
+    if args.retrieval_trust_remote_code:
+        flags.append("--retrieval-trust-remote-code")
     if args.model or args.depth is not None:
         # mtplxctl loads it over the socket, with progress, once the daemon answers.
         flags.append("--no-model")
@@ -144,6 +157,10 @@ def _launch(paths: Paths, args: argparse.Namespace) -> int | None:
         if args.host or args.port is not None or getattr(args, "hosts", None):
             return fail("the login service runs mtplxd with the saved configuration",
                         "use `mtplxctl config set host|port|hosts VALUE`, then `mtplxctl restart`")
+        if args.embedding_model or args.reranker_model or args.retrieval_trust_remote_code:
+            return fail("the login service runs mtplxd with the saved configuration",
+                        "use `mtplxctl config set embedding_model|reranker_model|"
+                        "retrieval_trust_remote_code VALUE`, then `mtplxctl restart`")
         error = _start_service(manager)
         if error is not None:
             return error

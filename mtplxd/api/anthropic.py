@@ -13,7 +13,9 @@ from mtplxd.api import sse
 from mtplxd.api.errors import ANTHROPIC, error_body, invalid
 from mtplxd.api.images import image_part
 from mtplxd.api.openai import as_api_error
-from mtplxd.api.parsers import ContentDelta, Event, ReasoningDelta, ToolCallEvent
+from mtplxd.api.parsers import (
+    ContentDelta, Event, ReasoningDelta, ToolCallDelta, ToolCallEvent, ToolCallStart,
+)
 from mtplxd.api.schemas import (
     Conversation, GenParams, Reader, function_tool, join_text_parts, read_sampling, read_stop,
     text_of,
@@ -153,11 +155,22 @@ def _block(event: Event) -> dict[str, Any]:
         return {"type": "thinking", "thinking": event.text, "signature": ""}
     if isinstance(event, ContentDelta):
         return {"type": "text", "text": event.text}
+    assert isinstance(event, ToolCallEvent)
     return {"type": "tool_use", "id": _tool_id(event), "name": event.name,
-            "input": json.loads(event.arguments)}
+            "input": tool_input(event.arguments)}
 
 
-def _tool_id(call: ToolCallEvent) -> str:
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's `input` object. Arguments the model wrote as malformed (or cut-off) JSON keep
+    their text under `_malformed_arguments`: Anthropic's `input` must be an object."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {"_malformed_arguments": arguments}
+
+
+def _tool_id(call: ToolCallEvent | ToolCallStart) -> str:
     return "toolu_" + call.id.removeprefix("call_")
 
 
@@ -233,25 +246,33 @@ class _BlockWriter:
         return sse.anthropic_event({"type": "content_block_stop", "index": self.index})
 
     def write(self, event: Event) -> bytes:
+        """The frames for one parser event. A tool call is its own block: opened by its
+        start, filled by `input_json_delta` fragments, closed by its end."""
+        if isinstance(event, ToolCallEvent):
+            return self.close()
+        if isinstance(event, ToolCallDelta):
+            return self._delta({"type": "input_json_delta", "partial_json": event.text})
         out = b""
-        if isinstance(event, ToolCallEvent) or type(event) is not self.open_kind:
+        if isinstance(event, ToolCallStart) or type(event) is not self.open_kind:
             out += self.close()
             self.index += 1
             self.open_kind = type(event)
-            start = _block(event)
-            if isinstance(event, ToolCallEvent):
-                start["input"] = {}
-            elif isinstance(event, ReasoningDelta):
-                start["thinking"] = ""
-            else:
-                start["text"] = ""
             out += sse.anthropic_event({"type": "content_block_start", "index": self.index,
-                                        "content_block": start})
+                                        "content_block": _empty_block(event)})
         if isinstance(event, ReasoningDelta):
-            delta = {"type": "thinking_delta", "thinking": event.text}
+            out += self._delta({"type": "thinking_delta", "thinking": event.text})
         elif isinstance(event, ContentDelta):
-            delta = {"type": "text_delta", "text": event.text}
-        else:
-            delta = {"type": "input_json_delta", "partial_json": event.arguments}
-        out += sse.anthropic_event({"type": "content_block_delta", "index": self.index, "delta": delta})
+            out += self._delta({"type": "text_delta", "text": event.text})
         return out
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return sse.anthropic_event({"type": "content_block_delta", "index": self.index, "delta": delta})
+
+
+def _empty_block(event: Event) -> dict[str, Any]:
+    """The content block a `content_block_start` announces, before any delta."""
+    if isinstance(event, ToolCallStart):
+        return {"type": "tool_use", "id": _tool_id(event), "name": event.name, "input": {}}
+    if isinstance(event, ReasoningDelta):
+        return {"type": "thinking", "thinking": "", "signature": ""}
+    return {"type": "text", "text": ""}

@@ -16,7 +16,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from mtplxd import blas
-from mtplxd.api import anthropic, openai, responses, webui
+from mtplxd.api import anthropic, openai, responses, retrieval, webui
 from mtplxd.api.address import is_loopback
 from mtplxd.api.auth import is_authorized, load_key
 from mtplxd.api.cors import browser_origin, cors_headers, origin_allowed
@@ -26,7 +26,7 @@ from mtplxd.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from mtplxd.api.metrics import Metrics
 from mtplxd.api.schemas import require_json_object
 from mtplxd.api.receipts import Client, Receipts, request_line
-from mtplxd.api.service import Generations, served_window, session_id_from_headers
+from mtplxd.api.service import Generations, LoopGuard, served_window, session_id_from_headers
 from mtplxd.config import Config
 from mtplxd.flight import FlightRecorder
 from mtplxd.paths import Paths
@@ -60,7 +60,8 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
     metrics = Metrics(runtime, recorder)
     flights = FlightBoard()
     receipts = Receipts(recorder, log_prompts=config.log_prompts)
-    gen = Generations(runtime, metrics, flights, lambda: app.nursery, keepalive_seconds, receipts)
+    gen = Generations(runtime, metrics, flights, lambda: app.nursery, keepalive_seconds, receipts,
+                      LoopGuard.from_config(config))
 
     @app.before_request
     async def guard() -> Any:
@@ -163,6 +164,17 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
 
     webui.register(app)
 
+    def retrieval_route(path: str, handler: Callable[..., Awaitable[Any]]) -> None:
+        async def route() -> Any:
+            data = require_json_object(await request.get_data(cache=False))
+            return await handler(runtime, metrics, data)
+
+        route.__name__ = "route_" + path.strip("/").replace("/", "_")
+        app.add_url_rule(path, view_func=route, methods=["POST"])
+
+    retrieval_route("/v1/embeddings", retrieval.embeddings)
+    retrieval_route("/v1/rerank", retrieval.rerank)
+
     @app.get("/health")
     async def health() -> tuple[dict[str, Any], int]:
         info = runtime.info()
@@ -206,6 +218,13 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
 
     @app.get("/v1/models")
     async def list_models() -> tuple[dict[str, Any], int]:
+        # Chat models only, as agents expect; embedding and reranker models on request.
+        capability = request.args.get("capability", "chat")
+        if capability not in retrieval.CAPABILITIES:
+            raise APIError(400, f"`capability` must be one of {', '.join(retrieval.CAPABILITIES)}",
+                           code="invalid_request", param="capability")
+        if capability != "chat":
+            return {"object": "list", "data": retrieval.retrieval_cards(runtime, capability)}, 200
         info = runtime.info()
         return {"object": "list", "data": [_model_card(info, runtime)] if info else []}, 200
 

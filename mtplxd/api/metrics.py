@@ -51,6 +51,16 @@ class Metrics:
         self.cycles = Counter("mtplx_spec_decode_cycles", "Speculative verify cycles", registry=r)
         self.committed = Counter("mtplx_spec_decode_committed_tokens",
                                  "Tokens committed by speculative verify cycles", registry=r)
+        self.repetition_stops = Counter("mtplx_repetition_stops",
+                                        "Generations ended by the runaway-loop guard", registry=r)
+        self.repetition_trimmed = Counter("mtplx_repetition_trimmed_tokens",
+                                          "Repeated tokens the loop guard kept from clients", registry=r)
+        self.retrieval_requests = Counter("mtplx_retrieval_requests", "Embedding and rerank requests served",
+                                          ["kind"], registry=r)
+        self.retrieval_inputs = Counter("mtplx_retrieval_inputs",
+                                        "Texts embedded and documents reranked", ["kind"], registry=r)
+        self.retrieval_tokens = Counter("mtplx_retrieval_tokens", "Tokens read by retrieval models",
+                                        ["kind"], registry=r)
         self.queue_wait = Histogram("mtplx_queue_wait_seconds",
                                     "Time from arrival to admission into a scheduler row",
                                     buckets=QUEUE_WAIT_BUCKETS, registry=r)
@@ -105,6 +115,9 @@ class Metrics:
         self.cached_tokens.inc(stats.cached_tokens)
         self.finished.labels(finish_reason=stats.finish_reason).inc()
         self.queue_wait.observe(stats.queue_wait_seconds)
+        if stats.repetition_stop:
+            self.repetition_stops.inc()
+            self.repetition_trimmed.inc(stats.repetition_trimmed_tokens)
         if stats.completion_tokens:
             self.ttft.observe(stats.ttft_seconds)
         if stats.decode_tokens_per_second > 0:
@@ -119,6 +132,12 @@ class Metrics:
         if stats.depth > 0 and stats.cycles:
             self.cycles.inc(stats.cycles)
             self.committed.inc(stats.mean_accepted_length * stats.cycles)
+
+    def observe_retrieval(self, kind: str, inputs: int, tokens: int) -> None:
+        """Count one embeddings or rerank request (`kind`), its inputs and tokens."""
+        self.retrieval_requests.labels(kind=kind).inc()
+        self.retrieval_inputs.labels(kind=kind).inc(inputs)
+        self.retrieval_tokens.labels(kind=kind).inc(tokens)
 
     def observe_unfinished(self, why: str) -> None:
         """A generation that ended without a result: `cancelled` (client left) or `error`."""

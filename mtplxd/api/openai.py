@@ -9,7 +9,10 @@ from quart import Response
 
 from mtplxd.api import chat_format, sse
 from mtplxd.api.errors import APIError, OPENAI, error_body, invalid
-from mtplxd.api.parsers import ContentDelta, Event, ReasoningDelta, ToolCallEvent
+from mtplxd.api.logprobs import LogprobItems, chat_content, completion_logprobs
+from mtplxd.api.parsers import (
+    ContentDelta, Event, ReasoningDelta, ToolCallDelta, ToolCallEvent, ToolCallStart,
+)
 from mtplxd.api.schemas import (
     Conversation, GenParams, Reader, arguments_object, function_tool, read_penalties,
     read_sampling, read_stop, reject_unsupported, text_of,
@@ -38,8 +41,6 @@ def parse_chat_request(data: dict[str, Any]) -> tuple[str | None, Conversation, 
         raise invalid("`n` must be 1: this server returns one choice per request", "n",
                       code="unsupported_parameter")
     reject_unsupported(body, {
-        "logprobs": "token logprobs are available for prompts only (/v1/completions with echo)",
-        "top_logprobs": "token logprobs are available for prompts only (/v1/completions with echo)",
         "audio": "this server generates text only",
         "modalities": "this server generates text only",
     })
@@ -51,10 +52,21 @@ def parse_chat_request(data: dict[str, Any]) -> tuple[str | None, Conversation, 
     # Pi sends max_completion_tokens, OpenCode and Hermes max_tokens: either is the cap.
     cap = body.int("max_completion_tokens", low=1)
     params.max_tokens = cap if cap is not None else body.int("max_tokens", low=1)
+    params.logprobs = _chat_logprobs(body)
     stream = bool(body.bool("stream", False))
     options = body.obj("stream_options")
     include_usage = bool(options.bool("include_usage", False)) if options else False
     return model, conversation, params, stream, include_usage
+
+
+def _chat_logprobs(body: Reader) -> int | None:
+    """`logprobs: true` (+ `top_logprobs` 0..20) as the number of alternatives; None = off."""
+    top = body.int("top_logprobs", low=0, high=20)
+    if not body.bool("logprobs", False):
+        if top is not None:
+            raise invalid("`top_logprobs` needs `logprobs: true`", "top_logprobs")
+        return None
+    return top or 0
 
 
 def _chat_message(raw: Any, name: str) -> dict[str, Any]:
@@ -155,9 +167,12 @@ async def chat_completions(gen: Generations, data: dict[str, Any]) -> Response |
         message["reasoning_content"] = parsed.reasoning
     if parsed.tool_calls:
         message["tool_calls"] = [_tool_call_json(c) for c in parsed.tool_calls]
+    logprobs = None
+    if outcome.logprobs is not None:
+        logprobs = {"content": chat_content(await gen.show_logprobs(outcome.logprobs)), "refusal": None}
     body = {
         "id": response_id, "object": "chat.completion", "created": plan.created, "model": plan.model_id,
-        "choices": [{"index": 0, "message": message, "logprobs": None,
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs,
                      "finish_reason": outcome.finish_reason}],
         "usage": outcome.usage_openai(),
         "mtplx_stats": outcome.mtplx_stats(),
@@ -169,12 +184,20 @@ def _tool_call_json(call: ToolCallEvent) -> dict[str, Any]:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def _chat_delta(event: Event) -> dict[str, Any]:
+def _chat_delta(event: Event) -> dict[str, Any] | None:
+    """The chunk delta for one event; None for a call's end (its arguments were streamed).
+    A call streams as OpenAI's does: id, type and name with empty arguments first, then
+    argument fragments under the same index."""
     if isinstance(event, ContentDelta):
         return {"content": event.text}
     if isinstance(event, ReasoningDelta):
         return {"reasoning_content": event.text}
-    return {"tool_calls": [{"index": event.index, **_tool_call_json(event)}]}
+    if isinstance(event, ToolCallStart):
+        return {"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
+                                "function": {"name": event.name, "arguments": ""}}]}
+    if isinstance(event, ToolCallDelta):
+        return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}
+    return None
 
 
 async def _chat_stream(gen: Generations, plan: Plan, response_id: str,
@@ -182,8 +205,8 @@ async def _chat_stream(gen: Generations, plan: Plan, response_id: str,
     base = {"id": response_id, "object": "chat.completion.chunk", "created": plan.created,
             "model": plan.model_id}
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        return sse.openai_frame({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None, **extra: Any) -> bytes:
+        return sse.openai_frame({**base, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
                                                         "finish_reason": finish}], **extra})
 
     yield chunk({"role": "assistant", "content": ""})
@@ -191,11 +214,18 @@ async def _chat_stream(gen: Generations, plan: Plan, response_id: str,
         async for item in gen.stream(plan):
             if item is TICK:
                 yield sse.COMMENT_KEEPALIVE
+            elif isinstance(item, LogprobItems):
+                # The tokens' logprobs go out as they are decoded, in a chunk of their own:
+                # their text may still be held back by the output parser.
+                content = chat_content(await gen.show_logprobs(item.entries))
+                yield chunk({}, logprobs={"content": content, "refusal": None})
             elif isinstance(item, Outcome):
                 yield from_outcome_chat(base, item, include_usage)
             else:
                 for event in item:
-                    yield chunk(_chat_delta(event))
+                    delta = _chat_delta(event)
+                    if delta is not None:
+                        yield chunk(delta)
     except Exception as exc:  # the stream already started: end it with an error frame
         yield sse.openai_frame(error_body(as_api_error(exc), OPENAI))
     yield sse.OPENAI_DONE
@@ -240,11 +270,9 @@ def parse_completion_request(data: dict[str, Any]) -> tuple[str | None, Any, Gen
     stream = bool(body.bool("stream", False))
     options = body.obj("stream_options")
     include_usage = bool(options.bool("include_usage", False)) if options else False
-    if logprobs is not None and params.max_tokens != 0:
-        raise invalid("`logprobs` is available for prompt scoring only: send `echo: true` with "
-                      "`max_tokens: 0`", "logprobs", code="unsupported_parameter")
-    if logprobs is not None and not echo:
+    if logprobs is not None and params.max_tokens == 0 and not echo:
         raise invalid("`logprobs` with `max_tokens: 0` needs `echo: true`", "echo")
+    params.logprobs = logprobs
     return model, prompt, params, stream, include_usage, echo, logprobs
 
 
@@ -281,19 +309,44 @@ async def completions(gen: Generations, data: dict[str, Any]) -> Response | tupl
     if echo:
         echo_text = prompt if isinstance(prompt, str) else "".join(
             await gen.on_tokenizer(lambda m: chat_format.decode_tokens(m, prompt_ids)))
+    prompt_block = await _prompt_logprobs(gen, prompt_ids) if echo and logprobs is not None else None
     if stream:
         await gen.open_stream(plan)
-        return sse.sse_response(_completion_stream(gen, plan, response_id, echo_text, include_usage),
-                                plan.headers())
+        return sse.sse_response(_completion_stream(gen, plan, response_id, echo_text, prompt_block,
+                                                   include_usage), plan.headers())
     outcome = await gen.complete(plan)
+    choice_logprobs = None
+    if outcome.logprobs is not None:
+        generated = completion_logprobs(await gen.show_logprobs(outcome.logprobs), len(echo_text))
+        choice_logprobs = join_logprobs(prompt_block, generated)
     body = {
         "id": response_id, "object": "text_completion", "created": plan.created, "model": plan.model_id,
-        "choices": [{"index": 0, "text": echo_text + outcome.result.text, "logprobs": None,
+        "choices": [{"index": 0, "text": echo_text + outcome.result.text, "logprobs": choice_logprobs,
                      "finish_reason": "length" if outcome.result.finish_reason == "length" else "stop"}],
         "usage": outcome.usage_openai(),
         "mtplx_stats": outcome.mtplx_stats(),
     }
     return body, 200, plan.headers()
+
+
+async def _prompt_logprobs(gen: Generations, prompt_ids: list[int]) -> dict[str, Any]:
+    """The prompt's tokens scored (legacy completions' shape): the first has no logprob and
+    no prompt position has alternatives (the scorer returns the chosen token's only)."""
+    tokens = await gen.on_tokenizer(lambda m: chat_format.decode_tokens(m, prompt_ids))
+    scores = await gen.on_model(lambda m: m.score(prompt_ids))
+    offsets, position = [], 0
+    for token in tokens:
+        offsets.append(position)
+        position += len(token)
+    return {"tokens": tokens, "token_logprobs": scores, "top_logprobs": [None] * len(tokens),
+            "text_offset": offsets, "token_ids": list(prompt_ids)}
+
+
+def join_logprobs(first: dict[str, Any] | None, second: dict[str, Any]) -> dict[str, Any]:
+    """Two legacy `logprobs` blocks as one (the echoed prompt's, then the generated tokens')."""
+    if first is None:
+        return second
+    return {key: first[key] + second[key] for key in second}
 
 
 async def _score_prompt(gen: Generations, model_id: str, response_id: str, prompt: Any,
@@ -306,20 +359,7 @@ async def _score_prompt(gen: Generations, model_id: str, response_id: str, promp
         tokens = await gen.on_tokenizer(lambda m: chat_format.decode_tokens(m, prompt_ids))
         choice["text"] = prompt if isinstance(prompt, str) else "".join(tokens)
         if logprobs is not None:
-            scores = await gen.on_model(lambda m: m.score(prompt_ids))
-            offsets, position = [], 0
-            for token in tokens:
-                offsets.append(position)
-                position += len(token)
-            choice["logprobs"] = {
-                "tokens": tokens,
-                "token_logprobs": scores,
-                # Alternatives need the full distribution per position, which the engine's
-                # scorer does not return; null rather than a made-up list.
-                "top_logprobs": None,
-                "text_offset": offsets,
-                "token_ids": prompt_ids,
-            }
+            choice["logprobs"] = await _prompt_logprobs(gen, prompt_ids)
     body = {
         "id": response_id, "object": "text_completion", "created": int(time.time()), "model": model_id,
         "choices": [choice],
@@ -329,19 +369,25 @@ async def _score_prompt(gen: Generations, model_id: str, response_id: str, promp
 
 
 async def _completion_stream(gen: Generations, plan: Plan, response_id: str, echo_text: str,
+                             prompt_block: dict[str, Any] | None,
                              include_usage: bool) -> AsyncIterator[bytes]:
     base = {"id": response_id, "object": "text_completion", "created": plan.created, "model": plan.model_id}
 
-    def chunk(text: str, finish: str | None = None, **extra: Any) -> bytes:
-        return sse.openai_frame({**base, "choices": [{"index": 0, "text": text, "logprobs": None,
+    def chunk(text: str, finish: str | None = None, logprobs: Any = None, **extra: Any) -> bytes:
+        return sse.openai_frame({**base, "choices": [{"index": 0, "text": text, "logprobs": logprobs,
                                                         "finish_reason": finish}], **extra})
 
     if echo_text:
-        yield chunk(echo_text)
+        yield chunk(echo_text, logprobs=prompt_block)
+    offset = len(echo_text)
     try:
         async for item in gen.stream(plan):
             if item is TICK:
                 yield sse.COMMENT_KEEPALIVE
+            elif isinstance(item, LogprobItems):
+                block = completion_logprobs(await gen.show_logprobs(item.entries), offset)
+                offset += sum(len(token) for token in block["tokens"])
+                yield chunk("", logprobs=block)
             elif isinstance(item, Outcome):
                 finish = "length" if item.result.finish_reason == "length" else "stop"
                 stats = item.mtplx_stats()

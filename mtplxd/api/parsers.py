@@ -12,8 +12,12 @@ Recognised output:
   body parser) become tool calls. The default, Qwen's, is `<tool_call> ... </tool_call>` with
   a JSON body (`{"name": ..., "arguments": {...}}`) or Qwen's XML style
   (`<function=NAME><parameter=KEY>VALUE</parameter></function>`); LFM2's pythonic dialect
-  lives in `pythonic_tools`. A body that does not parse stays content, byte for byte; so does
-  an unterminated block.
+  lives in `pythonic_tools`. A Qwen call streams: `ToolCallStart` as soon as its name is
+  known, `ToolCallDelta` argument fragments as they are decided (tool_stream.py), then the
+  whole `ToolCallEvent`; the fragments join to its `arguments` byte for byte. A dialect that
+  does not stream (LFM2's) is parsed whole at its close marker and sent as one start, one
+  fragment and the call. A body that does not parse stays content, byte for byte; so does an
+  unterminated block that never showed a name.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
+
+from mtplxd.api.tool_stream import (
+    JsonArguments, XmlArguments, open_header, partial_suffix, strip_one_newline, typed_value,
+)
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -45,8 +53,26 @@ class ContentDelta:
 
 
 @dataclass
+class ToolCallStart:
+    """A tool call opened: its id and name are known, its arguments follow in deltas."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass
+class ToolCallDelta:
+    """A fragment of the arguments of call `index`."""
+
+    index: int
+    text: str
+
+
+@dataclass
 class ToolCallEvent:
-    """One complete tool call; `arguments` is a JSON object rendered as a string."""
+    """One complete tool call (it ends the call's Start and Deltas); `arguments` is the
+    whole arguments string, a JSON object unless the model wrote malformed JSON."""
 
     index: int
     id: str
@@ -54,7 +80,17 @@ class ToolCallEvent:
     arguments: str
 
 
-Event = ReasoningDelta | ContentDelta | ToolCallEvent
+Event = ReasoningDelta | ContentDelta | ToolCallStart | ToolCallDelta | ToolCallEvent
+STREAMED_CALL_PARTS = (ToolCallStart, ToolCallDelta)
+
+
+@dataclass
+class _OpenCall:
+    """The call being streamed: its start and the argument text sent so far."""
+
+    start: ToolCallStart
+    arguments: JsonArguments | XmlArguments
+    sent: str = ""
 
 
 @dataclass(frozen=True)
@@ -69,6 +105,7 @@ class ToolDialect:
     open: str
     close: str
     parse: Callable[[str, dict[str, dict[str, Any]]], list[tuple[str, str]] | None]
+    streams: bool = False  # arguments stream as decoded (tool_stream.py reads JSON and Qwen XML)
 
 
 def new_call_id() -> str:
@@ -78,13 +115,7 @@ def new_call_id() -> str:
 
 def _partial_tag_suffix(text: str, tags: Iterable[str]) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of one of `tags`."""
-    best = 0
-    for tag in tags:
-        for size in range(min(len(tag) - 1, len(text)), 0, -1):
-            if text.endswith(tag[:size]):
-                best = max(best, size)
-                break
-    return best
+    return max((partial_suffix(text, tag) for tag in tags), default=0)
 
 
 class OutputParser:
@@ -105,9 +136,16 @@ class OutputParser:
         self._pending_ws = ""      # whitespace held back (dropped before a tool call / think end)
         self._reasoning_started = False
         self._content_started = raw
+        self._call: _OpenCall | None = None
+        self._held: list[Event] = []  # events of a forced prefix, handed out with the first feed
         self.tool_calls = 0
         if raw:
             self.mode = "content"
+
+    def feed_prefix(self, text: str) -> None:
+        """Feed text the prompt already wrote (a forced call opener); its events (a call's
+        start) come out of the next `feed` or `finish`."""
+        self._held += self.feed(text)
 
     @property
     def in_reasoning(self) -> bool:
@@ -117,7 +155,7 @@ class OutputParser:
     def feed(self, text: str) -> list[Event]:
         """Consume a delta; return the events that are now decided."""
         self._buffer += text
-        events: list[Event] = []
+        events, self._held = self._held, []
         while True:
             before = (self.mode, len(self._buffer))
             getattr(self, f"_step_{self.mode}")(events)
@@ -126,9 +164,14 @@ class OutputParser:
 
     def finish(self) -> list[Event]:
         """The output ended: flush everything held back as what it is."""
-        events: list[Event] = []
-        if self.mode == "tool":
-            # An unterminated call is not a call: give its text back as content.
+        events, self._held = self._held, []
+        if self.mode == "tool" and self._call is not None:
+            # Cut off mid-call (max_tokens): it was announced, so it ends as a call.
+            close = self.dialect.close
+            self._end_call(events, self._buffer[:len(self._buffer) - partial_suffix(self._buffer, close)])
+        elif self.mode == "tool":
+            # An unterminated block that never named a function is not a call: give its
+            # text back as content.
             self._emit_content(events, self._pending_ws + self.dialect.open + self._buffer)
         elif self.mode == "reasoning":
             self._emit_reasoning(events, (self._pending_ws if self._buffer else "") + self._buffer)
@@ -200,8 +243,16 @@ class OutputParser:
         self._buffer = self._buffer[len(self._buffer) - keep:]
 
     def _step_tool(self, events: list[Event]) -> None:
+        if self._call is not None:
+            self._stream_call(events)
+            return
         opener, closer = self.dialect.open, self.dialect.close
         end = self._buffer.find(closer)
+        if self.dialect.streams:
+            header = open_header(self._buffer if end < 0 else self._buffer[:end])
+            if header is not None:
+                self._open_call(events, *header)
+                return
         if end < 0:
             return
         body = self._buffer[:end]
@@ -214,8 +265,48 @@ class OutputParser:
             return
         self._pending_ws = ""  # whitespace before a call is layout
         for name, arguments in calls:
-            events.append(ToolCallEvent(self.tool_calls, new_call_id(), name, arguments))
-            self.tool_calls += 1
+            start = ToolCallStart(self.tool_calls, new_call_id(), name)
+            events.extend([start, ToolCallDelta(start.index, arguments)])
+            self._call = _OpenCall(start, JsonArguments(), arguments)
+            self._end_call(events, "")
+
+    def _open_call(self, events: list[Event], style: str, name: str, header_size: int) -> None:
+        start = ToolCallStart(self.tool_calls, new_call_id(), name)
+        arguments = JsonArguments() if style == "json" else XmlArguments(self.tool_schemas.get(name) or {})
+        self._call = _OpenCall(start, arguments)
+        self._buffer = self._buffer[header_size:]
+        self._pending_ws = ""  # whitespace before a call is layout
+        events.append(start)
+
+    def _stream_call(self, events: list[Event]) -> None:
+        end = self._buffer.find(self.dialect.close)
+        if end >= 0:
+            body = self._buffer[:end]
+            self._buffer = self._buffer[end + len(self.dialect.close):]
+            self._end_call(events, body)
+            return
+        visible = self._buffer[:len(self._buffer) - partial_suffix(self._buffer, self.dialect.close)]
+        assert self._call is not None
+        piece, used = self._call.arguments.feed(visible)
+        self._buffer = self._buffer[used:]
+        self._send_arguments(events, piece)
+
+    def _send_arguments(self, events: list[Event], piece: str) -> None:
+        if piece and self._call is not None:
+            self._call.sent += piece
+            events.append(ToolCallDelta(self._call.start.index, piece))
+
+    def _end_call(self, events: list[Event], rest: str) -> None:
+        """The call's text ended with `rest` not yet consumed: send the last fragment and
+        the whole call."""
+        call = self._call
+        assert call is not None
+        piece, used = call.arguments.feed(rest)
+        self._send_arguments(events, piece + call.arguments.close(rest[used:]))
+        events.append(ToolCallEvent(call.start.index, call.start.id, call.start.name, call.sent))
+        self._call = None
+        self.tool_calls += 1
+        self.mode = "content"
         # Whitespace between consecutive calls is layout too.
         self._content_started = False
 
@@ -246,8 +337,11 @@ def _merge(events: list[Event]) -> list[Event]:
     """Join adjacent deltas of the same kind (fewer, larger SSE frames)."""
     merged: list[Event] = []
     for event in events:
-        if merged and type(event) is type(merged[-1]) and not isinstance(event, ToolCallEvent):
-            merged[-1] = type(event)(merged[-1].text + event.text)  # type: ignore[union-attr]
+        last = merged[-1] if merged else None
+        if isinstance(event, ToolCallDelta) and isinstance(last, ToolCallDelta) and last.index == event.index:
+            merged[-1] = ToolCallDelta(event.index, last.text + event.text)
+        elif last is not None and type(event) is type(last) and isinstance(event, (ContentDelta, ReasoningDelta)):
+            merged[-1] = type(event)(last.text + event.text)  # type: ignore[union-attr]
         else:
             merged.append(event)
     return merged
@@ -273,7 +367,7 @@ def _parse_qwen_block(body: str, schemas: dict[str, dict[str, Any]]) -> list[tup
     return [call] if call else None
 
 
-QWEN_TOOLS = ToolDialect("qwen", TOOL_OPEN, TOOL_CLOSE, _parse_qwen_block)
+QWEN_TOOLS = ToolDialect("qwen", TOOL_OPEN, TOOL_CLOSE, _parse_qwen_block, streams=True)
 
 
 def _parse_json_call(text: str) -> tuple[str, str] | None:
@@ -302,33 +396,8 @@ def _parse_xml_call(name: str, inner: str, schemas: dict[str, dict[str, Any]]) -
         return None  # stray text inside <function>: not a well-formed call
     for key, raw in _XML_PARAMETER.findall(inner):
         key = key.strip()
-        arguments[key] = _typed_value(_strip_one_newline(raw), (properties.get(key) or {}))
+        arguments[key] = typed_value(strip_one_newline(raw), (properties.get(key) or {}))
     return name, json.dumps(arguments, ensure_ascii=False)
-
-
-def _strip_one_newline(value: str) -> str:
-    if value.startswith("\n"):
-        value = value[1:]
-    if value.endswith("\n"):
-        value = value[:-1]
-    return value
-
-
-def _typed_value(raw: str, schema: dict[str, Any]) -> Any:
-    """XML parameter values are text; the tool's JSON schema says what type they are."""
-    kind = schema.get("type")
-    kinds = set(kind) if isinstance(kind, list) else {kind}
-    if kinds & {"integer", "number", "boolean", "object", "array", "null"}:
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw
-    if not kinds - {None} and raw.strip()[:1] in ("{", "["):
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw
-    return raw
 
 
 @dataclass
@@ -338,13 +407,14 @@ class ParsedOutput:
     reasoning: str = ""
     content: str = ""
     tool_calls: list[ToolCallEvent] = field(default_factory=list)
-    blocks: list[Event] = field(default_factory=list)  # in order, same-kind neighbours merged
+    blocks: list[Event] = field(default_factory=list)  # in order, same-kind neighbours merged;
+    # a call is its ToolCallEvent here (its Start and Deltas are left out)
 
 
 def collect(events: Iterable[Event]) -> ParsedOutput:
     """Fold a sequence of events into a ParsedOutput."""
     out = ParsedOutput()
-    events = list(events)
+    events = [e for e in events if not isinstance(e, STREAMED_CALL_PARTS)]
     for event in events:
         if isinstance(event, ReasoningDelta):
             out.reasoning += event.text
@@ -362,5 +432,6 @@ def parse_text(text: str, *, parse_tools: bool, start_in_reasoning: bool = False
     """Parse a whole output at once (the non-streamed path)."""
     parser = OutputParser(parse_tools=parse_tools, start_in_reasoning=start_in_reasoning,
                           tool_schemas=tool_schemas, dialect=dialect)
-    events = parser.feed(prefix + text) + parser.finish()
+    parser.feed_prefix(prefix)
+    events = parser.feed(text) + parser.finish()
     return collect(events)

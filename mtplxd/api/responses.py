@@ -21,7 +21,10 @@ from quart import Response
 from mtplxd.api import chat_format, sse
 from mtplxd.api.errors import APIError, invalid
 from mtplxd.api.openai import as_api_error
-from mtplxd.api.parsers import ContentDelta, Event, ReasoningDelta, ToolCallEvent
+from mtplxd.api.logprobs import LogprobItems, chat_content
+from mtplxd.api.parsers import (
+    ContentDelta, Event, ReasoningDelta, ToolCallDelta, ToolCallEvent, ToolCallStart,
+)
 from mtplxd.api.schemas import (
     Conversation, GenParams, Reader, arguments_object, function_tool, read_sampling, text_of,
 )
@@ -79,21 +82,37 @@ class ToolMap:
         self.tools.append(tool)
         self.kinds[flat] = (kind, name, namespace)
 
-    def item_for(self, call: ToolCallEvent) -> dict[str, Any]:
-        """The output item for a model's tool call."""
+    def item_for(self, call: ToolCallStart | ToolCallEvent) -> dict[str, Any]:
+        """The output item for a model's tool call: complete for a ToolCallEvent, in progress
+        with empty arguments for a ToolCallStart (a stream fills it with `complete`)."""
         kind, name, namespace = self.kinds.get(call.name, ("function", call.name, None))
         item: dict[str, Any]
         if kind == "custom":
-            args = json.loads(call.arguments)
-            text = args.get("input") if isinstance(args.get("input"), str) else call.arguments
             item = {"type": "custom_tool_call", "id": "ctc_" + call.id[5:], "call_id": call.id,
-                    "name": name, "input": text, "status": "completed"}
+                    "name": name, "input": "", "status": "in_progress"}
         else:
             item = {"type": "function_call", "id": "fc_" + call.id[5:], "call_id": call.id,
-                    "name": name, "arguments": call.arguments, "status": "completed"}
+                    "name": name, "arguments": "", "status": "in_progress"}
         if namespace:
             item["namespace"] = namespace
+        if isinstance(call, ToolCallEvent):
+            complete(item, call.arguments)
         return item
+
+
+def complete(item: dict[str, Any], arguments: str) -> None:
+    """Fill a call item with the call's whole arguments (a custom tool's `input` is the text
+    the model put under `input`, or the raw arguments when it wrote something else)."""
+    if item["type"] == "custom_tool_call":
+        try:
+            args = json.loads(arguments)
+        except ValueError:
+            args = None
+        text = args.get("input") if isinstance(args, dict) else None
+        item["input"] = text if isinstance(text, str) else arguments
+    else:
+        item["arguments"] = arguments
+    item["status"] = "completed"
 
 
 def flat_name(name: str, namespace: str | None) -> str:
@@ -144,7 +163,18 @@ def parse_responses_request(data: dict[str, Any]) -> tuple[str | None, Conversat
     params = GenParams()
     read_sampling(body, params)
     params.max_tokens = body.int("max_output_tokens", low=1)
+    params.logprobs = _wanted_logprobs(body)
     return model, conversation, params, bool(body.bool("stream", False)), tools
+
+
+def _wanted_logprobs(body: Reader) -> int | None:
+    """`include: ["message.output_text.logprobs"]` and/or `top_logprobs` (0-20): how many
+    alternatives per generated token's logprob; None = no logprobs."""
+    top = body.int("top_logprobs", low=0, high=20)
+    include = body.list("include")
+    if top is None and "message.output_text.logprobs" not in include:
+        return None
+    return top or 0
 
 
 def _add_item(messages: list[dict[str, Any]], raw: Any, where: str, tools: ToolMap) -> None:
@@ -281,12 +311,15 @@ async def responses(gen: Generations, data: dict[str, Any]) -> Response | tuple[
         return sse.sse_response(_stream(gen, plan, response_id, data, tools), _headers(plan, tools))
     outcome = await gen.complete(plan)
     items = _Items(tools)
+    logprobs = chat_content(await gen.show_logprobs(outcome.logprobs)) if outcome.logprobs is not None else []
     for event in outcome.parsed.blocks:
         item = items.new_item(event)
         if isinstance(event, ReasoningDelta):
             item["content"][0]["text"] = event.text
         elif isinstance(event, ContentDelta):
             item["content"][0]["text"] = event.text
+            # Every generated token's logprob, in order, goes with the (first) answer text.
+            item["content"][0]["logprobs"], logprobs = logprobs, []
         _finished(item)
     body = _response_object(response_id, plan, "completed", items.items, data, outcome)
     return body, 200, _headers(plan, tools)
@@ -303,6 +336,8 @@ async def _stream(gen: Generations, plan: Plan, response_id: str, body: dict[str
         async for item in gen.stream(plan):
             if item is TICK:
                 yield sse.COMMENT_KEEPALIVE
+            elif isinstance(item, LogprobItems):
+                writer.logprobs += chat_content(await gen.show_logprobs(item.entries))
             elif isinstance(item, Outcome):
                 yield writer.close()
                 final = _response_object(response_id, plan, "completed", items.items, body, item)
@@ -324,6 +359,7 @@ class _StreamWriter:
     def __init__(self, events: sse.ResponsesEvents, items: _Items) -> None:
         self.events = events
         self.items = items
+        self.logprobs: list[dict[str, Any]] = []  # decoded tokens' logprobs not sent yet
         self.current: dict[str, Any] | None = None
         self.kind: type | None = None
 
@@ -347,15 +383,20 @@ class _StreamWriter:
                                        {"output_index": self.index, "item": _finished(item)})
 
     def write(self, event: Event) -> bytes:
+        """The frames for one parser event. A function call's arguments stream as
+        `function_call_arguments.delta`; a custom tool's input is the `input` field inside
+        the model's JSON, so it is sent whole when the call ends."""
+        if isinstance(event, ToolCallDelta):
+            return self._arguments_delta(event.text)
+        if isinstance(event, ToolCallEvent):
+            return self._end_call(event)
         out = b""
-        if isinstance(event, ToolCallEvent) or type(event) is not self.kind:
+        if isinstance(event, ToolCallStart) or type(event) is not self.kind:
             out += self.close()
             item = self.items.new_item(event)
             self.current, self.kind = item, type(event)
-            added = json.loads(json.dumps(item))
-            if item["type"] == "function_call":
-                added["arguments"], added["status"] = "", "in_progress"
-            out += self.events.frame("response.output_item.added", {"output_index": self.index, "item": added})
+            out += self.events.frame("response.output_item.added",
+                                     {"output_index": self.index, "item": json.loads(json.dumps(item))})
             if item["type"] in ("message", "reasoning"):
                 out += self.events.frame("response.content_part.added", {
                     "item_id": item["id"], "output_index": self.index, "content_index": 0,
@@ -365,20 +406,34 @@ class _StreamWriter:
         if isinstance(event, (ContentDelta, ReasoningDelta)):
             item["content"][0]["text"] += event.text
             name = "response.output_text.delta" if isinstance(event, ContentDelta) else "response.reasoning_text.delta"
-            extra = {"logprobs": []} if isinstance(event, ContentDelta) else {}
+            extra: dict[str, Any] = {}
+            if isinstance(event, ContentDelta):
+                # The logprobs of every token decoded since the last text delta (reasoning and
+                # call tokens included) ride on the next one.
+                extra["logprobs"], self.logprobs = self.logprobs, []
+                item["content"][0].setdefault("logprobs", []).extend(extra["logprobs"])
             out += self.events.frame(name, {"item_id": item["id"], "output_index": self.index,
                                             "content_index": 0, "delta": event.text, **extra})
-        elif item["type"] == "function_call":
-            out += self.events.frame("response.function_call_arguments.delta", {
-                "item_id": item["id"], "output_index": self.index, "delta": event.arguments})
-            out += self.events.frame("response.function_call_arguments.done", {
-                "item_id": item["id"], "output_index": self.index, "arguments": event.arguments,
+        return out
+
+    def _arguments_delta(self, text: str) -> bytes:
+        item = self.current
+        if item is None or item["type"] != "function_call":
+            return b""
+        return self.events.frame("response.function_call_arguments.delta", {
+            "item_id": item["id"], "output_index": self.index, "delta": text})
+
+    def _end_call(self, call: ToolCallEvent) -> bytes:
+        item = self.current
+        assert item is not None
+        complete(item, call.arguments)
+        if item["type"] == "function_call":
+            out = self.events.frame("response.function_call_arguments.done", {
+                "item_id": item["id"], "output_index": self.index, "arguments": item["arguments"],
                 "name": item["name"]})
         else:
-            out += self.events.frame("response.custom_tool_call_input.delta", {
+            out = self.events.frame("response.custom_tool_call_input.delta", {
                 "item_id": item["id"], "output_index": self.index, "delta": item["input"]})
             out += self.events.frame("response.custom_tool_call_input.done", {
                 "item_id": item["id"], "output_index": self.index, "input": item["input"]})
-        return out
-
-
+        return out + self.close()

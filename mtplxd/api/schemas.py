@@ -148,6 +148,8 @@ class GenParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     depth: int | None = None
+    repetition_guard: bool | None = None  # None = the server's `repetition_guard` setting
+    logprobs: int | None = None  # alternatives per generated token's logprob; None = no logprobs
 
 
 def read_sampling(body: Reader, params: GenParams) -> GenParams:
@@ -164,6 +166,7 @@ def read_sampling(body: Reader, params: GenParams) -> GenParams:
     if params.seed is not None:
         params.seed %= 2 ** 63
     params.depth = body.int("mtp_depth", low=0, high=MAX_DEPTH)
+    params.repetition_guard = body.bool("repetition_guard")
     return params
 
 

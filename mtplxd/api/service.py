@@ -21,14 +21,17 @@ from mtplxd.api.errors import (
     queue_full,
 )
 from mtplxd.api.flight import Flight, FlightBoard
+from mtplxd.api.logprobs import LogprobItems, Scored, ids_of, scored, token_pieces
 from mtplxd.api.metrics import Metrics
 from mtplxd.api.receipts import CLIENT_CLOSED, Client, Receipts
+from mtplxd.api.retrieval import refuse_chat_on_retrieval_model
 from mtplxd.api.parsers import (
     QWEN_TOOLS, Event, OutputParser, ParsedOutput, ToolCallEvent, ToolDialect, collect,
 )
 from mtplxd.api.schemas import Conversation, GenParams, generation_defaults
 from mtplxd.engine.interface import (
-    GenerationRequest, GenerationResult, GroupLost, QueueFull, SamplingParams, TokenDelta,
+    GenerationRequest, GenerationResult, GroupLost, QueueFull, RepetitionPolicy, SamplingParams,
+    TokenDelta, TokenLogprob,
 )
 from mtplxd.guard import ContextWindow, InsufficientMemory, context_window
 from mtplxd.runtime import ModelNotLoaded, Runtime
@@ -82,7 +85,7 @@ class Plan:
                               tool_schemas=self.tool_schemas, raw=self.raw_text,
                               dialect=self.dialect)
         if self.output_prefix:
-            parser.feed(self.output_prefix)
+            parser.feed_prefix(self.output_prefix)
         return parser
 
 
@@ -95,6 +98,7 @@ class Outcome:
     parsed: ParsedOutput
     reasoning_tokens: int
     stop_sequence: str | None
+    logprobs: list[TokenLogprob] | None = None  # the generated tokens', when the request asked
 
     @property
     def finish_reason(self) -> str:
@@ -126,13 +130,35 @@ class Outcome:
         }
 
 
+@dataclass
+class LoopGuard:
+    """The runaway-loop guard's settings (config `repetition_*`): which requests get it."""
+
+    mode: str = "auto"  # auto: requests without an output cap; on; off
+    policy: RepetitionPolicy = field(default_factory=RepetitionPolicy)
+
+    @classmethod
+    def from_config(cls, config: Any) -> "LoopGuard":
+        """The guard config.toml (or the environment) asks for."""
+        return cls(config.repetition_guard, RepetitionPolicy(
+            min_tokens=config.repetition_min_tokens, min_repeats=config.repetition_min_repeats))
+
+    def policy_for(self, params: GenParams) -> RepetitionPolicy | None:
+        """The guard for one request: its own `repetition_guard` wins, else the mode."""
+        wanted = params.repetition_guard
+        if wanted is None:
+            wanted = self.mode == "on" or (self.mode == "auto" and params.max_tokens is None)
+        return self.policy if wanted else None
+
+
 class Generations:
     """Admission and running of generations over the daemon's runtime."""
 
     def __init__(self, runtime: Runtime, metrics: Metrics, flights: FlightBoard,
                  nursery: Callable[[], trio.Nursery], keepalive_seconds: float,
-                 receipts: Receipts | None = None) -> None:
+                 receipts: Receipts | None = None, loop_guard: "LoopGuard | None" = None) -> None:
         self.runtime = runtime
+        self.loop_guard = loop_guard or LoopGuard()
         self.metrics = metrics
         self.flights = flights
         self.receipts = receipts or Receipts(None)
@@ -143,7 +169,9 @@ class Generations:
     # -- admission ------------------------------------------------------------------------
 
     def require_model(self, requested: str | None) -> Any:
-        """The loaded model, or 503 (none loaded) / 404 (another id asked for)."""
+        """The loaded model, or 400 (an embedding/reranker id) / 503 (none loaded) / 404
+        (another id asked for)."""
+        refuse_chat_on_retrieval_model(self.runtime, requested)
         if self.runtime.state != "loaded" or self.runtime.model is None:
             raise model_not_loaded(self.runtime.state)
         model = self.runtime.model
@@ -231,7 +259,9 @@ class Generations:
         # Arrival is stamped here, before any queue: TTFT and queue_wait count from it.
         request = GenerationRequest(prompt_ids=list(prompt_ids), sampling=sampling, depth=params.depth,
                                     session_id=session_id_from_headers(),
-                                    arrived_at=time.perf_counter(), request_id=plan_id)
+                                    arrived_at=time.perf_counter(), request_id=plan_id,
+                                    repetition=self.loop_guard.policy_for(params),
+                                    logprobs=params.logprobs)
         plan = Plan(id=plan_id, endpoint=endpoint, model_id=model.info.id, request=request,
                     max_tokens=max_tokens, max_tokens_requested=params.max_tokens,
                     client=current_client(), context_window=window.served or None)
@@ -251,6 +281,7 @@ class Generations:
         flight = self._flight(plan, stream=False)
         parser = plan.new_parser()
         events: list[Event] = []
+        logprobs: list[TokenLogprob] = []
         reasoning_tokens = 0
         result = None
         refused = False
@@ -261,6 +292,7 @@ class Generations:
                     if isinstance(item, TokenDelta):
                         reasoning_tokens += len(item.token_ids) if parser.in_reasoning else 0
                         events += parser.feed(item.text)
+                        logprobs += item.logprobs or []
                         flight.on_delta(len(item.token_ids), item.text)
                     elif isinstance(item, GenerationResult):
                         result, ending = item, ""
@@ -278,7 +310,9 @@ class Generations:
         if result is None:
             raise RuntimeError("the engine ended without a result")
         events += parser.finish()
-        return await self._outcome(plan, result, collect(events), reasoning_tokens)
+        outcome = await self._outcome(plan, result, collect(events), reasoning_tokens)
+        outcome.logprobs = logprobs if plan.request.logprobs is not None else None
+        return outcome
 
     async def open_stream(self, plan: Plan) -> None:
         """Admit `plan` to the engine before any byte of a streamed response is sent, so that a
@@ -291,10 +325,10 @@ class Generations:
             raise _translate(exc) from exc
         plan.opened = _OpenStream(receive, scope)
 
-    async def stream(self, plan: Plan) -> AsyncIterator[Tick | list[Event] | Outcome]:
+    async def stream(self, plan: Plan) -> AsyncIterator[Tick | list[Event] | LogprobItems | Outcome]:
         """Run `plan` (opened by `open_stream`, or opened here), yielding parsed events as they
-        are decided, TICKs while quiet, then the Outcome. Leaving the iteration early (a
-        disconnect) cancels the engine."""
+        are decided (each delta's LogprobItems first, when the request asked), TICKs while
+        quiet, then the Outcome. Leaving the iteration early (a disconnect) cancels the engine."""
         flight = self._flight(plan, stream=True)
         ending = "cancelled"  # a client that leaves mid-stream; cleared by a result, set by errors
         try:
@@ -326,6 +360,8 @@ class Generations:
                     if isinstance(item, TokenDelta):
                         reasoning_tokens += len(item.token_ids) if parser.in_reasoning else 0
                         flight.on_delta(len(item.token_ids), item.text)
+                        if item.logprobs:
+                            yield LogprobItems(item.logprobs)
                         events = parser.feed(item.text)
                         calls += [e for e in events if isinstance(e, ToolCallEvent)]
                         if events:
@@ -351,6 +387,11 @@ class Generations:
             if ending:
                 self.metrics.observe_unfinished(ending)
             self._receipt(plan, flight, result, ending)
+
+    async def show_logprobs(self, entries: list[TokenLogprob]) -> list[Scored]:
+        """`entries` with their tokens' text and bytes (tokenizer work, off the owner thread)."""
+        pieces = await self.on_tokenizer(lambda m: token_pieces(m, ids_of(entries)))
+        return scored(entries, pieces)
 
     async def _produce(self, plan: Plan, send: trio.MemorySendChannel, scope: trio.CancelScope,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -19,6 +19,8 @@ from mtplxd.engine.decoding.cohort_rows import (
 )
 from mtplxd.engine.decoding.detokenize import TextStream
 from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
+from mtplxd.engine.decoding.logprobs import LogprobScorer
+from mtplxd.engine.decoding.repetition import RepetitionDetector
 from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
 from mtplxd.engine.decoding.speculative import SpeculativeDecoder, feed_pending_pairs
 from mtplxd.engine.interface import (
@@ -31,7 +33,11 @@ from mtplxd.engine.model.vision import VisionTower, bank_key
 
 
 class _Finish:
-    """Where the request stands: committed tokens, text so far, and the finish reason."""
+    """Where the request stands: committed tokens, text so far, and the finish reason.
+
+    With the runaway-loop guard on, text is held back while a repeated span is forming
+    (repetition.py) and released when it breaks; a complete loop ends the output at the
+    point where holding began, so the repeats never reach the client."""
 
     def __init__(self, tokenizer, request: GenerationRequest) -> None:
         params = request.sampling
@@ -42,6 +48,12 @@ class _Finish:
         self.token_ids: list[int] = []
         self.generated = 0  # tokens the model produced, a final stop token included
         self.reason: str | None = None
+        self.text = ""  # everything handed to the client
+        self.loops = RepetitionDetector(request.repetition) if request.repetition else None
+        self.hold_from: int | None = None  # token index where held-back text starts
+        self.held = ""
+        self.loop_period = 0
+        self.trimmed = 0
 
     def take(self, tokens: list[int]) -> TokenDelta | None:
         """Commit tokens in order until a stop; return the delta to stream (None if empty)."""
@@ -56,16 +68,49 @@ class _Finish:
                 break
             accepted.append(token)
             self.token_ids.append(token)
-            text += self.stream.add(token)
-            if self.stream.stopped:
+            text += self._route(self.stream.add(token))
+            if self.loop_period:
+                self.reason = "length"
+            elif self.stream.stopped:
                 self.reason = "stop"
             elif self.generated >= self.max_tokens:
                 self.reason = "length"
-        if self.reason == "length" or (self.reason == "stop" and not self.stream.stopped):
-            text += self.stream.finish()
+        if self.loop_period:
+            accepted = accepted[:max(0, len(accepted) - self.trimmed)]
+        elif self.reason == "length" or (self.reason == "stop" and not self.stream.stopped):
+            text += self.flush()
+        elif self.reason == "stop":  # a stop string ended the text stream: release the held text
+            text += self._release()
+        self.text += text
         if not accepted and not text:
             return None
         return TokenDelta(token_ids=accepted, text=text)
+
+    def flush(self) -> str:
+        """The output ended (not by a loop): what is held back and pending, released."""
+        return self._release() + self.stream.finish()
+
+    def _release(self) -> str:
+        held, self.held, self.hold_from = self.held, "", None
+        return held
+
+    def _route(self, piece: str) -> str:
+        """Pass the latest token's text through the loop guard: the text to send now."""
+        if self.loops is None:
+            return piece
+        self.loops.add(self.token_ids[-1])
+        if not self.loops.forming:
+            return self._release() + piece
+        if self.hold_from is None:
+            self.hold_from = len(self.token_ids) - 1
+        self.held += piece
+        period = self.loops.loop_period()
+        if period:
+            self.loop_period = period
+            self.trimmed = len(self.token_ids) - self.hold_from
+            del self.token_ids[self.hold_from:]
+            self.held = ""
+        return ""
 
 
 SAMPLE_SECONDS = 1.0
@@ -202,7 +247,10 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     first = pick_first(last_logits, params, history, seed, len(prompt))
     prefill_done = time.perf_counter()
     stats.ttft_seconds = prefill_done - arrived  # the queue wait is part of what the client waited
-    delta = finish.take([first])
+    scorer = None
+    if request.logprobs is not None:
+        scorer = LogprobScorer(trunk, params, prompt, request.logprobs, vocab_size)
+    delta = _scored(finish.take([first]), scorer)
     yield delta if delta is not None else STEP
 
     decoder = None
@@ -234,7 +282,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
         while isinstance(step, VerifyCall):  # a cohort row: the scheduler runs the verify
             step = cycles.send((yield step))
         produced += step
-        delta = finish.take(step)
+        delta = _scored(finish.take(step), scorer)
         reason = finish.reason
         samples.tick(time.perf_counter(), finish.generated)
         if delta is not None:
@@ -243,7 +291,8 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
             yield STEP
     cycles.close()
     if reason == "cancelled":
-        tail = finish.stream.finish()
+        tail = finish.flush()
+        finish.text += tail
         if tail:
             yield TokenDelta(token_ids=[], text=tail)
     end = time.perf_counter()
@@ -279,6 +328,13 @@ def _image_inputs(trunk: Trunk, vision: VisionTower | None, request: GenerationR
     return embeddings, bank_key(prompt, vision.image_token_id, request.images)
 
 
+def _scored(delta: TokenDelta | None, scorer: LogprobScorer | None) -> TokenDelta | None:
+    """`delta` with its tokens' logprobs when the request asked for them."""
+    if delta is not None and scorer is not None:
+        delta.logprobs = scorer.score(delta.token_ids)
+    return delta
+
+
 def _counted(steps: Generator[None, None, Any], stats: GenerationStats
              ) -> Generator[Step, None, Any]:
     """Pass a prefill's steps on as STEPs, counting its forwards in stats.prefill_chunks."""
@@ -296,6 +352,9 @@ def _result(finish: _Finish, stats: GenerationStats, reason: str, start: float,
             prefill_done: float, end: float) -> GenerationResult:
     stats.finish_reason = reason
     stats.completion_tokens = finish.generated
+    stats.repetition_stop = bool(finish.loop_period)
+    stats.repetition_period = finish.loop_period
+    stats.repetition_trimmed_tokens = finish.trimmed
     stats.prefill_seconds = prefill_done - start
     stats.decode_seconds = end - prefill_done
     if stats.prefill_seconds > 0:
@@ -304,7 +363,7 @@ def _result(finish: _Finish, stats: GenerationStats, reason: str, start: float,
     decoded = max(finish.generated - 1, 0)  # the first token comes from the prefill forward
     if stats.decode_seconds > 0 and decoded:
         stats.decode_tokens_per_second = decoded / stats.decode_seconds
-    return GenerationResult(text=finish.stream.text, token_ids=list(finish.token_ids),
+    return GenerationResult(text=finish.text, token_ids=list(finish.token_ids),
                             finish_reason=reason, stats=stats)
 
 

@@ -18,6 +18,17 @@ class GroupLost(RuntimeError):
     says which and why. Requests fail with 503 until the group is back (engine/distributed)."""
 
 
+EMBEDDING, RERANK = "embedding", "rerank"  # the kinds of retrieval model (engine/retrieval.py)
+
+
+class RetrievalError(Exception):
+    """A retrieval model cannot serve: `code` says why (remote_code, load_failed, not_reranker)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class QueueFull(Exception):
     """The scheduler's admission queue holds `max_queued` requests already (an HTTP 429)."""
 
@@ -64,6 +75,19 @@ class SamplingParams:
                 or self.repetition_penalty != 1.0)
 
 
+@dataclass(frozen=True)
+class RepetitionPolicy:
+    """When the runaway-loop guard ends a generation (engine/decoding/repetition.py): a span
+    of at most `max_period` tokens repeated `min_repeats` times over at least `min_tokens`
+    tokens. Text is held back once `hold_tokens` tokens of a span repeat, and released when
+    the repetition breaks; if it becomes a loop, the held text is dropped."""
+
+    min_tokens: int = 128
+    min_repeats: int = 6
+    max_period: int = 256
+    hold_tokens: int = 16
+
+
 @dataclass
 class PreparedImage:
     """An image ready for the vision tower: preprocessed pixels (a numpy array, no MLX), its
@@ -103,6 +127,20 @@ class GenerationRequest:
     request_id: str | None = None
     # Images in the prompt, in order; each fills a run of the model's image-placeholder ids.
     images: list[PreparedImage] = field(default_factory=list)
+    # The runaway-loop guard; None = off.
+    repetition: RepetitionPolicy | None = None
+    # Log-probabilities of the generated tokens with this many alternatives each (0 to 20);
+    # None = not asked for (decoding/logprobs.py).
+    logprobs: int | None = None
+
+
+@dataclass
+class TokenLogprob:
+    """One generated token's log-probability and its `top` alternatives (id, logprob), best first."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -111,6 +149,7 @@ class TokenDelta:
 
     token_ids: list[int]
     text: str
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked
 
 
 @dataclass
@@ -143,6 +182,11 @@ class GenerationStats:
     # Decode cycles by the width of the cohort whose batched verify the row ran in ({"3": 12});
     # empty when the row decoded alone (not through the scheduler's cohorts).
     cohort_widths: dict[str, int] = field(default_factory=dict)
+    # The runaway-loop guard ended the output (finish_reason "length"): the loop's period and
+    # the repeated tokens trimmed from the output (never sent).
+    repetition_stop: bool = False
+    repetition_period: int = 0
+    repetition_trimmed_tokens: int = 0
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""
@@ -180,6 +224,7 @@ class ModelInfo:
     # Which implementation each fast path runs here (loaded_model.kernel_paths): a custom
     # kernel, or MLX's own ops where the kernel is missing, off or failed its probe.
     kernels: dict[str, str] = field(default_factory=dict)
+    kv_bits: int = 0  # attention KV cache quantization (0 = full precision)
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""

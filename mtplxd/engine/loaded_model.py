@@ -22,7 +22,7 @@ from mtplxd.engine.interface import (
 from mtplxd.engine.model import gdn_chunked, small_m_qmm
 from mtplxd.engine.model.families import get_family
 from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
-from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
+from mtplxd.engine.model.kv_cache import KV_BITS_CHOICES, fixed_shapes_wanted, kv_group_size
 from mtplxd.engine.model.loader import (
     MAX_DEPTH, compute_dtype, inspect_checkpoint, load_checkpoint, model_dtype, quantize_on_load,
     recommended_depth, upcast,
@@ -111,7 +111,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                draft_head_bits: int | None = None,
                decode_loop: str = "auto",
                quantize: str = "auto",
-               shard: Callable[[Any], None] | None = None) -> LoadedModel:
+               shard: Callable[[Any], None] | None = None,
+               kv_bits: int | str = 0) -> LoadedModel:
     """Load an HF-format folder for serving (owner thread only).
 
     Registered families with MTP tensors are served MTP at `depth` (default: the checkpoint's
@@ -127,6 +128,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     "auto" (what the checkpoint's config asks for on CUDA; see loader.CUDA_QUANTIZATION_KEY).
     `shard(model)` runs before any weight is read and may drop layers (a pipeline rank:
     engine/distributed): only what it leaves is loaded.
+    `kv_bits` 8 or 4 quantizes the attention KV cache (mlx-lm's QuantizedKVCache), 0 keeps it
+    full precision, "auto" takes the checkpoint's config.json `mtplx_kv_bits` (else 0).
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -160,6 +163,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     if with_mtp and draft_head_bits is not None:
         trunk.quantize_draft_head(bits=draft_head_bits)
     text_config = config.get("text_config") or {}
+    _set_kv_bits(trunk, config, kv_bits)
     info = ModelInfo(
         id=model_id or path.name,
         path=str(path),
@@ -176,6 +180,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache()) else "stepwise"),
         vision=report.vision, vision_reason=report.vision_reason,
+        kv_bits=trunk.kv_bits,
     )
     loaded = LoadedModel(model, tokenizer, info, trunk)
     if report.vision:
@@ -210,6 +215,24 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool) -> dict[str, s
     if hybrid:
         paths["gdn_verify"] = gdn_chunked.path_name()
     return paths
+
+
+def _set_kv_bits(trunk: Trunk, config: dict, kv_bits: int | str) -> None:
+    """Quantize the trunk's attention KV at `kv_bits` (see load_model), or refuse in words."""
+    if kv_bits == "auto":
+        kv_bits = int(config.get("mtplx_kv_bits") or 0)
+    if kv_bits not in KV_BITS_CHOICES:
+        raise ModelLoadError(f"kv_bits must be one of {', '.join(map(str, KV_BITS_CHOICES))} or auto, "
+                             f"got {kv_bits!r}")
+    if not kv_bits:
+        return
+    text = config.get("text_config") or config
+    head_dim = int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
+    group = kv_group_size(head_dim)
+    if not group:
+        raise ModelLoadError(f"kv_bits {kv_bits} needs a head dimension divisible by 32; this model's "
+                             f"is {head_dim}: set kv_bits to 0")
+    trunk.kv_bits, trunk.kv_group_size = int(kv_bits), group
 
 
 def _on_cpu() -> bool:

@@ -229,10 +229,10 @@ def test_plain_completion_streams_the_same_text(client):
     assert whole.model_extra["mtplx_stats"]["completion_tokens"] == whole.usage.completion_tokens
 
 
-def test_logprobs_for_generated_tokens_is_a_clear_400(client):
+def test_logprobs_without_echo_at_max_tokens_zero_is_a_clear_400(client):
     with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model=MODEL_ID, prompt="x", max_tokens=4, logprobs=1)
-    assert err.value.body["param"] == "logprobs"
+        client.completions.create(model=MODEL_ID, prompt="x", max_tokens=0, logprobs=1)
+    assert err.value.body["param"] == "echo"
 
 
 def test_an_image_part_for_a_text_only_model_is_a_400_naming_the_model(client):

@@ -8,7 +8,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtplxd.api.parsers import OutputParser, ParsedOutput, collect, parse_text
+from mtplxd.api.parsers import (
+    OutputParser, ParsedOutput, ToolCallDelta, ToolCallEvent, ToolCallStart, collect, parse_text,
+)
 
 # Recorded in the formats the Qwen families emit (Qwen3: JSON bodies; Qwen3-Coder/3.5: XML).
 QWEN3_THINK_THEN_CALL = (
@@ -81,6 +83,54 @@ def test_malformed_and_unterminated_calls_stay_content_byte_for_byte():
     assert out.tool_calls == [] and out.content == cut
 
 
+def test_a_call_cut_off_after_its_name_ends_as_a_call_with_the_text_so_far():
+    cut = 'Text\n<tool_call>\n{"name": "read_file", "arguments": {"path": "sr'
+    out = parse_text(cut, parse_tools=True)
+    assert out.content == "Text"
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("read_file", '{"path": "sr')]
+    xml = "<tool_call>\n<function=bash>\n<parameter=command>\nls -l"
+    out = parse_text(xml, parse_tools=True, tool_schemas=SCHEMAS)
+    assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [("bash", {"command": "ls -l"})]
+
+
+def test_malformed_json_arguments_end_as_a_call_with_the_raw_text():
+    text = '<tool_call>\n{"name": "f", "arguments": {"a": 1,,}}\n</tool_call>'
+    out = parse_text(text, parse_tools=True)
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("f", '{"a": 1,,}')]
+
+
+def test_json_arguments_are_the_models_own_text():
+    text = '<tool_call>\n{"name": "f", "arguments": {"b":2,  "a": [1, "x"]}}\n</tool_call>'
+    assert parse_text(text, parse_tools=True).tool_calls[0].arguments == '{"b":2,  "a": [1, "x"]}'
+
+
+def test_xml_string_values_escape_like_json_and_stray_text_is_dropped():
+    text = ('<tool_call>\n<function=write>\n<parameter=content>\nsay "hi"\\n\ttab\n\n</parameter>\n'
+            "junk<b>\n<parameter=n>\n[1, 2]\n</parameter>\n</function>\n</tool_call>")
+    call = parse_text(text, parse_tools=True).tool_calls[0]
+    assert json.loads(call.arguments) == {"content": 'say "hi"\\n\ttab\n', "n": [1, 2]}
+
+
+def streamed_arguments(text: str, cuts: list[int], **kwargs) -> tuple[list[str], list[ToolCallEvent]]:
+    """Per call, the argument fragments joined, and the whole calls, as a stream gives them."""
+    parser = OutputParser(**kwargs)
+    events, last = [], 0
+    for cut in sorted(set(cuts)) + [len(text)]:
+        events += parser.feed(text[last:cut])
+        last = cut
+    events += parser.finish()
+    starts = [e for e in events if isinstance(e, ToolCallStart)]
+    ends = [e for e in events if isinstance(e, ToolCallEvent)]
+    joined = ["".join(e.text for e in events if isinstance(e, ToolCallDelta) and e.index == s.index)
+              for s in starts]
+    assert [(s.index, s.id, s.name) for s in starts] == [(e.index, e.id, e.name) for e in ends]
+    for start, end in zip(starts, ends):  # every delta of a call lies between its start and end
+        first, stop = events.index(start), events.index(end)
+        assert all(first < i < stop for i, e in enumerate(events)
+                   if isinstance(e, ToolCallDelta) and e.index == start.index)
+    return joined, ends
+
+
 def test_without_tools_markup_is_plain_content():
     text = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>'
     assert parse_text(text, parse_tools=False).content == text
@@ -108,7 +158,9 @@ RECORDED = [QWEN3_THINK_THEN_CALL, QWEN_CODER_XML_CALLS, QWEN35_OPEN_THINK,
             "Before <tool_call>not json</tool_call> after", "  \n plain answer with ünïcödé 🚀 \n"]
 FRAGMENTS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "\n", " ", "  \n\n", "text",
              "<", "<t", "</", "é", '{"name": "f", "arguments": {"a": 1}}', "<function=f>",
-             "<parameter=a>", "1", "</parameter>", "</function>"]
+             "<parameter=a>", "1", "</parameter>", "</function>", '{"name": "bash", "arguments": ',
+             "{", "}", '"', "\\", '"x": "y"', "<function=bash>", "<parameter=command>",
+             "<parameter=timeout>", "<parameter=", "</param", "<function="]
 
 
 @settings(max_examples=300, deadline=None)
@@ -127,3 +179,24 @@ def test_character_by_character_equals_whole_for_recorded_texts():
         whole = parse_text(text, parse_tools=True, tool_schemas=SCHEMAS)
         chunked = stream(text, list(range(len(text))), parse_tools=True, tool_schemas=SCHEMAS)
         assert comparable(chunked) == comparable(whole)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(st.sampled_from(RECORDED), st.lists(st.sampled_from(FRAGMENTS), max_size=25).map("".join)),
+       cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=30))
+def test_streamed_argument_fragments_join_to_the_non_streamed_arguments(text, cuts):
+    kwargs = dict(parse_tools=True, tool_schemas=SCHEMAS)
+    whole = parse_text(text, **kwargs)
+    joined, ends = streamed_arguments(text, [c for c in cuts if c <= len(text)], **kwargs)
+    assert joined == [c.arguments for c in whole.tool_calls] == [c.arguments for c in ends]
+
+
+def test_a_call_streams_its_arguments_before_it_is_closed():
+    parser = OutputParser(parse_tools=True, tool_schemas=SCHEMAS)
+    head = parser.feed("<tool_call>\n<function=bash>\n")
+    assert [(type(e), e.name) for e in head] == [(ToolCallStart, "bash")]
+    middle = parser.feed("<parameter=command>\nls -la /tmp an")
+    assert "".join(e.text for e in middle) == '{"command": "ls -la /tmp an'
+    json_parser = OutputParser(parse_tools=True)
+    json_parser.feed('<tool_call>\n{"name": "read_file", "arguments": {"path": "src/ma')
+    assert [e.text for e in json_parser.feed("in.py")] == ["in.py"]

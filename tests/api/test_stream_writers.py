@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from mtplxd.api import anthropic, openai, responses
-from mtplxd.api.parsers import OutputParser, parse_text
+from mtplxd.api.parsers import OutputParser, collect, parse_text
 from mtplxd.api.service import TICK, Outcome, Plan
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, GenerationStats, SamplingParams
 
@@ -79,8 +79,15 @@ def test_openai_chat_stream_rebuilds_reasoning_content_and_tool_calls():
     assert b": keep-alive" in body
     client = openai_sdk.OpenAI(base_url="http://test/v1", api_key="x", http_client=sdk_transport(body))
     with client.chat.completions.stream(model="recorded", messages=[{"role": "user", "content": "x"}]) as stream:
+        fragments = [(e.index, e.arguments_delta) for e in stream
+                     if e.type == "tool_calls.function.arguments.delta"]
         final = stream.get_final_completion()
     message = final.choices[0].message
+    # The arguments arrive in pieces, as decoded (7-character chunks here), and join to the
+    # non-streamed arguments byte for byte.
+    assert len(fragments) > 2
+    assert ["".join(f for i, f in fragments if i == n) for n in (0, 1)] == [
+        c.arguments for c in EXPECTED.tool_calls] == [c.function.arguments for c in message.tool_calls]
     assert message.content == EXPECTED.content == "Let me look."
     assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
         ("read_file", {"path": "src/main.py"}), ("shell", {"command": "ls -la"})]
@@ -96,7 +103,10 @@ def test_anthropic_stream_rebuilds_thinking_text_and_tool_use_blocks():
     body = render(anthropic._stream(RecordedGenerations(RECORDED), plan(), "msg_x"))
     client = anthropic_sdk.Anthropic(base_url="http://test", api_key="x", http_client=sdk_transport(body, httpx2))
     with client.messages.stream(model="recorded", max_tokens=10, messages=[{"role": "user", "content": "x"}]) as s:
+        partial = [e.partial_json for e in s if e.type == "input_json"]
         final = s.get_final_message()
+    assert len(partial) > 2
+    assert "".join(partial) == "".join(c.arguments for c in EXPECTED.tool_calls)
     assert [b.type for b in final.content] == ["thinking", "text", "tool_use", "tool_use"]
     assert final.content[0].thinking == EXPECTED.reasoning
     assert final.content[1].text == "Let me look."
@@ -125,7 +135,10 @@ def test_responses_stream_rebuilds_reasoning_message_and_function_calls():
     body = render(responses._stream(RecordedGenerations(text), the_plan, "resp_x", {}, tools))
     client = openai_sdk.OpenAI(base_url="http://test/v1", api_key="x", http_client=sdk_transport(body))
     with client.responses.stream(model="recorded", input="x") as stream:
+        deltas = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
         final = stream.get_final_response()
+    assert len(deltas) > 2
+    assert "".join(deltas) == final.output[2].arguments + final.output[3].arguments
     kinds = [item.type for item in final.output]
     assert kinds == ["reasoning", "message", "function_call", "function_call"]
     assert final.output[0].content[0].text == EXPECTED.reasoning
@@ -153,4 +166,5 @@ def test_parser_of_a_plan_with_a_forced_opener_completes_the_call():
     forced.output_prefix = '<tool_call>\n{"name": "read_file", "arguments": '
     parser: OutputParser = forced.new_parser()
     events = parser.feed('{"path": "x"}}\n</tool_call>') + parser.finish()
-    assert [(e.name, json.loads(e.arguments)) for e in events] == [("read_file", {"path": "x"})]
+    calls = collect(events).tool_calls
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("read_file", {"path": "x"})]

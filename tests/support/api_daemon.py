@@ -108,3 +108,13 @@ def serving(checkpoint: Path, home: Path) -> Iterator[ApiDaemon]:
         yield daemon
     finally:
         daemon.stop()
+
+
+def start_scripted_daemon(tmp_path_factory, name: str, pieces: list[str],
+                          loop_to: int | None = None) -> ApiDaemon:
+    """A daemon serving a scripted checkpoint named `name` (the served id) that writes
+    `pieces` (fixtures/scripted.py): what a random model never writes, on demand."""
+    from mtplxd.engine.fixtures.scripted import write_scripted_checkpoint
+
+    path = write_scripted_checkpoint(tmp_path_factory.mktemp("scripted") / name, pieces, loop_to=loop_to)
+    return start_api_daemon(tmp_path_factory.mktemp("api-home"), MTPLX_MODEL=str(path))

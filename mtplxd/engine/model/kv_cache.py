@@ -69,3 +69,27 @@ def fixed_shapes_wanted() -> bool:
         return bool(cuda is not None and cuda.is_available())
     except Exception:  # an MLX build without the CUDA module
         return False
+
+
+
+KV_BITS_CHOICES = (0, 4, 8)  # 0 = full precision
+
+
+def kv_group_size(head_dim: int) -> int:
+    """The quantization group for a head dimension (MLX quantizes in groups of 32, 64 or 128
+    along the last axis): 64 when it divides, else 32; 0 when neither does."""
+    for size in (64, 32):
+        if head_dim % size == 0:
+            return size
+    return 0
+
+
+def quantize_kv_caches(cache: list[Any], bits: int, group_size: int) -> list[Any]:
+    """Replace every plain KVCache (bucketed included) in a cache list by mlx-lm's
+    QuantizedKVCache (others, e.g. Gated DeltaNet state, unchanged). mlx-lm's attention reads
+    a quantized cache with quantized matmuls, and its `trim(n)` rolls it back as the
+    speculative loop needs."""
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    return [QuantizedKVCache(group_size=group_size, bits=bits) if isinstance(entry, KVCache) else entry
+            for entry in cache]

@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mtplxd.engine.model.families import FamilySpec, default_make_cache
-from mtplxd.engine.model.kv_cache import bucket_kv_caches, fixed_shapes_wanted
+from mtplxd.engine.model.kv_cache import bucket_kv_caches, fixed_shapes_wanted, quantize_kv_caches
 
 PREFILL_CHUNK = 512  # tokens per prefill forward; fixed so every path splits prompts alike
 
@@ -42,6 +42,9 @@ class Trunk:
         self.decode_loop = default_decode_loop()
         # The fused loop's compiled graphs, by (loop kind, depth, sampling settings): fused.py.
         self.compiled_graphs: dict[tuple, Any] = {}
+        # Attention KV quantization (0 = full precision) and its group size (loader sets both).
+        self.kv_bits = 0
+        self.kv_group_size = 64
 
     @property
     def has_hidden(self) -> bool:
@@ -52,6 +55,9 @@ class Trunk:
         """A fresh trunk cache (every entry must support `trim(n)` for speculation)."""
         make = self.spec.make_cache if self.spec is not None else default_make_cache
         cache = make(self.model)
+        if self.kv_bits:
+            # Quantized KV is not bucketed: its attention runs mlx-lm's quantized kernels.
+            return quantize_kv_caches(cache, self.kv_bits, self.kv_group_size)
         return bucket_kv_caches(cache) if self.fixed_shapes else cache
 
     def make_head_cache(self, head: nn.Module) -> list[Any]:

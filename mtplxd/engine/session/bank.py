@@ -50,12 +50,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Generator
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
 from mtplxd.engine.model.kv_cache import BucketedKVCache
 from mtplxd.engine.model.trunk import Trunk, run_steps
 from mtplxd.engine.session.types import (
-    ANONYMOUS, GDN, KV, BankEntry, GDNState, RestorePlan, common_prefix, plan_restore,
+    ANONYMOUS, ATTENTION, GDN, KV, QKV, BankEntry, GDNState, RestorePlan, common_prefix, plan_restore,
 )
 
 if TYPE_CHECKING:
@@ -102,6 +102,7 @@ class BankIdentity:
     mlx_lm_version: str
     device: str
     cache_dtype: str = ""  # the dtype the model computes and caches in (ModelInfo.dtype)
+    kv_bits: int = 0  # attention KV quantization (an 8-bit entry cannot resume a 4-bit cache)
     format_version: int = FORMAT_VERSION
 
     @property
@@ -140,6 +141,7 @@ def identity_for(info: Any, tokenizer: Any, model: Any) -> BankIdentity:
         mlx_lm_version=getattr(mlx_lm, "__version__", "?"),
         device=str(mx.default_device()),
         cache_dtype=str(getattr(info, "dtype", "")),
+        kv_bits=int(getattr(info, "kv_bits", 0)),
     )
 
 
@@ -156,13 +158,15 @@ def _copy_rows(x: mx.array, axis: int, n: int) -> mx.array:
 
 
 def cache_kinds(cache: list[Any]) -> tuple[str, ...] | None:
-    """KV/GDN per trunk layer, or None when some layer's cache cannot be banked
-    (rotating, quantized or other caches)."""
+    """KV/QKV/GDN per trunk layer, or None when some layer's cache cannot be banked
+    (rotating or other caches)."""
     kinds = []
     for c in cache:
         # BucketedKVCache (CUDA's fixed verify shapes) keeps KVCache's fields and semantics.
         if type(c) in (KVCache, BucketedKVCache):
             kinds.append(KV)
+        elif type(c) is QuantizedKVCache:  # kv_bits: keys and values are (data, scales, biases)
+            kinds.append(QKV)
         elif isinstance(c, ArraysCache) and len(c.cache) == 2:
             kinds.append(GDN)
         else:
@@ -490,6 +494,9 @@ class SessionBank:
             if kind == KV:
                 c.keys, c.values = pair[0][:, :, :r, :], pair[1][:, :, :r, :]
                 c.offset = r
+            elif kind == QKV:
+                c.keys, c.values = (tuple(a[:, :, :r, :] for a in side) for side in pair)
+                c.offset = r
             else:
                 conv, rec = next(gdn)
                 c.cache[0], c.cache[1] = conv, rec
@@ -504,14 +511,18 @@ class SessionBank:
                    pending_hidden: mx.array | None) -> None:
         """Build an entry from a finished request's caches and insert it (see BankTurn.store)."""
         cache, kinds = turn.cache, turn.kinds
-        length = next(c.offset for c, k in zip(cache, kinds) if k == KV)
+        length = next(c.offset for c, k in zip(cache, kinds) if k in ATTENTION)
         tokens = tuple((turn.key + produced)[:length])
         if len(tokens) != length or length == 0:
             return
         kv: list[tuple[mx.array, mx.array] | None] = []
         for c, kind in zip(cache, kinds):
-            kv.append((_copy_rows(c.keys, 2, length), _copy_rows(c.values, 2, length))
-                      if kind == KV else None)
+            if kind == KV:
+                kv.append((_copy_rows(c.keys, 2, length), _copy_rows(c.values, 2, length)))
+            elif kind == QKV:
+                kv.append(tuple(tuple(_copy_rows(a, 2, length) for a in side) for side in (c.keys, c.values)))
+            else:
+                kv.append(None)
         boundaries = dict(turn.boundaries)
         if turn.hybrid:
             boundaries[length] = gdn_state(cache, kinds)

@@ -37,7 +37,7 @@ import mlx.core as mx
 import numpy as np
 
 from mtplxd.engine.session.types import (
-    GDN, KV, BankEntry, RestorePlan, common_prefix, plan_restore,
+    GDN, KV, QKV, BankEntry, RestorePlan, common_prefix, plan_restore,
 )
 
 log = logging.getLogger(__name__)
@@ -141,9 +141,11 @@ def decode_safetensors(data: bytes) -> tuple[dict[str, mx.array], dict[str, str]
 
 def _tensor_names(entry: BankEntry) -> list[tuple[str, mx.array]]:
     named: list[tuple[str, mx.array]] = []
-    for i, pair in enumerate(entry.kv):
-        if pair is not None:
+    for i, (pair, kind) in enumerate(zip(entry.kv, entry.kinds)):
+        if kind == KV:
             named += [(f"kv.{i}.k", pair[0]), (f"kv.{i}.v", pair[1])]
+        elif kind == QKV:
+            named += [(f"kv.{i}.{side}.{j}", a) for side, arrays in zip("kv", pair) for j, a in enumerate(arrays)]
     for b, state in entry.boundaries.items():
         for j, (conv, rec) in enumerate(state):
             if conv is not None:
@@ -161,8 +163,14 @@ def entry_from_arrays(arrays: dict[str, mx.array], meta: dict[str, Any],
                       tokens: tuple[int, ...]) -> BankEntry:
     """Rebuild a BankEntry from decoded arrays and the manifest facts."""
     kinds = tuple(meta["kinds"])
-    kv = [(arrays[f"kv.{i}.k"], arrays[f"kv.{i}.v"]) if kind == KV else None
-          for i, kind in enumerate(kinds)]
+    kv: list = []
+    for i, kind in enumerate(kinds):
+        if kind == KV:
+            kv.append((arrays[f"kv.{i}.k"], arrays[f"kv.{i}.v"]))
+        elif kind == QKV:
+            kv.append(tuple(tuple(arrays[f"kv.{i}.{side}.{j}"] for j in range(3)) for side in "kv"))
+        else:
+            kv.append(None)
     n_gdn = sum(1 for k in kinds if k == GDN)
     boundaries = {}
     for b in meta.get("boundaries") or []:

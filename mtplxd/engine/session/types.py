@@ -5,6 +5,7 @@ a stored entry, the layer kinds, and the rule that says where a prompt may resum
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -12,6 +13,14 @@ import numpy as np
 ANONYMOUS = ""  # the session id of a request that names none
 
 KV, GDN = "kv", "gdn"
+# A quantized attention layer (kv_bits): its keys and values are each (data, scales, biases).
+QKV = "qkv"
+ATTENTION = (KV, QKV)
+
+
+def layer_arrays(pair: tuple) -> list[mx.array]:
+    """The arrays of one layer's (keys, values): two arrays, or two triples when quantized."""
+    return [a for side in pair for a in (side if isinstance(side, tuple) else (side,))]
 
 GDNState = list[tuple[mx.array, mx.array]]  # (conv, recurrent) per GDN layer, in layer order
 
@@ -21,8 +30,10 @@ class BankEntry:
     """The committed state over `tokens` (see the module docstring for what each field is)."""
 
     tokens: tuple[int, ...]
-    kinds: tuple[str, ...]  # per trunk layer: KV or GDN
-    kv: list[tuple[mx.array, mx.array] | None]  # per trunk layer; (1, H, S, D) arrays
+    kinds: tuple[str, ...]  # per trunk layer: KV, QKV or GDN
+    # per trunk layer: (keys, values) as (1, H, S, D) arrays, or for QKV as (data, scales,
+    # biases) triples of (1, H, S, D') arrays; None for GDN layers
+    kv: list[tuple[Any, Any] | None]
     boundaries: dict[int, GDNState]  # hybrid only: token count -> state after that many
     head_kv: tuple[mx.array, mx.array] | None = None  # (1, H, head_len, D)
     head_len: int = 0
@@ -47,7 +58,8 @@ class BankEntry:
         KV (or head KV, or conv state) array; None when it holds none."""
         for pair in [*self.kv, self.head_kv]:
             if pair is not None:
-                return _dtype_name(pair[0])
+                # A quantized layer's scales carry the compute dtype (its data is packed uint32).
+                return _dtype_name(pair[0][1] if isinstance(pair[0], tuple) else pair[0])
         for state in self.boundaries.values():
             for conv, _ in state:
                 if conv is not None:
@@ -59,7 +71,7 @@ class BankEntry:
         out: list[mx.array] = []
         for pair in self.kv:
             if pair is not None:
-                out.extend(pair)
+                out.extend(layer_arrays(pair))
         for state in self.boundaries.values():
             for conv, rec in state:
                 out.extend(a for a in (conv, rec) if a is not None)

@@ -1,0 +1,137 @@
+"""Tool-call arguments stream through the real daemon, read by the real SDKs' stream helpers.
+
+The model is a scripted tiny checkpoint (fixtures/scripted.py): a real qwen3 + MTP model whose
+weights make it write a JSON-style call and a Qwen XML call, one token per piece, so the
+arguments arrive over several decode steps exactly as a real model's would.
+"""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from support.api_daemon import start_scripted_daemon
+
+TWO_CALLS = ["Let me look.", "\n<tool_call>\n", '{"name": "read_file", "arguments": {', '"path": ',
+             '"src', '/main.py"', ', "lines": [1, ', "20]", "}}", "\n</tool_call>",
+             "\n<tool_call>\n<function=shell>\n", "<parameter=command>\n", "ls -la", ' "/tmp"',
+             " | head", "\n</parameter>\n", "<parameter=timeout>\n", "30", "\n</parameter>\n</function>",
+             "\n</tool_call>\n"]
+MALFORMED = ["\n<tool_call>\n", '{"name": "read_file", "arguments": {', '"path": "a.py",,', "}}",
+             "\n</tool_call>"]
+SCHEMAS = {"read_file": {"type": "object", "properties": {"path": {"type": "string"},
+                                                         "lines": {"type": "array"}}},
+           "shell": {"type": "object", "properties": {"command": {"type": "string"},
+                                                      "timeout": {"type": "integer"}}}}
+OPENAI_TOOLS = [{"type": "function", "function": {"name": n, "parameters": s}} for n, s in SCHEMAS.items()]
+ANTHROPIC_TOOLS = [{"name": n, "input_schema": s} for n, s in SCHEMAS.items()]
+RESPONSES_TOOLS = [{"type": "function", "name": n, "parameters": s} for n, s in SCHEMAS.items()]
+USER = [{"role": "user", "content": "look at main.py and list /tmp"}]
+EXPECTED = [("read_file", {"path": "src/main.py", "lines": [1, 20]}),
+            ("shell", {"command": 'ls -la "/tmp" | head', "timeout": 30})]
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory):
+    daemon = start_scripted_daemon(tmp_path_factory, "scripted-tools", TWO_CALLS)
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def oai(api):
+    with openai.OpenAI(base_url=api.base_url + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+@pytest.mark.parametrize("depth", [0, 3])
+def test_openai_chat_streams_id_and_name_first_then_argument_fragments(oai, depth):
+    base = dict(model="scripted-tools", messages=USER, tools=OPENAI_TOOLS, temperature=0,
+                extra_body={"mtp_depth": depth})
+    whole = oai.chat.completions.create(**base).choices[0]
+    with oai.chat.completions.stream(**base) as stream:
+        chunks, fragments = [], []
+        for event in stream:
+            if event.type == "chunk":
+                chunks.append(event.chunk)
+            elif event.type == "tool_calls.function.arguments.delta":
+                fragments.append((event.index, event.arguments_delta))
+        final = stream.get_final_completion()
+    firsts = [c.choices[0].delta.tool_calls[0] for c in chunks
+              if c.choices and c.choices[0].delta.tool_calls and c.choices[0].delta.tool_calls[0].id]
+    assert [(f.index, f.function.name, f.function.arguments) for f in firsts] == [
+        (0, "read_file", ""), (1, "shell", "")]
+    per_call = ["".join(text for i, text in fragments if i == n) for n in (0, 1)]
+    # Fragments as tokens commit (one per token in AR, one per accepted run with MTP), not one at the end.
+    assert sum(1 for i, _ in fragments if i == 0) >= (4 if depth == 0 else 2)
+    assert per_call == [c.function.arguments for c in whole.message.tool_calls]
+    assert per_call == [c.function.arguments for c in final.choices[0].message.tool_calls]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls] == EXPECTED
+    assert whole.message.content == final.choices[0].message.content == "Let me look."
+    assert whole.finish_reason == final.choices[0].finish_reason == "tool_calls"
+
+
+def test_anthropic_streams_input_json_delta(api):
+    with anthropic.Anthropic(base_url=api.base_url, api_key="unused", max_retries=0) as client:
+        base = dict(model="scripted-tools", max_tokens=200, messages=USER, tools=ANTHROPIC_TOOLS)
+        whole = client.messages.create(**base)
+        with client.messages.stream(**base) as stream:
+            partial, block = [], None
+            for event in stream:
+                if event.type == "content_block_start":
+                    block = event.index
+                elif event.type == "input_json":
+                    partial.append((block, event.partial_json))
+            final = stream.get_final_message()
+    assert [(b.name, b.input) for b in whole.content if b.type == "tool_use"] == EXPECTED
+    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == EXPECTED
+    by_block = {}
+    for index, text in partial:
+        by_block.setdefault(index, []).append(text)
+    assert len(by_block) == 2 and all(len(parts) >= 2 for parts in by_block.values())
+    assert [json.loads("".join(parts)) for parts in by_block.values()] == [e[1] for e in EXPECTED]
+    assert final.stop_reason == whole.stop_reason == "tool_use"
+
+
+def test_responses_streams_function_call_arguments_delta(oai):
+    base = dict(model="scripted-tools", input="look at main.py and list /tmp", tools=RESPONSES_TOOLS)
+    whole = oai.responses.create(**base)
+    with oai.responses.stream(**base) as stream:
+        deltas: dict[int, list[str]] = {}
+        for event in stream:
+            if event.type == "response.function_call_arguments.delta":
+                deltas.setdefault(event.output_index, []).append(event.delta)
+        final = stream.get_final_response()
+    calls = [i for i in whole.output if i.type == "function_call"]
+    streamed = [i for i in final.output if i.type == "function_call"]
+    assert ["".join(parts) for parts in deltas.values()] == [c.arguments for c in calls] == [
+        c.arguments for c in streamed]
+    assert len(deltas) == 2 and all(len(parts) >= 2 for parts in deltas.values())
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == EXPECTED
+
+
+def test_malformed_arguments_end_as_a_call_with_the_raw_text_never_a_500(tmp_path_factory):
+    daemon = start_scripted_daemon(tmp_path_factory, "scripted-malformed", MALFORMED)
+    try:
+        with openai.OpenAI(base_url=daemon.base_url + "/v1", api_key="unused", max_retries=0) as client:
+            base = dict(model="scripted-malformed", messages=USER, tools=OPENAI_TOOLS)
+            whole = client.chat.completions.create(**base).choices[0]
+            with client.chat.completions.stream(**base) as stream:
+                fragments = [e.arguments_delta for e in stream
+                             if e.type == "tool_calls.function.arguments.delta"]
+        raw = '{"path": "a.py",,}'
+        assert [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] == [("read_file", raw)]
+        assert "".join(fragments) == raw
+        body = {"model": "scripted-malformed", "max_tokens": 50, "messages": USER, "tools": ANTHROPIC_TOOLS}
+        reply = httpx.post(daemon.base_url + "/v1/messages", json=body, timeout=60)
+        assert reply.status_code == 200
+        assert [b["input"] for b in reply.json()["content"] if b["type"] == "tool_use"] == [
+            {"_malformed_arguments": raw}]
+    finally:
+        daemon.stop()
