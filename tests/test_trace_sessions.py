@@ -57,3 +57,13 @@ def test_stalls_context_near_the_limit_507_and_disconnects_are_flagged():
     assert kinds == [(1, "stall"), (1, "stall"), (2, "context_near_limit"),
                      (3, "insufficient_memory"), (4, "disconnected")]
     assert analysis["totals"]["queue_s"] == 12.0  # the refused turn counts no time
+
+
+def test_a_turn_the_loop_guard_stopped_is_flagged_with_its_period():
+    stopped = record(0, SYSTEM, finish_reason="length", repetition_stop=True, repetition_period=4,
+                     repetition_trimmed_tokens=40)
+    capped = record(10, SYSTEM + [1], reused=4096, finish_reason="length")  # a plain output cap
+    turns = analyse(group_sessions([stopped, capped])[0])["turns"]
+    assert turns[0]["flags"] == [{"kind": "repetition_stop", "text": "the loop guard stopped it "
+                                  "repeating a 4-token span (40 repeated tokens trimmed)"}]
+    assert turns[1]["flags"] == []

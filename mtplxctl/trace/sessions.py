@@ -211,8 +211,10 @@ def _flags(turn: dict[str, Any], record: dict[str, Any], stall: float) -> list[d
     used = prompt + (turn["completion_tokens"] or 0)
     if window and used >= NEAR_LIMIT * window:
         flag("context_near_limit", f"{used} of the server's {window}-token context window")
-    if turn["finish_reason"] == "repetition":
-        flag("repetition_stop", "stopped for repeating itself")
+    if record.get("repetition_stop"):
+        flag("repetition_stop", f"the loop guard stopped it repeating a "
+                                f"{record.get('repetition_period', 0)}-token span "
+                                f"({record.get('repetition_trimmed_tokens', 0)} repeated tokens trimmed)")
     if turn["status"] == 507:
         flag("insufficient_memory", "refused with 507: the memory guard had no room")
     elif turn["status"] == 429:

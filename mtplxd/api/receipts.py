@@ -159,5 +159,8 @@ def _result_fields(result: GenerationResult) -> dict[str, Any]:
         "accepted_by_depth": stats.accepted_by_depth,
         "cycles": stats.cycles,
         "rows_max": stats.rows_max,
+        "repetition_stop": stats.repetition_stop,  # the runaway-loop guard ended it
+        "repetition_period": stats.repetition_period,
+        "repetition_trimmed_tokens": stats.repetition_trimmed_tokens,
         "samples": stats.samples,
     }

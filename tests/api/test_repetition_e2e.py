@@ -3,6 +3,8 @@ the real openai and anthropic clients."""
 
 from __future__ import annotations
 
+import time
+
 import anthropic
 import httpx
 import openai
@@ -11,6 +13,7 @@ import pytest
 from mtplxd.api.service import LoopGuard
 from mtplxd.api.schemas import GenParams
 from mtplxd.config import load_config
+from mtplxd.flight import read_records
 from support.api_daemon import start_scripted_daemon
 
 MODEL_ID = "scripted-loop"
@@ -49,6 +52,13 @@ def test_an_uncapped_loop_ends_as_length_with_repetition_stop_and_streams_no_rep
     assert chunks[-1].choices[0].finish_reason == "length"
     metrics = httpx.get(api.base_url + "/metrics").text
     assert "mtplx_repetition_stops_total 2.0" in metrics
+    # The flight recorder keeps the stop, so `mtplxctl trace` can flag the turn afterwards.
+    deadline = time.monotonic() + 30
+    while len(stopped := [r for r in read_records(api.home / "metrics") if r.get("repetition_stop")]) < 2:
+        assert time.monotonic() < deadline, "the flight records of the two stopped turns never arrived"
+        time.sleep(0.05)
+    assert {r["repetition_period"] for r in stopped} == {4}
+    assert all(r["finish_reason"] == "length" and r["repetition_trimmed_tokens"] > 0 for r in stopped)
 
 
 def test_a_capped_request_runs_to_its_cap_unless_it_asks_for_the_guard(oai):
