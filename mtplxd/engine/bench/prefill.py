@@ -1,22 +1,21 @@
-"""Prefill speed at given prompt lengths: tokens per second over a cold cache, and the time
-to the first token of a whole request.
+"""Prefill speed at given prompt lengths: tokens per second over a cold cache, the time to
+the first token, and the memory it took.
 
     python -m mtplxd.engine.bench.prefill --model PATH [--tokens 8192,32768,65536]
         [--repeats 2] [--quantize auto|none|8bit|4bit] [--json-out FILE]
 
-Each length runs `repeats` times on random token ids, each time into a fresh cache, in the
-daemon's prefill chunks; the figures are medians. `tokens_per_second` is the trunk's prefill
-alone; `ttft_seconds` is a one-token request through the engine's generation path (the trunk,
-the MTP head filling its own cache over the prompt, the first sample), what a client waits
-for before the first byte. `peak_memory_bytes` is MLX's peak while the lengths ran (weights,
-the KV cache and the attention's scores of one chunk against the whole prefix). Lengths past
-the model's context are measured all the same (the cost does not depend on it).
+Each length runs `repeats` one-token requests of random token ids through the engine's
+generation path, each into a fresh cache (no session bank), in the daemon's prefill chunks;
+the figures are medians of the request's own stats, as /v1 reports them: prefill tokens/s
+(the trunk over the prompt) and the time to the first token (prefill and the first sample).
+`peak_memory_bytes` is MLX's peak over the length's runs (weights, the KV cache, and one
+chunk's attention scores against the whole prefix). Lengths past the model's context are
+measured all the same (the cost does not depend on it).
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,25 +33,18 @@ def prompt_ids(model: Any, tokens: int) -> list[int]:
 
 
 def measure_prefill(model: Any, tokens: int, repeats: int) -> dict[str, Any]:
-    """Median trunk prefill tokens/s and one-token request TTFT of `model` (a LoadedModel)."""
+    """Median prefill tokens/s and TTFT of one-token requests to `model` (a LoadedModel)."""
     import mlx.core as mx
 
     from mtplxd.engine import GenerationRequest, SamplingParams
 
-    ids = prompt_ids(model, tokens)
+    request = GenerationRequest(prompt_ids=prompt_ids(model, tokens),
+                                sampling=SamplingParams(temperature=0.0, max_tokens=1))
+    mx.clear_cache()
     mx.reset_peak_memory()
-    rates, ttfts = [], []
-    for _ in range(repeats):
-        cache = model.trunk.make_cache()
-        started = time.perf_counter()
-        _, logits = model.trunk.prefill(ids, cache)
-        mx.eval(logits)
-        rates.append(tokens / (time.perf_counter() - started))
-        del cache, logits
-        request = GenerationRequest(prompt_ids=ids, sampling=SamplingParams(temperature=0.0, max_tokens=1))
-        started = time.perf_counter()
-        model.complete(request)
-        ttfts.append(time.perf_counter() - started)
+    stats = [model.complete(request).stats for _ in range(repeats)]
+    rates = [s.prefill_tokens_per_second for s in stats]
+    ttfts = [s.ttft_seconds for s in stats]
     return {"tokens": tokens, "tokens_per_second": median(rates), "runs": rates,
             "ttft_seconds": median(ttfts), "ttft_runs": ttfts,
             "peak_memory_bytes": int(mx.get_peak_memory())}
