@@ -1,20 +1,19 @@
 """Extend a trained TinyCoder's context: a new RoPE base, continued training on long windows.
 
 The embedded model was trained on 1,024-token windows with RoPE base 10,000. This entry loads
-its weights (mtplxd/models/embedded by default), gives the trunk and the MTP layer a larger
-RoPE base (ABF, "adjusted base frequency": Xiong et al. 2023, Code Llama; 1,000,000 is the base
-Qwen3 itself uses), and trains on whole windows of the target context (65,536 tokens) so every
-position the server accepts was seen in training instead of extrapolated. A window that long
-does not fit an unfused attention's L x L scores in memory (MLX differentiates attention
-through its unfused fallback), so training runs attention a query chunk at a time under
-gradient checkpointing (memory ~ chunk x L), and the MTP loss is taken on the window's last
-`--mtp-tail` anchors, which still attend to the whole window.
+a checkpoint (mtplxd/models/embedded by default), gives the trunk and the MTP layer the RoPE
+base `--rope-theta` (ABF, "adjusted base frequency": Xiong et al. 2023, Code Llama; 1,000,000
+is the base Qwen3 itself uses), and trains on long windows of the code stream (32k tokens by
+default), optionally interleaved with the from-scratch recipe's short windows
+(`--short-per-long`). A long window does not fit an unfused attention's L x L scores in memory
+(MLX differentiates attention through its unfused fallback), so training runs attention a
+query chunk at a time under gradient checkpointing (memory ~ chunk x L), and the MTP loss is
+taken on each long window's last `--mtp-tail` anchors, which still attend to the whole window.
 
-Before and after, it reports held-out loss by position bucket up to the full context
-(`evaluate.loss_by_position`), short-context perplexity and MTP acceptance, into metrics.json;
-the weights go out as shards with config.json (install them with `python -m training.export`).
-
-    python -m training.long_context --data train-out/data --out $OUT --time-budget 300
+Before (unless --skip-baseline) and after, it reports held-out loss by position bucket up to
+the full context (`evaluate.loss_by_position`), short-context perplexity and MTP acceptance,
+into metrics.json; the weights go out as shards with config.json (install them with
+`python -m training.export`). The commands that made the shipped model: training/README.md.
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ import mlx.nn as nn
 from mlx_lm.models import qwen3
 
 from training import evaluate, export
-from training.mtp_model import TinyCoder
-from training.train import TrainConfig, load_data, model_args, run_eval, run_log, train
+from training.mtp_model import TinyCoder, joint_loss
+from training.train import BatchSampler, TrainConfig, load_data, model_args, run_eval, run_log, train
 
 DEFAULT_INIT = Path(__file__).resolve().parent.parent / "mtplxd" / "models" / "embedded"
 BUCKETS = (0, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -114,6 +113,28 @@ def long_loss(model: TinyCoder, window: mx.array, mtp_weights: tuple[float, ...]
     return total, mx.stack(losses)
 
 
+class MixedBatches:
+    """Step i's batch: one long window, then `short_per_long` batches of short windows, repeating.
+
+    Long windows teach the far positions; the short ones, the from-scratch recipe's own batches,
+    keep what the model does at the start of a context (a run of long windows alone moved
+    held-out 512-token perplexity from 9.69 to 13.83).
+    """
+
+    def __init__(self, arrays: dict, eot: int, cfg: TrainConfig, short_batch: int, short_len: int,
+                 short_per_long: int):
+        depth = len(cfg.mtp_weights)
+        self.long = BatchSampler(arrays["code_train"], arrays["chat_train"], eot,
+                                 cfg.seq_len + 1 + depth, cfg.chat_fraction, cfg.seed)
+        self.short = BatchSampler(arrays["code_train"], arrays["chat_train"], eot,
+                                  short_len + 1 + depth, cfg.chat_fraction, cfg.seed + 1)
+        self.batch, self.short_batch, self.period = cfg.batch, short_batch, short_per_long + 1
+
+    def __call__(self, step: int):
+        """[B, L] int32 windows for `step`."""
+        return self.long(self.batch) if step % self.period == 0 else self.short(self.short_batch)
+
+
 def evaluate_model(model: TinyCoder, cfg: TrainConfig, arrays: dict, a: argparse.Namespace) -> dict:
     """Loss by position up to the context, then short-context perplexity and acceptance."""
     t = time.perf_counter()
@@ -125,6 +146,13 @@ def evaluate_model(model: TinyCoder, cfg: TrainConfig, arrays: dict, a: argparse
     return out
 
 
+def _speed_steps(short_per_long: int) -> tuple[int, int]:
+    """Steps between which the schedule's speed is timed: whole long+short periods, after the
+    first (which builds the kernels of both shapes)."""
+    period = short_per_long + 1
+    return (1 + period, 1 + 3 * period) if short_per_long else (2, 6)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags (defaults: the shipped 64k run)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -134,10 +162,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--preset", default="coder-deep")
     ap.add_argument("--rope-theta", type=float, default=1_000_000.0)
     ap.add_argument("--context", type=int, default=65536, help="max_position_embeddings written")
-    ap.add_argument("--seq-len", type=int, default=65536, help="training window")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--attn-chunk", type=int, default=2048, help="queries per attention block")
-    ap.add_argument("--mtp-tail", type=int, default=1024, help="anchors per window the MTP loss covers")
+    # 32k windows: 64k ones ran out of memory on the H200 (141 GB) at step 2 even at 1024-query
+    # blocks; 32k trained the positions to 64k flat (training/README.md, "Long context").
+    ap.add_argument("--seq-len", type=int, default=32768, help="long training window")
+    ap.add_argument("--batch", type=int, default=1, help="long windows per long step")
+    ap.add_argument("--attn-chunk", type=int, default=1024, help="queries per attention block")
+    ap.add_argument("--mtp-tail", type=int, default=512, help="anchors per long window the MTP loss covers")
+    ap.add_argument("--short-per-long", type=int, default=0,
+                    help="short-window steps after each long one (0: long windows only)")
+    ap.add_argument("--short-batch", type=int, default=32)
+    ap.add_argument("--short-seq-len", type=int, default=1024)
+    # MLX keeps freed buffers for reuse; with steps this large the cache grew until CUDA could
+    # not instantiate the next step's graph. 4 GiB is what the successful run used.
+    ap.add_argument("--cache-limit-gb", type=float, default=4.0, help="MLX buffer cache cap (0: MLX default)")
     # Under a sixth of the from-scratch peak (2e-3): Adam's first steps move every weight by
     # about lr, and at 1e-3 a CPU trial (512-token windows) went from loss 2.8 to 7.2 in 6 steps.
     ap.add_argument("--lr", type=float, default=3e-4)
@@ -160,10 +197,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Evaluate the init model, train it at the new base and context, save, evaluate again."""
     a = parse_args(argv)
+    if a.cache_limit_gb:
+        mx.set_cache_limit(int(a.cache_limit_gb * 2**30))
     cfg = TrainConfig(preset=a.preset, seed=a.seed, steps=a.steps, time_budget=a.time_budget,
                       batch=a.batch, seq_len=a.seq_len, lr=a.lr, warmup=a.warmup,
                       rope_theta=a.rope_theta, max_position_embeddings=a.context,
-                      speed_steps=(2, 6), log_every=5, compile=a.compile)
+                      speed_steps=_speed_steps(a.short_per_long), log_every=5, compile=a.compile)
     log = run_log(a.out)
 
     arrays, meta = load_data(a.data)
@@ -185,9 +224,15 @@ def main(argv: list[str] | None = None) -> None:
     weights = tuple(cfg.mtp_weights)
 
     def loss(m, x):
+        if x.shape[1] <= a.short_seq_len + 1 + len(weights):
+            return joint_loss(m, x, weights)
         return long_loss(m, x, weights, a.attn_chunk, a.mtp_tail)
 
-    model, history = train(cfg, arrays, meta, log, model=model, objective=loss)
+    batches = None
+    if a.short_per_long:
+        batches = MixedBatches(arrays, meta["special_ids"]["<|endoftext|>"], cfg, a.short_batch,
+                               a.short_seq_len, a.short_per_long)
+    model, history = train(cfg, arrays, meta, log, model=model, objective=loss, batches=batches)
     metrics["history"] = history
     metrics["peak_memory_gb"] = round(mx.get_peak_memory() / 1e9, 2)
     args = model_args(cfg, meta["vocab_size"])

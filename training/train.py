@@ -116,11 +116,12 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
 
 
 def train(cfg: TrainConfig, arrays: dict[str, np.ndarray], meta: dict, log=print,
-          model: TinyCoder | None = None, objective=None) -> tuple[TinyCoder, dict]:
+          model: TinyCoder | None = None, objective=None, batches=None) -> tuple[TinyCoder, dict]:
     """Train a model per cfg; return it and a history dict (losses, steps, tokens, seconds).
 
     `model` continues a trained one (default: fresh weights of cfg's preset); `objective(model,
-    window) -> (total, parts)` replaces joint_loss (training/long_context.py's long windows).
+    window) -> (total, parts)` replaces joint_loss, and `batches(step) -> [B, L] int32` the
+    sampler of cfg's windows (training/long_context.py mixes long and short windows).
     """
     mx.random.seed(cfg.seed)
     if model is None:
@@ -157,9 +158,10 @@ def train(cfg: TrainConfig, arrays: dict[str, np.ndarray], meta: dict, log=print
     history = {"step": [], "loss": [], "parts": []}
     total = cfg.steps or 10**9
     t0 = time.perf_counter()
-    step = 0
+    step = tokens = 0
     while step < total:
-        x = mx.array(sampler(cfg.batch))
+        x = mx.array(batches(step) if batches else sampler(cfg.batch))
+        tokens += x.shape[0] * (x.shape[1] - 1 - depth)
         loss, parts = step_fn(x, mx.array(lr_at(step, total, cfg)))
         mx.eval(loss, parts)
         step += 1
@@ -185,7 +187,7 @@ def train(cfg: TrainConfig, arrays: dict[str, np.ndarray], meta: dict, log=print
                 f"t {time.perf_counter()-t0:.0f}s")
     seconds = time.perf_counter() - t0
     history.update(steps=step, seconds=round(seconds, 1), params=n_params,
-                   tokens=step * cfg.batch * cfg.seq_len)
+                   tokens=tokens)
     return model, history
 
 

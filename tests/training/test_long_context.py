@@ -74,7 +74,7 @@ def test_loss_by_position_fed_in_chunks_equals_one_forward_bucket_by_bucket():
         assert abs(b["ppl"] - float(np.exp(b["loss"]))) < 1e-2 * b["ppl"]
 
 
-def test_entry_retrains_a_checkpoint_at_a_new_rope_base_and_reports_both_models(tmp_path):
+def test_entry_retrains_a_checkpoint_at_a_new_rope_base_on_mixed_windows_and_reports_both_models(tmp_path):
     data = write_tiny_data(tmp_path / "data")
     meta = json.loads((data / "meta.json").read_text())
     init_args = model_args(TrainConfig(preset="tiny"), meta["vocab_size"])
@@ -85,7 +85,8 @@ def test_entry_retrains_a_checkpoint_at_a_new_rope_base_and_reports_both_models(
                        "--rope-theta", "500000", "--context", "128", "--seq-len", "96", "--batch", "2",
                        "--attn-chunk", "32", "--mtp-tail", "16", "--steps", "3", "--warmup", "1",
                        "--eval-len", "48", "--eval-windows", "2", "--eval-chunk", "20",
-                       "--buckets", "0,16,32", "--quick-eval"])
+                       "--buckets", "0,16,32", "--quick-eval", "--short-per-long", "1",
+                       "--short-batch", "3", "--short-seq-len", "24", "--cache-limit-gb", "0"])
     config = json.loads((out / "config.json").read_text())
     assert config["rope_theta"] == 500000 and config["max_position_embeddings"] == 128
     metrics = json.loads((out / "metrics.json").read_text())
@@ -94,6 +95,8 @@ def test_entry_retrains_a_checkpoint_at_a_new_rope_base_and_reports_both_models(
         assert [(b["from"], b["to"]) for b in buckets] == [(0, 16), (16, 32), (32, 48)]
         assert all(np.isfinite(b["loss"]) for b in buckets)
     assert metrics["history"]["steps"] == 3
+    # Steps alternate long (2 x 96 tokens) and short (3 x 24) windows: long, short, long.
+    assert metrics["history"]["tokens"] == 2 * 96 + 3 * 24 + 2 * 96
     shards = sorted(out.glob("model-*.safetensors"))
     dest = tmp_path / "installed"
     export.install(out, dest, base=init)
