@@ -98,9 +98,13 @@ def default_daemon(isolated_home: Path, monkeypatch: pytest.MonkeyPatch):
         run_ctl("stop", timeout=120)
 
 
+# Found once, at collection: each test's own environment drops every MTPLX_* variable.
+BINARIES = {name: find_binary(agent.binary) for name, agent in AGENTS.items()}
+
+
 def installed(name: str):
     """The parameter for one agent, skipped (before any daemon starts) when its CLI is absent."""
-    missing = find_binary(AGENTS[name].binary) is None
+    missing = BINARIES[name] is None
     reason = (f"{AGENTS[name].binary} is not installed (PATH, MTPLX_AGENT_BIN_PATH); docs/agents.md "
               "says how to install it")
     return pytest.param(name, marks=pytest.mark.skipif(missing, reason=reason))
@@ -109,7 +113,7 @@ def installed(name: str):
 @pytest.mark.parametrize("name", [installed(n) for n in sorted(AGENTS)])
 def test_real_agent_does_a_small_coding_task_against_the_default_model(name, default_daemon, tmp_path):
     agent = AGENTS[name]
-    binary = find_binary(agent.binary)
+    binary = BINARIES[name]
     status = run_ctl("status", "--json")
     assert '"context_length": 65536' in status.stdout, status.stdout  # what Hermes needs, served
     installed = run_ctl("agents", "install", name)
