@@ -8,8 +8,8 @@ skipped with the reason. `.ci/run` does not install them (docs/agents.md, "Real-
 
 What each run must show, in order:
 1. the agent ran to its end (exit code 0, within its time limit), and the daemon answered
-   every request it sent with a 2xx and at least one: the written config, the protocol and the
-   served context (64k) fit the agent;
+   every generation request it sent with a 2xx, at least one: the written config, the protocol
+   and the served context (64k) fit the agent;
 2. the task is done: `hello.py` exists and `python3 hello.py` prints "hello world".
 An 18M-parameter demo model rarely manages 2. When 1 holds and 2 does not, the test ends as
 an expected failure (xfail) whose reason records what the agent did instead, so a run of
@@ -36,6 +36,7 @@ TASK = "Create a file named hello.py that prints hello world"
 EXPECTED_OUTPUT = "hello world"
 OPENCODE_QUIET = {"OPENCODE_DISABLE_MODELS_FETCH": "true", "OPENCODE_DISABLE_AUTOUPDATE": "true",
                   "OPENCODE_DISABLE_DEFAULT_PLUGINS": "true", "OPENCODE_DISABLE_LSP_DOWNLOAD": "true"}
+GENERATION_ENDPOINTS = {"/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/completions"}
 CLAUDE_QUIET = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
                 "DISABLE_AUTOUPDATER": "1"}
 
@@ -110,6 +111,9 @@ def installed(name: str):
     return pytest.param(name, marks=pytest.mark.skipif(missing, reason=reason))
 
 
+# pytest-timeout's 300 s (pyproject) would stop a run long before TIMEOUT; the daemon's start
+# and stop get 300 s more.
+@pytest.mark.timeout(TIMEOUT + 300)
 @pytest.mark.parametrize("name", [installed(n) for n in sorted(AGENTS)])
 def test_real_agent_does_a_small_coding_task_against_the_default_model(name, default_daemon, tmp_path):
     agent = AGENTS[name]
@@ -130,8 +134,12 @@ def test_real_agent_does_a_small_coding_task_against_the_default_model(name, def
                     f"{tail(exc.stdout)} {tail(exc.stderr)}")
     output = run.stdout + run.stderr
     counts = request_counts(default_daemon)
-    answered = sum(n for (_, code), n in counts.items() if code.startswith("2"))
-    refused = {k: n for k, n in counts.items() if not k[1].startswith("2")}
+    # The generation endpoints must all answer 2xx. Probes of paths the daemon does not serve
+    # (Hermes asks 15 of them, other servers' metadata routes) are counted as "unmatched"
+    # 404s and are allowed: the agent falls back to its config.
+    generation = {k: n for k, n in counts.items() if k[0] in GENERATION_ENDPOINTS}
+    answered = sum(n for (_, code), n in generation.items() if code.startswith("2"))
+    refused = {k: n for k, n in generation.items() if not k[1].startswith("2")}
 
     # 1. The agent ran to its end, served by the daemon.
     assert run.returncode == 0, f"{name} exited {run.returncode}: {tail(output)}"
