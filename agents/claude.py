@@ -3,7 +3,8 @@
 File: `$CLAUDE_CONFIG_DIR/settings.json` (default `~/.claude`). Owned entries:
 `env.ANTHROPIC_BASE_URL` (the server root, without /v1), `env.ANTHROPIC_MODEL` and the
 three `env.ANTHROPIC_DEFAULT_*_MODEL` tiers, `env.CLAUDE_CODE_MAX_OUTPUT_TOKENS` (the real
-ceiling), and the credential: a dummy `env.ANTHROPIC_AUTH_TOKEN` for a keyless daemon, or an
+ceiling), `env.API_TIMEOUT_MS` (an hour: a cold CPU prefill can outlast the default 600 s),
+and the credential: a dummy `env.ANTHROPIC_AUTH_TOKEN` for a keyless daemon, or an
 `apiKeyHelper` command that prints the key's variable when the daemon requires one (the env
 block holds only literals, and the key must not be pasted there).
 """
@@ -21,6 +22,7 @@ name = "claude"
 title = "Claude Code"
 binary = "claude"
 KEYLESS_TOKEN = "mtplx-local"
+API_TIMEOUT_MS = "3600000"
 _TIERS = ("ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL")
 
 
@@ -36,6 +38,9 @@ def plans(target: AgentTarget, env: Mapping[str, str]) -> list[FilePlan]:
         Entry(("env", "ANTHROPIC_MODEL"), target.model_id),
         *(Entry(("env", tier), target.model_id) for tier in _TIERS),
         Entry(("env", "CLAUDE_CODE_MAX_OUTPUT_TOKENS"), str(target.max_output_tokens)),
+        # Claude Code gives up on a request after 600 s by default; a cold prefill of its 24k
+        # first prompt (or of a 64k conversation) on a CPU can take longer.
+        Entry(("env", "API_TIMEOUT_MS"), API_TIMEOUT_MS),
     ]
     if target.api_key_env:
         entries.append(Entry(("apiKeyHelper",), f"printenv {target.api_key_env}"))

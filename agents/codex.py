@@ -25,9 +25,17 @@ def config_dir(env: Mapping[str, str]) -> Path:
     return env_path(env, "CODEX_HOME") or home(env) / ".codex"
 
 
+# Codex drops a stream that sends no event for 300 s by default, and the daemon's keep-alive
+# comments do not count: a cold 11k-token first prompt took longer than that to prefill on two
+# loaded CPU cores, and Codex then re-sent it from scratch, five times. An hour covers a cold
+# 64k prefill on a slow machine; a dead local server still fails the connection at once.
+STREAM_IDLE_TIMEOUT_MS = 3_600_000
+
+
 def provider_entry(target: AgentTarget) -> dict[str, Any]:
     """The `[model_providers.mtplx]` table."""
-    entry: dict[str, Any] = {"name": "mtplx (local)", "base_url": target.base_url, "wire_api": "responses"}
+    entry: dict[str, Any] = {"name": "mtplx (local)", "base_url": target.base_url, "wire_api": "responses",
+                             "stream_idle_timeout_ms": STREAM_IDLE_TIMEOUT_MS}
     if target.api_key_env:
         entry["env_key"] = target.api_key_env
     return entry

@@ -36,6 +36,36 @@ def perplexity(model: TinyCoder, tokens: np.ndarray, seq_len: int, batch: int = 
     return math.exp(total / max(1, count))
 
 
+def loss_by_position(model: TinyCoder, tokens: np.ndarray, length: int, windows: int,
+                     chunk: int, edges: list[int]) -> dict:
+    """Mean next-token loss (nats) by position bucket over `windows` windows of `length` tokens.
+
+    Windows start evenly over `tokens` (apart when the stream is long enough) and are fed
+    through a KV cache `chunk` tokens at a time, the way the server prefills, so the full
+    context's attention never materializes at once. The loss at position i predicts token
+    i + 1 from tokens 0..i. Buckets are [edges[j], edges[j+1]); returns {"length", "windows",
+    "starts", "buckets": [{"from", "to", "loss", "ppl"}]}.
+    """
+    if tokens.size < length + 1:
+        raise ValueError(f"{tokens.size} held-out tokens cannot fill a {length}-token window")
+    starts = np.linspace(0, tokens.size - length - 1, windows).astype(np.int64)
+    x = mx.array(np.stack([tokens[s:s + length + 1] for s in starts]).astype(np.int32))
+    cache = make_prompt_cache(model)
+    per_pos = []
+    for s in range(0, length, chunk):
+        e = min(length, s + chunk)
+        logits = model(x[:, s:e], cache=cache).astype(mx.float32)
+        ce = mx.logsumexp(logits, axis=-1) - mx.take_along_axis(logits, x[:, s + 1:e + 1, None], -1)[..., 0]
+        per_pos.append(ce.mean(axis=0))
+        mx.eval(per_pos[-1])
+    losses = np.array(mx.concatenate(per_pos))
+    buckets = []
+    for lo, hi in zip(edges, edges[1:]):
+        value = float(losses[lo:hi].mean())
+        buckets.append({"from": lo, "to": hi, "loss": round(value, 4), "ppl": round(math.exp(value), 3)})
+    return {"length": length, "windows": windows, "starts": starts.tolist(), "buckets": buckets}
+
+
 def _sample(logits: mx.array, temperature: float) -> mx.array:
     if temperature == 0:
         return mx.argmax(logits, axis=-1)

@@ -1,11 +1,15 @@
 """Write a TinyCoder checkpoint in the engine's dense-qwen3 MTP layout (HF names, mtp.*).
 
 The device machine returns files of at most 16 MiB, so `save_shards` can split the weights;
-`merge_shards` joins them back into the single model.safetensors that ships.
+`merge_shards` joins them back into the single model.safetensors that ships, and `install`
+(the command line) turns a run's folder into the embedded model:
+
+    python -m training.export RUN_DIR            # into mtplxd/models/embedded
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -92,3 +96,44 @@ def load_checkpoint(path: Path) -> TinyCoder:
     model.load_weights(list(mx.load(str(path / "model.safetensors")).items()), strict=True)
     mx.eval(model.parameters())
     return model
+
+
+EMBEDDED = Path(__file__).resolve().parent.parent / "mtplxd" / "models" / "embedded"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def install(run_dir: Path, dest: Path = EMBEDDED, base: Path | None = None) -> Path:
+    """Make dest a servable checkpoint from a training run's shards and config.json.
+
+    The run's config wins for the model's keys; the serving keys (`mtplx_*`: default depths,
+    the CUDA quantization) and the tokenizer come from `base` (default: dest itself), since a
+    training run knows neither.
+    """
+    base = base or dest
+    shards = sorted(run_dir.glob("model-*.safetensors"))
+    if not shards:
+        raise SystemExit(f"{run_dir} has no model-*.safetensors shards")
+    config = json.loads((run_dir / "config.json").read_text())
+    old = json.loads((base / "config.json").read_text())
+    config.update({k: v for k, v in old.items() if k.startswith("mtplx_")})
+    dest.mkdir(parents=True, exist_ok=True)
+    merge_shards(shards, dest / "model.safetensors")
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if base.resolve() != dest.resolve():
+        for fname in TOKENIZER_FILES:
+            shutil.copy(base / fname, dest / fname)
+    return dest
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry: install a run's folder as a checkpoint (the embedded model by default)."""
+    ap = argparse.ArgumentParser(description="Install a training run's shards as a servable checkpoint.")
+    ap.add_argument("run_dir", type=Path, help="folder with model-*.safetensors and config.json")
+    ap.add_argument("--dest", type=Path, default=EMBEDDED)
+    a = ap.parse_args(argv)
+    dest = install(a.run_dir, a.dest)
+    print(f"installed {a.run_dir} into {dest}")
+
+
+if __name__ == "__main__":
+    main()

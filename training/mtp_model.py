@@ -55,19 +55,21 @@ def _heads(x: mx.array) -> mx.array:
 
 
 def _chain_attention(q: mx.array, k0: mx.array, v0: mx.array,
-                     chain: list[tuple[mx.array, mx.array]], scale: float) -> mx.array:
+                     chain: list[tuple[mx.array, mx.array]], scale: float,
+                     q_offset: int = 0) -> mx.array:
     """Attention of each anchor's query over step-0 keys of anchors <= it plus its own chain keys.
 
-    q: [B, nh, L, d]; k0/v0 and each chain pair: [B, nkv, L, d]. Returns [B, nh, L, d].
+    q: [B, nh, Lq, d] for anchors q_offset..q_offset+Lq-1; k0/v0: [B, nkv, L, d] for every
+    anchor; each chain pair: [B, nkv, Lq, d] (the queried anchors'). Returns [B, nh, Lq, d].
     """
     rep = q.shape[1] // k0.shape[1]
     if rep > 1:
         k0, v0 = mx.repeat(k0, rep, axis=1), mx.repeat(v0, rep, axis=1)
         chain = [(mx.repeat(k, rep, axis=1), mx.repeat(v, rep, axis=1)) for k, v in chain]
     qs = (q * scale).astype(mx.float32)
-    length = q.shape[2]
+    length = k0.shape[2]
     scores = qs @ k0.astype(mx.float32).swapaxes(-1, -2)
-    causal = mx.arange(length)[:, None] >= mx.arange(length)[None, :]
+    causal = (mx.arange(q.shape[2]) + q_offset)[:, None] >= mx.arange(length)[None, :]
     scores = mx.where(causal, scores, mx.array(-1e9, mx.float32))
     own = [(qs * k.astype(mx.float32)).sum(-1, keepdims=True) for k, _ in chain]
     probs = mx.softmax(mx.concatenate([scores] + own, axis=-1), axis=-1)
@@ -94,33 +96,41 @@ class TinyCoder(qwen3.Model):
             return self.model.embed_tokens.as_linear(h)
         return self.lm_head(h)
 
-    def mtp_chain(self, h: mx.array, next_tokens: list[mx.array]) -> list[mx.array]:
+    def mtp_chain(self, h: mx.array, next_tokens: list[mx.array], tail: int = 0) -> list[mx.array]:
         """Run the MTP chain from every anchor in parallel; return its normed outputs per step.
 
         h: trunk hidden [B, L, H] at anchors t. next_tokens[s]: [B, L] token fed at step s from
         anchor t (x_{t+1+s}: the true token in training, the drafted one when drafting).
-        Output s predicts x_{t+2+s}.
+        Output s predicts x_{t+2+s}. With tail > 0 only the last `tail` anchors draft (outputs
+        [B, tail, H]) while still attending to every anchor's step-0 entry: on long windows
+        that keeps the head's far-context attention trained at a fraction of the L x L memory.
         """
         layer = self.mtp.layers[0]
         attn = layer.self_attn
+        start = h.shape[1] - tail if tail else 0
         k0 = v0 = None
         chain: list[tuple[mx.array, mx.array]] = []
         outs = []
         for step, tokens in enumerate(next_tokens):
+            if step:
+                tokens = tokens[:, start:]
             emb = self.model.embed_tokens(tokens)
             x = self.mtp.fc(mx.concatenate(
                 [self.mtp.pre_fc_norm_embedding(emb), self.mtp.pre_fc_norm_hidden(h)], axis=-1))
             xn = layer.input_layernorm(x)
-            q = _heads(attn.q_norm(_split(attn.q_proj(xn), attn.n_heads)))
+            q_in = xn[:, start:] if step == 0 else xn
+            q = _heads(attn.q_norm(_split(attn.q_proj(q_in), attn.n_heads)))
             k = _heads(attn.k_norm(_split(attn.k_proj(xn), attn.n_kv_heads)))
             v = _heads(_split(attn.v_proj(xn), attn.n_kv_heads))
             # Step s of anchor t sits at position t+s (its KV entry pairs with trunk position t+s).
-            q, k = attn.rope(q, offset=step), attn.rope(k, offset=step)
+            q = attn.rope(q, offset=start + step)
+            k = attn.rope(k, offset=0 if step == 0 else start + step)
             if step == 0:
                 k0, v0 = k, v
+                x = x[:, start:]
             else:
                 chain.append((k, v))
-            o = _chain_attention(q, k0, v0, chain, attn.scale)
+            o = _chain_attention(q, k0, v0, chain, attn.scale, start)
             b, _, length, _ = o.shape
             x = x + attn.o_proj(o.transpose(0, 2, 1, 3).reshape(b, length, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))

@@ -63,6 +63,9 @@ class TrainConfig:
     mtp_weights: tuple = (0.5, 0.25, 0.15)   # loss weight of MTP draft steps 1, 2, 3
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
+    speed_steps: tuple = (10, 40)   # steps between which the speed that fixes the schedule is timed
+    log_every: int = 50
+    compile: bool = True            # mx.compile the step (on CUDA: ~100 s of kernel builds first)
 
 
 def model_args(cfg: TrainConfig, vocab_size: int) -> TinyCoderArgs:
@@ -112,11 +115,17 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def train(cfg: TrainConfig, arrays: dict[str, np.ndarray], meta: dict, log=print) -> tuple[TinyCoder, dict]:
-    """Train a model per cfg; return it and a history dict (losses, steps, tokens, seconds)."""
+def train(cfg: TrainConfig, arrays: dict[str, np.ndarray], meta: dict, log=print,
+          model: TinyCoder | None = None, objective=None, batches=None) -> tuple[TinyCoder, dict]:
+    """Train a model per cfg; return it and a history dict (losses, steps, tokens, seconds).
+
+    `model` continues a trained one (default: fresh weights of cfg's preset); `objective(model,
+    window) -> (total, parts)` replaces joint_loss, and `batches(step) -> [B, L] int32` the
+    sampler of cfg's windows (training/long_context.py mixes long and short windows).
+    """
     mx.random.seed(cfg.seed)
-    args = model_args(cfg, meta["vocab_size"])
-    model = TinyCoder(args)
+    if model is None:
+        model = TinyCoder(model_args(cfg, meta["vocab_size"]))
     mx.eval(model.parameters())
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
     log(f"params {n_params/1e6:.2f}M preset={cfg.preset} device={mx.default_device()}")
@@ -131,12 +140,11 @@ def train(cfg: TrainConfig, arrays: dict[str, np.ndarray], meta: dict, log=print
     weights = tuple(cfg.mtp_weights)
 
     def loss_fn(m, x):
-        return joint_loss(m, x, weights)
+        return objective(m, x) if objective else joint_loss(m, x, weights)
 
     grad_fn = nn.value_and_grad(model, loss_fn)
     state = [model.state, opt.state]
 
-    @partial(mx.compile, inputs=state, outputs=state)
     def step_fn(x, lr):
         (loss, parts), grads = grad_fn(model, x)
         grads, _ = optim.clip_grad_norm(grads, cfg.grad_clip)
@@ -144,25 +152,34 @@ def train(cfg: TrainConfig, arrays: dict[str, np.ndarray], meta: dict, log=print
         opt.update(model, grads)
         return loss, parts
 
+    if cfg.compile:
+        step_fn = partial(mx.compile, inputs=state, outputs=state)(step_fn)
+
     history = {"step": [], "loss": [], "parts": []}
     total = cfg.steps or 10**9
     t0 = time.perf_counter()
-    step = 0
+    step = tokens = 0
     while step < total:
-        x = mx.array(sampler(cfg.batch))
+        x = mx.array(batches(step) if batches else sampler(cfg.batch))
+        tokens += x.shape[0] * (x.shape[1] - 1 - depth)
         loss, parts = step_fn(x, mx.array(lr_at(step, total, cfg)))
         mx.eval(loss, parts)
         step += 1
-        if step == 10:
-            t10 = time.perf_counter()
-        if step == 40 and not cfg.steps:
+        first, last = cfg.speed_steps
+        if step == first:
+            t_first = time.perf_counter()
+        if step == last and not cfg.steps:
             # Fix the schedule's length from the steady speed (the first steps include kernel
             # compilation) so the cosine ends when the wall-clock budget does.
             now = time.perf_counter()
-            per_step = (now - t10) / 30
+            per_step = (now - t_first) / (last - first)
             total = max(step + 1, step + int((cfg.time_budget - (now - t0)) / per_step))
             log(f"{per_step*1000:.1f} ms/step -> {total} steps in {cfg.time_budget:.0f}s")
-        if step % 50 == 0 or step == total or step <= 3:
+        if not cfg.steps and time.perf_counter() - t0 > cfg.time_budget:
+            # The device machine's limit is hard: a run slower than measured stops on time.
+            log(f"time budget spent at step {step} of {total}")
+            total = step
+        if step % cfg.log_every == 0 or step == total or step <= 3:
             history["step"].append(step)
             history["loss"].append(round(loss.item(), 4))
             history["parts"].append([round(p, 4) for p in parts.tolist()])
@@ -170,8 +187,21 @@ def train(cfg: TrainConfig, arrays: dict[str, np.ndarray], meta: dict, log=print
                 f"t {time.perf_counter()-t0:.0f}s")
     seconds = time.perf_counter() - t0
     history.update(steps=step, seconds=round(seconds, 1), params=n_params,
-                   tokens=step * cfg.batch * cfg.seq_len)
+                   tokens=tokens)
     return model, history
+
+
+def run_log(out_dir: Path):
+    """A log function that prints a line and appends it to out_dir/train.log (created)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logf = open(out_dir / "train.log", "w")
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+        logf.write(msg + "\n")
+        logf.flush()
+
+    return log
 
 
 def run_eval(model: TinyCoder, cfg: TrainConfig, arrays: dict[str, np.ndarray], quick: bool) -> dict:
@@ -203,13 +233,7 @@ def main() -> None:
     a = ap.parse_args()
     cfg = TrainConfig(preset=a.preset, seed=a.seed, steps=a.steps, time_budget=a.time_budget,
                       batch=a.batch, seq_len=a.seq_len, lr=a.lr, warmup=a.warmup)
-    a.out.mkdir(parents=True, exist_ok=True)
-    logf = open(a.out / "train.log", "w")
-
-    def log(msg):
-        print(msg, flush=True)
-        logf.write(msg + "\n")
-        logf.flush()
+    log = run_log(a.out)
 
     arrays, meta = load_data(a.data)
     model, history = train(cfg, arrays, meta, log)

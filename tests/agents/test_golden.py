@@ -114,7 +114,8 @@ def test_codex_round_trip_values(env, mtplx_home, target, user_home):
     data = _parse(path)
     assert data["model"] == "mtplx-tiny-coder" and data["model_provider"] == "mtplx"
     assert data["model_providers"]["mtplx"] == {
-        "name": "mtplx (local)", "base_url": "http://127.0.0.1:8000/v1", "wire_api": "responses"}
+        "name": "mtplx (local)", "base_url": "http://127.0.0.1:8000/v1", "wire_api": "responses",
+        "stream_idle_timeout_ms": 3600000}
     assert data["web_search"] == "disabled"
     assert data["features"] == {"web_search_request": True, "image_generation": False}
     assert data["model_context_window"] == 32768

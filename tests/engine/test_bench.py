@@ -177,3 +177,22 @@ def test_bench_cohort_times_widths_and_measures_the_logit_difference(tmp_path):
     assert all(cost["batched_ms"] > 0 for cost in report["cycle_cost"].values())
     assert report["max_abs_logit_difference_batched_vs_per_row"]["1"] == 0.0
     assert report["max_abs_logit_difference_batched_vs_per_row"]["3"] < 1e-3
+
+
+def test_bench_prefill_reports_rate_first_token_and_peak_memory_per_length(tiny_model_factory, tmp_path, capsys):
+    from mtplxd.engine.bench.prefill import main as prefill_main
+
+    out = tmp_path / "prefill.json"
+    # 600 tokens: two prefill chunks (512 + 88), the second attending to the first.
+    status = prefill_main(["--model", str(tiny_model_factory("qwen3")), "--tokens", "40,600",
+                           "--repeats", "1", "--json-out", str(out)])
+    assert status == 0
+    report = json.loads(out.read_text())
+    rows = report["prefill"]
+    assert [r["tokens"] for r in rows] == [40, 600]
+    for row in rows:
+        assert row["tokens_per_second"] > 0 and len(row["runs"]) == 1
+        assert 0 < row["ttft_seconds"] == row["ttft_runs"][0]
+        assert row["peak_memory_bytes"] > 0
+    assert report["command"].startswith("python -m mtplxd.engine.bench.prefill")
+    assert "first token after" in capsys.readouterr().out

@@ -1,53 +1,68 @@
-"""Prefill speed at given prompt lengths: tokens per second of the trunk over a cold cache.
+"""Prefill speed at given prompt lengths: tokens per second over a cold cache, the time to
+the first token, and the memory it took.
 
-    python -m mtplxd.engine.bench.prefill --model PATH [--tokens 1024,4096,16384]
-        [--repeats 2] [--json-out FILE]
+    python -m mtplxd.engine.bench.prefill --model PATH [--tokens 8192,32768,65536]
+        [--repeats 2] [--quantize auto|none|8bit|4bit] [--json-out FILE]
 
-Each length runs `repeats` times on random token ids, each time into a fresh cache, in the
-daemon's prefill chunks; the figure is the median. Lengths past the model's trained context
-are measured all the same (the cost of the computation does not depend on it).
+Each length runs `repeats` one-token requests of random token ids through the engine's
+generation path, each into a fresh cache (no session bank), in the daemon's prefill chunks;
+the figures are medians of the request's own stats, as /v1 reports them: prefill tokens/s
+(the trunk over the prompt) and the time to the first token (prefill and the first sample).
+`peak_memory_bytes` is MLX's peak over the length's runs (weights, the KV cache, and one
+chunk's attention scores against the whole prefix). Lengths past the model's context are
+measured all the same (the cost does not depend on it).
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from mtplxd.engine.bench.harness import bench_parser, command_line, machine, median, write_report
+from mtplxd.engine.bench.harness import (add_quantize_option, bench_parser, command_line,
+                                         machine, median, write_report)
 
 PROG = "python -m mtplxd.engine.bench.prefill"
 
 
-def measure_prefill(model: Any, tokens: int, repeats: int) -> dict[str, Any]:
-    """Median prefill tokens/s of `model` (a LoadedModel) over `repeats` cold runs."""
-    import mlx.core as mx
+def prompt_ids(model: Any, tokens: int) -> list[int]:
+    """Random token ids (seeded by the length), clear of the vocabulary's special ends."""
     import numpy as np
 
-    ids = np.random.default_rng(tokens).integers(5, model.info.vocab_size - 5, size=tokens).tolist()
-    rates = []
-    for _ in range(repeats):
-        cache = model.trunk.make_cache()
-        started = time.perf_counter()
-        _, logits = model.trunk.prefill(ids, cache)
-        mx.eval(logits)
-        rates.append(tokens / (time.perf_counter() - started))
-    return {"tokens": tokens, "tokens_per_second": median(rates), "runs": rates}
+    return np.random.default_rng(tokens).integers(5, model.info.vocab_size - 5, size=tokens).tolist()
+
+
+def measure_prefill(model: Any, tokens: int, repeats: int) -> dict[str, Any]:
+    """Median prefill tokens/s and TTFT of one-token requests to `model` (a LoadedModel)."""
+    import mlx.core as mx
+
+    from mtplxd.engine import GenerationRequest, SamplingParams
+
+    request = GenerationRequest(prompt_ids=prompt_ids(model, tokens),
+                                sampling=SamplingParams(temperature=0.0, max_tokens=1))
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    stats = [model.complete(request).stats for _ in range(repeats)]
+    rates = [s.prefill_tokens_per_second for s in stats]
+    ttfts = [s.ttft_seconds for s in stats]
+    return {"tokens": tokens, "tokens_per_second": median(rates), "runs": rates,
+            "ttft_seconds": median(ttfts), "ttft_runs": ttfts,
+            "peak_memory_bytes": int(mx.get_peak_memory())}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = bench_parser(PROG, __doc__)
     parser.add_argument("--model", required=True, help="HF-format model folder")
-    parser.add_argument("--tokens", default="1024,4096,16384", help="comma-separated prompt lengths")
+    parser.add_argument("--tokens", default="8192,32768,65536", help="comma-separated prompt lengths")
     parser.add_argument("--repeats", type=int, default=2)
+    add_quantize_option(parser)
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
 
     from mtplxd.engine import load_model
 
-    model = load_model(args.model)
+    model = load_model(args.model, quantize=args.quantize)
     lengths = [int(n) for n in args.tokens.split(",") if n.strip()]
     report = {
         "model": model.info.to_dict(),
@@ -56,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": command_line(PROG, argv),
     }
     for row in report["prefill"]:
-        print(f"prefill {row['tokens']:>6} tokens: {row['tokens_per_second']:8.1f} tok/s")
+        print(f"prefill {row['tokens']:>6} tokens: {row['tokens_per_second']:8.1f} tok/s, "
+              f"first token after {row['ttft_seconds']:.2f} s, peak {row['peak_memory_bytes'] / 2**30:.2f} GiB")
     if args.json_out:
         write_report(args.json_out, report, announce=True)
     return 0
