@@ -62,15 +62,7 @@ def python_block(text: str) -> str:
     return m.group(1) if m else text
 
 
-# The first 64k run (training/README.md, "Run 1") lost the start-of-context quality this checks:
-# its greedy answer with the default template is a sympy-style docstring repeating ">>> n = 4"
-# past 300 tokens. Strict: the interleaved second run is meant to win it back, and then this
-# mark must go.
-LONG_CONTEXT_RUN_1 = pytest.mark.xfail(strict=True, reason="64k run 1 regressed short-context answers "
-                                       "(training/README.md, Run 1)")
-
-
-@pytest.mark.parametrize("enable_thinking", [pytest.param(None, marks=LONG_CONTEXT_RUN_1), False])
+@pytest.mark.parametrize("enable_thinking", [None, False])
 def test_chat_request_for_fibonacci_gets_python_that_parses_and_ends_with_im_end(enable_thinking):
     model = load_model(EMBEDDED_DIR, model_id="mtplx-tiny-coder")
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
