@@ -81,11 +81,12 @@ class PipelineTrunk(Trunk):
         """Rank 0's own layers' caches, then one RemoteCache for the rest."""
         return super().make_cache()[:self.local_end] + [RemoteCache(self.link)]
 
-    def forward(self, tokens: mx.array, cache: list[Any], *,
-                all_logits: bool) -> tuple[mx.array | None, mx.array]:
-        """As Trunk.forward: (post-norm hidden (1,L,H), logits), the layers around the ring."""
+    def forward(self, tokens: mx.array, cache: list[Any], *, all_logits: bool,
+                embeddings: mx.array | None = None) -> tuple[mx.array | None, mx.array]:
+        """As Trunk.forward: (post-norm hidden (1,L,H), logits), the layers around the ring;
+        `embeddings` (a prompt with images) replace the tokens' own input embeddings."""
         body = self.text.model
-        hidden = body.embed_tokens(tokens)
+        hidden = body.embed_tokens(tokens) if embeddings is None else embeddings
         hidden = run_layers(body.layers[:self.local_end], cache[:-1], hidden)
         remote: RemoteCache = cache[-1]
         hidden = self.link.forward(remote.row, remote.take_trims(), hidden)
