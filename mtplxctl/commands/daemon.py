@@ -138,16 +138,25 @@ def _daemon_flags(args: argparse.Namespace) -> list[str]:
         flags += ["--port", str(args.port)]
     if getattr(args, "hosts", None):
         flags += ["--hosts", str(Path(args.hosts).expanduser().resolve())]
-    for spec in args.embedding_model or []:
+    embedders, rerankers, trust = _retrieval_options(args)
+    for spec in embedders:
         flags += ["--embedding-model", spec]
-    for spec in args.reranker_model or []:
+    for spec in rerankers:
         flags += ["--reranker-model", spec]
-    if args.retrieval_trust_remote_code:
+    if trust:
         flags.append("--retrieval-trust-remote-code")
     if args.model or args.depth is not None:
         # mtplxctl loads it over the socket, with progress, once the daemon answers.
         flags.append("--no-model")
     return flags
+
+
+def _retrieval_options(args: argparse.Namespace) -> tuple[list[str], list[str], bool]:
+    """(embedding models, rerankers, trust remote code) of `start`/`restart`; commands that
+    start the daemon without those options (restart paths, tests) have none."""
+    return (list(getattr(args, "embedding_model", None) or []),
+            list(getattr(args, "reranker_model", None) or []),
+            bool(getattr(args, "retrieval_trust_remote_code", None)))
 
 
 def _launch(paths: Paths, args: argparse.Namespace) -> int | None:
@@ -157,7 +166,7 @@ def _launch(paths: Paths, args: argparse.Namespace) -> int | None:
         if args.host or args.port is not None or getattr(args, "hosts", None):
             return fail("the login service runs mtplxd with the saved configuration",
                         "use `mtplxctl config set host|port|hosts VALUE`, then `mtplxctl restart`")
-        if args.embedding_model or args.reranker_model or args.retrieval_trust_remote_code:
+        if any(_retrieval_options(args)):
             return fail("the login service runs mtplxd with the saved configuration",
                         "use `mtplxctl config set embedding_model|reranker_model|"
                         "retrieval_trust_remote_code VALUE`, then `mtplxctl restart`")
