@@ -20,8 +20,11 @@ needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="the kernel is CUDA only; th
 @pytest.mark.parametrize("bits", small_m_qmm.BITS)
 @pytest.mark.parametrize("rows", range(1, small_m_qmm.MAX_ROWS + 1))
 def test_reference_equals_mx_quantized_matmul_in_float32(bits, rows):
+    """The reference's arithmetic, on the CPU on every machine: it is the kernel's CPU twin, and
+    CUDA's float32 matmuls of several rows round further than 1e-5 (probe_case's docstring)."""
     x, w, scales, biases, truth = small_m_qmm.probe_case(rows, bits, N=96, K=256, dtype=mx.float32)
-    assert small_m_qmm.relative_error(small_m_qmm.reference(x, w, scales, biases, bits), truth) < 1e-5
+    with mx.stream(mx.cpu):
+        assert small_m_qmm.relative_error(small_m_qmm.reference(x, w, scales, biases, bits), truth) < 1e-5
 
 
 def test_reference_keeps_leading_dimensions_and_dtype():
@@ -34,6 +37,11 @@ def test_reference_keeps_leading_dimensions_and_dtype():
 def test_the_kernel_domain_is_few_rows_of_affine_4_and_8_bit_groups_of_64():
     layer = nn.QuantizedLinear(128, 64, bias=False, group_size=64, bits=4)
     assert small_m_qmm.supported(mx.zeros((1, 6, 128)), layer)
+    assert small_m_qmm.supported(mx.zeros((1, 3, 128)), layer)
+    assert not small_m_qmm.supported(mx.zeros((1, 2, 128)), layer)  # decode: MLX's matvec is faster
+    eight = nn.QuantizedLinear(128, 64, bias=False, group_size=64, bits=8)
+    assert not small_m_qmm.supported(mx.zeros((1, 3, 128)), eight)
+    assert small_m_qmm.supported(mx.zeros((1, 4, 128)), eight)
     assert not small_m_qmm.supported(mx.zeros((1, 7, 128)), layer)  # prefill: MLX's kernels
     assert not small_m_qmm.supported(mx.zeros((1, 1, 128), mx.int32), layer)
     assert not small_m_qmm.supported(mx.zeros((1, 1, 128)), nn.QuantizedLinear(128, 64, group_size=32, bits=4))
@@ -103,6 +111,7 @@ def test_installed_layers_route_few_rows_to_the_kernel_and_the_rest_to_mlx(tiny_
     model.trunk.compiled_graphs.clear()  # trace the fused cycle again, through the new layers
     assert run(0) == run(3)  # greedy MTP = AR with the kernel's arithmetic
     assert calls and max(calls) <= small_m_qmm.MAX_ROWS  # the prompt (len(ids) rows) went to MLX
+    assert min(calls) >= small_m_qmm.MIN_ROWS[8]  # and the 1-row decode steps too
     assert len(ids) > small_m_qmm.MAX_ROWS
     assert len(stock) == 24
 

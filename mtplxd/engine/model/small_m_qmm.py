@@ -34,6 +34,10 @@ from mtplxd.engine.model import custom_kernels
 from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 
 MAX_ROWS = 6  # verify shapes of depth <= 5; longer inputs (prefill) keep MLX's kernels
+# Fewest rows the kernel takes, per bit width: below them MLX's own matvec is faster (H200,
+# docs/benchmarks.md: the kernel wins at 4-bit from 3 rows, at 8-bit from 4), so decode
+# steps keep MLX's path and verify blocks take the kernel.
+MIN_ROWS = {4: 3, 8: 4}
 GROUP_SIZE = 64
 BITS = (4, 8)
 ROWS_PER_WARP = 4  # output columns a warp computes together (x slices reused across them)
@@ -149,11 +153,11 @@ def reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits
 
 
 def supported(x: mx.array, layer: Any) -> bool:
-    """The kernel's domain: affine 4- or 8-bit weights in groups of 64, 1..MAX_ROWS input
-    rows of a floating dtype, and K a whole number of groups."""
+    """The kernel's domain: affine 4- or 8-bit weights in groups of 64, MIN_ROWS[bits] to
+    MAX_ROWS input rows of a floating dtype, and K a whole number of groups."""
     rows = x.size // x.shape[-1] if x.ndim else 0
     return (getattr(layer, "mode", "affine") == "affine" and layer.bits in BITS
-            and layer.group_size == GROUP_SIZE and 1 <= rows <= MAX_ROWS
+            and layer.group_size == GROUP_SIZE and MIN_ROWS[layer.bits] <= rows <= MAX_ROWS
             and x.shape[-1] % GROUP_SIZE == 0 and x.dtype in (mx.bfloat16, mx.float16, mx.float32)
             and getattr(layer, "biases", None) is not None)
 
@@ -192,7 +196,8 @@ def path_name(switched: int) -> str:
     """What /health and status say about a model's quantized matmuls, given what `install`
     returned for it: the kernel, or MLX's own (and why)."""
     if switched:
-        return f"small-M CUDA kernel (1..{MAX_ROWS} rows)"
+        return (f"small-M CUDA kernel ({MIN_ROWS[4]}..{MAX_ROWS} rows at 4-bit, "
+                f"{MIN_ROWS[8]}..{MAX_ROWS} at 8-bit)")
     if not fixed_shapes_wanted():
         return "mlx (the small-M kernel is CUDA only)"
     return "mlx" if ENABLED_BY_DEFAULT and not usable() else "mlx (small-M kernel off by default)"
@@ -215,13 +220,19 @@ def relative_error(got: mx.array, want: mx.array) -> float:
 
 def probe_case(M: int, bits: int, N: int = 320, K: int = 512, dtype: mx.Dtype = mx.bfloat16):
     """(x, w, scales, biases, float32 truth) on random data: the truth is mx.quantized_matmul
-    with everything in float32 (MLX's own low-precision matmuls round more than the kernel)."""
+    with everything in float32 (MLX's own low-precision matmuls round more than the kernel),
+    computed on the CPU: on CUDA, MLX's float32 matmuls of two or more rows round further than
+    1e-5 relative from the CPU's (the reference test failed there for M >= 2 only), which is
+    no truth for a kernel or its plain-ops reference."""
     keys = mx.random.split(mx.random.key(M * 10 + bits), 2)
     weight = mx.random.normal((N, K), key=keys[0]) * 0.05
     w, scales, biases = mx.quantize(weight.astype(dtype), group_size=GROUP_SIZE, bits=bits)
     x = mx.random.normal((M, K), key=keys[1]).astype(dtype)
-    truth = mx.quantized_matmul(x.astype(mx.float32), w, scales.astype(mx.float32),
-                                biases.astype(mx.float32), transpose=True, group_size=GROUP_SIZE, bits=bits)
+    with mx.stream(mx.cpu):
+        truth = mx.quantized_matmul(x.astype(mx.float32), w, scales.astype(mx.float32),
+                                    biases.astype(mx.float32), transpose=True, group_size=GROUP_SIZE,
+                                    bits=bits)
+        mx.eval(truth)
     return x, w, scales, biases, truth
 
 
