@@ -1,7 +1,8 @@
 """The MLX engine: load a model, generate with exact MTP speculative decoding or plain AR.
 
 Imports mlx, mlx-lm and numpy only (no trio, no HTTP, nothing else of mtplxd but `mtplxd.blas`,
-which picks the CPU's BLAS before MLX loads), so it runs alone on any machine. Its rooms, each importing only the ones below it:
+which picks the CPU's BLAS before MLX loads, and `mtplxd.kernel_cache`, which keeps CUDA's
+compiled kernels under MTPLX_HOME), so it runs alone on any machine. Its rooms, each importing only the ones below it:
 
 - `interface`: the types every room shares (requests, results, stats, model info).
 - `model/`: loader, families, trunk, MTP head, hybrid layers, KV and rollback caches.
@@ -15,10 +16,13 @@ which picks the CPU's BLAS before MLX loads), so it runs alone on any machine. I
 """
 
 # Every way into the engine (daemon, benchmarks, tests, scripts) passes here before the first
-# `import mlx`: the BLAS MLX's CPU backend binds to must be loaded first (see mtplxd.blas).
+# `import mlx`: the BLAS MLX's CPU backend binds to must be loaded first (see mtplxd.blas), and
+# on CUDA its compiled kernels must be kept where a reboot does not wipe them (kernel_cache).
 from mtplxd import blas as _blas
+from mtplxd import kernel_cache as _kernel_cache
 
 _blas.activate()
+_kernel_cache.activate()
 
 from mtplxd.engine.interface import (
     CheckpointReport,
