@@ -20,7 +20,7 @@ from mtplxd.api.pythonic_tools import PYTHONIC_TOOLS
 from mtplxd.api.service import Outcome, Plan
 from mtplxd.engine.fixtures.tiny_lfm2 import write_tiny_lfm2_checkpoint
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, GenerationStats, SamplingParams
-from support.api_daemon import daemon_fixture
+from support.api_daemon import daemon_fixture, installed_codex_config
 
 MODEL_ID = "tiny-lfm2"
 USER = [{"role": "user", "content": "list the files and read main.py"}]
@@ -77,6 +77,18 @@ def test_reasoning_effort_the_family_lacks_is_a_400_listing_its_levels(lfm2):
     assert "tiny-lfm2" in err.value.body["message"] and "none" in err.value.body["message"]
     ok = lfm2.openai.chat.completions.create(model=MODEL_ID, messages=USER, max_tokens=1, reasoning_effort="none")
     assert ok.usage.completion_tokens == 1
+
+
+def test_codex_installed_for_lfm2_sends_an_effort_the_model_has(lfm2, tmp_path):
+    assert lfm2.client.call("daemon.status")["model"]["reasoning_efforts"] == ["none"]
+    config = installed_codex_config(lfm2, tmp_path / "codex")
+    assert config["model"] == MODEL_ID and config["model_reasoning_effort"] == "none"
+    request = dict(model=MODEL_ID, input="hello", max_output_tokens=2, temperature=0)
+    with pytest.raises(openai_sdk.BadRequestError) as err:  # Codex's default, had install not set one
+        lfm2.openai.responses.create(reasoning={"effort": "medium"}, **request)
+    assert err.value.body["param"] == "reasoning.effort"
+    reply = lfm2.openai.responses.create(reasoning={"effort": config["model_reasoning_effort"]}, **request)
+    assert reply.usage.output_tokens <= 2
 
 
 def test_responses_and_anthropic_clients_get_answers(lfm2):

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -89,10 +90,17 @@ def daemon_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def ctl_in(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def ctl_in(home: Path, *args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
     """`python -m mtplxctl ARGS` on the daemon home `home` (wide columns: no folded tables)."""
     return subprocess.run([sys.executable, "-m", "mtplxctl", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**daemon_env(home), "COLUMNS": "160"})
+                          timeout=timeout, env={**daemon_env(home, **env), "COLUMNS": "160"})
+
+
+def installed_codex_config(daemon: ApiDaemon, codex_home: Path) -> dict[str, Any]:
+    """What `mtplxctl agents install codex` writes for `daemon` into `codex_home`, parsed."""
+    done = ctl_in(daemon.home, "agents", "install", "codex", timeout=120, CODEX_HOME=str(codex_home))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return tomllib.loads((codex_home / "config.toml").read_text())
 
 
 def paths_for(home: Path) -> Paths:
