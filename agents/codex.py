@@ -1,9 +1,10 @@
 """Codex CLI: a Responses-API provider, selected as the default, with hosted tools off.
 
 File: `$CODEX_HOME/config.toml` (default `~/.codex`). Owned entries: top-level `model`,
-`model_provider`, `web_search`, `model_context_window`; `features.image_generation`; the
-table `model_providers.mtplx`. Codex sends its hosted `web_search` and `image_generation`
-tools by default, which a local model cannot run, so both are switched off here.
+`model_provider`, `web_search`, `model_context_window`, `model_reasoning_effort` (only for a
+model that lacks some of Codex's levels); `features.image_generation`; the table
+`model_providers.mtplx`. Codex sends its hosted `web_search` and `image_generation` tools by
+default, which a local model cannot run, so both are switched off here.
 """
 
 from __future__ import annotations
@@ -41,22 +42,42 @@ def provider_entry(target: AgentTarget) -> dict[str, Any]:
     return entry
 
 
+# Codex's `model_reasoning_effort` values, and the one it sends when the key is unset.
+CODEX_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+CODEX_DEFAULT_EFFORT = "medium"
+
+
+def reasoning_effort(target: AgentTarget) -> str | None:
+    """The `model_reasoning_effort` to write: None when the model takes every level Codex can
+    send (the user's own setting, or Codex's default, then works), else one the model has.
+
+    The daemon answers an effort the model's family lacks with a 400, so Codex left at its
+    default would fail every request to, say, an LFM2 instruct model (levels: "none").
+    """
+    levels = [level for level in target.reasoning_efforts if level in CODEX_EFFORTS]
+    if not levels or len(levels) == len(CODEX_EFFORTS):
+        return None  # the daemon did not say (an older one), or every level works
+    for preferred in (CODEX_DEFAULT_EFFORT, "none"):
+        if preferred in levels:
+            return preferred
+    return levels[0]
+
+
 def plans(target: AgentTarget, env: Mapping[str, str]) -> list[FilePlan]:
     """config.toml: top-level selection keys first (TOML wants them above tables), then tables."""
-    return [
-        FilePlan(
-            config_dir(env) / "config.toml",
-            "toml",
-            (
-                Entry(("model",), target.model_id),
-                Entry(("model_provider",), PROVIDER_ID),
-                Entry(("model_context_window",), target.context_window),
-                Entry(("web_search",), "disabled"),
-                Entry(("features", "image_generation"), False),
-                Entry(("model_providers", PROVIDER_ID), provider_entry(target)),
-            ),
-        )
-    ]
+    effort = reasoning_effort(target)
+    top_level = (
+        Entry(("model",), target.model_id),
+        Entry(("model_provider",), PROVIDER_ID),
+        Entry(("model_context_window",), target.context_window),
+        *([Entry(("model_reasoning_effort",), effort)] if effort else []),
+        Entry(("web_search",), "disabled"),
+    )
+    tables = (
+        Entry(("features", "image_generation"), False),
+        Entry(("model_providers", PROVIDER_ID), provider_entry(target)),
+    )
+    return [FilePlan(config_dir(env) / "config.toml", "toml", top_level + tables)]
 
 
 def facts(docs: list[Any]) -> Facts:

@@ -20,6 +20,8 @@ class AgentTarget:
 
     `api_key_env` is the name of the environment variable holding the API key when the daemon
     requires one, else None; writers reference it and never copy the key itself.
+    `reasoning_efforts` are the reasoning-effort levels the model accepts (a request for
+    another is a 400); empty when the daemon does not say.
     """
 
     base_url: str
@@ -28,6 +30,7 @@ class AgentTarget:
     max_output_tokens: int
     reasoning: bool = False
     api_key_env: str | None = None
+    reasoning_efforts: tuple[str, ...] = ()
 
     @classmethod
     def from_status(cls, status: dict[str, Any]) -> "AgentTarget":
@@ -46,6 +49,7 @@ class AgentTarget:
             max_output_tokens=int(model["max_output_tokens"]),
             reasoning=bool(model.get("reasoning", False)),
             api_key_env=(http.get("key_env") or "MTPLX_API_KEY") if http.get("key_required") else None,
+            reasoning_efforts=tuple(model.get("reasoning_efforts") or ()),
         )
 
     @property

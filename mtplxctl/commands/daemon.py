@@ -159,17 +159,30 @@ def _retrieval_options(args: argparse.Namespace) -> tuple[list[str], list[str], 
             bool(getattr(args, "retrieval_trust_remote_code", None)))
 
 
+# The options of `start`/`restart` that set up the daemon process itself: a daemon started by
+# the login service runs from the saved configuration, under these same names as config keys.
+START_ONLY_OPTIONS = ("host", "port", "hosts", "embedding_model", "reranker_model",
+                      "retrieval_trust_remote_code")
+
+
+def _start_only_options(args: argparse.Namespace) -> list[str]:
+    """The start-only options the user passed (as config keys), in START_ONLY_OPTIONS order."""
+    # argparse leaves an unused option None (a flag False); `--port 0` is a choice, so no
+    # truthiness test. Callers without these options (restart paths) have none.
+    return [key for key in START_ONLY_OPTIONS
+            if getattr(args, key, None) is not None and getattr(args, key, None) is not False]
+
+
 def _launch(paths: Paths, args: argparse.Namespace) -> int | None:
     """Start the daemon: through the service manager when installed, else detached."""
     manager = _installed_service_manager()
     if manager is not None:
-        if args.host or args.port is not None or getattr(args, "hosts", None):
-            return fail("the login service runs mtplxd with the saved configuration",
-                        "use `mtplxctl config set host|port|hosts VALUE`, then `mtplxctl restart`")
-        if any(_retrieval_options(args)):
-            return fail("the login service runs mtplxd with the saved configuration",
-                        "use `mtplxctl config set embedding_model|reranker_model|"
-                        "retrieval_trust_remote_code VALUE`, then `mtplxctl restart`")
+        refused = _start_only_options(args)
+        if refused:
+            flags = ", ".join("--" + key.replace("_", "-") for key in refused)
+            saves = "; ".join(f"`mtplxctl config set {key} VALUE`" for key in refused)
+            return fail(f"the login service runs mtplxd with the saved configuration, so it cannot take {flags}",
+                        f"save them instead ({saves}), then `mtplxctl restart`")
         error = _start_service(manager)
         if error is not None:
             return error

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psutil
 
 from mtplxd import POWERED_BY, __version__, blas
+from mtplxd.api.chat_format import effort_levels
 from mtplxd.config import SETTINGS, ConfigError, load_config, set_in_file, unknown_setting
 from mtplxd.control.protocol import PROTOCOL_VERSION, app_error, invalid_params
 from mtplxd.control.registry import MethodRegistry, Notify
@@ -164,6 +165,8 @@ def model_snapshot(daemon: "Daemon") -> dict[str, Any] | None:
         snapshot["max_output_tokens"] = min(snapshot.get("context_length") or 32768, 32768)
         template = getattr(runtime.model.tokenizer, "chat_template", None) or ""
         snapshot["reasoning"] = "<think>" in template
+        # What a request's reasoning effort may be (others are a 400): agents' writers pick one.
+        snapshot["reasoning_efforts"] = list(effort_levels(template)) if template else []
         snapshot["demo"] = info.get("id") == EMBEDDED_MODEL_ID
         # `mtplxctl tune` saves its depth under this key; the next load looks it up.
         snapshot["tuning_key"] = tuning_key(info)

@@ -6,8 +6,6 @@ own stream accumulators (a random model never writes a well-formed call by itsel
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Iterator
 
 import anthropic as anthropic_sdk
 import httpx
@@ -22,7 +20,7 @@ from mtplxd.api.pythonic_tools import PYTHONIC_TOOLS
 from mtplxd.api.service import Outcome, Plan
 from mtplxd.engine.fixtures.tiny_lfm2 import write_tiny_lfm2_checkpoint
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, GenerationStats, SamplingParams
-from support.api_daemon import ApiDaemon, serving
+from support.api_daemon import daemon_fixture, installed_codex_config
 
 MODEL_ID = "tiny-lfm2"
 USER = [{"role": "user", "content": "list the files and read main.py"}]
@@ -32,17 +30,7 @@ TOOLS = [{"type": "function", "function": {
 SAMPLED = dict(temperature=1.0, seed=7)  # a random tied-embedding model repeats under greedy
 
 
-@pytest.fixture(scope="module")
-def lfm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiDaemon]:
-    checkpoint = write_tiny_lfm2_checkpoint(tmp_path_factory.mktemp("lfm2-models") / MODEL_ID)
-    with serving(checkpoint, tmp_path_factory.mktemp("lfm2-home")) as daemon:
-        yield daemon
-
-
-@pytest.fixture(scope="module")
-def client(lfm2):
-    with openai_sdk.OpenAI(base_url=lfm2.base_url + "/v1", api_key="x", max_retries=0) as c:
-        yield c
+lfm2 = daemon_fixture(lambda folder: write_tiny_lfm2_checkpoint(folder / MODEL_ID))
 
 
 def test_health_says_ar_with_the_reason_lfm2_has_no_mtp_head(lfm2):
@@ -51,51 +39,62 @@ def test_health_says_ar_with_the_reason_lfm2_has_no_mtp_head(lfm2):
     assert "LFM2" in json.dumps(body) and "no MTP head" in json.dumps(body)
 
 
-def test_streamed_text_equals_the_non_streamed_text(client):
+def test_streamed_text_equals_the_non_streamed_text(lfm2):
     base = dict(model=MODEL_ID, messages=USER, max_tokens=16, **SAMPLED)
-    whole = client.chat.completions.create(**base)
-    chunks = list(client.chat.completions.create(stream=True, **base))
+    whole = lfm2.openai.chat.completions.create(**base)
+    chunks = list(lfm2.openai.chat.completions.create(stream=True, **base))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     assert whole.usage.completion_tokens == 16 or whole.choices[0].finish_reason == "stop"
 
 
-def test_tool_history_is_written_back_as_pythonic_calls_the_model_reads(client):
+def test_tool_history_is_written_back_as_pythonic_calls_the_model_reads(lfm2):
     call = {"id": "call_1", "type": "function",
             "function": {"name": "read_file", "arguments": '{"path": "main.py"}'}}
     result = {"role": "tool", "tool_call_id": "call_1", "content": "print(1)"}
     base = dict(model=MODEL_ID, tools=TOOLS, max_tokens=1, temperature=0)
-    with_call = client.chat.completions.create(
+    with_call = lfm2.openai.chat.completions.create(
         messages=[*USER, {"role": "assistant", "content": None, "tool_calls": [call]}, result], **base)
-    without = client.chat.completions.create(
+    without = lfm2.openai.chat.completions.create(
         messages=[*USER, {"role": "assistant", "content": ""}, result], **base)
     # LFM2's template renders `content` only: the call reaches the prompt as
     # <|tool_call_start|>[read_file(path="main.py")]<|tool_call_end|>.
     assert with_call.usage.prompt_tokens > without.usage.prompt_tokens + 5
 
 
-def test_forced_tool_choice_opens_a_pythonic_call(client):
+def test_forced_tool_choice_opens_a_pythonic_call(lfm2):
     base = dict(model=MODEL_ID, messages=USER, tools=TOOLS, max_tokens=1, temperature=0)
-    auto = client.chat.completions.create(tool_choice="auto", **base)
-    named = client.chat.completions.create(
+    auto = lfm2.openai.chat.completions.create(tool_choice="auto", **base)
+    named = lfm2.openai.chat.completions.create(
         tool_choice={"type": "function", "function": {"name": "read_file"}}, **base)
     assert named.usage.prompt_tokens > auto.usage.prompt_tokens
     assert named.choices[0].finish_reason == "length" and not named.choices[0].message.tool_calls
 
 
-def test_reasoning_effort_the_family_lacks_is_a_400_listing_its_levels(client):
+def test_reasoning_effort_the_family_lacks_is_a_400_listing_its_levels(lfm2):
     with pytest.raises(openai_sdk.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL_ID, messages=USER, max_tokens=1, reasoning_effort="high")
+        lfm2.openai.chat.completions.create(model=MODEL_ID, messages=USER, max_tokens=1, reasoning_effort="high")
     assert err.value.body["param"] == "reasoning_effort"
     assert "tiny-lfm2" in err.value.body["message"] and "none" in err.value.body["message"]
-    ok = client.chat.completions.create(model=MODEL_ID, messages=USER, max_tokens=1, reasoning_effort="none")
+    ok = lfm2.openai.chat.completions.create(model=MODEL_ID, messages=USER, max_tokens=1, reasoning_effort="none")
     assert ok.usage.completion_tokens == 1
 
 
+def test_codex_installed_for_lfm2_sends_an_effort_the_model_has(lfm2, tmp_path):
+    assert lfm2.client.call("daemon.status")["model"]["reasoning_efforts"] == ["none"]
+    config = installed_codex_config(lfm2, tmp_path / "codex")
+    assert config["model"] == MODEL_ID and config["model_reasoning_effort"] == "none"
+    request = dict(model=MODEL_ID, input="hello", max_output_tokens=2, temperature=0)
+    with pytest.raises(openai_sdk.BadRequestError) as err:  # Codex's default, had install not set one
+        lfm2.openai.responses.create(reasoning={"effort": "medium"}, **request)
+    assert err.value.body["param"] == "reasoning.effort"
+    reply = lfm2.openai.responses.create(reasoning={"effort": config["model_reasoning_effort"]}, **request)
+    assert reply.usage.output_tokens <= 2
+
+
 def test_responses_and_anthropic_clients_get_answers(lfm2):
-    with openai_sdk.OpenAI(base_url=lfm2.base_url + "/v1", api_key="x", max_retries=0) as c:
-        reply = c.responses.create(model=MODEL_ID, input="hello", max_output_tokens=4, temperature=0)
-        assert reply.status in ("completed", "incomplete") and reply.usage.output_tokens <= 4
-    claude = anthropic_sdk.Anthropic(base_url=lfm2.base_url, api_key="x", max_retries=0)
+    reply = lfm2.openai.responses.create(model=MODEL_ID, input="hello", max_output_tokens=4, temperature=0)
+    assert reply.status in ("completed", "incomplete") and reply.usage.output_tokens <= 4
+    claude = lfm2.anthropic
     messages = [{"role": "user", "content": "read main.py"},
                 {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read_file",
                                                    "input": {"path": "main.py"}}]},

@@ -5,39 +5,24 @@ from __future__ import annotations
 
 import time
 
-import anthropic
 import httpx
-import openai
-import pytest
 
 from mtplxd.api.service import LoopGuard
 from mtplxd.api.schemas import GenParams
 from mtplxd.config import load_config
 from mtplxd.flight import read_records
-from support.api_daemon import start_scripted_daemon
+from support.api_daemon import daemon_fixture, scripted
 
 MODEL_ID = "scripted-loop"
 LOOP = ["Here is the list:", " alpha", " beta", " gamma", " delta"]
 USER = [{"role": "user", "content": "list the letters"}]
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory):
-    daemon = start_scripted_daemon(tmp_path_factory, MODEL_ID, LOOP, loop_to=1)
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
+api = daemon_fixture(scripted(MODEL_ID, LOOP, loop_to=1))
 
 
-@pytest.fixture(scope="module")
-def oai(api):
-    with openai.OpenAI(base_url=api.base_url + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
-
-
-def test_an_uncapped_loop_ends_as_length_with_repetition_stop_and_streams_no_repeats(oai, api):
-    whole = oai.chat.completions.create(model=MODEL_ID, messages=USER)
+def test_an_uncapped_loop_ends_as_length_with_repetition_stop_and_streams_no_repeats(api):
+    whole = api.openai.chat.completions.create(model=MODEL_ID, messages=USER)
     stats = whole.model_extra["mtplx_stats"]
     assert whole.choices[0].finish_reason == "length"
     assert stats["repetition_stop"] and stats["repetition_period"] == 4
@@ -45,7 +30,7 @@ def test_an_uncapped_loop_ends_as_length_with_repetition_stop_and_streams_no_rep
     text = whole.choices[0].message.content
     assert text.startswith("Here is the list: alpha beta gamma delta alpha")
     # (The SDK's stream helper refuses to parse a `length` finish, so the plain stream is read.)
-    chunks = list(oai.chat.completions.create(model=MODEL_ID, messages=USER, stream=True))
+    chunks = list(api.openai.chat.completions.create(model=MODEL_ID, messages=USER, stream=True))
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     # The repeats that were held back were dropped: the stream never carried more than the answer.
     assert streamed == text
@@ -61,31 +46,28 @@ def test_an_uncapped_loop_ends_as_length_with_repetition_stop_and_streams_no_rep
     assert all(r["finish_reason"] == "length" and r["repetition_trimmed_tokens"] > 0 for r in stopped)
 
 
-def test_a_capped_request_runs_to_its_cap_unless_it_asks_for_the_guard(oai):
-    capped = oai.chat.completions.create(model=MODEL_ID, messages=USER, max_tokens=300)
+def test_a_capped_request_runs_to_its_cap_unless_it_asks_for_the_guard(api):
+    capped = api.openai.chat.completions.create(model=MODEL_ID, messages=USER, max_tokens=300)
     assert capped.usage.completion_tokens == 300
     assert not capped.model_extra["mtplx_stats"]["repetition_stop"]
-    guarded = oai.chat.completions.create(model=MODEL_ID, messages=USER, max_tokens=300,
-                                          extra_body={"repetition_guard": True})
+    guarded = api.openai.chat.completions.create(model=MODEL_ID, messages=USER, max_tokens=300,
+                                                 extra_body={"repetition_guard": True})
     assert guarded.model_extra["mtplx_stats"]["repetition_stop"]
     assert guarded.usage.completion_tokens < 300
 
 
-def test_the_per_request_off_switch_lets_an_uncapped_loop_run(oai):
-    reply = oai.chat.completions.create(model=MODEL_ID, messages=USER, extra_body={"repetition_guard": False},
-                                        max_tokens=None, stop=["gamma delta alpha beta gamma delta alpha beta "
-                                                               "gamma delta alpha beta gamma delta alpha beta "
-                                                               "gamma delta alpha beta gamma delta alpha beta "
-                                                               "gamma delta alpha beta gamma delta alpha beta"])
+def test_the_per_request_off_switch_lets_an_uncapped_loop_run(api):
+    loop = "gamma delta alpha beta " * 8
+    reply = api.openai.chat.completions.create(model=MODEL_ID, messages=USER, max_tokens=None,
+                                               extra_body={"repetition_guard": False}, stop=[loop.rstrip()])
     # Stopped by the stop string (32 repeats in), not by the guard.
     assert reply.choices[0].finish_reason == "stop"
     assert not reply.model_extra["mtplx_stats"]["repetition_stop"]
 
 
 def test_anthropic_sees_max_tokens_when_the_guard_ends_a_loop(api):
-    with anthropic.Anthropic(base_url=api.base_url, api_key="unused", max_retries=0) as client:
-        reply = client.messages.create(model=MODEL_ID, max_tokens=2000, messages=USER,
-                                       extra_body={"repetition_guard": True})
+    reply = api.anthropic.messages.create(model=MODEL_ID, max_tokens=2000, messages=USER,
+                                          extra_body={"repetition_guard": True})
     assert reply.stop_reason == "max_tokens"
     assert reply.model_extra["mtplx_stats"]["repetition_stop"]
     assert reply.usage.output_tokens < 2000

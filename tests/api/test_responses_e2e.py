@@ -5,6 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
+from support.api_daemon import installed_codex_config
+
 MODEL_ID = "tiny-qwen3"
 CODEX_TOOLS = [
     {"type": "function", "name": "shell", "description": "Run a command", "strict": False,
@@ -97,6 +99,16 @@ def test_stateless_server_refuses_previous_response_id(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(**codex_request(previous_response_id="resp_123"))
     assert err.value.body["param"] == "previous_response_id"
+
+
+def test_codex_installed_for_a_thinking_switch_model_keeps_codexs_own_effort(api, client, tmp_path):
+    levels = ["none", "minimal", "low", "medium", "high", "xhigh"]
+    assert api.client.call("daemon.status")["model"]["reasoning_efforts"] == levels
+    config = installed_codex_config(api, tmp_path / "codex")
+    assert config["model"] == MODEL_ID and "model_reasoning_effort" not in config
+    # Every level Codex can send is the model's; its default ("medium") is answered.
+    reply = client.responses.create(**codex_request(max_output_tokens=1))
+    assert reply.status in ("completed", "incomplete")
 
 
 def test_reasoning_effort_maps_to_the_thinking_switch(client):

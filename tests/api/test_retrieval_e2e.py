@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import math
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -12,7 +13,8 @@ import openai
 import pytest
 
 from mtplxd.engine.fixtures.retrieval import write_tiny_embedding_checkpoint, write_tiny_reranker_checkpoint
-from support.api_daemon import MODEL_ID, start_api_daemon
+from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
+from support.api_daemon import MODEL_ID, Launch, daemon_fixture
 
 EMBEDDER, RERANKER, CUSTOM = "tiny-embedder", "tiny-reranker", "tiny-custom-code"
 TEXTS = ["the model reads a file", "hello world", "def add(a, b): return a + b"]
@@ -20,25 +22,18 @@ DOCS = ["a cache keeps the keys and values of past tokens", "bananas are yellow"
         "the KV cache grows with the context", "print hello world"]
 
 
-@pytest.fixture(scope="module")
-def api(tiny_checkpoint, tmp_path_factory):
-    root = tmp_path_factory.mktemp("retrieval")
-    embedder = write_tiny_embedding_checkpoint(root / EMBEDDER)
-    reranker = write_tiny_reranker_checkpoint(root / RERANKER)
-    custom = write_tiny_embedding_checkpoint(root / CUSTOM, auto_map=True)
-    daemon = start_api_daemon(tmp_path_factory.mktemp("api-home"), "--embedding-model", str(embedder),
-                              "--embedding-model", str(custom), "--reranker-model", str(reranker),
-                              MTPLX_MODEL=str(tiny_checkpoint), MTPLX_RETRIEVAL_RESIDENT_LIMIT="1")
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
+def launch(folder: Path) -> Launch:
+    """The tiny chat model, two embedders (one with bundled code) and a reranker, one resident."""
+    embedder = write_tiny_embedding_checkpoint(folder / EMBEDDER)
+    reranker = write_tiny_reranker_checkpoint(folder / RERANKER)
+    custom = write_tiny_embedding_checkpoint(folder / CUSTOM, auto_map=True)
+    return Launch(write_tiny_checkpoint(folder / MODEL_ID, "qwen3"),
+                  ("--embedding-model", str(embedder), "--embedding-model", str(custom),
+                   "--reranker-model", str(reranker)),
+                  {"MTPLX_RETRIEVAL_RESIDENT_LIMIT": "1"})
 
 
-@pytest.fixture(scope="module")
-def client(api):
-    with openai.OpenAI(base_url=api.base_url + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
+api = daemon_fixture(launch)
 
 
 def rerank(api, **body):
@@ -58,8 +53,8 @@ def test_models_list_stays_chat_only_unless_asked_and_retrieval_loads_lazily(api
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "capability"
 
 
-def test_openai_client_embeddings_are_unit_vectors_with_usage(client):
-    reply = client.embeddings.create(model=EMBEDDER, input="hello world")
+def test_openai_client_embeddings_are_unit_vectors_with_usage(api):
+    reply = api.openai.embeddings.create(model=EMBEDDER, input="hello world")
     [item] = reply.data
     assert item.index == 0 and len(item.embedding) == 64
     assert abs(math.sqrt(sum(x * x for x in item.embedding)) - 1) < 1e-5
@@ -67,21 +62,21 @@ def test_openai_client_embeddings_are_unit_vectors_with_usage(client):
     assert reply.model == EMBEDDER
 
 
-def test_a_text_embeds_the_same_in_a_batch_and_alone(client):
-    batch = client.embeddings.create(model=EMBEDDER, input=TEXTS + ["hello there"]).data
+def test_a_text_embeds_the_same_in_a_batch_and_alone(api):
+    batch = api.openai.embeddings.create(model=EMBEDDER, input=TEXTS + ["hello there"]).data
     for i, text in enumerate(TEXTS):
-        alone = client.embeddings.create(model=EMBEDDER, input=text).data[0].embedding
+        alone = api.openai.embeddings.create(model=EMBEDDER, input=text).data[0].embedding
         assert max(abs(a - b) for a, b in zip(batch[i].embedding, alone)) < 1e-5
     assert [d.index for d in batch] == [0, 1, 2, 3]
 
 
-def test_token_ids_dimensions_and_base64(client, api):
-    ids = client.embeddings.create(model=EMBEDDER, input=[[5, 6, 7], [8, 9]]).data
+def test_token_ids_dimensions_and_base64(api):
+    ids = api.openai.embeddings.create(model=EMBEDDER, input=[[5, 6, 7], [8, 9]]).data
     assert len(ids) == 2 and len(ids[0].embedding) == 64
-    single = client.embeddings.create(model=EMBEDDER, input=[5, 6, 7]).data
+    single = api.openai.embeddings.create(model=EMBEDDER, input=[5, 6, 7]).data
     assert single[0].embedding == ids[0].embedding
-    full = client.embeddings.create(model=EMBEDDER, input="hello world").data[0].embedding
-    short = client.embeddings.create(model=EMBEDDER, input="hello world", dimensions=16).data[0].embedding
+    full = api.openai.embeddings.create(model=EMBEDDER, input="hello world").data[0].embedding
+    short = api.openai.embeddings.create(model=EMBEDDER, input="hello world", dimensions=16).data[0].embedding
     head = np.array(full[:16])
     assert np.allclose(short, head / np.linalg.norm(head), atol=1e-6)
     raw = httpx.post(api.base_url + "/v1/embeddings", json={"model": EMBEDDER, "input": "hello world",
@@ -89,7 +84,7 @@ def test_token_ids_dimensions_and_base64(client, api):
     decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
     assert np.allclose(decoded, full, atol=1e-7)
     # The SDK asks for base64 by default and decodes it: what it returns is the same vector.
-    assert np.allclose(client.embeddings.create(model=EMBEDDER, input="hello world").data[0].embedding, full)
+    assert np.allclose(api.openai.embeddings.create(model=EMBEDDER, input="hello world").data[0].embedding, full)
 
 
 @pytest.mark.parametrize("body,param", [
@@ -117,54 +112,54 @@ def test_rerank_orders_documents_best_first_with_scores_that_do_not_depend_on_ne
     assert "document" not in top["results"][0] and top["usage"]["total_tokens"] > 0
 
 
-def test_the_resident_limit_keeps_the_most_recent_retrieval_model(api, client):
-    client.embeddings.create(model=EMBEDDER, input="x")
+def test_the_resident_limit_keeps_the_most_recent_retrieval_model(api):
+    api.openai.embeddings.create(model=EMBEDDER, input="x")
     rerank(api, query="q", documents=["d"])
     loaded = {m["id"]: m["mtplx"]["loaded"] for m in models(api, "embedding") + models(api, "rerank")}
     assert loaded == {EMBEDDER: False, CUSTOM: False, RERANKER: True}  # limit 1: the reranker stayed
 
 
-def test_wrong_kinds_of_model_get_clear_errors(client, api):
+def test_wrong_kinds_of_model_get_clear_errors(api):
     with pytest.raises(openai.BadRequestError) as chat:
-        client.chat.completions.create(model=EMBEDDER, messages=[{"role": "user", "content": "hi"}])
+        api.openai.chat.completions.create(model=EMBEDDER, messages=[{"role": "user", "content": "hi"}])
     assert chat.value.body["code"] == "wrong_model_kind"
     with pytest.raises(openai.BadRequestError):
-        client.embeddings.create(model=RERANKER, input="x")
+        api.openai.embeddings.create(model=RERANKER, input="x")
     with pytest.raises(openai.BadRequestError):
-        client.embeddings.create(model=MODEL_ID, input="x")
+        api.openai.embeddings.create(model=MODEL_ID, input="x")
     with pytest.raises(openai.NotFoundError):
-        client.embeddings.create(model="nope", input="x")
+        api.openai.embeddings.create(model="nope", input="x")
     with pytest.raises(openai.PermissionDeniedError) as custom:
-        client.embeddings.create(model=CUSTOM, input="x")
+        api.openai.embeddings.create(model=CUSTOM, input="x")
     assert "retrieval-trust-remote-code" in custom.value.body["message"]
 
 
-def test_metrics_count_embeddings_and_rerank(api, client):
-    client.embeddings.create(model=EMBEDDER, input=["a", "b"])
+def test_metrics_count_embeddings_and_rerank(api):
+    api.openai.embeddings.create(model=EMBEDDER, input=["a", "b"])
     text = httpx.get(api.base_url + "/metrics").text
     assert 'mtplx_retrieval_requests_total{kind="embedding"}' in text
     assert 'mtplx_retrieval_requests_total{kind="rerank"}' in text
     assert 'mtplx_retrieval_inputs_total{kind="embedding"}' in text
 
 
-def test_a_chat_stream_and_embeddings_run_side_by_side(client):
+def test_a_chat_stream_and_embeddings_run_side_by_side(api):
     import threading
 
     streamed: list[str] = []
 
     def chat() -> None:
-        for chunk in client.chat.completions.create(model=MODEL_ID, stream=True, max_tokens=40, temperature=0,
-                                                    messages=[{"role": "user", "content": "count to ten"}]):
+        for chunk in api.openai.chat.completions.create(model=MODEL_ID, stream=True, max_tokens=40, temperature=0,
+                                                        messages=[{"role": "user", "content": "count to ten"}]):
             if chunk.choices and chunk.choices[0].delta.content:
                 streamed.append(chunk.choices[0].delta.content)
 
     worker = threading.Thread(target=chat)
     worker.start()
-    vectors = [client.embeddings.create(model=EMBEDDER, input=TEXTS * 8).data for _ in range(3)]
+    vectors = [api.openai.embeddings.create(model=EMBEDDER, input=TEXTS * 8).data for _ in range(3)]
     worker.join(120)
     assert not worker.is_alive()
-    whole = client.chat.completions.create(model=MODEL_ID, max_tokens=40, temperature=0,
-                                           messages=[{"role": "user", "content": "count to ten"}])
+    whole = api.openai.chat.completions.create(model=MODEL_ID, max_tokens=40, temperature=0,
+                                               messages=[{"role": "user", "content": "count to ten"}])
     # Interleaved with embedding batches on the model thread, the stream is what it is alone.
     assert "".join(streamed) == (whole.choices[0].message.content or "")
     assert all(len(v) == 24 for v in vectors)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import httpx
-import openai
 import pytest
 
-from support.api_daemon import start_scripted_daemon
+from mtplxd.engine.fixtures.scripted import write_scripted_checkpoint
+from support.api_daemon import daemon_fixture, scripted, serving
 
 TWO_CALLS = ["Let me look.", "\n<tool_call>\n", '{"name": "read_file", "arguments": {', '"path": ',
              '"src', '/main.py"', ', "lines": [1, ', "20]", "}}", "\n</tool_call>",
@@ -35,27 +34,15 @@ EXPECTED = [("read_file", {"path": "src/main.py", "lines": [1, 20]}),
             ("shell", {"command": 'ls -la "/tmp" | head', "timeout": 30})]
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory):
-    daemon = start_scripted_daemon(tmp_path_factory, "scripted-tools", TWO_CALLS)
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
-
-
-@pytest.fixture(scope="module")
-def oai(api):
-    with openai.OpenAI(base_url=api.base_url + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
+api = daemon_fixture(scripted("scripted-tools", TWO_CALLS))
 
 
 @pytest.mark.parametrize("depth", [0, 3])
-def test_openai_chat_streams_id_and_name_first_then_argument_fragments(oai, depth):
+def test_openai_chat_streams_id_and_name_first_then_argument_fragments(api, depth):
     base = dict(model="scripted-tools", messages=USER, tools=OPENAI_TOOLS, temperature=0,
                 extra_body={"mtp_depth": depth})
-    whole = oai.chat.completions.create(**base).choices[0]
-    with oai.chat.completions.stream(**base) as stream:
+    whole = api.openai.chat.completions.create(**base).choices[0]
+    with api.openai.chat.completions.stream(**base) as stream:
         chunks, fragments = [], []
         for event in stream:
             if event.type == "chunk":
@@ -78,17 +65,16 @@ def test_openai_chat_streams_id_and_name_first_then_argument_fragments(oai, dept
 
 
 def test_anthropic_streams_input_json_delta(api):
-    with anthropic.Anthropic(base_url=api.base_url, api_key="unused", max_retries=0) as client:
-        base = dict(model="scripted-tools", max_tokens=200, messages=USER, tools=ANTHROPIC_TOOLS)
-        whole = client.messages.create(**base)
-        with client.messages.stream(**base) as stream:
-            partial, block = [], None
-            for event in stream:
-                if event.type == "content_block_start":
-                    block = event.index
-                elif event.type == "input_json":
-                    partial.append((block, event.partial_json))
-            final = stream.get_final_message()
+    base = dict(model="scripted-tools", max_tokens=200, messages=USER, tools=ANTHROPIC_TOOLS)
+    whole = api.anthropic.messages.create(**base)
+    with api.anthropic.messages.stream(**base) as stream:
+        partial, block = [], None
+        for event in stream:
+            if event.type == "content_block_start":
+                block = event.index
+            elif event.type == "input_json":
+                partial.append((block, event.partial_json))
+        final = stream.get_final_message()
     assert [(b.name, b.input) for b in whole.content if b.type == "tool_use"] == EXPECTED
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == EXPECTED
     by_block = {}
@@ -99,10 +85,10 @@ def test_anthropic_streams_input_json_delta(api):
     assert final.stop_reason == whole.stop_reason == "tool_use"
 
 
-def test_responses_streams_function_call_arguments_delta(oai):
+def test_responses_streams_function_call_arguments_delta(api):
     base = dict(model="scripted-tools", input="look at main.py and list /tmp", tools=RESPONSES_TOOLS)
-    whole = oai.responses.create(**base)
-    with oai.responses.stream(**base) as stream:
+    whole = api.openai.responses.create(**base)
+    with api.openai.responses.stream(**base) as stream:
         deltas: dict[int, list[str]] = {}
         for event in stream:
             if event.type == "response.function_call_arguments.delta":
@@ -117,14 +103,12 @@ def test_responses_streams_function_call_arguments_delta(oai):
 
 
 def test_malformed_arguments_end_as_a_call_with_the_raw_text_never_a_500(tmp_path_factory):
-    daemon = start_scripted_daemon(tmp_path_factory, "scripted-malformed", MALFORMED)
-    try:
-        with openai.OpenAI(base_url=daemon.base_url + "/v1", api_key="unused", max_retries=0) as client:
-            base = dict(model="scripted-malformed", messages=USER, tools=OPENAI_TOOLS)
-            whole = client.chat.completions.create(**base).choices[0]
-            with client.chat.completions.stream(**base) as stream:
-                fragments = [e.arguments_delta for e in stream
-                             if e.type == "tool_calls.function.arguments.delta"]
+    checkpoint = write_scripted_checkpoint(tmp_path_factory.mktemp("models") / "scripted-malformed", MALFORMED)
+    with serving(checkpoint, tmp_path_factory.mktemp("api-home")) as daemon:
+        base = dict(model="scripted-malformed", messages=USER, tools=OPENAI_TOOLS)
+        whole = daemon.openai.chat.completions.create(**base).choices[0]
+        with daemon.openai.chat.completions.stream(**base) as stream:
+            fragments = [e.arguments_delta for e in stream if e.type == "tool_calls.function.arguments.delta"]
         raw = '{"path": "a.py",,}'
         assert [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] == [("read_file", raw)]
         assert "".join(fragments) == raw
@@ -133,5 +117,3 @@ def test_malformed_arguments_end_as_a_call_with_the_raw_text_never_a_500(tmp_pat
         assert reply.status_code == 200
         assert [b["input"] for b in reply.json()["content"] if b["type"] == "tool_use"] == [
             {"_malformed_arguments": raw}]
-    finally:
-        daemon.stop()

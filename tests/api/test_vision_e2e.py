@@ -14,7 +14,6 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
 
 import anthropic as anthropic_sdk
 import httpx
@@ -24,7 +23,7 @@ import pytest
 from PIL import Image
 
 from mtplxd.engine.fixtures.tiny_vision import write_tiny_vision_checkpoint
-from support.api_daemon import ApiDaemon, serving
+from support.api_daemon import daemon_fixture
 
 MODEL_ID = "tiny-vl"
 IMAGE_TOKENS = 4  # a 64x64 image: 4x4 patches of 16 px, merged 2x2
@@ -46,21 +45,11 @@ def chat(url: str, text: str = "what is in this picture?") -> list[dict]:
                                          {"type": "image_url", "image_url": {"url": url}}]}]
 
 
-@pytest.fixture(scope="module")
-def vl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiDaemon]:
-    checkpoint = write_tiny_vision_checkpoint(tmp_path_factory.mktemp("vl-models") / MODEL_ID)
-    with serving(checkpoint, tmp_path_factory.mktemp("vl-home")) as daemon:
-        yield daemon
+vl = daemon_fixture(lambda folder: write_tiny_vision_checkpoint(folder / MODEL_ID))
 
 
-@pytest.fixture(scope="module")
-def client(vl):
-    with openai_sdk.OpenAI(base_url=vl.base_url + "/v1", api_key="x", max_retries=0) as c:
-        yield c
-
-
-def test_models_and_health_say_the_model_takes_images(vl, client):
-    card = client.models.list().data[0]
+def test_models_and_health_say_the_model_takes_images(vl):
+    card = vl.openai.models.list().data[0]
     assert card.model_extra["supports_vision"] is True
     assert card.model_extra["modalities"] == {"input": ["text", "image"]}
     health = httpx.get(vl.base_url + "/health").json()
@@ -71,26 +60,26 @@ def test_models_and_health_say_the_model_takes_images(vl, client):
     assert "reads images" in status.stdout, status.stdout + status.stderr
 
 
-def test_image_rows_count_in_usage_and_greedy_mtp_equals_ar(client):
+def test_image_rows_count_in_usage_and_greedy_mtp_equals_ar(vl):
     base = dict(model=MODEL_ID, max_tokens=12, temperature=0)
-    text_only = client.chat.completions.create(
+    text_only = vl.openai.chat.completions.create(
         messages=[{"role": "user", "content": "what is in this picture?"}], **base)
-    with_image = client.chat.completions.create(messages=chat(data_url(png(1))), **base)
+    with_image = vl.openai.chat.completions.create(messages=chat(data_url(png(1))), **base)
     # The image's rows plus <|vision_start|> and <|vision_end|>.
     assert with_image.usage.prompt_tokens == text_only.usage.prompt_tokens + IMAGE_TOKENS + 2
-    ar = client.chat.completions.create(messages=chat(data_url(png(1))), extra_body={"mtp_depth": 0}, **base)
+    ar = vl.openai.chat.completions.create(messages=chat(data_url(png(1))), extra_body={"mtp_depth": 0}, **base)
     assert ar.choices[0].message.content == with_image.choices[0].message.content
     assert with_image.model_extra["mtplx_stats"]["drafted"] > 0
 
 
-def test_streamed_equals_non_streamed_and_a_file_url_equals_a_data_url(client, tmp_path):
+def test_streamed_equals_non_streamed_and_a_file_url_equals_a_data_url(vl, tmp_path):
     base = dict(model=MODEL_ID, max_tokens=12, temperature=1.0, seed=3)
-    whole = client.chat.completions.create(messages=chat(data_url(png(2))), **base)
-    chunks = list(client.chat.completions.create(messages=chat(data_url(png(2))), stream=True, **base))
+    whole = vl.openai.chat.completions.create(messages=chat(data_url(png(2))), **base)
+    chunks = list(vl.openai.chat.completions.create(messages=chat(data_url(png(2))), stream=True, **base))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     path = tmp_path / "picture.png"
     path.write_bytes(png(2))
-    from_file = client.chat.completions.create(messages=chat(path.as_uri()), **base)
+    from_file = vl.openai.chat.completions.create(messages=chat(path.as_uri()), **base)
     assert from_file.choices[0].message.content == whole.choices[0].message.content
 
 
@@ -100,24 +89,23 @@ def test_streamed_equals_non_streamed_and_a_file_url_equals_a_data_url(client, t
     (data_url(b"these bytes are not an image"), "invalid_image"),
     ("file:///nonexistent/picture.png", "invalid_image"),
 ])
-def test_unreadable_images_are_a_400_saying_why(client, url, code):
+def test_unreadable_images_are_a_400_saying_why(vl, url, code):
     with pytest.raises(openai_sdk.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL_ID, messages=chat(url), max_tokens=1)
+        vl.openai.chat.completions.create(model=MODEL_ID, messages=chat(url), max_tokens=1)
     assert err.value.body["code"] == code
     if url.startswith("https:"):
         assert "not fetched" in err.value.body["message"]
 
 
 def test_responses_input_image(vl):
-    with openai_sdk.OpenAI(base_url=vl.base_url + "/v1", api_key="x", max_retries=0) as c:
-        reply = c.responses.create(model=MODEL_ID, max_output_tokens=4, temperature=0, input=[{
-            "role": "user", "content": [{"type": "input_text", "text": "describe"},
-                                        {"type": "input_image", "image_url": data_url(png(3))}]}])
+    reply = vl.openai.responses.create(model=MODEL_ID, max_output_tokens=4, temperature=0, input=[{
+        "role": "user", "content": [{"type": "input_text", "text": "describe"},
+                                    {"type": "input_image", "image_url": data_url(png(3))}]}])
     assert reply.usage.input_tokens > IMAGE_TOKENS and reply.usage.output_tokens <= 4
 
 
 def test_anthropic_base64_image_block_and_url_source_refused(vl):
-    claude = anthropic_sdk.Anthropic(base_url=vl.base_url, api_key="x", max_retries=0)
+    claude = vl.anthropic
     source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png(4)).decode()}
     messages = [{"role": "user", "content": [{"type": "image", "source": source},
                                              {"type": "text", "text": "what is this?"}]}]
@@ -143,13 +131,13 @@ def test_the_docs_vision_example_runs_as_written(vl, tmp_path):
     assert reply["usage"]["prompt_tokens"] > IMAGE_TOKENS
 
 
-def test_two_image_requests_at_once_each_equal_their_solo_run(client):
+def test_two_image_requests_at_once_each_equal_their_solo_run(vl):
     """Rows run side by side on one scheduler: each keeps its own image rows."""
     base = dict(model=MODEL_ID, max_tokens=24, temperature=1.0, seed=5)
-    solo = [client.chat.completions.create(messages=chat(data_url(png(s))), **base).choices[0].message.content
+    solo = [vl.openai.chat.completions.create(messages=chat(data_url(png(s))), **base).choices[0].message.content
             for s in (1, 2)]
     assert solo[0] != solo[1]
     with ThreadPoolExecutor(2) as pool:
-        both = list(pool.map(lambda s: client.chat.completions.create(
+        both = list(pool.map(lambda s: vl.openai.chat.completions.create(
             messages=chat(data_url(png(s))), **base).choices[0].message.content, (1, 2)))
     assert both == solo

@@ -101,3 +101,21 @@ def test_a_unit_that_fails_to_start_gives_the_hand_started_daemon_back(systemd_t
             ControlClient(Paths.from_env().socket).call("daemon.shutdown")
         except Exception:
             pass
+
+
+def test_start_through_the_service_refuses_every_start_only_option_in_one_message(systemd_tools, capsys):
+    assert main(["service", "install", "--no-wait"]) == 0
+    from mtplxctl.launchd import service_manager
+
+    service_manager().stop()
+    systemd_tools.calls()
+    capsys.readouterr()
+    code = main(["start", "--model", "/nonexistent/model", "--host", "0.0.0.0", "--port", "0",
+                 "--embedding-model", "e1", "--embedding-model", "e2", "--retrieval-trust-remote-code"])
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert code == 1
+    assert "cannot take --host, --port, --embedding-model, --retrieval-trust-remote-code" in err
+    for key in ("host", "port", "embedding_model", "retrieval_trust_remote_code"):
+        assert f"mtplxctl config set {key} VALUE" in err
+    assert "--hosts" not in err and "reranker" not in err  # only what was passed
+    assert not any(call[:3] == ["systemctl", "--user", "start"] for call in systemd_tools.calls())
