@@ -185,8 +185,10 @@ def install(attention_layers: Iterable[nn.Module], positions: PromptPositions) -
 
 
 def attention_layers(text_model: nn.Module, head: nn.Module | None) -> list[nn.Module]:
-    """The full-attention modules of a hybrid trunk and of its MTP head's layer."""
-    layers = [layer for layer in text_model.model.layers if not layer.is_linear]
+    """The full-attention modules of a hybrid trunk and of its MTP head's layer (a pipeline
+    rank's trunk holds None for the layers other ranks run)."""
+    layers = [layer for layer in text_model.model.layers
+              if layer is not None and not layer.is_linear]
     if head is not None:
         layers += list(head.layers)
     return [layer.self_attn for layer in layers]
