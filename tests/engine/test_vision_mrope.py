@@ -146,3 +146,32 @@ def test_a_restored_image_prefix_continues_at_the_cold_runs_positions(model, tmp
     cold = run(model, prompt2, images)
     assert cold.stats.cached_tokens == 0
     assert warm.token_ids == cold.token_ids
+
+
+@pytest.mark.parametrize("numerics", ["throughput", "exact"])
+def test_image_rows_in_one_cohort_each_equal_their_solo_greedy_ar_output(model, numerics):
+    """Rows with different images (so different rope deltas) and a text-only row verify in one
+    batched forward; each row's attention reads its own positions."""
+    from mtplxd.engine.scheduler import Row, Scheduler
+    from support.rows import Collector, assert_each_row_equals, run_until_idle
+
+    prompts = [image_prompt(model, png(seed, width, height), "see") for seed, width, height in
+               ((4, 96, 64), (5, 64, 64), (6, 64, 96))]
+    text_only = model.tokenizer.encode("def add(a, b):\n    ret")
+    requests = [GenerationRequest(prompt, SamplingParams(max_tokens=24, ignore_eos=True),
+                                  images=images, depth=3) for prompt, images in prompts]
+    requests.append(GenerationRequest(text_only, SamplingParams(max_tokens=24, ignore_eos=True),
+                                      depth=3))
+    assert len({model.vision.row_positions(r.prompt_ids, r.images).rope_delta
+                for r in requests[:3]}) > 1
+    references = [model.complete(GenerationRequest(list(r.prompt_ids), r.sampling, images=r.images,
+                                                   depth=0)) for r in requests]
+    scheduler = Scheduler(cohort_mode="always", max_concurrent=4, numerics=numerics)
+    sinks = []
+    for i, request in enumerate(requests):
+        sinks.append(Collector(f"r{i}", []))
+        scheduler.submit(Row(request, lambda stop, cohort, request=request: model.generate_steps(
+            request, stop, cohort=cohort), sinks[-1], cohort_capable=True))
+    run_until_idle(scheduler)
+    assert_each_row_equals(sinks, references, [3] * 4)
+    assert any(w > 1 and n for w, n in scheduler.status()["cohorts_by_width"].items())
