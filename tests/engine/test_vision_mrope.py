@@ -175,3 +175,16 @@ def test_image_rows_in_one_cohort_each_equal_their_solo_greedy_ar_output(model, 
     run_until_idle(scheduler)
     assert_each_row_equals(sinks, references, [3] * 4)
     assert any(w > 1 and n for w, n in scheduler.status()["cohorts_by_width"].items())
+
+
+def test_the_bank_identity_changes_with_the_image_processor_settings(tmp_path):
+    """Its pixel limits set an image's grid, so its rows and their positions: an SSD entry
+    made under other limits must not be restored."""
+    from mtplxd.engine.session.bank import weights_fingerprint
+
+    path = write_tiny_vision_checkpoint(tmp_path / "tiny-vl")
+    before = weights_fingerprint(path)
+    processor = json.loads((path / "preprocessor_config.json").read_text())
+    processor["size"]["longest_edge"] = 32 * 32
+    (path / "preprocessor_config.json").write_text(json.dumps(processor))
+    assert weights_fingerprint(path) != before

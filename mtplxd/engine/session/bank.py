@@ -113,13 +113,20 @@ class BankIdentity:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
+# Files whose settings shape a stored state: the model's config and, for a vision checkpoint,
+# the image processor's (its pixel limits set an image's grid, so its rows and positions).
+FINGERPRINTED_CONFIGS = ("config.json", "preprocessor_config.json", "processor_config.json")
+
+
 def weights_fingerprint(path: str | Path) -> str:
-    """sha256 over config.json's bytes and the name, size and mtime of every weight file."""
+    """sha256 over the bytes of config.json (and the image processor's configs, when
+    present) and the name, size and mtime of every weight file."""
     path = Path(path)
     digest = hashlib.sha256()
-    config = path / "config.json"
-    if config.is_file():
-        digest.update(config.read_bytes())
+    for name in FINGERPRINTED_CONFIGS:
+        config = path / name
+        if config.is_file():
+            digest.update(config.read_bytes())
     for file in sorted(path.glob("*.safetensors")):
         stat = file.stat()
         digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
