@@ -254,7 +254,8 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     stats.ttft_seconds = prefill_done - arrived  # the queue wait is part of what the client waited
     scorer = None
     if request.logprobs is not None:
-        scorer = LogprobScorer(trunk, params, prompt, request.logprobs, vocab_size)
+        scorer = LogprobScorer(trunk, params, prompt, request.logprobs, vocab_size,
+                               embeddings=embeddings, positions=positions)
     delta = _scored(finish.take([first]), scorer)
     yield delta if delta is not None else STEP
 

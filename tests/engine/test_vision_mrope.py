@@ -188,3 +188,21 @@ def test_the_bank_identity_changes_with_the_image_processor_settings(tmp_path):
     processor["size"]["longest_edge"] = 32 * 32
     (path / "preprocessor_config.json").write_text(json.dumps(processor))
     assert weights_fingerprint(path) != before
+
+
+def test_logprobs_of_an_image_request_score_the_distribution_it_sampled_from(model):
+    """The scorer prefills the prompt with its image rows at their positions: each greedy
+    token is its row's best alternative, and every logprob is the full forward's."""
+    from mtplxd.engine import TokenDelta
+
+    prompt, images = image_prompt(model, png(1))
+    request = GenerationRequest(prompt, SamplingParams(max_tokens=6, ignore_eos=True),
+                                images=images, depth=3, logprobs=1)
+    scored = [entry for item in model.generate(request) if isinstance(item, TokenDelta)
+              for entry in item.logprobs or []]
+    tokens = [entry.token for entry in scored]
+    assert len(tokens) == 6 and all(entry.top[0][0] == entry.token for entry in scored)
+    logits = our_logits(model, prompt, images, tokens[:-1], chunk=512)[0, len(prompt) - 1:]
+    expected = (logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    expected = mx.take_along_axis(expected, mx.array(tokens)[:, None], axis=-1)[:, 0].tolist()
+    assert [entry.logprob for entry in scored] == pytest.approx(expected, abs=1e-5)
