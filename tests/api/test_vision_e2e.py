@@ -6,7 +6,6 @@ the dialect's own error shape, never a 500."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import re
@@ -18,23 +17,15 @@ from typing import Iterator
 
 import anthropic as anthropic_sdk
 import httpx
-import numpy as np
 import openai as openai_sdk
 import pytest
-from PIL import Image
 
 from mtplxd.engine.fixtures.tiny_vision import write_tiny_vision_checkpoint
 from support.api_daemon import ApiDaemon, serving
+from support.images import png
 
 MODEL_ID = "tiny-vl"
 IMAGE_TOKENS = 4  # a 64x64 image: 4x4 patches of 16 px, merged 2x2
-
-
-def png(seed: int, size: int = 64) -> bytes:
-    pixels = (np.random.default_rng(seed).random((size, size, 3)) * 255).astype(np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
 
 
 def data_url(data: bytes) -> str:

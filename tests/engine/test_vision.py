@@ -8,7 +8,6 @@ import io
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -16,13 +15,7 @@ from mtplxd.engine import GenerationRequest, SamplingParams, load_model
 from mtplxd.engine.fixtures.tiny_vision import write_tiny_vision_checkpoint
 from mtplxd.engine.session.bank import BankSettings
 from mtplxd.engine.model.vision import ImageError, expand_placeholders, placeholder_runs
-
-
-def png(seed: int, size: int = 64) -> bytes:
-    pixels = (np.random.default_rng(seed).random((size, size, 3)) * 255).astype(np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
+from support.images import png
 
 
 @pytest.fixture(scope="module")

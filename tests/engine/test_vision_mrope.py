@@ -5,26 +5,17 @@ continues at the same positions as a cold run."""
 
 from __future__ import annotations
 
-import io
 import json
 
 import mlx.core as mx
-import numpy as np
 import pytest
-from PIL import Image
 
 from mtplxd.engine import GenerationRequest, SamplingParams, load_model
 from mtplxd.engine.fixtures.tiny_vision import write_tiny_vision_checkpoint
 from mtplxd.engine.model import mrope
 from mtplxd.engine.model.vision import expand_placeholders, placeholder_runs
 from mtplxd.engine.session.bank import BankSettings
-
-
-def png(seed: int, width: int = 96, height: int = 64) -> bytes:
-    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype(np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
+from support.images import png
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +63,7 @@ def test_trunk_logits_for_an_image_prompt_equal_mlx_vlms_own_model(model, checkp
     from mlx_vlm.utils import load_model as load_vlm
 
     reference_model = load_vlm(checkpoint)
-    prompt, images = image_prompt(model, png(1))
+    prompt, images = image_prompt(model, png(1, 96, 64))
     [(start, count)] = placeholder_runs(prompt, model.vision.image_token_id)
     assert images[0].grid_thw == (1, 4, 6) and count == 6  # 2 x 3 merged patches: h != w
     extra = [7, 11, 13]  # decoded after the prompt: 1-D positions index + rope_delta
@@ -87,7 +78,7 @@ def test_trunk_logits_for_an_image_prompt_equal_mlx_vlms_own_model(model, checkp
 
 
 def test_row_positions_are_mlx_vlms_and_continue_at_index_plus_rope_delta(model):
-    prompt, images = image_prompt(model, png(1))
+    prompt, images = image_prompt(model, png(1, 96, 64))
     row = model.vision.row_positions(prompt, images)
     [(start, count)] = placeholder_runs(prompt, model.vision.image_token_id)
     # 1 x 2 x 3 merged grid at (t, h, w) offset by the text before it; text resumes at max + 1.
@@ -125,7 +116,7 @@ def test_a_restored_image_prefix_continues_at_the_cold_runs_positions(model, tmp
     restored from the bank, it equals its own cold run token for token, and the stored entry
     carries the prompt's rope_delta."""
     transcript = "the model reads a file and writes code for the user while tests run fast " * 4
-    prompt1, images = image_prompt(model, png(3), transcript)
+    prompt1, images = image_prompt(model, png(3, 96, 64), transcript)
     settings = BankSettings(ssd_dir=tmp_path, ssd_min_tokens=8) if tier == "ssd" else None
     bank = model.enable_session_bank(settings)
     try:
@@ -195,7 +186,7 @@ def test_logprobs_of_an_image_request_score_the_distribution_it_sampled_from(mod
     token is its row's best alternative, and every logprob is the full forward's."""
     from mtplxd.engine import TokenDelta
 
-    prompt, images = image_prompt(model, png(1))
+    prompt, images = image_prompt(model, png(1, 96, 64))
     request = GenerationRequest(prompt, SamplingParams(max_tokens=6, ignore_eos=True),
                                 images=images, depth=3, logprobs=1)
     scored = [entry for item in model.generate(request) if isinstance(item, TokenDelta)
