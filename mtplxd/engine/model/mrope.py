@@ -86,7 +86,9 @@ def rows_from_table(table: mx.array, image_rows: list[tuple[int, int]], rope_del
         runs.append(PositionRun(start, start + count, grid=table[:, start:start + count][:, None]))
         at = start + count
     runs.append(PositionRun(at, None, delta=rope_delta))
-    if at < length and first[at] - at != rope_delta:  # cannot happen: text after an image is 1-D
+    # mlx-vlm's rule puts the text after the last image at index + rope_delta, which is what
+    # decoding continues from; a version of it that did otherwise must not be served silently.
+    if at < length and first[at] - at != rope_delta:
         raise ValueError("the prompt's positions after its last image are not index + rope_delta")
     return RowPositions(runs, rope_delta)
 
