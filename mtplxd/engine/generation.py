@@ -26,6 +26,8 @@ from mtplxd.engine.decoding.speculative import SpeculativeDecoder, feed_pending_
 from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, GenerationStats, TokenDelta,
 )
+from mtplxd.engine.model.mrope import RowPositions
+from mtplxd.engine.model.mrope import attach as attach_positions
 from mtplxd.engine.model.mtp_head import MTPHead
 from mtplxd.engine.model.trunk import PREFILL_CHUNK, Trunk
 from mtplxd.engine.session.bank import SessionBank
@@ -227,14 +229,17 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     history = TokenHistory(vocab_size, prompt)
     chunk = request.prefill_chunk or PREFILL_CHUNK
     turn, head_cache, pending_from = None, None, 0
-    embeddings, key = _image_inputs(trunk, vision, request)
+    embeddings, key, positions = _image_inputs(trunk, vision, request)
     if bank is None:
         cache = trunk.make_cache()
+        attach_positions(cache, positions)
         prefill = trunk.prefill_steps(prompt, cache, chunk, should_stop=should_stop,
                                       embeddings=embeddings)
     else:
-        turn = bank.begin(trunk, head if depth > 0 else None, prompt, request.session_id, key=key)
+        turn = bank.begin(trunk, head if depth > 0 else None, prompt, request.session_id, key=key,
+                          positions=positions)
         cache, head_cache, pending_from = turn.cache, turn.head_cache, turn.pending_from
+        attach_positions(cache, positions)
         stats.cached_tokens = turn.cached
         stats.restored_from = turn.restored_from
         prefill = turn.prefill_steps(chunk, should_stop=should_stop, embeddings=embeddings)
@@ -249,7 +254,8 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     stats.ttft_seconds = prefill_done - arrived  # the queue wait is part of what the client waited
     scorer = None
     if request.logprobs is not None:
-        scorer = LogprobScorer(trunk, params, prompt, request.logprobs, vocab_size)
+        scorer = LogprobScorer(trunk, params, prompt, request.logprobs, vocab_size,
+                               embeddings=embeddings, positions=positions)
     delta = _scored(finish.take([first]), scorer)
     yield delta if delta is not None else STEP
 
@@ -262,6 +268,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
             decoder_class = FusedSpeculativeDecoder if fused else SpeculativeDecoder
         decoder = decoder_class(trunk, head, cache, params, history, seed, depth,
                                 head_cache=head_cache)
+        attach_positions(decoder.head_cache, positions)  # the head drafts at the row's positions
         cycles = decoder.cycles(hiddens, prompt, first, pending_from=pending_from)
     elif cohort:
         cycles = cohort_ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
@@ -315,17 +322,19 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
 
 
 def _image_inputs(trunk: Trunk, vision: VisionTower | None, request: GenerationRequest
-                  ) -> tuple[mx.array | None, list[int] | None]:
+                  ) -> tuple[mx.array | None, list[int] | None, RowPositions | None]:
     """(the prompt's input embeddings with its images spliced in, the session-bank key that
-    names each image row by the image's bytes), or (None, None) for a text-only prompt."""
+    names each image row by the image's bytes, the prompt's multimodal rotary positions), or
+    (None, None, None) for a text-only prompt."""
     if not request.images:
-        return None, None
+        return None, None, None
     if vision is None:
         raise ValueError("this model has no vision tower; the request carries images")
     prompt = list(request.prompt_ids)
     embeddings = vision.embed_prompt(trunk.input_embedding, prompt, request.images)
     mx.eval(embeddings)
-    return embeddings, bank_key(prompt, vision.image_token_id, request.images)
+    return (embeddings, bank_key(prompt, vision.image_token_id, request.images),
+            vision.row_positions(prompt, request.images))
 
 
 def _scored(delta: TokenDelta | None, scorer: LogprobScorer | None) -> TokenDelta | None:

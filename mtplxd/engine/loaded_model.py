@@ -19,7 +19,7 @@ from mtplxd.engine.interface import (
     DECODE_LOOP_CHOICES, QUANTIZE_CHOICES, GenerationRequest, GenerationResult, ModelInfo,
     ModelLoadError, TokenDelta,
 )
-from mtplxd.engine.model import gdn_chunked, small_m_qmm
+from mtplxd.engine.model import gdn_chunked, mrope, small_m_qmm
 from mtplxd.engine.model.families import get_family
 from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
 from mtplxd.engine.model.kv_cache import KV_BITS_CHOICES, fixed_shapes_wanted, kv_group_size
@@ -192,6 +192,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         else:
             if dtype is not None:
                 loaded.vision.model.set_dtype(getattr(_mx(), dtype))
+            # Image rows need the family's multimodal rotary positions in every attention
+            # layer; text-only checkpoints never get here and keep mlx-lm's layers as they are.
+            mrope.install(mrope.attention_layers(trunk.text, loaded.head), loaded.vision.positions)
     if session_bank is not None:
         loaded.enable_session_bank(session_bank)
     return loaded

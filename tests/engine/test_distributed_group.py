@@ -142,3 +142,17 @@ def test_a_rank_with_another_config_is_refused_naming_the_key(tmp_path, tiny_mod
     other = tiny_model_factory("qwen3", num_hidden_layers=4, rms_norm_eps=1e-5)
     out = run_group(tmp_path, 2, checkpoints["qwen3"], "--depths", "0", models={1: other})
     assert "config rms_norm_eps" in out["refused"]
+
+
+def test_a_vision_checkpoint_over_a_group_serves_text_only_and_says_why(tmp_path):
+    from mtplxd.engine.fixtures.tiny_vision import write_tiny_vision_checkpoint
+
+    model = write_tiny_vision_checkpoint(tmp_path / "tiny-vl")
+    out = run_group(tmp_path, 2, model, "--depths", "0,3", "--max-tokens", "8",
+                    "--prompts", json.dumps(PROMPTS[:1]))
+    assert "refused" not in out and "lost" not in out, out
+    assert out["vision"]["served"] is False
+    assert "not served over a distributed group" in out["vision"]["reason"]
+    reference = single_process(model, [0, 3])
+    for result in out["results"]:
+        assert result["token_ids"][:8] == reference[(result["prompt"], result["depth"])][:8]

@@ -18,6 +18,8 @@ import mlx.core as mx
 
 from mtplxd.engine.decoding.sampling import TokenHistory, apply_penalties
 from mtplxd.engine.interface import SamplingParams, TokenLogprob
+from mtplxd.engine.model.mrope import RowPositions
+from mtplxd.engine.model.mrope import attach as attach_positions
 from mtplxd.engine.model.trunk import PREFILL_CHUNK, Trunk, run_steps
 
 
@@ -25,9 +27,13 @@ class LogprobScorer:
     """Scores committed tokens in order; `top` alternatives per token (0 = none)."""
 
     def __init__(self, trunk: Trunk, params: SamplingParams, prompt_ids: list[int], top: int,
-                 vocab_size: int) -> None:
+                 vocab_size: int, *, embeddings: mx.array | None = None,
+                 positions: RowPositions | None = None) -> None:
         self.trunk, self.params, self.top = trunk, params, top
         self.prompt = list(prompt_ids)
+        # A prompt with images: its spliced input embeddings and multimodal positions, so the
+        # scored distribution is the one the request sampled from.
+        self.embeddings, self.positions = embeddings, positions
         self.history = TokenHistory(vocab_size, prompt_ids)
         self.cache: list[Any] | None = None
         self.next_logits: mx.array | None = None  # (1, V): the row that predicts the next token
@@ -59,5 +65,7 @@ class LogprobScorer:
 
     def _prefill(self) -> None:
         self.cache = self.trunk.make_cache()
-        _, last_logits = run_steps(self.trunk.prefill_steps(self.prompt, self.cache, PREFILL_CHUNK))
+        attach_positions(self.cache, self.positions)
+        _, last_logits = run_steps(self.trunk.prefill_steps(self.prompt, self.cache, PREFILL_CHUNK,
+                                                            embeddings=self.embeddings))
         self.next_logits = last_logits.reshape(1, -1)

@@ -164,6 +164,7 @@ def load_pipeline_model(path: str | os.PathLike, link: Link, *, split: str | Non
     loaded = load_model(path, model_id=model_id, depth=depth, quantize=quantize,
                         shard=keep_only(spec, 0, slices[0][1], ends=True))
     own_seconds = time.perf_counter() - began
+    _text_only_over_a_group(loaded)
     acks = link.call(lambda: wire.recv_json(last, group), LOAD_TIMEOUT_S)
     if acks.get("errors"):
         raise ModelLoadError("; ".join(acks["errors"]))
@@ -189,6 +190,21 @@ def load_pipeline_model(path: str | os.PathLike, link: Link, *, split: str | Non
                       "memory_bytes": peer["memory_bytes"], "load_seconds": ack["load_seconds"]})
     loaded.group = GroupInfo(ranks, [list(s) for s in slices], measure_link(link))
     return loaded
+
+
+GROUP_VISION_REASON = ("images are not served over a distributed group: the workers' attention "
+                       "layers cannot place image rows at their multimodal (mRoPE) positions; "
+                       "serving text only")
+
+
+def _text_only_over_a_group(loaded: LoadedModel) -> None:
+    """Drop the vision tower of a model served over a group, saying why: an image row's
+    positions live with its cache on rank 0, and the workers' layers would rotate it at 1-D
+    positions, an answer no single-process run gives."""
+    if loaded.vision is None:
+        return
+    loaded.vision = None
+    loaded.info.vision, loaded.info.vision_reason = False, GROUP_VISION_REASON
 
 
 def measure_link(link: Link, rounds: int = 5) -> dict[str, Any]:

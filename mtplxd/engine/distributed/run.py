@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         out["load_seconds"] = round(time.perf_counter() - began, 3)
         out["ranks"] = group.hosts.size
         out["group"] = model.group.to_dict()
+        out["vision"] = {"served": model.info.vision, "reason": model.info.vision_reason}
         link = group.link
         prompts, depths = json.loads(args.prompts), [int(d) for d in args.depths.split(",")]
         link.ring_json({"kind": "reset_stats"})

@@ -7,8 +7,10 @@ input embeddings at the positions of its `<|image_pad|>` placeholders (the chat 
 writes one, `expand_placeholders` widens it to `n`), so the speculative and AR paths prefill
 the same embeddings and greedy MTP still equals greedy AR.
 
-Positions: the trunk is mlx-lm's text model with its 1-D rotary positions; Qwen-VL's
-multimodal (t, h, w) positions for image rows are not applied (see docs/api.md, Images).
+Positions: image rows sit at Qwen-VL's multimodal (t, h, w) rotary positions and the text
+after an image continues from the largest one (mrope.py: mlx-vlm's own position computation,
+applied by the trunk's attention layers and the MTP head's), so the trunk sees a prompt where
+mlx-vlm's own model puts it.
 
 `prepare` is tokenizer-side work (PIL and numpy, no MLX) and may run in any thread;
 `embed_prompt` runs the tower on the model-owner thread.
@@ -21,11 +23,14 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mtplxd.engine.interface import ModelLoadError, PreparedImage
+
+if TYPE_CHECKING:
+    from mtplxd.engine.model.mrope import PromptPositions, RowPositions
 
 # model_type -> the mlx-vlm package whose VisionModel and config serve it.
 VISION_FAMILIES = {"qwen3_5": "qwen3_5", "qwen3_5_moe": "qwen3_5_moe"}
@@ -68,6 +73,7 @@ class VisionTower:
     processor: Any        # mlx-vlm Qwen3VLImageProcessor
     image_token_id: int
     merge_size: int
+    positions: PromptPositions | None = None  # the checkpoint's mRoPE rule (mrope.py)
 
     def prepare(self, data: bytes) -> PreparedImage:
         """Decode and preprocess one image (any thread; no MLX). Raises ImageError."""
@@ -131,6 +137,14 @@ class VisionTower:
             last = start + count
         pieces.append(base[last:])
         return mx.concatenate(pieces, axis=0)[None]
+
+    def row_positions(self, prompt_ids: list[int], images: list[PreparedImage]) -> RowPositions | None:
+        """Where each token of this prompt sits (mRoPE), or None for a tower without a
+        position rule."""
+        if self.positions is None:
+            return None
+        return self.positions.for_prompt(prompt_ids, [image.grid_thw for image in images],
+                                         placeholder_runs(prompt_ids, self.image_token_id))
 
 
 def placeholder_runs(prompt_ids: list[int], token_id: int) -> list[tuple[int, int]]:
@@ -206,8 +220,16 @@ def load_vision_tower(path: Path, config: dict[str, Any]) -> VisionTower:
     token = config.get("image_token_id") or config.get("image_token_index")
     if not isinstance(token, int):
         raise ModelLoadError(f"{path.name}: config.json names no image_token_id")
+    from mtplxd.engine.model.mrope import PromptPositions
+
+    try:
+        positions = PromptPositions(family, config)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{path.name}: mlx-vlm cannot read the text config's rotary "
+                             f"positions: {exc}") from None
     return VisionTower(model=model, processor=processor, image_token_id=token,
-                       merge_size=int(getattr(processor, "merge_size", vision_config.spatial_merge_size)))
+                       merge_size=int(getattr(processor, "merge_size", vision_config.spatial_merge_size)),
+                       positions=positions)
 
 
 def _quantize_like(model: Any, weights: dict[str, Any], config: dict[str, Any]) -> None:

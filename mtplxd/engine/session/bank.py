@@ -59,6 +59,7 @@ from mtplxd.engine.session.types import (
 )
 
 if TYPE_CHECKING:
+    from mtplxd.engine.model.mrope import RowPositions
     from mtplxd.engine.model.mtp_head import MTPHead
     from mtplxd.engine.session.store import SessionStore
 
@@ -112,13 +113,20 @@ class BankIdentity:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
+# Files whose settings shape a stored state: the model's config and, for a vision checkpoint,
+# the image processor's (its pixel limits set an image's grid, so its rows and positions).
+FINGERPRINTED_CONFIGS = ("config.json", "preprocessor_config.json", "processor_config.json")
+
+
 def weights_fingerprint(path: str | Path) -> str:
-    """sha256 over config.json's bytes and the name, size and mtime of every weight file."""
+    """sha256 over the bytes of config.json (and the image processor's configs, when
+    present) and the name, size and mtime of every weight file."""
     path = Path(path)
     digest = hashlib.sha256()
-    config = path / "config.json"
-    if config.is_file():
-        digest.update(config.read_bytes())
+    for name in FINGERPRINTED_CONFIGS:
+        config = path / name
+        if config.is_file():
+            digest.update(config.read_bytes())
     for file in sorted(path.glob("*.safetensors")):
         stat = file.stat()
         digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
@@ -186,6 +194,17 @@ def gdn_state(cache: list[Any], kinds: tuple[str, ...]) -> GDNState:
     return state
 
 
+def _positions_continue(entry: BankEntry, matched: int, positions: "RowPositions | None") -> bool:
+    """False when a prompt that runs through the whole entry would place the token after it
+    elsewhere than the entry's own positions do (index + entry.rope_delta): the image rows'
+    (t, h, w) positions are a function of the image bytes the key already names, so this only
+    guards the rule, never a regular restore."""
+    if matched < entry.length:
+        return True
+    expected = positions.delta_at(entry.length) if positions is not None else 0
+    return expected is None or expected == entry.rope_delta
+
+
 # --- one request's view of the bank ------------------------------------------------------
 
 
@@ -199,8 +218,9 @@ class BankTurn:
     def __init__(self, bank: "SessionBank", trunk: Trunk, prompt: list[int], session_id: str,
                  kinds: tuple[str, ...] | None, cache: list[Any], head_cache: list[Any] | None,
                  plan: RestorePlan | None, source: BankEntry | None,
-                 key: list[int] | None = None) -> None:
+                 key: list[int] | None = None, rope_delta: int = 0) -> None:
         self.bank, self.trunk, self.prompt, self.session_id = bank, trunk, prompt, session_id
+        self.rope_delta = rope_delta  # the prompt's (mRoPE); stored with the entry
         # What entries are matched and stored under: the prompt, with image rows replaced by
         # values derived from the image bytes (vision.bank_key).
         self.key = prompt if key is None else key
@@ -403,13 +423,16 @@ class SessionBank:
     # -- requests (owner thread) ----------------------------------------------------------
 
     def begin(self, trunk: Trunk, head: "MTPHead | None", prompt: list[int],
-              session_id: str | None = None, key: list[int] | None = None) -> BankTurn:
+              session_id: str | None = None, key: list[int] | None = None,
+              positions: "RowPositions | None" = None) -> BankTurn:
         """Restore the longest usable stored prefix of `prompt` into fresh caches.
 
         `head` is the MTP head when the request speculates (its cache is restored too),
         None for AR. `key` is what entries are matched and stored under when it is not the
-        prompt itself (a prompt with images: vision.bank_key). Never raises for a miss: the
-        turn then starts from empty caches.
+        prompt itself (a prompt with images: vision.bank_key), and `positions` the prompt's
+        multimodal rotary positions (its rope_delta is stored with the entry; an entry is only
+        restored whole where the prompt continues at the entry's rope_delta). Never raises
+        for a miss: the turn then starts from empty caches.
         """
         session = session_id or ANONYMOUS
         fed = prompt
@@ -417,34 +440,38 @@ class SessionBank:
         cache = trunk.make_cache()
         kinds = cache_kinds(cache)
         head_cache = trunk.make_head_cache(head) if head is not None else None
+        rope_delta = positions.rope_delta if positions is not None else 0
         if kinds is None:
-            return BankTurn(self, trunk, fed, session, None, cache, head_cache, None, None, prompt)
+            return BankTurn(self, trunk, fed, session, None, cache, head_cache, None, None, prompt,
+                            rope_delta)
         need_head = head is not None
         with self._lock:
             self._expire()
             self.counters.prompt_tokens += len(prompt)
-            entry, plan = self._best_ram(prompt, need_head, session)
+            entry, plan = self._best_ram(prompt, need_head, session, positions)
         ram_entry = entry
-        entry, plan = self._maybe_ssd(prompt, need_head, session, entry, plan, kinds)
+        entry, plan = self._maybe_ssd(prompt, need_head, session, entry, plan, kinds, positions)
         if entry is None or plan is None:
             self.counters.misses += 1
-            return BankTurn(self, trunk, fed, session, kinds, cache, head_cache, None, None, prompt)
+            return BankTurn(self, trunk, fed, session, kinds, cache, head_cache, None, None, prompt,
+                            rope_delta)
         with self._lock:
             entry.hits += 1
             entry.last_used = self.clock()
             self.counters.hits += 1
             self.counters.cached_tokens += plan.trunk_len
         self._install(entry, plan, cache, head_cache)
-        turn = BankTurn(self, trunk, fed, session, kinds, cache, head_cache, plan, entry, prompt)
+        turn = BankTurn(self, trunk, fed, session, kinds, cache, head_cache, plan, entry, prompt,
+                        rope_delta)
         if entry is not ram_entry and turn.cached:
             turn.restored_from = "ssd"
         return turn
 
-    def _best_ram(self, prompt: list[int], need_head: bool,
-                  session: str) -> tuple[BankEntry | None, RestorePlan | None]:
+    def _best_ram(self, prompt: list[int], need_head: bool, session: str,
+                  positions: "RowPositions | None") -> tuple[BankEntry | None, RestorePlan | None]:
         best: tuple[tuple, BankEntry, RestorePlan] | None = None
         for entry in self._entries.values():
-            plan = self._plan(entry, prompt, need_head)
+            plan = self._plan(entry, prompt, need_head, positions)
             if plan is None:
                 continue
             rank = (plan.trunk_len, entry.session_id == session, entry.last_used)
@@ -452,18 +479,22 @@ class SessionBank:
                 best = (rank, entry, plan)
         return (best[1], best[2]) if best else (None, None)
 
-    def _plan(self, entry: BankEntry, prompt: list[int], need_head: bool) -> RestorePlan | None:
+    def _plan(self, entry: BankEntry, prompt: list[int], need_head: bool,
+              positions: "RowPositions | None" = None) -> RestorePlan | None:
         if need_head and entry.head_kv is None:
             return None
         if self.identity.cache_dtype and entry.dtype not in (None, self.identity.cache_dtype):
             # Restoring it would mix dtypes into the cache: output no cold run produces.
             return None
+        matched = common_prefix(entry.tokens, prompt)
+        if not _positions_continue(entry, matched, positions):
+            return None
         tail = entry.tail_hidden.shape[1] if entry.tail_hidden is not None else 0
         boundaries = sorted(entry.boundaries) if entry.hybrid else None
         return plan_restore(entry.length, boundaries, entry.head_len, tail,
-                            common_prefix(entry.tokens, prompt), len(prompt), need_head)
+                            matched, len(prompt), need_head)
 
-    def _maybe_ssd(self, prompt, need_head, session, entry, plan, kinds):
+    def _maybe_ssd(self, prompt, need_head, session, entry, plan, kinds, positions=None):
         """Load a deeper match from the SSD tier (if any) into RAM."""
         if self.store is None:
             return entry, plan
@@ -477,7 +508,7 @@ class SessionBank:
         loaded.session_id = session
         loaded.last_used = self.clock()
         loaded.on_ssd = True
-        loaded_plan = self._plan(loaded, prompt, need_head)
+        loaded_plan = self._plan(loaded, prompt, need_head, positions)
         if loaded_plan is None or loaded_plan.trunk_len <= have:
             return entry, plan
         self.counters.ssd_hits += 1
@@ -529,7 +560,8 @@ class SessionBank:
             prompt_end = len(turn.key)
             boundaries = self._thin(boundaries, keep={prompt_end - 1, prompt_end, length})
         entry = BankEntry(tokens=tokens, kinds=kinds, kv=kv, boundaries=boundaries,
-                          session_id=turn.session_id, last_used=self.clock())
+                          session_id=turn.session_id, last_used=self.clock(),
+                          rope_delta=turn.rope_delta)
         if head_cache is not None and head_cache[0].keys is not None:
             head = head_cache[0]
             entry.head_len = head.offset

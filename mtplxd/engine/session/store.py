@@ -269,6 +269,7 @@ class SessionStore:
             "has_head": entry.head_kv is not None,
             "boundaries": sorted(entry.boundaries) if entry.hybrid else None,
             "kinds": list(entry.kinds), "session_id": entry.session_id,
+            "rope_delta": entry.rope_delta,
             "tokens": np.asarray(entry.tokens, dtype="<i4").tobytes(),
         }
         tensors = [to_host(name, array) for name, array in _tensor_names(entry)]
@@ -317,8 +318,9 @@ class SessionStore:
             self._forget(sha, corrupt=True)
             return None
         try:
-            arrays, _ = decode_safetensors(data)
+            arrays, header = decode_safetensors(data)
             entry = entry_from_arrays(arrays, row, row["tokens"])
+            entry.rope_delta = int(header.get("rope_delta", 0))
         except (ValueError, KeyError) as exc:
             log.warning("session bank: blob %s unreadable (%s); dropped", sha[:12], exc)
             self._forget(sha, corrupt=True)
@@ -375,7 +377,10 @@ class SessionStore:
                 self._queue.task_done()
 
     def _write(self, item: _Pending) -> None:
-        data = encode_safetensors(item.tensors, {"format": "mtplx-session-bank/1"})
+        # rope_delta (mRoPE, prompts with images) rides in the blob's header: the manifest
+        # only needs what picks a match.
+        data = encode_safetensors(item.tensors, {"format": "mtplx-session-bank/1",
+                                                 "rope_delta": str(item.meta.get("rope_delta", 0))})
         sha = hashlib.sha256(data).hexdigest()
         path = self._blob_path(sha)
         if not path.exists():

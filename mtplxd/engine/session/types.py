@@ -38,6 +38,8 @@ class BankEntry:
     head_kv: tuple[mx.array, mx.array] | None = None  # (1, H, head_len, D)
     head_len: int = 0
     tail_hidden: mx.array | None = None  # (1, S - head_len, H) trunk hiddens, or None
+    # A prompt with images (mRoPE): token i >= S continues at 1-D position i + rope_delta.
+    rope_delta: int = 0
     session_id: str = ANONYMOUS
     last_used: float = 0.0
     hits: int = 0
