@@ -190,9 +190,33 @@ def test_bench_prefill_reports_rate_first_token_and_peak_memory_per_length(tiny_
     report = json.loads(out.read_text())
     rows = report["prefill"]
     assert [r["tokens"] for r in rows] == [40, 600]
+    assert report["chunk"] == 512 and [r["chunks"] for r in rows] == [1, 2]
     for row in rows:
         assert row["tokens_per_second"] > 0 and len(row["runs"]) == 1
         assert 0 < row["ttft_seconds"] == row["ttft_runs"][0]
+        assert 0 < row["cpu_seconds"] == row["cpu_runs"][0]
         assert row["peak_memory_bytes"] > 0
     assert report["command"].startswith("python -m mtplxd.engine.bench.prefill")
     assert "first token after" in capsys.readouterr().out
+
+
+def test_bench_prefill_chunk_option_sets_the_requests_prefill_chunk(tiny_model_factory, tmp_path):
+    from mtplxd.engine.bench.prefill import main as prefill_main
+
+    out = tmp_path / "prefill.json"
+    assert prefill_main(["--model", str(tiny_model_factory("qwen3")), "--tokens", "600",
+                         "--repeats", "1", "--chunk", "128", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["chunk"] == 128 and report["prefill"][0]["chunks"] == 5  # 4 x 128 + 88
+
+
+def test_bench_ops_prefill_section_times_each_step_of_a_chunks_attention():
+    from mtplxd.engine.bench.ops import SECTIONS, _prefill_attention
+
+    timed: dict[str, float] = {}
+    _prefill_attention(lambda name, us: timed.__setitem__(name, us), rows=8, keys=24)
+    steps = [name.removeprefix("prefill ").removesuffix(" q=8 kv=24 f32") for name in timed]
+    assert steps == ["sdpa causal", "scores q@k^T", "mask where", "softmax", "exp alone",
+                     "power(e, x) alone", "add alone", "weights@v"]
+    assert all(us > 0 for us in timed.values())
+    assert "prefill" in SECTIONS

@@ -1,17 +1,21 @@
 """What single ops cost on this device, by row count: the kernels a verify and a draft use.
 
-    python -m mtplxd.engine.bench.ops OUT.json [mm,sdpa,norm,samp,big]
+    python -m mtplxd.engine.bench.ops OUT.json [mm,sdpa,norm,samp,big,prefill]
 
 Each figure is the median time per op of a chain of ops evaluated together (after warm-up),
 so on a GPU it is the op's launch and run time, not a host round trip. Sections: bf16 and
 quantized matmuls at 1-8 rows ("mm"), attention over a 512-slot buffer with and without
 masks, and on CUDA through the fused cycle's buffer kernel ("sdpa"), rms_norm and rope
-("norm"), the sampling pieces over an 8192 vocabulary ("samp"), and a training-sized matmul
-in float32 and bfloat16 ("big").
+("norm"), the sampling pieces over an 8192 vocabulary ("samp"), a training-sized matmul
+in float32 and bfloat16 ("big"), and one prefill chunk's attention taken apart ("prefill":
+512 queries against 4,608 keys in float32, as the Linux CPU computes, through
+mx.fast.scaled_dot_product_attention and through each step its CPU fallback runs, plus one
+elementwise add and one exp over the same scores for scale).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Callable
 
@@ -22,7 +26,7 @@ from mtplxd.engine.decoding import buffer_attention
 from mtplxd.engine.decoding.sampling import scaled_logits
 from mtplxd.engine.interface import SamplingParams
 
-SECTIONS = ("mm", "sdpa", "norm", "samp", "big")
+SECTIONS = ("mm", "sdpa", "norm", "samp", "big", "prefill")
 
 
 def per_op_us(build: Callable[[int], object], n: int = 32, repeats: int = 20) -> float:
@@ -152,6 +156,35 @@ def _training_matmul(record) -> None:
         record(f"training matmul 32768x384x1024 {dt} (TFLOP/s={2 * 32768 * 384 * 1024 / us / 1e6:.0f})", us)
 
 
+def _prefill_attention(record, rows: int = 512, keys: int = 4096 + 512) -> None:
+    # The embedded model's shapes: 4 query heads on 2 KV heads of 64, one 512-token chunk
+    # after 4,096 cached tokens. Each op runs alone (n=1): one is already milliseconds.
+    # "power" is exp as libm's powf(e, x), an alternative to MLX's own CPU exp.
+    dt = mx.float32
+    q = mx.random.normal((1, 4, rows, 64)).astype(dt)
+    k = mx.random.normal((1, 2, keys, 64)).astype(dt)
+    v = mx.random.normal((1, 2, keys, 64)).astype(dt)
+    grouped_q = q.reshape(1, 2, 2 * rows, 64)  # both query heads of a KV head as one matmul
+    scores = grouped_q @ k.swapaxes(-1, -2)
+    causal = (mx.arange(keys - rows, keys)[:, None] >= mx.arange(keys)[None]).reshape(1, 1, rows, keys)
+    weights = mx.softmax(scores, axis=-1)
+    mx.eval(q, k, v, grouped_q, scores, causal, weights)
+    shape = f"q={rows} kv={keys} f32"
+    pieces = {
+        f"prefill sdpa causal {shape}": lambda: mx.fast.scaled_dot_product_attention(
+            q, k, v, scale=0.125, mask="causal"),
+        f"prefill scores q@k^T {shape}": lambda: grouped_q @ k.swapaxes(-1, -2),
+        f"prefill mask where {shape}": lambda: mx.where(causal, scores.reshape(1, 2, 2, rows, keys), -1e30),
+        f"prefill softmax {shape}": lambda: mx.softmax(scores, axis=-1),
+        f"prefill exp alone {shape}": lambda: mx.exp(scores),
+        f"prefill power(e, x) alone {shape}": lambda: mx.power(mx.array(math.e, dt), scores),
+        f"prefill add alone {shape}": lambda: scores + 1.0,
+        f"prefill weights@v {shape}": lambda: weights @ v,
+    }
+    for name, fn in pieces.items():
+        record(name, per_op_us(lambda n, fn=fn: [fn() for _ in range(n)], n=1, repeats=5))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -174,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return y
     record("elementwise add [1,384]", per_op_us(adds))
     runners = {"mm": _matmuls, "sdpa": _attention, "norm": _norms, "samp": _sampling,
-               "big": _training_matmul}
+               "big": _training_matmul, "prefill": _prefill_attention}
     for name in sections:
         runners[name](record)
     write_report(argv[0], {"device": device_name(), "mlx_version": mx.__version__,

@@ -2,12 +2,14 @@
 the first token, and the memory it took.
 
     python -m mtplxd.engine.bench.prefill --model PATH [--tokens 8192,32768,65536]
-        [--repeats 2] [--quantize auto|none|8bit|4bit] [--json-out FILE]
+        [--repeats 2] [--chunk 512] [--quantize auto|none|8bit|4bit] [--json-out FILE]
 
 Each length runs `repeats` one-token requests of random token ids through the engine's
-generation path, each into a fresh cache (no session bank), in the daemon's prefill chunks;
-the figures are medians of the request's own stats, as /v1 reports them: prefill tokens/s
-(the trunk over the prompt) and the time to the first token (prefill and the first sample).
+generation path, each into a fresh cache (no session bank), in `--chunk`-token prefill
+chunks (default: the daemon's); the figures are medians of the request's own stats, as /v1
+reports them: prefill tokens/s (the trunk over the prompt) and the time to the first token
+(prefill and the first sample). `cpu_seconds` is the process's CPU time per request (all
+its threads): on a machine shared with other jobs it moves less than wall time does.
 `peak_memory_bytes` is MLX's peak over the length's runs (weights, the KV cache, and one
 chunk's attention scores against the whole prefix). Lengths past the model's context are
 measured all the same (the cost does not depend on it).
@@ -16,11 +18,13 @@ measured all the same (the cost does not depend on it).
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from mtplxd.engine.bench.harness import (add_quantize_option, bench_parser, command_line,
                                          machine, median, write_report)
+from mtplxd.engine.model.trunk import PREFILL_CHUNK
 
 PROG = "python -m mtplxd.engine.bench.prefill"
 
@@ -32,21 +36,27 @@ def prompt_ids(model: Any, tokens: int) -> list[int]:
     return np.random.default_rng(tokens).integers(5, model.info.vocab_size - 5, size=tokens).tolist()
 
 
-def measure_prefill(model: Any, tokens: int, repeats: int) -> dict[str, Any]:
-    """Median prefill tokens/s and TTFT of one-token requests to `model` (a LoadedModel)."""
+def measure_prefill(model: Any, tokens: int, repeats: int, chunk: int = PREFILL_CHUNK) -> dict[str, Any]:
+    """Median prefill tokens/s, TTFT and CPU seconds of one-token requests to `model` (a
+    LoadedModel), prefilled in `chunk`-token pieces."""
     import mlx.core as mx
 
     from mtplxd.engine import GenerationRequest, SamplingParams
 
-    request = GenerationRequest(prompt_ids=prompt_ids(model, tokens),
+    request = GenerationRequest(prompt_ids=prompt_ids(model, tokens), prefill_chunk=chunk,
                                 sampling=SamplingParams(temperature=0.0, max_tokens=1))
     mx.clear_cache()
     mx.reset_peak_memory()
-    stats = [model.complete(request).stats for _ in range(repeats)]
+    stats, cpu = [], []
+    for _ in range(repeats):
+        started = time.process_time()
+        stats.append(model.complete(request).stats)
+        cpu.append(time.process_time() - started)
     rates = [s.prefill_tokens_per_second for s in stats]
     ttfts = [s.ttft_seconds for s in stats]
     return {"tokens": tokens, "tokens_per_second": median(rates), "runs": rates,
             "ttft_seconds": median(ttfts), "ttft_runs": ttfts,
+            "cpu_seconds": median(cpu), "cpu_runs": cpu, "chunks": stats[0].prefill_chunks,
             "peak_memory_bytes": int(mx.get_peak_memory())}
 
 
@@ -56,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="HF-format model folder")
     parser.add_argument("--tokens", default="8192,32768,65536", help="comma-separated prompt lengths")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--chunk", type=int, default=PREFILL_CHUNK,
+                        help=f"prefill chunk in tokens (default {PREFILL_CHUNK}, the daemon's)")
     add_quantize_option(parser)
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -66,13 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [int(n) for n in args.tokens.split(",") if n.strip()]
     report = {
         "model": model.info.to_dict(),
-        "prefill": [measure_prefill(model, n, args.repeats) for n in lengths],
+        "chunk": args.chunk,
+        "prefill": [measure_prefill(model, n, args.repeats, args.chunk) for n in lengths],
         **machine(),
         "command": command_line(PROG, argv),
     }
     for row in report["prefill"]:
         print(f"prefill {row['tokens']:>6} tokens: {row['tokens_per_second']:8.1f} tok/s, "
-              f"first token after {row['ttft_seconds']:.2f} s, peak {row['peak_memory_bytes'] / 2**30:.2f} GiB")
+              f"first token after {row['ttft_seconds']:.2f} s, {row['cpu_seconds']:.1f} CPU s, peak {row['peak_memory_bytes'] / 2**30:.2f} GiB")
     if args.json_out:
         write_report(args.json_out, report, announce=True)
     return 0
