@@ -253,7 +253,7 @@ class _Items:
                     "content": [{"type": "reasoning_text", "text": ""}], "status": "in_progress"}
         elif isinstance(event, ContentDelta):
             item = {"type": "message", "id": "msg_" + suffix, "status": "in_progress", "role": "assistant",
-                    "content": [{"type": "output_text", "text": "", "annotations": []}]}
+                    "content": [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]}
         else:
             item = self.tools.item_for(event)
         self.items.append(item)
@@ -339,7 +339,7 @@ async def _stream(gen: Generations, plan: Plan, response_id: str, body: dict[str
             elif isinstance(item, LogprobItems):
                 writer.logprobs += chat_content(await gen.show_logprobs(item.entries))
             elif isinstance(item, Outcome):
-                yield writer.close()
+                yield writer.finish()
                 final = _response_object(response_id, plan, "completed", items.items, body, item)
                 name = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
                 yield events.frame(name, {"response": final})
@@ -367,6 +367,17 @@ class _StreamWriter:
     def index(self) -> int:
         return len(self.items.items) - 1
 
+    def finish(self) -> bytes:
+        """Close the open item at the end of the stream. Tokens decoded after the last message
+        closed (a trailing tool call, the end-of-turn token) no text delta can carry; their
+        logprobs join the last message's part, as the whole response puts every token's."""
+        out = self.close()
+        messages = [item for item in self.items.items if item["type"] == "message"]
+        if messages and self.logprobs:
+            messages[-1]["content"][0]["logprobs"].extend(self.logprobs)
+            self.logprobs = []
+        return out
+
     def close(self) -> bytes:
         item, self.current, self.kind = self.current, None, None
         if item is None:
@@ -374,9 +385,16 @@ class _StreamWriter:
         out = b""
         if item["type"] in ("message", "reasoning"):
             part = item["content"][0]
+            done: dict[str, Any] = {"item_id": item["id"], "output_index": self.index, "content_index": 0,
+                                    "text": part["text"]}
+            if item["type"] == "message":
+                # Tokens decoded after the last text delta (held-back text, the end-of-turn
+                # token): their logprobs belong to this text too; the done event has them all.
+                part["logprobs"].extend(self.logprobs)
+                self.logprobs = []
+                done["logprobs"] = part["logprobs"]
             name = "response.output_text.done" if item["type"] == "message" else "response.reasoning_text.done"
-            out += self.events.frame(name, {"item_id": item["id"], "output_index": self.index,
-                                            "content_index": 0, "text": part["text"]})
+            out += self.events.frame(name, done)
             out += self.events.frame("response.content_part.done", {
                 "item_id": item["id"], "output_index": self.index, "content_index": 0, "part": part})
         return out + self.events.frame("response.output_item.done",
@@ -411,7 +429,7 @@ class _StreamWriter:
                 # The logprobs of every token decoded since the last text delta (reasoning and
                 # call tokens included) ride on the next one.
                 extra["logprobs"], self.logprobs = self.logprobs, []
-                item["content"][0].setdefault("logprobs", []).extend(extra["logprobs"])
+                item["content"][0]["logprobs"].extend(extra["logprobs"])
             out += self.events.frame(name, {"item_id": item["id"], "output_index": self.index,
                                             "content_index": 0, "delta": event.text, **extra})
         return out

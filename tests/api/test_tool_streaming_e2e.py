@@ -102,6 +102,34 @@ def test_responses_streams_function_call_arguments_delta(api):
     assert [(c.name, json.loads(c.arguments)) for c in calls] == EXPECTED
 
 
+def _logprob_values(entries) -> list[tuple[str, float, list[str]]]:
+    return [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in entries]
+
+
+def test_responses_logprobs_equal_chats_with_the_tokens_after_the_last_text_delta(oai):
+    """Every generated token's logprob reaches the answer's output_text part, stream and not,
+    the tool calls' and the end-of-turn token's too (no text delta follows them): the values
+    chat reports for the same greedy request."""
+    chat = oai.chat.completions.create(model="scripted-tools", messages=USER, tools=OPENAI_TOOLS,
+                                       temperature=0, logprobs=True, top_logprobs=2)
+    want = _logprob_values(chat.choices[0].logprobs.content)
+    base = dict(model="scripted-tools", input="look at main.py and list /tmp", tools=RESPONSES_TOOLS,
+                temperature=0, top_logprobs=2, include=["message.output_text.logprobs"])
+    [whole] = [i for i in oai.responses.create(**base).output if i.type == "message"]
+    assert _logprob_values(whole.content[0].logprobs) == want
+    events = list(oai.responses.create(stream=True, **base))
+    deltas = [e for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs]
+    [done] = [ev for ev in events if ev.type == "response.output_text.done"]
+    [final] = [i for i in events[-1].response.output if i.type == "message"]
+    assert events[-1].type == "response.completed"
+    assert _logprob_values(final.content[0].logprobs) == want
+    # The deltas carry the tokens up to the text's end; the done event adds what was decoded
+    # before the message closed; the tokens after it are only in the final part.
+    assert 0 < len(deltas) <= len(done.logprobs) < len(want)
+    assert _logprob_values(done.logprobs) == want[:len(done.logprobs)]
+    assert _logprob_values(deltas) == want[:len(deltas)]
+
+
 def test_malformed_arguments_end_as_a_call_with_the_raw_text_never_a_500(tmp_path_factory):
     checkpoint = write_scripted_checkpoint(tmp_path_factory.mktemp("models") / "scripted-malformed", MALFORMED)
     with serving(checkpoint, tmp_path_factory.mktemp("api-home")) as daemon:
