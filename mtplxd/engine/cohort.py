@@ -5,9 +5,10 @@ the steps a cohort shares: it yields a call for each (decoding/cohort_rows.py) a
 After a scheduler turn has stepped every row:
   - draft: the MTP rows' DraftCalls are grouped into cohorts (whatever their depths) and
     each cohort's heads run as one batched forward per depth step (run_drafts);
-  - verify: the VerifyCalls with the same block length L (MTP rows of one depth:
-    L = depth + 1; AR rows: L = 1, the AR batch lane) run as one target forward per cohort
-    (run_cohort);
+  - verify: the MTP rows' VerifyCalls (blocks of depth + 1 tokens, whatever the depth:
+    shorter blocks are right-padded to the longest and each row's cache advances by its own
+    length only) run as one target forward per cohort (run_cohort); AR rows (L = 1) form the
+    AR batch lane, their own cohorts;
   - settle: every row's accept decisions are evaluated in one mx.eval (settle_together),
     the turn's one host sync, and each row commits and rolls back on its own.
 Cohorts have a fixed width (by default 1, 3 or 8 rows; sealed at the narrowest width that
@@ -81,14 +82,14 @@ def seal(count: int, widths: tuple[int, ...]) -> list[tuple[int, int]]:
 def group(calls: list[VerifyCall] | list[DraftCall],
           widths: tuple[int, ...]) -> list[tuple[list[int], int]]:
     """Cohorts for one turn's calls: [(indices into calls, width)], in the calls' order
-    (admission order: FIFO). Verify calls of equal block length go together; draft calls of
-    one model go together whatever their depths."""
-    by_length: dict[tuple[int, int], list[int]] = {}
+    (admission order: FIFO). The calls of one model's MTP rows go together whatever their
+    depths; AR rows' verify calls (L = 1) make the AR batch lane."""
+    by_length: dict[tuple[int, bool], list[int]] = {}
     for index, call in enumerate(calls):
         if isinstance(call, DraftCall):
-            key = (id(call.decoder.trunk), 0)
+            key = (id(call.decoder.trunk), True)
         else:
-            key = (id(call.trunk), call.length)
+            key = (id(call.trunk), call.length > 1)
         by_length.setdefault(key, []).append(index)
     cohorts = []
     for indices in by_length.values():
@@ -101,16 +102,24 @@ def group(calls: list[VerifyCall] | list[DraftCall],
 
 def run_cohort(calls: list[VerifyCall], width: int,
                numerics: str) -> list[tuple[mx.array | None, mx.array]]:
-    """Verify every call's block (one trunk, one length) as one cohort of `width` rows; return
-    each row's (hidden (1, L, H) or None, logits (1, L, V)), lazily evaluated."""
+    """Verify every call's block (one trunk) as one cohort of `width` rows; return each row's
+    (hidden (1, L, H) or None, logits (1, L, V)) for its own block length L, lazily
+    evaluated. Blocks shorter than the longest are right-padded; the padding's results are
+    discarded and never enter a cache."""
     trunk = calls[0].trunk
     if numerics == "exact" or not batched_supported(trunk):
         return [trunk.forward(call.tokens, call.cache, all_logits=True) for call in calls]
+    lengths = [call.length for call in calls]
+    longest = max(lengths)
+    rows = [call.tokens if call.length == longest else
+            mx.concatenate([call.tokens, mx.zeros((1, longest - call.length), call.tokens.dtype)], axis=1)
+            for call in calls]
     padding = width - len(calls)
-    tokens = mx.concatenate([call.tokens for call in calls]
-                            + [mx.zeros_like(calls[0].tokens)] * padding, axis=0)
-    hidden, logits = batched_forward(trunk, tokens, [call.cache for call in calls] + [None] * padding)
-    return [(hidden[i:i + 1], logits[i:i + 1]) for i in range(len(calls))]
+    tokens = mx.concatenate(rows + [mx.zeros_like(rows[0])] * padding, axis=0)
+    ragged = None if len(set(lengths)) == 1 else lengths + [longest] * padding
+    hidden, logits = batched_forward(trunk, tokens, [call.cache for call in calls] + [None] * padding,
+                                     ragged)
+    return [(hidden[i:i + 1, :n], logits[i:i + 1, :n]) for i, n in enumerate(lengths)]
 
 
 def run_drafts(calls: list[DraftCall], width: int, numerics: str,

@@ -182,6 +182,20 @@ def test_bench_cohort_times_widths_and_measures_the_logit_difference(tmp_path):
     assert report["max_abs_logit_difference_batched_vs_per_row"]["3"] < 1e-3
 
 
+def test_bench_cohort_with_a_model_times_batched_drafting_against_per_row(tiny_model_factory, tmp_path):
+    from mtplxd.engine.bench.cohort import main as cohort_main
+
+    out = tmp_path / "cohort.json"
+    assert cohort_main(["--model", str(tiny_model_factory("qwen3")), "--dtype", "float32",
+                        "--context", "16", "--depth", "2", "--widths", "1,3", "--repeats", "1",
+                        "--divergence-tokens", "6", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["draft_cost"]) == {"W=1", "W=3"}
+    assert all(cost["batched_ms"] > 0 and cost["per_row_ms"] > 0
+               for cost in report["draft_cost"].values())
+    assert report["first_divergence_vs_solo_ar"]["3"] == [None, None, None]
+
+
 def test_bench_prefill_reports_rate_first_token_and_peak_memory_per_length(tiny_model_factory, tmp_path, capsys):
     from mtplxd.engine.bench.prefill import main as prefill_main
 

@@ -47,24 +47,26 @@ def batched_supported(trunk: Trunk) -> bool:
     return _is_hybrid_body(body) and getattr(body, "pipeline_size", 1) == 1
 
 
-def batched_forward(trunk: Trunk, tokens: mx.array,
-                    caches: list[list[Any] | None]) -> tuple[mx.array, mx.array]:
+def batched_forward(trunk: Trunk, tokens: mx.array, caches: list[list[Any] | None],
+                    lengths: list[int] | None = None) -> tuple[mx.array, mx.array]:
     """Run (W, L) tokens, row i on `caches[i]` (None: a padding row whose output is unused);
     return (post-norm hidden (W, L, H), logits (W, L, V)). Every live row's cache advances by
-    L exactly as `trunk.forward` on that row alone would advance it."""
+    L exactly as `trunk.forward` on that row alone would advance it. With `lengths`, row i's
+    tokens are its first lengths[i] (right-padded: rows of different depths in one verify):
+    its cache advances by lengths[i] and only those positions of its output are its own."""
     body = trunk.text.model
     h = body.embed_tokens(tokens)
     if _is_dense_body(body):
-        masks = _row_masks(h, caches, 0, create_attention_mask)
+        masks = _row_masks(h, caches, 0, create_attention_mask, lengths)
         for index, layer in enumerate(body.layers):
-            h = _dense_block(layer, h, masks, _layer_caches(caches, index))
+            h = _dense_block(layer, h, masks, _layer_caches(caches, index), lengths)
     else:
         # The model's own rule: attention layers share one mask, DeltaNet layers another.
-        fa_masks = _row_masks(h, caches, body.fa_idx, create_attention_mask)
-        ssm_masks = _row_masks(h, caches, body.ssm_idx, create_ssm_mask)
+        fa_masks = _row_masks(h, caches, body.fa_idx, create_attention_mask, lengths)
+        ssm_masks = _row_masks(h, caches, body.ssm_idx, create_ssm_mask, lengths)
         for index, layer in enumerate(body.layers):
             masks = ssm_masks if layer.is_linear else fa_masks
-            h = _hybrid_block(layer, h, masks, _layer_caches(caches, index))
+            h = _hybrid_block(layer, h, masks, _layer_caches(caches, index), lengths)
     hidden = body.norm(h)
     return hidden, trunk.lm_head(hidden)
 
@@ -79,8 +81,7 @@ def batched_head(head: Any, hidden: mx.array, embeddings: mx.array,
     x = head.fc(x)
     layer = head.layers[0]
     layer_caches = _layer_caches(caches, 0)
-    masks = [None if cache is None else create_attention_mask(x[i:i + 1, :lengths[i]], cache)
-             for i, cache in enumerate(layer_caches)]
+    masks = _row_masks(x, caches, 0, create_attention_mask, lengths)
     if _is_dense_block(layer):
         x = _dense_block(layer, x, masks, layer_caches, lengths)
     else:
@@ -89,10 +90,11 @@ def batched_head(head: Any, hidden: mx.array, embeddings: mx.array,
 
 
 def _row_masks(h: mx.array, caches: list[list[Any] | None], index: int | None,
-               make: Any) -> list[Any]:
+               make: Any, lengths: list[int] | None = None) -> list[Any]:
     if index is None:
         return [None] * len(caches)
-    return [None if cache is None else make(h[i:i + 1], cache[index])
+    ends = lengths or [h.shape[1]] * len(caches)
+    return [None if cache is None else make(h[i:i + 1, :ends[i]], cache[index])
             for i, cache in enumerate(caches)]
 
 
