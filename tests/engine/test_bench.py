@@ -148,7 +148,7 @@ def test_mtplxctl_bench_streams_runs_every_concurrency_arm_side_by_side(tiny_mod
                      timeout=300)
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
-    assert report["depth"] == 2 and report["numerics"] == "throughput"
+    assert report["depth"] == 2 and report["numerics"] == "throughput" and report["complete"]
     one, three = report["streams"]["1"], report["streams"]["3"]
     assert set(one) == {"serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row",
                         "mtp_cohorts", "direct_mtp", "direct_ar"}

@@ -22,6 +22,8 @@ At each stream count N, N greedy requests (the bench prompts in turn, ignore_eos
 Then a late short request: two long MTP generations decode, a short one arrives, and its
 TTFT is set against its own solo prefill plus two of the long rows' decode cycles (cohorts
 off and always).
+With --json-out the report is rewritten after each stream count ("complete": false until the
+end), so a run cut short by a time limit keeps what it measured.
 TTFT counts from arrival (queue wait included); aggregate tok/s is all tokens over the wall
 time from arrival to the last result; per-request tok/s is each request's own decode rate.
 The arms alternate within each repeat so the machine's drift hits them alike.
@@ -278,21 +280,29 @@ def main(argv: list[str] | None = None) -> int:
         # Warm-up: compiled graphs, cohort widths and first-call costs stay out of the figures.
         for arm in arms:
             run_arm(owner, model, arm, 3, depth, 16)
-        figures = bench_streams(owner, model, arms, depth, streams, args.max_tokens, args.repeats)
-        late = {}
+        figures: dict[str, Any] = {}
+        late: dict[str, Any] = {}
+
+        def report_so_far(complete: bool) -> dict[str, Any]:
+            return {
+                "bench": "concurrency",
+                "command": command_line("python -m mtplxd.engine.bench.concurrency", argv),
+                "model": model.info.id, "machine": machine(), "max_tokens": args.max_tokens,
+                "repeats": args.repeats, "depth": depth, "numerics": args.numerics,
+                "cohort_widths": list(owner.scheduler.widths), "arms": arms,
+                "streams": figures, "ratios": ratios(figures),
+                "late_short_request_beside_two_long": late, "complete": complete,
+            }
+
+        for n in streams:
+            figures.update(bench_streams(owner, model, arms, depth, [n], args.max_tokens, args.repeats))
+            if args.json_out:  # a run stopped by a time limit keeps what it measured
+                write_report(args.json_out, report_so_far(False))
         if model.head is not None:
             for mode in ("off", "always"):
                 late[f"cohorts_{mode}"] = late_short_request(owner, model, depth, mode)
                 print(f"late short request, cohorts {mode}: {late[f'cohorts_{mode}']}", flush=True)
-        report = {
-            "bench": "concurrency",
-            "command": command_line("python -m mtplxd.engine.bench.concurrency", argv),
-            "model": model.info.id, "machine": machine(), "max_tokens": args.max_tokens,
-            "repeats": args.repeats, "depth": depth, "numerics": args.numerics,
-            "cohort_widths": list(owner.scheduler.widths), "arms": arms,
-            "streams": figures, "ratios": ratios(figures),
-            "late_short_request_beside_two_long": late,
-        }
+        report = report_so_far(True)
     finally:
         model = None
         # MLX arrays must die on the thread that made them (else the process aborts at exit).
