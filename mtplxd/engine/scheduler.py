@@ -364,8 +364,7 @@ class Scheduler:
         """Answer this turn's cohort calls a phase at a time (drafts, then verifies, then the
         one sync), until every row has committed its cycle."""
         while waiting:
-            kind = next(k for k in (DraftCall, VerifyCall, SettleCall)
-                        if any(isinstance(call, k) for _, call in waiting))
+            kind = next(k for k in PHASES if any(isinstance(call, k) for _, call in waiting))
             batch = [(row, call) for row, call in waiting if isinstance(call, kind)]
             waiting = [(row, call) for row, call in waiting if not isinstance(call, kind)]
             if kind is SettleCall:
@@ -395,7 +394,7 @@ class Scheduler:
                 row = batch[i][0]
                 if kind is VerifyCall:
                     row.cohort_widths[width] = row.cohort_widths.get(width, 0) + 1
-                following += self._next_call(row, answer)
+                following += self._next_call(row, answer, kind)
         return following
 
     def _settle(self, calls: list[SettleCall], batch: list[tuple[Row, CohortCall]]
@@ -409,13 +408,21 @@ class Scheduler:
             return []
         following = []
         for row, _ in batch:
-            following += self._next_call(row, None)
+            following += self._next_call(row, None, SettleCall)
         return following
 
-    def _next_call(self, row: Row, answer: Any) -> list[tuple[Row, CohortCall]]:
-        """Send the row its answer; its next call, if the cycle goes on ([] when it ended)."""
+    def _next_call(self, row: Row, answer: Any, answered: type) -> list[tuple[Row, CohortCall]]:
+        """Send the row its answer (to an `answered` call); its next call, if the cycle goes
+        on ([] when it ended). A cycle's calls come in PHASES order, each once: a row that
+        asks for a phase again would stall the turn, so it fails instead."""
         call = self._advance(row, answer)
-        return [] if call is None else [(row, call)]
+        if call is None:
+            return []
+        if _phase(call) <= PHASES.index(answered):
+            self._fail(row, RuntimeError(f"a cohort row asked for {type(call).__name__} again "
+                                         "in one cycle"))
+            return []
+        return [(row, call)]
 
     def _advance(self, row: Row, answer: Any) -> CohortCall | None:
         """Resume the row's generator (next, or send a cohort's answer) and handle its item."""
@@ -480,6 +487,14 @@ class Scheduler:
         except Exception:  # a broken consumer ends its own row, never the scheduler
             log.exception("row %s: delivery failed; cancelling it", row.id)
             row.cancel()
+
+
+# The order in which a turn answers cohort calls; a row's cycle asks each at most once.
+PHASES = (DraftCall, VerifyCall, SettleCall)
+
+
+def _phase(call: CohortCall) -> int:
+    return next(i for i, kind in enumerate(PHASES) if isinstance(call, kind))
 
 
 def _release_buffers() -> None:

@@ -259,6 +259,32 @@ def test_a_failing_cohort_row_ends_only_itself(tiny_qwen3):
     assert [s.result.token_ids for s in sinks] == references
 
 
+def test_a_cohort_row_that_asks_for_a_verify_twice_in_one_cycle_fails_alone(tiny_qwen3):
+    model = tiny_qwen3
+    scheduler = cohort_scheduler(max_concurrent=2, numerics="throughput")
+    good = request_for(model, 0, depth=2, max_tokens=12)
+    bad_request = request_for(model, 1, depth=2, max_tokens=30, ignore_eos=True)
+    log: list = []
+    bad, sink = Collector("bad", log), Collector("good", log)
+
+    def repeating(stop, cohort):
+        steps = model.generate_steps(bad_request, stop, cohort=cohort)
+        answer, verifies = None, 0
+        while True:  # at its 3rd verify, asks for the same verify again instead of settling
+            item = steps.send(answer)
+            answer = yield item
+            if isinstance(item, VerifyCall):
+                verifies += 1
+                if verifies == 3:
+                    yield item
+
+    add_cohort_row(scheduler, model, good, sink)
+    scheduler.submit(Row(bad_request, repeating, bad, cohort_capable=True))
+    run_until_idle(scheduler)
+    assert isinstance(bad.items[-1], RowFailure) and "VerifyCall again" in str(bad.items[-1].error)
+    assert sink.result.token_ids == solo_ar(model, good).token_ids
+
+
 def test_a_slow_reader_pauses_only_its_own_row(tiny_qwen3):
     scheduler = cohort_scheduler(max_concurrent=2, max_backlog=3, numerics="throughput")
     log: list = []
