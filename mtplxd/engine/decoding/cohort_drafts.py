@@ -34,14 +34,17 @@ def draft_together(calls: list[DraftCall], width: int) -> list[Drafted]:
     pickers = [decoder.draft_picker(call.n) for decoder, call in zip(decoders, calls)]
     drafts: list[list[mx.array]] = [[] for _ in calls]
     for i in range(1, max(decoder.depth for decoder in decoders) + 1):
-        picks = _pick(pickers, trunk.draft_logits(g), i, [d.depth >= i for d in decoders])
+        picks, shared = _pick(pickers, trunk.draft_logits(g), i, [d.depth >= i for d in decoders])
         for row, d in enumerate(picks):
             if d is not None:
                 drafts[row].append(d)
         going = [decoder.depth > i for decoder in decoders]
         if any(going):
             # Rows done drafting (and padding) ride along as padding: no cache, output unused.
-            tokens = mx.concatenate(_filled(picks) + [mx.zeros((width - len(calls),), mx.uint32)])
+            if shared is not None and len(shared) == width:  # every row greedy: no gather
+                tokens = shared
+            else:
+                tokens = mx.concatenate(_filled(picks) + [mx.zeros((width - len(calls),), mx.uint32)])
             caches = [decoder.head_cache if go else None for decoder, go in zip(decoders, going)]
             g = batched_head(head, g, trunk.embed(tokens[:, None]),
                              caches + [None] * (width - len(calls)), [1] * width)
@@ -91,9 +94,11 @@ def _pad_rows(rows: mx.array, length: int) -> mx.array:
 
 
 def _pick(pickers: list[DraftPicker], logits: mx.array, i: int,
-          drafting: list[bool]) -> list[mx.array | None]:
+          drafting: list[bool]) -> tuple[list[mx.array | None], mx.array | None]:
     """Draft i of every row still drafting, as (1,) arrays (None for the others): greedy rows
-    without penalties from one argmax, the others from their own pickers."""
+    without penalties from one argmax, the others from their own pickers. Also that argmax
+    over all (width) rows when every row is such a greedy row (else None): the next step's
+    tokens as they are (padding rows' tokens are never read)."""
     plain = [p.params.greedy and not p.params.has_penalties for p in pickers]
     argmax = mx.argmax(logits[:, 0].astype(mx.float32), axis=-1) if any(plain) else None
     picks: list[mx.array | None] = []
@@ -104,7 +109,7 @@ def _pick(pickers: list[DraftPicker], logits: mx.array, i: int,
             picks.append(argmax[row:row + 1])
         else:
             picks.append(picker.pick(logits[row], i))
-    return picks
+    return picks, argmax if all(plain) else None
 
 
 def _filled(picks: list[mx.array | None]) -> list[mx.array]:
