@@ -37,7 +37,7 @@ import mlx.core as mx
 from mtplxd.engine.decoding.cohort_drafts import draft_together
 from mtplxd.engine.decoding.cohort_rows import DraftCall, SettleCall, VerifyCall
 from mtplxd.engine.decoding.speculative import Drafted
-from mtplxd.engine.model.batched import batched_forward, batched_supported
+from mtplxd.engine.model.batched import batched_forward, batched_supported, pad_to
 
 DEFAULT_WIDTHS = (1, 3, 8)
 NUMERICS_CHOICES = ("auto", "exact", "throughput")
@@ -111,9 +111,7 @@ def run_cohort(calls: list[VerifyCall], width: int,
         return [trunk.forward(call.tokens, call.cache, all_logits=True) for call in calls]
     lengths = [call.length for call in calls]
     longest = max(lengths)
-    rows = [call.tokens if call.length == longest else
-            mx.concatenate([call.tokens, mx.zeros((1, longest - call.length), call.tokens.dtype)], axis=1)
-            for call in calls]
+    rows = [pad_to(call.tokens, longest, axis=1) for call in calls]
     padding = width - len(calls)
     tokens = mx.concatenate(rows + [mx.zeros_like(rows[0])] * padding, axis=0)
     ragged = None if len(set(lengths)) == 1 else lengths + [longest] * padding

@@ -21,7 +21,7 @@ import mlx.core as mx
 
 from mtplxd.engine.decoding.cohort_rows import DraftCall
 from mtplxd.engine.decoding.speculative import DraftPicker, Drafted
-from mtplxd.engine.model.batched import batched_head
+from mtplxd.engine.model.batched import batched_head, pad_to
 
 
 def draft_together(calls: list[DraftCall], width: int) -> list[Drafted]:
@@ -67,7 +67,7 @@ def _pending_pass(calls: list[DraftCall], width: int) -> mx.array:
     if longest:
         size, dtype = calls[0].pending_h.shape[-1], calls[0].pending_h.dtype
         hidden = mx.concatenate(
-            [_pad_rows(call.pending_h, longest) if joins else mx.zeros((1, longest, size), dtype)
+            [pad_to(call.pending_h, longest, axis=1) if joins else mx.zeros((1, longest, size), dtype)
              for call, joins in zip(calls, together)] + [mx.zeros((padding, longest, size), dtype)])
         tokens = mx.array([call.pending_tokens + [0] * (longest - n) if joins else [0] * longest
                            for call, n, joins in zip(calls, lengths, together)]
@@ -83,14 +83,6 @@ def _pending_pass(calls: list[DraftCall], width: int) -> mx.array:
             for i, (call, n, joins) in enumerate(zip(calls, lengths, together))]
     pad = mx.zeros((padding, 1, rows[0].shape[-1]), rows[0].dtype)
     return mx.concatenate(rows + [pad])
-
-
-def _pad_rows(rows: mx.array, length: int) -> mx.array:
-    """(1, n, H) rows with zero rows appended up to `length`."""
-    missing = length - rows.shape[1]
-    if missing == 0:
-        return rows
-    return mx.concatenate([rows, mx.zeros((1, missing, rows.shape[-1]), rows.dtype)], axis=1)
 
 
 def _pick(pickers: list[DraftPicker], logits: mx.array, i: int,

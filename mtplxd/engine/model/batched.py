@@ -121,7 +121,7 @@ def _is_dense_block(layer: Any) -> bool:
     return type(layer) is TransformerBlock
 
 
-def _pad_to(row: mx.array, length: int, axis: int) -> mx.array:
+def pad_to(row: mx.array, length: int, axis: int) -> mx.array:
     """`row` with zeros appended along `axis` up to `length` (a ragged row back in the batch)."""
     missing = length - row.shape[axis]
     if missing == 0:
@@ -155,7 +155,7 @@ def _dense_block(layer: Any, x: mx.array, masks: list[Any], caches: list[Any | N
         k, v = cache.update_and_fetch(k, values[i:i + 1, :, :n])
         attended = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale,
                                                 mask=masks[i])
-        outputs.append(_pad_to(attended, L, axis=2))
+        outputs.append(pad_to(attended, L, axis=2))
     attended = mx.concatenate(outputs, axis=0).transpose(0, 2, 1, 3).reshape(B, L, -1)
     h = x + attn.o_proj(attended)
     return h + layer.mlp(layer.post_attention_layernorm(h))
@@ -175,6 +175,6 @@ def _hybrid_block(layer: Any, x: mx.array, masks: list[Any], caches: list[Any | 
             rows.append(mx.zeros_like(normed[i:i + 1]))
             continue
         n = L if lengths is None else lengths[i]
-        rows.append(_pad_to(mixer(normed[i:i + 1, :n], masks[i], cache), L, axis=1))
+        rows.append(pad_to(mixer(normed[i:i + 1, :n], masks[i], cache), L, axis=1))
     h = x + mx.concatenate(rows, axis=0)
     return h + layer.mlp(layer.post_attention_layernorm(h))
