@@ -1,25 +1,20 @@
 #!/usr/bin/env bash
-# MTP cohorts (issue #20 phase 2) on a GPU machine, in one go (about 6 minutes on an H200):
-#   1. concurrent streams, embedded model: serial MTP, interleaved MTP, the AR batch lane and
-#      MTP cohorts at 1,2,3,4,8 streams, single-stream MTP and AR in the same run;
-#   2. batched vs per-row verify cost at widths 1/3/8 and the cohort numerics (largest logit
-#      difference, first divergence of greedy cohort rows against solo AR), embedded model;
-#   3. the same cycle cost at Qwen3-4B dimensions (random weights, bfloat16).
-# Each part has its own time limit, so one that overruns does not take the others with it.
+# MTP cohorts with batched drafting (issue #20) on a GPU machine: ONE command, ONE JSON file
+# in $OUT, under 5 minutes on an H200: a 280 s limit stops it regardless, and the JSON is
+# rewritten after each stream count ("complete": false until the end), so a cut run keeps
+# what it measured.
+# Concurrent streams with the embedded model at 1, 3 and 8 streams, side by side in one run:
+# serial MTP (the fused single-stream loop, one request at a time), the AR batch lane, MTP
+# cohorts as first built (each row drafting alone, a sync per row: mtp_cohorts_per_row) and
+# MTP cohorts with batched drafting and one sync per turn (mtp_cohorts); single-stream MTP and
+# AR at 1 stream; a short request beside two long ones. Progress goes to stdout.
 # Usage, from the repository root:  OUT=/some/dir bash docs/benchmarks-data/h200-cohorts.sh
+# (PYTHON=... picks the interpreter; python3 by default)
 set -uo pipefail
-: "${OUT:?set OUT to the folder for the JSON reports}"
+: "${OUT:?set OUT to the folder for the JSON report}"
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site}
 mkdir -p "$OUT"
-MODEL=mtplxd/models/embedded
-timeout 240 python -m mtplxd.engine.bench.concurrency --model "$MODEL" --streams 1,2,3,4,8 \
-    --max-tokens 128 --repeats 2 --json-out "$OUT/h200-embedded-concurrency-cohorts.json" \
-    > "$OUT/h200-embedded-concurrency-cohorts.log" 2>&1
+timeout 280 "${PYTHON:-python3}" -m mtplxd.engine.bench.concurrency --model mtplxd/models/embedded \
+    --streams 1,3,8 --arms serial_mtp,ar_batch,mtp_cohorts_per_row,mtp_cohorts \
+    --max-tokens 128 --repeats 2 --json-out "$OUT/h200-embedded-concurrency-batched-drafting.json"
 echo "concurrency: exit $?"
-timeout 90 python -m mtplxd.engine.bench.cohort --model "$MODEL" --context 512 --depth 6 \
-    --repeats 20 --divergence-tokens 128 --json-out "$OUT/h200-embedded-cohort.json" \
-    > "$OUT/h200-embedded-cohort.log" 2>&1
-echo "cohort (embedded): exit $?"
-timeout 120 python -m mtplxd.engine.bench.cohort --dims qwen3-4b --dtype bfloat16 --context 512 \
-    --depth 3 --repeats 20 --json-out "$OUT/h200-4b-cohort.json" > "$OUT/h200-4b-cohort.log" 2>&1
-echo "cohort (4B dims): exit $?"

@@ -1,21 +1,27 @@
-"""MTP cohorts: the verify forwards of several rows run as one batched target forward.
+"""MTP cohorts: several rows' drafting, verify and host sync shared, one of each per cycle.
 
 A row that decodes in a cohort (generation.generate_steps with `cohort=True`) does not run
-its own verify: at that point of its cycle it yields a VerifyCall (its (1, L) block of the
-last committed token and its drafts, and its own trunk cache) and waits. After a scheduler
-turn has stepped every row, the calls with the same block length L (MTP rows of one depth:
-L = depth + 1; AR rows: L = 1, the AR batch lane) are grouped into cohorts of a fixed width
-(by default 1, 3 or 8 rows; sealed at the narrowest width that holds them, more rows than
-the widest make several cohorts), and each cohort runs one forward. Each row then gets its
-own (hidden, logits) back and makes its own accept, commit and rollback decisions; its
-cache, head cache, sampler and seed never leave it.
+the steps a cohort shares: it yields a call for each (decoding/cohort_rows.py) and waits.
+After a scheduler turn has stepped every row:
+  - draft: the MTP rows' DraftCalls are grouped into cohorts (whatever their depths) and
+    each cohort's heads run as one batched forward per depth step (run_drafts);
+  - verify: the MTP rows' VerifyCalls (blocks of depth + 1 tokens, whatever the depth:
+    shorter blocks are right-padded to the longest and each row's cache advances by its own
+    length only) run as one target forward per cohort (run_cohort); AR rows (L = 1) form the
+    AR batch lane, their own cohorts;
+  - settle: every row's accept decisions are evaluated in one mx.eval (settle_together),
+    the turn's one host sync, and each row commits and rolls back on its own.
+Cohorts have a fixed width (by default 1, 3 or 8 rows; sealed at the narrowest width that
+holds them, more rows than the widest make several cohorts). Each row makes its own draft,
+accept, commit and rollback decisions; its cache, head cache, sampler and seed never leave it.
 
 Fixed widths keep the set of verify shapes small (CUDA builds kernels per shape): a cohort
 of 2 rows runs 3 wide with a padding row, whose output is discarded.
 
-Numerics (`numerics` setting): "throughput" runs a cohort as one batched forward
-(model/batched.py); "exact" runs each row's forward alone, so a row's numbers are its solo
-numbers on any backend (the cohort still forms; the forward is not shared). "auto" is
+Numerics (`numerics` setting): "throughput" runs a cohort's drafting and verify as batched
+forwards (model/batched.py, decoding/cohort_drafts.py); "exact" runs each row's head and
+trunk forwards alone, so a row's numbers are its solo numbers on any backend (the cohort
+still forms and shares its sync; the forwards are not shared). "auto" is
 throughput where batched matmuls compute each row alone (MLX's bundled CPU BLAS: bitwise
 equal anyway) and on GPUs (a verify of K+1 rows already rounds apart from AR there, and
 batching is the point), and exact on a CPU with an optimized BLAS (OpenBLAS): there rows
@@ -28,12 +34,18 @@ from typing import Any
 
 import mlx.core as mx
 
-from mtplxd.engine.decoding.cohort_rows import VerifyCall
-from mtplxd.engine.model.batched import batched_forward, batched_supported
+from mtplxd.engine.decoding.cohort_drafts import draft_together
+from mtplxd.engine.decoding.cohort_rows import DraftCall, SettleCall, VerifyCall
+from mtplxd.engine.decoding.speculative import Drafted
+from mtplxd.engine.model.batched import batched_forward, batched_supported, pad_to
 
 DEFAULT_WIDTHS = (1, 3, 8)
 NUMERICS_CHOICES = ("auto", "exact", "throughput")
 COHORT_MODES = ("auto", "always", "off")
+# How a cohort's rows draft and sync: "batched" (heads together, one sync per turn) or
+# "per-row" (each row's head alone and a sync per row: the cohorts as first built, kept to
+# measure against).
+DRAFTING_CHOICES = ("batched", "per-row")
 
 
 def normalize_widths(widths: Any) -> tuple[int, ...]:
@@ -67,12 +79,18 @@ def seal(count: int, widths: tuple[int, ...]) -> list[tuple[int, int]]:
     return cohorts
 
 
-def group(calls: list[VerifyCall], widths: tuple[int, ...]) -> list[tuple[list[int], int]]:
-    """Cohorts for one turn's calls: [(indices into calls, width)], rows of equal block length
-    together, in the calls' order (admission order: FIFO within a length)."""
-    by_length: dict[tuple[int, int], list[int]] = {}
+def group(calls: list[VerifyCall] | list[DraftCall],
+          widths: tuple[int, ...]) -> list[tuple[list[int], int]]:
+    """Cohorts for one turn's calls: [(indices into calls, width)], in the calls' order
+    (admission order: FIFO). The calls of one model's MTP rows go together whatever their
+    depths; AR rows' verify calls (L = 1) make the AR batch lane."""
+    by_length: dict[tuple[int, bool], list[int]] = {}
     for index, call in enumerate(calls):
-        by_length.setdefault((id(call.trunk), call.length), []).append(index)
+        if isinstance(call, DraftCall):
+            key = (id(call.decoder.trunk), True)
+        else:
+            key = (id(call.trunk), call.length > 1)
+        by_length.setdefault(key, []).append(index)
     cohorts = []
     for indices in by_length.values():
         start = 0
@@ -84,13 +102,38 @@ def group(calls: list[VerifyCall], widths: tuple[int, ...]) -> list[tuple[list[i
 
 def run_cohort(calls: list[VerifyCall], width: int,
                numerics: str) -> list[tuple[mx.array | None, mx.array]]:
-    """Verify every call's block (one trunk, one length) as one cohort of `width` rows; return
-    each row's (hidden (1, L, H) or None, logits (1, L, V)), lazily evaluated."""
+    """Verify every call's block (one trunk) as one cohort of `width` rows; return each row's
+    (hidden (1, L, H) or None, logits (1, L, V)) for its own block length L, lazily
+    evaluated. Blocks shorter than the longest are right-padded; the padding's results are
+    discarded and never enter a cache."""
     trunk = calls[0].trunk
     if numerics == "exact" or not batched_supported(trunk):
         return [trunk.forward(call.tokens, call.cache, all_logits=True) for call in calls]
+    lengths = [call.length for call in calls]
+    longest = max(lengths)
+    rows = [pad_to(call.tokens, longest, axis=1) for call in calls]
     padding = width - len(calls)
-    tokens = mx.concatenate([call.tokens for call in calls]
-                            + [mx.zeros_like(calls[0].tokens)] * padding, axis=0)
-    hidden, logits = batched_forward(trunk, tokens, [call.cache for call in calls] + [None] * padding)
-    return [(hidden[i:i + 1], logits[i:i + 1]) for i in range(len(calls))]
+    tokens = mx.concatenate(rows + [mx.zeros_like(rows[0])] * padding, axis=0)
+    ragged = None if len(set(lengths)) == 1 else lengths + [longest] * padding
+    hidden, logits = batched_forward(trunk, tokens, [call.cache for call in calls] + [None] * padding,
+                                     ragged)
+    return [(hidden[i:i + 1, :n], logits[i:i + 1, :n]) for i, n in enumerate(lengths)]
+
+
+def run_drafts(calls: list[DraftCall], width: int, numerics: str,
+               drafting: str = "batched") -> list[Drafted]:
+    """Every call's drafts (lazily), the cohort's heads batched unless `numerics` is exact,
+    `drafting` per-row, or the model's body cannot batch (then each row's solo code)."""
+    trunk = calls[0].decoder.trunk
+    if numerics == "exact" or drafting == "per-row" or not batched_supported(trunk):
+        return [call.decoder.prepare(call) for call in calls]
+    return draft_together(calls, width)
+
+
+def settle_together(calls: list[SettleCall], drafting: str = "batched") -> None:
+    """Evaluate every row's decisions in one sync (per-row drafting: one sync per row)."""
+    if drafting == "per-row":
+        for call in calls:
+            mx.eval(*call.arrays)
+        return
+    mx.eval(*[array for call in calls for array in call.arrays])

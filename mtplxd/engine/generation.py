@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from mtplxd.engine.decoding.autoregressive import ar_cycles
 from mtplxd.engine.decoding.cohort_rows import (
-    CohortSpeculativeDecoder, VerifyCall, cohort_ar_cycles,
+    CohortCall, CohortSpeculativeDecoder, cohort_ar_cycles,
 )
 from mtplxd.engine.decoding.detokenize import TextStream
 from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
@@ -201,15 +201,16 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
                    should_stop: Callable[[], bool],
                    bank: SessionBank | None = None,
                    vision: VisionTower | None = None, *, cohort: bool = False
-                   ) -> Generator[TokenDelta | GenerationResult | Step | VerifyCall, Any, None]:
+                   ) -> Generator[TokenDelta | GenerationResult | Step | CohortCall, Any, None]:
     """`generate`, one unit of work per item: every prefill chunk and every decode cycle
     yields (a TokenDelta when it completed text, else STEP), so the scheduler can step many
     requests on one thread. The request's own caches, sampler and seed live in this
     generator alone: its output does not depend on what runs between its steps.
 
-    With `cohort`, each decode cycle first yields a VerifyCall and must be sent that call's
-    (hidden, logits) (engine/cohort.py runs the verifies of many rows together); the item
-    that `send` returns is the cycle's TokenDelta or STEP (or the result)."""
+    With `cohort`, each decode cycle first yields its cohort calls (DraftCall, VerifyCall,
+    SettleCall: decoding/cohort_rows.py) and must be sent each call's answer (engine/cohort.py
+    runs the calls of many rows together); the item that the last `send` returns is the
+    cycle's TokenDelta or STEP (or the result)."""
     params = request.sampling
     prompt = list(request.prompt_ids)
     if not prompt:
@@ -286,7 +287,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
             reason = "cancelled"
             break
         step = next(cycles)
-        while isinstance(step, VerifyCall):  # a cohort row: the scheduler runs the verify
+        while isinstance(step, CohortCall):  # a cohort row: the scheduler runs the shared steps
             step = cycles.send((yield step))
         produced += step
         delta = _scored(finish.take(step), scorer)

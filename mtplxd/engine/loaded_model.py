@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from mtplxd.engine.decoding import buffer_attention
-from mtplxd.engine.decoding.cohort_rows import VerifyCall
+from mtplxd.engine.decoding.cohort_rows import CohortCall
 from mtplxd.engine.decoding.fused import fused_supported
 from mtplxd.engine.generation import Step
 from mtplxd.engine.generation import generate as run_generation
@@ -81,10 +81,10 @@ class LoadedModel:
     def generate_steps(self, request: GenerationRequest,
                        should_stop: Callable[[], bool] = lambda: False, *,
                        cohort: bool = False
-                       ) -> Iterator[TokenDelta | GenerationResult | Step | VerifyCall]:
+                       ) -> Iterator[TokenDelta | GenerationResult | Step | CohortCall]:
         """`generate` one unit of work per item (a prefill chunk or a decode cycle; STEP when
         it has nothing to stream): what the scheduler steps (owner thread only). With
-        `cohort`, decode cycles yield VerifyCalls for the scheduler's cohorts (cohort.py)."""
+        `cohort`, decode cycles yield cohort calls for the scheduler's cohorts (cohort.py)."""
         depth = self.resolve_depth(request.depth)
         return run_generation_steps(self.trunk, self.head, self.tokenizer, request, depth,
                                     self.info.vocab_size, should_stop, self.bank, self.vision,

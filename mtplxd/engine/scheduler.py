@@ -13,10 +13,12 @@ sampler, seed and stats, so its output does not depend on what runs between its 
 is cancelled (its client left) or fails leaves at the end of the turn and gives back its
 memory reservation; a failure ends only that row.
 
-Rows made with `cohort=True` (LoadedModel.generate_steps) do not run their own verify: a
-decode cycle yields a VerifyCall, and after every row of the turn has been stepped the calls
-are grouped into cohorts of fixed width (cohort.py: MTP rows of one depth together, AR rows
-in the AR batch lane) that each run one target forward; each row then settles its own cycle.
+Rows made with `cohort=True` (LoadedModel.generate_steps) do not run the steps a cohort
+shares: a decode cycle yields a DraftCall, a VerifyCall and a SettleCall in turn, and after
+every row of the turn has been stepped the scheduler answers them a phase at a time (cohort.py:
+the MTP rows' heads drafting together, then one target forward per cohort of fixed width, MTP
+rows of one depth together and AR rows in the AR batch lane, then one host sync for all);
+each row then commits its own cycle.
 
 A row whose reader is slow (more than `max_backlog` delivered items not yet taken) is
 paused: it is not stepped until its reader catches up, and the other rows go on.
@@ -34,7 +36,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from mtplxd.engine.cohort import DEFAULT_WIDTHS, VerifyCall, group, run_cohort
+from mtplxd.engine.cohort import (
+    DEFAULT_WIDTHS, group, run_cohort, run_drafts, settle_together,
+)
+from mtplxd.engine.decoding.cohort_rows import CohortCall, DraftCall, SettleCall, VerifyCall
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, QueueFull, TokenDelta
 
 log = logging.getLogger(__name__)
@@ -165,7 +170,7 @@ class Scheduler:
     def __init__(self, max_concurrent: int = 1, max_queued: int = DEFAULT_MAX_QUEUED,
                  admit: AdmitHook | None = None, widths: tuple[int, ...] = DEFAULT_WIDTHS,
                  numerics: str = "exact", max_backlog: int | None = None,
-                 cohort_mode: str = "auto") -> None:
+                 cohort_mode: str = "auto", cohort_drafting: str = "batched") -> None:
         self.max_concurrent = max_concurrent
         self.max_queued = max_queued
         self.admit = admit
@@ -175,6 +180,7 @@ class Scheduler:
         # its readers call Row.consumed.
         self.max_backlog = max_backlog
         self.cohort_mode = cohort_mode  # auto | always | off: see _wants_cohort
+        self.cohort_drafting = cohort_drafting  # batched | per-row: cohort.DRAFTING_CHOICES
         self.cohort_histogram: dict[int, int] = {w: 0 for w in widths}  # width -> cohorts run
         self.wake: Callable[[], None] = lambda: None  # set by the owner: a submission wakes it
         self._lock = threading.Lock()
@@ -185,7 +191,8 @@ class Scheduler:
 
     def configure(self, max_concurrent: int | None = None, max_queued: int | None = None,
                   widths: tuple[int, ...] | None = None, numerics: str | None = None,
-                  cohort_mode: str | None = None, max_backlog: int | None = None) -> None:
+                  cohort_mode: str | None = None, max_backlog: int | None = None,
+                  cohort_drafting: str | None = None) -> None:
         """Change the limits (any thread); rows already running keep running."""
         if max_concurrent is not None:
             self.max_concurrent = max(1, min(int(max_concurrent), MAX_CONCURRENT_LIMIT))
@@ -198,6 +205,8 @@ class Scheduler:
             self.numerics = numerics
         if cohort_mode is not None:
             self.cohort_mode = cohort_mode
+        if cohort_drafting is not None:
+            self.cohort_drafting = cohort_drafting
         if max_backlog is not None:
             self.max_backlog = max_backlog
 
@@ -266,7 +275,7 @@ class Scheduler:
         """One turn: admit what fits, then step every running row once."""
         self._admit()
         running = list(self._running)
-        waiting: list[tuple[Row, VerifyCall]] = []
+        waiting: list[tuple[Row, CohortCall]] = []
         for row in running:
             row.rows_max = max(row.rows_max, len(running))
             if self._paused(row):
@@ -344,31 +353,78 @@ class Scheduler:
             others = [r for r in self._running if r is not row and r.phase != "done"]
             return bool(others or self._queue)
 
-    def _step(self, row: Row) -> VerifyCall | None:
-        """Step a row once; a cohort row's VerifyCall comes back for `_run_cohorts`."""
+    def _step(self, row: Row) -> CohortCall | None:
+        """Step a row once; a cohort row's call comes back for `_run_cohorts`."""
         if row.phase == "done" or row.steps is None:
             return None
         row.steps_taken += 1
         return self._advance(row, None)
 
-    def _run_cohorts(self, waiting: list[tuple[Row, VerifyCall]]) -> None:
-        """Run this turn's verify calls as cohorts, then let each row settle its cycle."""
-        calls = [call for _, call in waiting]
+    def _run_cohorts(self, waiting: list[tuple[Row, CohortCall]]) -> None:
+        """Answer this turn's cohort calls a phase at a time (drafts, then verifies, then the
+        one sync), until every row has committed its cycle."""
+        while waiting:
+            kind = next(k for k in PHASES if any(isinstance(call, k) for _, call in waiting))
+            batch = [(row, call) for row, call in waiting if isinstance(call, kind)]
+            waiting = [(row, call) for row, call in waiting if not isinstance(call, kind)]
+            if kind is SettleCall:
+                waiting += self._settle([call for _, call in batch], batch)
+            else:
+                waiting += self._run_grouped(kind, batch)
+
+    def _run_grouped(self, kind: type, batch: list[tuple[Row, CohortCall]]
+                     ) -> list[tuple[Row, CohortCall]]:
+        """Run the batch's draft or verify calls as cohorts; return each row's next call."""
+        calls = [call for _, call in batch]
+        following = []
         for indices, width in group(calls, self.widths):
+            cohort = [calls[i] for i in indices]
             try:
-                answers = run_cohort([calls[i] for i in indices], width, self.numerics)
+                if kind is DraftCall:
+                    answers = run_drafts(cohort, width, self.numerics, self.cohort_drafting)
+                else:
+                    answers = run_cohort(cohort, width, self.numerics)
             except Exception as exc:  # the shared forward failed: its rows end, no others
                 for i in indices:
-                    self._fail(waiting[i][0], exc)
+                    self._fail(batch[i][0], exc)
                 continue
-            self.cohort_histogram[width] = self.cohort_histogram.get(width, 0) + 1
+            if kind is VerifyCall:
+                self.cohort_histogram[width] = self.cohort_histogram.get(width, 0) + 1
             for i, answer in zip(indices, answers):
-                row = waiting[i][0]
-                row.cohort_widths[width] = row.cohort_widths.get(width, 0) + 1
-                if self._advance(row, answer) is not None:
-                    self._fail(row, RuntimeError("a cohort row asked for two verifies in one cycle"))
+                row = batch[i][0]
+                if kind is VerifyCall:
+                    row.cohort_widths[width] = row.cohort_widths.get(width, 0) + 1
+                following += self._next_call(row, answer, kind)
+        return following
 
-    def _advance(self, row: Row, answer: Any) -> VerifyCall | None:
+    def _settle(self, calls: list[SettleCall], batch: list[tuple[Row, CohortCall]]
+                ) -> list[tuple[Row, CohortCall]]:
+        """The turn's one host sync over every row's decisions; then each row commits."""
+        try:
+            settle_together(calls, self.cohort_drafting)
+        except Exception as exc:  # a row's graph failed: which one is unknown, so all end
+            for row, _ in batch:
+                self._fail(row, exc)
+            return []
+        following = []
+        for row, _ in batch:
+            following += self._next_call(row, None, SettleCall)
+        return following
+
+    def _next_call(self, row: Row, answer: Any, answered: type) -> list[tuple[Row, CohortCall]]:
+        """Send the row its answer (to an `answered` call); its next call, if the cycle goes
+        on ([] when it ended). A cycle's calls come in PHASES order, each once: a row that
+        asks for a phase again would stall the turn, so it fails instead."""
+        call = self._advance(row, answer)
+        if call is None:
+            return []
+        if _phase(call) <= PHASES.index(answered):
+            self._fail(row, RuntimeError(f"a cohort row asked for {type(call).__name__} again "
+                                         "in one cycle"))
+            return []
+        return [(row, call)]
+
+    def _advance(self, row: Row, answer: Any) -> CohortCall | None:
         """Resume the row's generator (next, or send a cohort's answer) and handle its item."""
         try:
             item = next(row.steps) if answer is None else row.steps.send(answer)
@@ -379,7 +435,7 @@ class Scheduler:
             log.warning("row %s (%s) failed: %s", row.id, row.request.request_id, exc)
             self._fail(row, exc)
             return None
-        if isinstance(item, VerifyCall):
+        if isinstance(item, CohortCall):
             row.phase = "decode"
             return item
         if isinstance(item, TokenDelta):
@@ -431,6 +487,14 @@ class Scheduler:
         except Exception:  # a broken consumer ends its own row, never the scheduler
             log.exception("row %s: delivery failed; cancelling it", row.id)
             row.cancel()
+
+
+# The order in which a turn answers cohort calls; a row's cycle asks each at most once.
+PHASES = (DraftCall, VerifyCall, SettleCall)
+
+
+def _phase(call: CohortCall) -> int:
+    return next(i for i, kind in enumerate(PHASES) if isinstance(call, kind))
 
 
 def _release_buffers() -> None:

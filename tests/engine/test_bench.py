@@ -148,17 +148,20 @@ def test_mtplxctl_bench_streams_runs_every_concurrency_arm_side_by_side(tiny_mod
                      timeout=300)
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
-    assert report["depth"] == 2 and report["numerics"] == "throughput"
+    assert report["depth"] == 2 and report["numerics"] == "throughput" and report["complete"]
     one, three = report["streams"]["1"], report["streams"]["3"]
-    assert set(one) == {"serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts", "direct_mtp",
-                        "direct_ar"}
-    assert set(three) == {"serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts"}
+    assert set(one) == {"serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row",
+                        "mtp_cohorts", "direct_mtp", "direct_ar"}
+    assert set(three) == {"serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row",
+                          "mtp_cohorts"}
     assert all(arm["aggregate_tokens_per_second"] > 0 for arm in three.values())
     # Three rows at once: the cohort arms ran 3 wide, the others outside cohorts.
     assert three["mtp_cohorts"]["cohort_width_cycles"].get("3", 0) > 0
+    assert three["mtp_cohorts_per_row"]["cohort_width_cycles"].get("3", 0) > 0
     assert three["ar_batch"]["cohort_width_cycles"].get("3", 0) > 0
     assert three["serial_mtp"]["cohort_width_cycles"] == {}
     assert report["ratios"]["3"]["mtp_cohorts_over_serial_mtp_aggregate"] > 0
+    assert report["ratios"]["3"]["mtp_cohorts_over_mtp_cohorts_per_row_aggregate"] > 0
     late = report["late_short_request_beside_two_long"]
     assert set(late) == {"cohorts_off", "cohorts_always"}
     assert all(probe["ttft_seconds"] > 0 and probe["budget_seconds"] > 0 for probe in late.values())
@@ -177,6 +180,20 @@ def test_bench_cohort_times_widths_and_measures_the_logit_difference(tmp_path):
     assert all(cost["batched_ms"] > 0 for cost in report["cycle_cost"].values())
     assert report["max_abs_logit_difference_batched_vs_per_row"]["1"] == 0.0
     assert report["max_abs_logit_difference_batched_vs_per_row"]["3"] < 1e-3
+
+
+def test_bench_cohort_with_a_model_times_batched_drafting_against_per_row(tiny_model_factory, tmp_path):
+    from mtplxd.engine.bench.cohort import main as cohort_main
+
+    out = tmp_path / "cohort.json"
+    assert cohort_main(["--model", str(tiny_model_factory("qwen3")), "--dtype", "float32",
+                        "--context", "16", "--depth", "2", "--widths", "1,3", "--repeats", "1",
+                        "--divergence-tokens", "6", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["draft_cost"]) == {"W=1", "W=3"}
+    assert all(cost["batched_ms"] > 0 and cost["per_row_ms"] > 0
+               for cost in report["draft_cost"].values())
+    assert report["first_divergence_vs_solo_ar"]["3"] == [None, None, None]
 
 
 def test_bench_prefill_reports_rate_first_token_and_peak_memory_per_length(tiny_model_factory, tmp_path, capsys):

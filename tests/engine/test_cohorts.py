@@ -14,7 +14,7 @@ import mlx.core as mx
 import pytest
 
 from mtplxd.engine import GenerationRequest, GenerationResult, SamplingParams, TokenDelta, load_model
-from mtplxd.engine.cohort import group, normalize_widths, resolve_numerics, seal
+from mtplxd.engine.cohort import group, normalize_widths, resolve_numerics, run_cohort, seal
 from mtplxd.engine.decoding.cohort_rows import VerifyCall
 from mtplxd.engine.model.batched import batched_forward, batched_supported
 from mtplxd.engine.scheduler import Row, RowFailure, Scheduler
@@ -156,6 +156,17 @@ def test_a_wrong_accept_rule_in_cohorts_fails_the_same_test(tiny_qwen3, monkeypa
     assert chi_square_p_value(joint, counts, 600) < 1e-3
 
 
+def prefilled_twins(trunk, prompts: list[list[int]]) -> tuple[list, list]:
+    """Two trunk caches per prompt, each prefilled with it: (solo caches, cohort caches)."""
+    solo_caches, cohort_caches = [], []
+    for ids in prompts:
+        for caches in (solo_caches, cohort_caches):
+            cache = trunk.make_cache()
+            trunk.prefill(ids, cache)
+            caches.append(cache)
+    return solo_caches, cohort_caches
+
+
 def test_batched_verify_logits_equal_each_rows_solo_forward(model):
     """The batched forward against per-row forwards on copies of the same caches: bitwise
     under a row-alone BLAS, to rounding under OpenBLAS (the reference-BLAS child checks bits)."""
@@ -163,12 +174,7 @@ def test_batched_verify_logits_equal_each_rows_solo_forward(model):
     assert batched_supported(trunk)
     prompts = [model.tokenizer.encode(PROMPTS[i]) for i in (0, 3, 6)]
     blocks = [mx.array([[5, 9, 11, 2]]), mx.array([[7, 7, 1, 3]]), mx.array([[1, 2, 3, 4]])]
-    solo_caches, cohort_caches = [], []
-    for ids in prompts:
-        for caches in (solo_caches, cohort_caches):
-            cache = trunk.make_cache()
-            trunk.prefill(ids, cache)
-            caches.append(cache)
+    solo_caches, cohort_caches = prefilled_twins(trunk, prompts)
     solo = [trunk.forward(block, cache, all_logits=True) for block, cache in zip(blocks, solo_caches)]
     hidden, logits = batched_forward(trunk, mx.concatenate(blocks + [mx.zeros_like(blocks[0])]),
                                      cohort_caches + [None])
@@ -182,7 +188,8 @@ def test_batched_verify_logits_equal_each_rows_solo_forward(model):
 def test_batched_verify_is_bitwise_on_the_reference_blas():
     run_on_reference_blas(f"{__file__}::test_batched_verify_logits_equal_each_rows_solo_forward",
                           f"{__file__}::test_two_rows_run_in_a_three_wide_cohort_with_a_padding_row",
-                          expect_passed=3)
+                          f"{__file__}::test_a_mixed_depth_verify_gives_each_row_its_solo_forward",
+                          expect_passed=5)
 
 
 def test_cohorts_are_sealed_at_the_narrowest_width_that_holds_them():
@@ -195,11 +202,31 @@ def test_cohorts_are_sealed_at_the_narrowest_width_that_holds_them():
     assert resolve_numerics("exact") == "exact"
 
 
-def test_rows_of_different_block_lengths_never_share_a_cohort(tiny_qwen3):
+def test_mtp_rows_of_different_depths_share_a_cohort_and_ar_rows_keep_their_lane(tiny_qwen3):
     trunk = tiny_qwen3.trunk
-    calls = [VerifyCall(trunk, mx.zeros((1, n), mx.int32), []) for n in (4, 1, 4, 3, 1, 4)]
+    calls = [VerifyCall(trunk, mx.zeros((1, n), mx.int32), []) for n in (4, 1, 4, 3, 1, 7)]
     cohorts = group(calls, (1, 3, 8))
-    assert cohorts == [([0, 2, 5], 3), ([1, 4], 3), ([3], 1)]
+    assert cohorts == [([0, 2, 3, 5], 8), ([1, 4], 3)]
+
+
+def test_a_mixed_depth_verify_gives_each_row_its_solo_forward(model):
+    """Blocks of 4, 2 and 7 tokens (depths 3, 1, 6) right-padded into one forward: each row's
+    logits and hidden are its solo ones, and its cache advances by its own length only."""
+    trunk = model.trunk
+    prompts = [model.tokenizer.encode(PROMPTS[i]) for i in (0, 3, 6)]
+    blocks = [mx.array([[5, 9, 11, 2]]), mx.array([[7, 7]]), mx.array([[1, 2, 3, 4, 8, 6, 5]])]
+    solo_caches, cohort_caches = prefilled_twins(trunk, prompts)
+    solo = [trunk.forward(block, cache, all_logits=True) for block, cache in zip(blocks, solo_caches)]
+    calls = [VerifyCall(trunk, block, cache) for block, cache in zip(blocks, cohort_caches)]
+    answers = run_cohort(calls, 3, "throughput")
+    for i, ((solo_hidden, solo_logits), (hidden, logits)) in enumerate(zip(solo, answers)):
+        assert same(logits, solo_logits) and same(hidden, solo_hidden), f"row {i}"
+        offsets = [[e.offset for e in c if hasattr(e, "offset")] for c in (cohort_caches[i], solo_caches[i])]
+        assert offsets[0] == offsets[1] and set(offsets[0]) == {len(prompts[i]) + blocks[i].shape[1]}
+    # The caches hold the same state: the next (uniform) verify agrees too.
+    after = [trunk.forward(mx.array([[3, 1]]), cache, all_logits=True)[1] for cache in solo_caches]
+    again = run_cohort([VerifyCall(trunk, mx.array([[3, 1]]), c) for c in cohort_caches], 3, "throughput")
+    assert all(same(logits, want) for (_, logits), want in zip(again, after))
 
 
 def test_a_failing_cohort_row_ends_only_itself(tiny_qwen3):
@@ -230,6 +257,32 @@ def test_a_failing_cohort_row_ends_only_itself(tiny_qwen3):
     run_until_idle(scheduler)
     assert isinstance(bad.items[-1], RowFailure) and "NaN" in str(bad.items[-1].error)
     assert [s.result.token_ids for s in sinks] == references
+
+
+def test_a_cohort_row_that_asks_for_a_verify_twice_in_one_cycle_fails_alone(tiny_qwen3):
+    model = tiny_qwen3
+    scheduler = cohort_scheduler(max_concurrent=2, numerics="throughput")
+    good = request_for(model, 0, depth=2, max_tokens=12)
+    bad_request = request_for(model, 1, depth=2, max_tokens=30, ignore_eos=True)
+    log: list = []
+    bad, sink = Collector("bad", log), Collector("good", log)
+
+    def repeating(stop, cohort):
+        steps = model.generate_steps(bad_request, stop, cohort=cohort)
+        answer, verifies = None, 0
+        while True:  # at its 3rd verify, asks for the same verify again instead of settling
+            item = steps.send(answer)
+            answer = yield item
+            if isinstance(item, VerifyCall):
+                verifies += 1
+                if verifies == 3:
+                    yield item
+
+    add_cohort_row(scheduler, model, good, sink)
+    scheduler.submit(Row(bad_request, repeating, bad, cohort_capable=True))
+    run_until_idle(scheduler)
+    assert isinstance(bad.items[-1], RowFailure) and "VerifyCall again" in str(bad.items[-1].error)
+    assert sink.result.token_ids == solo_ar(model, good).token_ids
 
 
 def test_a_slow_reader_pauses_only_its_own_row(tiny_qwen3):

@@ -1,4 +1,4 @@
-"""What a cohort's batched verify costs, and how far its numerics stay from solo decoding.
+"""What a cohort's batched verify and drafting cost, and how far its numerics stay from solo.
 
     python -m mtplxd.engine.bench.cohort (--model PATH | --dims qwen3-4b) [--dtype bfloat16]
         [--context 512] [--depth 3] [--widths 1,3,8] [--repeats 20]
@@ -9,7 +9,10 @@ an MTP verify at depth K), the median milliseconds of one batched forward over W
 (model/batched.py) against W per-row forwards (the `exact` profile), the two alternating
 within each repeat, the caches trimmed back after each call so every timed call has the same
 shapes. `per_row_speedup` = per-row time /
-batched time.
+batched time. Drafting cost (with `--model`: it needs the MTP head): for each width W, the
+median milliseconds of one cohort's drafting at depth K (cohort_drafts.draft_together: the
+heads batched, K head forwards) against W rows drafting alone (W(K) head forwards), each
+row's PENDING K+1 pairs (a full accept), its head cache trimmed back after every call.
 
 Numerics: one verify block per row, batched against per-row: the largest |logit difference|
 (0.0 where batched matmuls compute each row alone). With `--model` (a real tokenizer), also
@@ -84,6 +87,56 @@ def cycle_costs(trunk: Any, caches: list[list[Any]], widths: list[int], lengths:
             }
             print(f"W={width} L={length}: batched {batched_ms:.2f} ms, per-row {per_row_ms:.2f} ms",
                   flush=True)
+    return out
+
+
+def draft_costs(model: Any, widths: list[int], context: int, depth: int,
+                repeats: int) -> dict[str, Any]:
+    """{"W=3": {"batched_ms", "per_row_ms", "per_row_speedup"}}: a cohort's drafting at each
+    width, heads batched against each row drafting alone (greedy rows)."""
+    from mtplxd.engine.decoding.cohort_drafts import draft_together
+    from mtplxd.engine.decoding.cohort_rows import CohortSpeculativeDecoder, DraftCall
+    from mtplxd.engine.decoding.sampling import TokenHistory
+    from mtplxd.engine.interface import SamplingParams
+
+    trunk, head, vocab = model.trunk, model.head, model.info.vocab_size
+    dtype = trunk.embed(mx.array([[0]])).dtype
+    size = trunk.embed(mx.array([[0]])).shape[-1]
+    calls = []
+    for row in range(max(widths)):
+        key = mx.random.key(1000 + row)
+        decoder = CohortSpeculativeDecoder(trunk, head, trunk.make_cache(), SamplingParams(),
+                                           TokenHistory(vocab, []), 0, depth)
+        # The head cache holds `context` pairs, as after a prompt of that length.
+        head(mx.random.normal((1, context, size), key=key).astype(dtype),
+             trunk.embed(mx.random.randint(0, vocab, (1, context), key=key)), decoder.head_cache)
+        pending = mx.random.normal((1, depth + 1, size), key=mx.random.split(key)[0]).astype(dtype)
+        calls.append(DraftCall(decoder, context, 1, pending,
+                               mx.random.randint(0, vocab, (depth + 1,), key=key).tolist()))
+    mx.eval([c.decoder.head_cache[0].keys for c in calls])
+
+    def restore(rows: list[Any]) -> None:
+        for call in rows:
+            for entry in call.decoder.head_cache:
+                entry.trim(entry.offset - context)
+
+    out = {}
+    for width in widths:
+        rows = calls[:width]
+
+        def batched(rows=rows, width=width) -> None:
+            mx.eval([d.drafts for d in draft_together(rows, width)])
+            restore(rows)
+
+        def per_row(rows=rows) -> None:
+            mx.eval([call.decoder.prepare(call).drafts for call in rows])
+            restore(rows)
+
+        batched_ms, per_row_ms = alternating_medians_ms([batched, per_row], repeats)
+        out[f"W={width}"] = {"batched_ms": round(batched_ms, 3), "per_row_ms": round(per_row_ms, 3),
+                             "per_row_speedup": round(per_row_ms / batched_ms, 3)}
+        print(f"drafting W={width} K={depth}: batched {batched_ms:.2f} ms, per-row "
+              f"{per_row_ms:.2f} ms", flush=True)
     return out
 
 
@@ -179,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         "max_abs_logit_difference_batched_vs_per_row": {
             str(w): logit_difference(trunk, caches, w, args.depth + 1, vocab) for w in widths},
     }
+    if model is not None and model.head is not None:
+        report["draft_cost"] = draft_costs(model, widths, args.context, args.depth, args.repeats)
     if model is not None:
         report["first_divergence_vs_solo_ar"] = {
             "tokens": args.divergence_tokens,

@@ -12,13 +12,18 @@ At each stream count N, N greedy requests (the bench prompts in turn, ignore_eos
   phase 1 of issue #20);
 - ar_batch: N rows at depth 0 in the AR batch lane (cohorts always: one batched forward per
   token for all rows);
-- mtp_cohorts: N rows at depth K in MTP cohorts (cohorts always: every row's drafts verified
-  in one batched forward per cycle, widths 1/3/8);
+- mtp_cohorts: N rows at depth K in MTP cohorts (cohorts always: the rows' MTP heads draft
+  together, one batched forward per depth step, their drafts are verified in one batched
+  forward, and one host sync settles every row; widths 1/3/8);
+- mtp_cohorts_per_row: the same cohorts with each row drafting alone and a sync per row
+  (cohort drafting "per-row": the cohorts as first built, to measure batched drafting by);
 - direct_mtp and direct_ar (1 stream only): one request run whole by LoadedModel.complete,
   the single-stream speed (solo decode loop, no scheduler), in the same run.
 Then a late short request: two long MTP generations decode, a short one arrives, and its
 TTFT is set against its own solo prefill plus two of the long rows' decode cycles (cohorts
 off and always).
+With --json-out the report is rewritten after each stream count ("complete": false until the
+end), so a run cut short by a time limit keeps what it measured.
 TTFT counts from arrival (queue wait included); aggregate tok/s is all tokens over the wall
 time from arrival to the last result; per-request tok/s is each request's own decode rate.
 The arms alternate within each repeat so the machine's drift hits them alike.
@@ -40,14 +45,15 @@ from mtplxd.engine.interface import GenerationRequest, GenerationResult, Samplin
 from mtplxd.engine.owner import ModelOwner
 from mtplxd.engine.scheduler import Row, RowFailure, Scheduler
 
-ARMS = ("serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts")
+ARMS = ("serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row", "mtp_cohorts")
 SINGLE_STREAM_ARMS = ("direct_mtp", "direct_ar")
-# arm -> (MTP or AR, row slots: "one" or "n", cohort mode)
+# arm -> (MTP or AR, row slots: "one" or "n", cohort mode, cohort drafting)
 ARM_SETUP = {
-    "serial_mtp": ("mtp", "one", "off"),
-    "interleaved_mtp": ("mtp", "n", "off"),
-    "ar_batch": ("ar", "n", "always"),
-    "mtp_cohorts": ("mtp", "n", "always"),
+    "serial_mtp": ("mtp", "one", "off", "batched"),
+    "interleaved_mtp": ("mtp", "n", "off", "batched"),
+    "ar_batch": ("ar", "n", "always", "batched"),
+    "mtp_cohorts_per_row": ("mtp", "n", "always", "per-row"),
+    "mtp_cohorts": ("mtp", "n", "always", "batched"),
 }
 
 
@@ -82,10 +88,11 @@ def run_direct(owner: ModelOwner, model: Any, requests: list[GenerationRequest]
 
 
 def run_rows(owner: ModelOwner, model: Any, requests: list[GenerationRequest], rows: int,
-             cohorts: str = "off") -> list[tuple[GenerationResult, float]]:
-    """The requests through the scheduler with `rows` row slots and cohort mode `cohorts`;
-    (result, finish time) each."""
-    owner.scheduler.configure(max_concurrent=rows, max_queued=len(requests), cohort_mode=cohorts)
+             cohorts: str = "off", drafting: str = "batched") -> list[tuple[GenerationResult, float]]:
+    """The requests through the scheduler with `rows` row slots, cohort mode `cohorts` and
+    cohort drafting `drafting`; (result, finish time) each."""
+    owner.scheduler.configure(max_concurrent=rows, max_queued=len(requests), cohort_mode=cohorts,
+                              cohort_drafting=drafting)
     results: list[Any] = [None] * len(requests)
     done = threading.Semaphore(0)
 
@@ -143,10 +150,10 @@ def run_arm(owner: ModelOwner, model: Any, arm: str, n: int, depth: int,
     if arm in SINGLE_STREAM_ARMS:
         requests = requests_for(model, 1, depth if arm == "direct_mtp" else 0, max_tokens)
         return run_direct(owner, model, requests), requests[0].arrived_at
-    mode, slots, cohorts = ARM_SETUP[arm]
+    mode, slots, cohorts, drafting = ARM_SETUP[arm]
     requests = requests_for(model, n, depth if mode == "mtp" else 0, max_tokens)
     rows = 1 if slots == "one" else n
-    return run_rows(owner, model, requests, rows, cohorts), requests[0].arrived_at
+    return run_rows(owner, model, requests, rows, cohorts, drafting), requests[0].arrived_at
 
 
 def bench_streams(owner: ModelOwner, model: Any, arms: list[str], depth: int, streams: list[int],
@@ -176,7 +183,8 @@ def late_short_request(owner: ModelOwner, model: Any, depth: int, cohorts: str,
     """Two long generations decode; a short request arrives once both have streamed 8 tokens.
     Its TTFT against its own solo prefill plus two of the long rows' decode cycles (the issue's
     target: first token within that). Cohort mode `cohorts` for all three rows."""
-    owner.scheduler.configure(max_concurrent=3, max_queued=3, cohort_mode=cohorts)
+    owner.scheduler.configure(max_concurrent=3, max_queued=3, cohort_mode=cohorts,
+                              cohort_drafting="batched")
     streamed = [0, 0]
     started = threading.Event()
     finished = threading.Semaphore(0)
@@ -227,7 +235,7 @@ def ratios(figures: dict[str, Any]) -> dict[str, Any]:
     for n, arms in figures.items():
         row = {}
         cohorts = arms.get("mtp_cohorts")
-        for base in ("serial_mtp", "interleaved_mtp", "ar_batch"):
+        for base in ("serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row"):
             if cohorts and base in arms and arms[base]["aggregate_tokens_per_second"] > 0:
                 row[f"mtp_cohorts_over_{base}_aggregate"] = round(
                     cohorts["aggregate_tokens_per_second"] / arms[base]["aggregate_tokens_per_second"], 3)
@@ -272,21 +280,29 @@ def main(argv: list[str] | None = None) -> int:
         # Warm-up: compiled graphs, cohort widths and first-call costs stay out of the figures.
         for arm in arms:
             run_arm(owner, model, arm, 3, depth, 16)
-        figures = bench_streams(owner, model, arms, depth, streams, args.max_tokens, args.repeats)
-        late = {}
+        figures: dict[str, Any] = {}
+        late: dict[str, Any] = {}
+
+        def report_so_far(complete: bool) -> dict[str, Any]:
+            return {
+                "bench": "concurrency",
+                "command": command_line("python -m mtplxd.engine.bench.concurrency", argv),
+                "model": model.info.id, "machine": machine(), "max_tokens": args.max_tokens,
+                "repeats": args.repeats, "depth": depth, "numerics": args.numerics,
+                "cohort_widths": list(owner.scheduler.widths), "arms": arms,
+                "streams": figures, "ratios": ratios(figures),
+                "late_short_request_beside_two_long": late, "complete": complete,
+            }
+
+        for n in streams:
+            figures.update(bench_streams(owner, model, arms, depth, [n], args.max_tokens, args.repeats))
+            if args.json_out:  # a run stopped by a time limit keeps what it measured
+                write_report(args.json_out, report_so_far(False))
         if model.head is not None:
             for mode in ("off", "always"):
                 late[f"cohorts_{mode}"] = late_short_request(owner, model, depth, mode)
                 print(f"late short request, cohorts {mode}: {late[f'cohorts_{mode}']}", flush=True)
-        report = {
-            "bench": "concurrency",
-            "command": command_line("python -m mtplxd.engine.bench.concurrency", argv),
-            "model": model.info.id, "machine": machine(), "max_tokens": args.max_tokens,
-            "repeats": args.repeats, "depth": depth, "numerics": args.numerics,
-            "cohort_widths": list(owner.scheduler.widths), "arms": arms,
-            "streams": figures, "ratios": ratios(figures),
-            "late_short_request_beside_two_long": late,
-        }
+        report = report_so_far(True)
     finally:
         model = None
         # MLX arrays must die on the thread that made them (else the process aborts at exit).

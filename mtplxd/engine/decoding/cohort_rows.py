@@ -1,13 +1,17 @@
-"""A row's decode cycles when its verify runs in a cohort (engine/cohort.py).
+"""A row's decode cycles when it runs in cohorts (engine/cohort.py).
 
-The same cycles as speculative.py (MTP) and autoregressive.py (AR), with one difference: the
-target forward is not called here. Each cycle yields a VerifyCall and is sent back the
-row's own (hidden, logits); everything else (drafting with the row's own head cache, the
-accept rule, the rollback of its caches, its sampler and seed) is the solo code. Cycles are
-not pipelined: the cohort's forward is one sync for all its rows.
+The same cycles as speculative.py (MTP) and autoregressive.py (AR), except that the steps a
+cohort shares are not run here: the row yields a call for each and is sent its own answer.
+An MTP cycle yields
+  DraftCall   -> sent its Drafted (the cohort's MTP heads run together: cohort.run_drafts);
+  VerifyCall  -> sent its (hidden, logits) (one target forward for the cohort: run_cohort);
+  SettleCall  -> sent None once its accept decisions are evaluated (one host sync for every
+                 row of the turn, not one per row);
+then the committed token list. An AR row (the AR batch lane) yields VerifyCall and
+SettleCall. Everything else (the row's head cache, the accept rule, the rollback of its
+caches, its sampler and seed) is the solo code, and stays the row's own.
 
-Both generators yield VerifyCall, expect (hidden, logits) to be sent in, and then yield the
-committed token list of the cycle; they run forever (the caller stops iterating).
+The generators run forever (the caller stops iterating).
 """
 
 from __future__ import annotations
@@ -19,14 +23,30 @@ import mlx.core as mx
 
 from mtplxd.engine.decoding.autoregressive import ar_pick
 from mtplxd.engine.decoding.sampling import TokenHistory
-from mtplxd.engine.decoding.speculative import SpeculativeDecoder
+from mtplxd.engine.decoding.speculative import Drafted, SpeculativeDecoder
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.trunk import Trunk
 
 
+class CohortCall:
+    """What a cohort row yields instead of running a step that its cohort shares."""
+
+
 @dataclass
-class VerifyCall:
-    """What a cohort row yields instead of running its verify: send it (hidden, logits)."""
+class DraftCall(CohortCall):
+    """Draft this row's cycle: send back `decoder.prepare`'s Drafted (or the same, computed
+    with other rows' heads batched)."""
+
+    decoder: "CohortSpeculativeDecoder"
+    n: int  # tokens in the trunk cache: the cycle's drafts sit at n+1..n+K
+    token: int  # the last committed token, not yet fed
+    pending_h: mx.array  # (1, P, H): hiddens of the PENDING pairs
+    pending_tokens: list[int]  # their tokens
+
+
+@dataclass
+class VerifyCall(CohortCall):
+    """Verify this row's block: send back (hidden, logits)."""
 
     trunk: Trunk
     tokens: mx.array  # (1, L): the last committed token, then the drafts (AR: L = 1)
@@ -38,27 +58,45 @@ class VerifyCall:
         return int(self.tokens.shape[1])
 
 
+@dataclass
+class SettleCall(CohortCall):
+    """The row reads `arrays` next: evaluate them (with every other row's), then send None."""
+
+    arrays: list[mx.array]
+
+
 Answer = tuple[Any, mx.array]  # (hidden or None, logits (1, L, V))
-CohortCycles = Generator["VerifyCall | list[int]", "Answer | None", None]
+CohortCycles = Generator["CohortCall | list[int]", Any, None]
 
 
 class CohortSpeculativeDecoder(SpeculativeDecoder):
-    """A SpeculativeDecoder whose verify forward is answered by the cohort."""
+    """A SpeculativeDecoder whose drafting, verify forward and sync are the cohort's."""
 
     def cycles(self, prompt_hiddens: list[mx.array], prompt_ids: list[int],
                first_token: int, *, pending_from: int = 0) -> CohortCycles:
-        """See SpeculativeDecoder.cycles; yields a VerifyCall before each committed list."""
+        """See SpeculativeDecoder.cycles; yields a DraftCall, a VerifyCall and a SettleCall
+        before each committed list."""
         n, pending_h, pending_tokens = self._begin(prompt_hiddens, prompt_ids, first_token,
                                                    pending_from)
         token = first_token
         while True:
-            drafted = self._prepare(n, token, pending_h, pending_tokens)
+            drafted = yield DraftCall(self, n, token, pending_h, pending_tokens)
             hidden, logits = yield VerifyCall(self.trunk, drafted.block, self.cache)
-            accepted, committed, hidden = self._settle(self._decide(n, drafted, hidden, logits))
+            launched = self._decide(n, drafted, hidden, logits)
+            yield SettleCall([launched.decisions, launched.drafts, launched.hidden])
+            accepted, committed, hidden = self._settle(launched)
             pending_h, pending_tokens = self._commit(accepted, committed, hidden)
             n += len(committed)
             token = committed[-1]
             yield committed
+
+    def prepare(self, call: DraftCall) -> Drafted:
+        """The call's drafts from this row's head alone (the solo code)."""
+        return self._prepare(call.n, call.token, call.pending_h, call.pending_tokens)
+
+    def first_draft_hidden(self, call: DraftCall) -> mx.array:
+        """The head over the call's PENDING pairs, alone: the last g, (1, 1, H)."""
+        return self._first_draft_hidden(call.pending_h, call.pending_tokens)
 
 
 def cohort_ar_cycles(trunk: Trunk, cache: list[Any], params: SamplingParams, history: TokenHistory,
@@ -72,5 +110,6 @@ def cohort_ar_cycles(trunk: Trunk, cache: list[Any], params: SamplingParams, his
     while True:
         _, logits = yield VerifyCall(trunk, mx.array([[token]], mx.uint32), cache)
         chosen, following = pick_next(logits[0], following)
+        yield SettleCall([chosen])
         token = chosen.item()
         yield [token]

@@ -171,26 +171,20 @@ class SpeculativeDecoder:
 
     def _draft(self, n: int, pending_h: mx.array, pending_tokens: list[int]):
         """K chained drafts (lazy arrays) and, when sampling, their distributions q."""
-        params = self.params
         g = self._first_draft_hidden(pending_h, pending_tokens)
+        picker = self.draft_picker(n)
         drafts: list[mx.array] = []
-        q_rows: list[mx.array] = []
-        counts, seen = self.history.counts[None], self.history.seen[None]
         for i in range(1, self.depth + 1):
-            logits = self.trunk.draft_logits(g)[0]
-            if params.greedy:
-                d = mx.argmax(apply_penalties(logits, params, counts, seen), axis=-1)
-            else:
-                weights = draft_weights(apply_penalties(logits, params, counts, seen), params)
-                d = mx.random.categorical(weights, key=position_key(self.seed, n + i, DRAFT))
-                q_rows.append(mx.softmax(weights, axis=-1)[0])
+            d = picker.pick(self.trunk.draft_logits(g)[0], i)
             drafts.append(d[0])
-            if params.has_penalties:
-                onehot = one_hot(d, counts.shape[-1])
-                counts, seen = counts + onehot, seen + onehot
             if i < self.depth:
                 g = self.head(g, self.trunk.embed(d[None]), self.head_cache)
-        return mx.stack(drafts), q_rows
+        return mx.stack(drafts), picker.q_rows
+
+    def draft_picker(self, n: int) -> "DraftPicker":
+        """This row's draft sampler for the cycle starting after position n (cohorts draft
+        many rows' heads together, each row picking with its own)."""
+        return DraftPicker(self.params, self.seed, n, self.history)
 
     def _cycle(self, n: int, token: int, pending_h: mx.array,
                pending_tokens: list[int]) -> tuple[int, list[int], mx.array]:
@@ -205,15 +199,15 @@ class SpeculativeDecoder:
         return self._decide(n, drafted, hidden, logits)
 
     def _prepare(self, n: int, token: int, pending_h: mx.array,
-                 pending_tokens: list[int]) -> "_Drafted":
+                 pending_tokens: list[int]) -> "Drafted":
         """Feed PENDING to the head and draft K tokens: the (1, K+1) verify block, lazily.
         Cohorts (decoding/cohort_rows.py) verify many rows' blocks in one forward."""
         head_start = self.head_cache[0].offset
         drafts, q_rows = self._draft(n, pending_h, pending_tokens)
         block = mx.concatenate([mx.array([token], dtype=drafts.dtype), drafts])[None]
-        return _Drafted(head_start, head_start + len(pending_tokens), drafts, q_rows, block)
+        return Drafted(head_start, head_start + len(pending_tokens), drafts, q_rows, block)
 
-    def _decide(self, n: int, drafted: "_Drafted", hidden: mx.array,
+    def _decide(self, n: int, drafted: "Drafted", hidden: mx.array,
                 logits: mx.array) -> "_Launched":
         """The accept decisions from the verify's (1, K+1) logits; start them on the device."""
         params, K = self.params, self.depth
@@ -276,8 +270,34 @@ class SpeculativeDecoder:
         return mx.stack([mx.concatenate([accept, mx.zeros((1,), mx.uint32)]), corrections])
 
 
+class DraftPicker:
+    """One row's draft decisions in one cycle: draft i from that step's head logits (1, V),
+    under the row's own penalties (drafts so far counted) and seed; q_rows collects each
+    sampled draft's distribution q for the accept rule."""
+
+    def __init__(self, params: SamplingParams, seed: int, n: int, history: TokenHistory) -> None:
+        self.params, self.seed, self.n = params, seed, n
+        self.counts, self.seen = history.counts[None], history.seen[None]
+        self.q_rows: list[mx.array] = []
+
+    def pick(self, logits: mx.array, i: int) -> mx.array:
+        """Draft i (1-based) as a (1,) array, lazily."""
+        params = self.params
+        penalised = apply_penalties(logits, params, self.counts, self.seen)
+        if params.greedy:
+            d = mx.argmax(penalised, axis=-1)
+        else:
+            weights = draft_weights(penalised, params)
+            d = mx.random.categorical(weights, key=position_key(self.seed, self.n + i, DRAFT))
+            self.q_rows.append(mx.softmax(weights, axis=-1)[0])
+        if params.has_penalties:
+            onehot = one_hot(d, self.counts.shape[-1])
+            self.counts, self.seen = self.counts + onehot, self.seen + onehot
+        return d
+
+
 @dataclass
-class _Drafted:
+class Drafted:
     """A cycle's drafts, before its verify forward."""
 
     head_start: int  # head cache offset before the PENDING pass

@@ -16,6 +16,12 @@ The hybrid family (Qwen3.5/3.6, Qwen3-Next: Gated DeltaNet layers between gated-
 layers) batches its norms, MLP (or MoE block) and lm_head; each row's token mixer (a
 DeltaNet layer with its conv and recurrent state, or a gated attention with its KV) runs
 per row, as mlx-lm's own module on that row's slice with that row's cache and mask.
+
+The MTP head (one decoder layer) drafts for a cohort the same way (`batched_head`): its fc,
+norms and MLP batched, its attention per row on the row's own head cache. Its PENDING pass
+is ragged (each row accepted a different number of drafts), so rows are right-padded to the
+longest and each row's attention sees only its own `lengths[i]` positions: padding never
+enters a cache, and its outputs are discarded.
 """
 
 from __future__ import annotations
@@ -41,33 +47,54 @@ def batched_supported(trunk: Trunk) -> bool:
     return _is_hybrid_body(body) and getattr(body, "pipeline_size", 1) == 1
 
 
-def batched_forward(trunk: Trunk, tokens: mx.array,
-                    caches: list[list[Any] | None]) -> tuple[mx.array, mx.array]:
+def batched_forward(trunk: Trunk, tokens: mx.array, caches: list[list[Any] | None],
+                    lengths: list[int] | None = None) -> tuple[mx.array, mx.array]:
     """Run (W, L) tokens, row i on `caches[i]` (None: a padding row whose output is unused);
     return (post-norm hidden (W, L, H), logits (W, L, V)). Every live row's cache advances by
-    L exactly as `trunk.forward` on that row alone would advance it."""
+    L exactly as `trunk.forward` on that row alone would advance it. With `lengths`, row i's
+    tokens are its first lengths[i] (right-padded: rows of different depths in one verify):
+    its cache advances by lengths[i] and only those positions of its output are its own."""
     body = trunk.text.model
     h = body.embed_tokens(tokens)
     if _is_dense_body(body):
-        masks = _row_masks(h, caches, 0, create_attention_mask)
+        masks = _row_masks(h, caches, 0, create_attention_mask, lengths)
         for index, layer in enumerate(body.layers):
-            h = _dense_block(layer, h, masks, _layer_caches(caches, index))
+            h = _dense_block(layer, h, masks, _layer_caches(caches, index), lengths)
     else:
         # The model's own rule: attention layers share one mask, DeltaNet layers another.
-        fa_masks = _row_masks(h, caches, body.fa_idx, create_attention_mask)
-        ssm_masks = _row_masks(h, caches, body.ssm_idx, create_ssm_mask)
+        fa_masks = _row_masks(h, caches, body.fa_idx, create_attention_mask, lengths)
+        ssm_masks = _row_masks(h, caches, body.ssm_idx, create_ssm_mask, lengths)
         for index, layer in enumerate(body.layers):
             masks = ssm_masks if layer.is_linear else fa_masks
-            h = _hybrid_block(layer, h, masks, _layer_caches(caches, index))
+            h = _hybrid_block(layer, h, masks, _layer_caches(caches, index), lengths)
     hidden = body.norm(h)
     return hidden, trunk.lm_head(hidden)
 
 
+def batched_head(head: Any, hidden: mx.array, embeddings: mx.array,
+                 caches: list[list[Any] | None], lengths: list[int]) -> mx.array:
+    """MTPHead.__call__ over (W, L) pairs, row i on its head cache `caches[i]` (None: a
+    padding row) with its first `lengths[i]` pairs real; returns g (W, L, H), of which each
+    row's first `lengths[i]` positions are what the head gives that row alone."""
+    x = mx.concatenate([head.pre_fc_norm_embedding(embeddings), head.pre_fc_norm_hidden(hidden)],
+                       axis=-1)
+    x = head.fc(x)
+    layer = head.layers[0]
+    layer_caches = _layer_caches(caches, 0)
+    masks = _row_masks(x, caches, 0, create_attention_mask, lengths)
+    if _is_dense_block(layer):
+        x = _dense_block(layer, x, masks, layer_caches, lengths)
+    else:
+        x = _hybrid_block(layer, x, masks, layer_caches, lengths)
+    return head.norm(x)
+
+
 def _row_masks(h: mx.array, caches: list[list[Any] | None], index: int | None,
-               make: Any) -> list[Any]:
+               make: Any, lengths: list[int] | None = None) -> list[Any]:
     if index is None:
         return [None] * len(caches)
-    return [None if cache is None else make(h[i:i + 1], cache[index])
+    ends = lengths or [h.shape[1]] * len(caches)
+    return [None if cache is None else make(h[i:i + 1, :ends[i]], cache[index])
             for i, cache in enumerate(caches)]
 
 
@@ -94,10 +121,21 @@ def _is_dense_block(layer: Any) -> bool:
     return type(layer) is TransformerBlock
 
 
-def _dense_block(layer: Any, x: mx.array, masks: list[Any],
-                 caches: list[Any | None]) -> mx.array:
+def pad_to(row: mx.array, length: int, axis: int) -> mx.array:
+    """`row` with zeros appended along `axis` up to `length` (a ragged row back in the batch)."""
+    missing = length - row.shape[axis]
+    if missing == 0:
+        return row
+    shape = list(row.shape)
+    shape[axis] = missing
+    return mx.concatenate([row, mx.zeros(shape, row.dtype)], axis=axis)
+
+
+def _dense_block(layer: Any, x: mx.array, masks: list[Any], caches: list[Any | None],
+                 lengths: list[int] | None = None) -> mx.array:
     """qwen3's TransformerBlock with its projections batched and its attention per row (the
-    ops and their order are mlx-lm's own, so a row's numbers are its solo numbers)."""
+    ops and their order are mlx-lm's own, so a row's numbers are its solo numbers). With
+    `lengths`, row i attends over (and caches) only its first lengths[i] positions."""
     attn = layer.self_attn
     B, L, _ = x.shape
     normed = layer.input_layernorm(x)
@@ -111,23 +149,32 @@ def _dense_block(layer: Any, x: mx.array, masks: list[Any],
         if cache is None:  # a padding row: its attention is skipped, its output discarded
             outputs.append(mx.zeros_like(q))
             continue
-        q = attn.rope(q, offset=cache.offset)
-        k = attn.rope(keys[i:i + 1], offset=cache.offset)
-        k, v = cache.update_and_fetch(k, values[i:i + 1])
-        outputs.append(scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale,
-                                                    mask=masks[i]))
+        n = L if lengths is None else lengths[i]
+        q = attn.rope(q[:, :, :n], offset=cache.offset)
+        k = attn.rope(keys[i:i + 1, :, :n], offset=cache.offset)
+        k, v = cache.update_and_fetch(k, values[i:i + 1, :, :n])
+        attended = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale,
+                                                mask=masks[i])
+        outputs.append(pad_to(attended, L, axis=2))
     attended = mx.concatenate(outputs, axis=0).transpose(0, 2, 1, 3).reshape(B, L, -1)
     h = x + attn.o_proj(attended)
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
-def _hybrid_block(layer: Any, x: mx.array, masks: list[Any],
-                  caches: list[Any | None]) -> mx.array:
+def _hybrid_block(layer: Any, x: mx.array, masks: list[Any], caches: list[Any | None],
+                  lengths: list[int] | None = None) -> mx.array:
     """A hybrid decoder layer: norms and MLP batched, the token mixer per row (mlx-lm's
-    DecoderLayer order: x + mixer(norm(x)), then h + mlp(norm(h)))."""
+    DecoderLayer order: x + mixer(norm(x)), then h + mlp(norm(h))). With `lengths`, row i's
+    mixer sees only its first lengths[i] positions."""
     mixer = layer.linear_attn if layer.is_linear else layer.self_attn
     normed = layer.input_layernorm(x)
-    rows = [mx.zeros_like(normed[i:i + 1]) if cache is None else mixer(normed[i:i + 1], masks[i], cache)
-            for i, cache in enumerate(caches)]
+    L = x.shape[1]
+    rows = []
+    for i, cache in enumerate(caches):
+        if cache is None:
+            rows.append(mx.zeros_like(normed[i:i + 1]))
+            continue
+        n = L if lengths is None else lengths[i]
+        rows.append(pad_to(mixer(normed[i:i + 1, :n], masks[i], cache), L, axis=1))
     h = x + mx.concatenate(rows, axis=0)
     return h + layer.mlp(layer.post_attention_layernorm(h))
