@@ -15,6 +15,7 @@ import json
 import pytest
 
 from support.api_daemon import daemon_fixture, scripted
+from support.tool_streams import anthropic_tool_stream, openai_chat_tool_stream, responses_tool_stream
 
 MODEL_ID = "scripted-pythonic"
 PIECES = ["Let me look.", "<|tool_call_start|>", "[read_file(", 'path="src/main.py"', ", ", "lines=[1, ",
@@ -56,16 +57,7 @@ def test_the_scripted_model_speaks_the_pythonic_dialect(api):
 def test_openai_chat_streams_the_name_first_then_one_fragment_per_argument(api, depth):
     base = dict(model=MODEL_ID, messages=USER, tools=OPENAI_TOOLS, temperature=0, extra_body={"mtp_depth": depth})
     whole = api.openai.chat.completions.create(**base).choices[0]
-    with api.openai.chat.completions.stream(**base) as stream:
-        chunks, fragments = [], []
-        for event in stream:
-            if event.type == "chunk":
-                chunks.append(event.chunk)
-            elif event.type == "tool_calls.function.arguments.delta" and event.arguments_delta:
-                fragments.append((event.index, event.arguments_delta))  # (the name's chunk has "")
-        final = stream.get_final_completion()
-    firsts = [c.choices[0].delta.tool_calls[0] for c in chunks
-              if c.choices and c.choices[0].delta.tool_calls and c.choices[0].delta.tool_calls[0].id]
+    firsts, fragments, final = openai_chat_tool_stream(api.openai, **base)
     assert [(f.index, f.function.name, f.function.arguments) for f in firsts] == [
         (i, name, "") for i, (name, _) in enumerate(EXPECTED)]
     per_call = [[text for i, text in fragments if i == n] for n in range(len(EXPECTED))]
@@ -81,17 +73,10 @@ def test_anthropic_streams_each_argument_as_an_input_json_delta(api):
     base = dict(model=MODEL_ID, max_tokens=200, messages=USER, tools=ANTHROPIC_TOOLS,
                 extra_body={"mtp_depth": 0})
     whole = api.anthropic.messages.create(**base)
-    with api.anthropic.messages.stream(**base) as stream:
-        partial, block = {}, None
-        for event in stream:
-            if event.type == "content_block_start":
-                block = event.index
-            elif event.type == "input_json":
-                partial.setdefault(block, []).append(event.partial_json)
-        final = stream.get_final_message()
+    by_block, final = anthropic_tool_stream(api.anthropic, **base)
     assert [(b.name, b.input) for b in whole.content if b.type == "tool_use"] == EXPECTED
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == EXPECTED
-    assert list(partial.values()) == AR_FRAGMENTS
+    assert list(by_block.values()) == AR_FRAGMENTS
     assert final.stop_reason == whole.stop_reason == "tool_use"
 
 
@@ -99,12 +84,7 @@ def test_responses_streams_each_argument_as_a_function_call_arguments_delta(api)
     base = dict(model=MODEL_ID, input="look at main.py and list /tmp", tools=RESPONSES_TOOLS,
                 extra_body={"mtp_depth": 0})
     whole = api.openai.responses.create(**base)
-    with api.openai.responses.stream(**base) as stream:
-        deltas: dict[int, list[str]] = {}
-        for event in stream:
-            if event.type == "response.function_call_arguments.delta":
-                deltas.setdefault(event.output_index, []).append(event.delta)
-        final = stream.get_final_response()
+    deltas, final = responses_tool_stream(api.openai, **base)
     calls = [i for i in whole.output if i.type == "function_call"]
     streamed = [i for i in final.output if i.type == "function_call"]
     assert list(deltas.values()) == AR_FRAGMENTS
