@@ -124,15 +124,18 @@ class PythonicBlock:
         return None
 
     def _step_arguments(self, text: str, final: bool, actions: list[Action]) -> int | None:
+        # The argument's text is appended in slices, not per character: a long string value
+        # must not cost quadratic time.
         for i, char in enumerate(text):
             if self.quote:
                 self._in_string(char)
             elif char in "'\"":
                 if text.startswith(char * 3, i):
                     self.quote = char * 3
-                    self.segment += char * 3
+                    self.segment += text[:i + 3]
                     return i + 3
-                if not final and text[i:] == char * (len(text) - i):
+                if not final and len(text) - i < 3 and text[i:] == char * (len(text) - i):
+                    self.segment += text[:i]
                     return i or None  # may still open a triple-quoted string
                 self.quote = char
             elif char in "([{":
@@ -140,9 +143,10 @@ class PythonicBlock:
             elif char in ")]}" and self.depth:
                 self.depth -= 1
             elif char in ",)" and not self.depth:
+                self.segment += text[:i]
                 self._end_argument(actions, last=char == ")")
                 return i + 1
-            self.segment += char
+        self.segment += text
         return len(text) or None
 
     # -- pieces -------------------------------------------------------------------------
