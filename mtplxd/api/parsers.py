@@ -180,9 +180,9 @@ class OutputParser:
         """The output ended: flush everything held back as what it is."""
         events, self._held = self._held, []
         if self.mode == "tool" and self.dialect.block is not None:
-            close = self.dialect.close
-            cut = partial_suffix(self._buffer, close)
-            self._close_block(events, self._buffer[:len(self._buffer) - cut], self._buffer[len(self._buffer) - cut:])
+            text = self._buffer
+            cut = len(text) - partial_suffix(text, self.dialect.close)
+            self._close_block(events, text[:cut], text[cut:])
         elif self.mode == "tool" and self._call is not None:
             # Cut off mid-call (max_tokens): it was announced, so it ends as a call.
             close = self.dialect.close
@@ -320,10 +320,8 @@ class OutputParser:
             self._buffer = self._buffer[end + len(close):]
             self._close_block(events, body, close)
             return
-        if self._block is None:
-            self._block = self.dialect.block()  # type: ignore[misc]
         visible = self._buffer[:len(self._buffer) - partial_suffix(self._buffer, close)]
-        actions, used = self._block.feed(visible)
+        actions, used = self._open_block().feed(visible)
         self._buffer = self._buffer[used:]
         self._apply_block(events, actions)
 
@@ -331,7 +329,7 @@ class OutputParser:
         """The block ended with `body` unconsumed (`closer`: its close marker, or what the
         output ended with of it): end its calls, or give it back as content when it never
         named one."""
-        block = self._block or self.dialect.block()  # type: ignore[misc]
+        block = self._open_block()
         self._block = None
         actions, _ = block.feed(body, final=True)
         self.mode = "content"
@@ -340,6 +338,12 @@ class OutputParser:
             return
         self._emit_content(events, self._pending_ws + self.dialect.open + body + closer)
         self._pending_ws = ""
+
+    def _open_block(self) -> BlockStream:
+        if self._block is None:
+            assert self.dialect.block is not None
+            self._block = self.dialect.block()
+        return self._block
 
     def _apply_block(self, events: list[Event], actions: list[tuple[str, str]]) -> None:
         for kind, text in actions:
