@@ -14,10 +14,10 @@ Recognised output:
   (`<function=NAME><parameter=KEY>VALUE</parameter></function>`); LFM2's pythonic dialect
   lives in `pythonic_tools`. A Qwen call streams: `ToolCallStart` as soon as its name is
   known, `ToolCallDelta` argument fragments as they are decided (tool_stream.py), then the
-  whole `ToolCallEvent`; the fragments join to its `arguments` byte for byte. A dialect that
-  does not stream (LFM2's) is parsed whole at its close marker and sent as one start, one
-  fragment and the call. A body that does not parse stays content, byte for byte; so does an
-  unterminated block that never showed a name.
+  whole `ToolCallEvent`; the fragments join to its `arguments` byte for byte. LFM2's block of
+  several calls streams through the dialect's `block` (pythonic_tools.PythonicBlock): a start
+  at each `name(`, one fragment per complete keyword argument. A body that does not parse
+  stays content, byte for byte; so does an unterminated block that never showed a name.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import json
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 from mtplxd.api.tool_stream import (
     JsonArguments, XmlArguments, open_header, partial_suffix, strip_one_newline, typed_value,
@@ -89,8 +89,20 @@ class _OpenCall:
     """The call being streamed: its start and the argument text sent so far."""
 
     start: ToolCallStart
-    arguments: JsonArguments | XmlArguments
+    arguments: JsonArguments | XmlArguments | None = None  # None: a block streams it
     sent: str = ""
+
+
+class BlockStream(Protocol):
+    """Streams one tool-call block that may hold several calls (LFM2's pythonic list)."""
+
+    calls: int  # calls named so far
+
+    def feed(self, text: str, final: bool = False) -> tuple[list[tuple[str, str]], int]:
+        """Actions ("start", name) / ("arguments", fragment) / ("end", "") decided by the
+        block's unconsumed `text` (`final`: the rest of the block), and characters consumed;
+        nothing is consumed before the first call is named."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,7 @@ class ToolDialect:
     close: str
     parse: Callable[[str, dict[str, dict[str, Any]]], list[tuple[str, str]] | None]
     streams: bool = False  # arguments stream as decoded (tool_stream.py reads JSON and Qwen XML)
+    block: Callable[[], BlockStream] | None = None  # streams a block of several calls instead
 
 
 def new_call_id() -> str:
@@ -137,6 +150,7 @@ class OutputParser:
         self._reasoning_started = False
         self._content_started = raw
         self._call: _OpenCall | None = None
+        self._block: BlockStream | None = None
         self._held: list[Event] = []  # events of a forced prefix, handed out with the first feed
         self.tool_calls = 0
         if raw:
@@ -165,7 +179,11 @@ class OutputParser:
     def finish(self) -> list[Event]:
         """The output ended: flush everything held back as what it is."""
         events, self._held = self._held, []
-        if self.mode == "tool" and self._call is not None:
+        if self.mode == "tool" and self.dialect.block is not None:
+            text = self._buffer
+            cut = len(text) - partial_suffix(text, self.dialect.close)
+            self._close_block(events, text[:cut], text[cut:])
+        elif self.mode == "tool" and self._call is not None:
             # Cut off mid-call (max_tokens): it was announced, so it ends as a call.
             close = self.dialect.close
             self._end_call(events, self._buffer[:len(self._buffer) - partial_suffix(self._buffer, close)])
@@ -243,6 +261,9 @@ class OutputParser:
         self._buffer = self._buffer[len(self._buffer) - keep:]
 
     def _step_tool(self, events: list[Event]) -> None:
+        if self.dialect.block is not None:
+            self._stream_block(events)
+            return
         if self._call is not None:
             self._stream_call(events)
             return
@@ -291,6 +312,50 @@ class OutputParser:
         self._buffer = self._buffer[used:]
         self._send_arguments(events, piece)
 
+    def _stream_block(self, events: list[Event]) -> None:
+        close = self.dialect.close
+        end = self._buffer.find(close)
+        if end >= 0:
+            body = self._buffer[:end]
+            self._buffer = self._buffer[end + len(close):]
+            self._close_block(events, body, close)
+            return
+        visible = self._buffer[:len(self._buffer) - partial_suffix(self._buffer, close)]
+        actions, used = self._open_block().feed(visible)
+        self._buffer = self._buffer[used:]
+        self._apply_block(events, actions)
+
+    def _close_block(self, events: list[Event], body: str, closer: str) -> None:
+        """The block ended with `body` unconsumed (`closer`: its close marker, or what the
+        output ended with of it): end its calls, or give it back as content when it never
+        named one."""
+        block = self._open_block()
+        self._block = None
+        actions, _ = block.feed(body, final=True)
+        self.mode = "content"
+        if block.calls:
+            self._apply_block(events, actions)
+            return
+        self._emit_content(events, self._pending_ws + self.dialect.open + body + closer)
+        self._pending_ws = ""
+
+    def _open_block(self) -> BlockStream:
+        if self._block is None:
+            assert self.dialect.block is not None
+            self._block = self.dialect.block()
+        return self._block
+
+    def _apply_block(self, events: list[Event], actions: list[tuple[str, str]]) -> None:
+        for kind, text in actions:
+            if kind == "start":
+                self._call = _OpenCall(ToolCallStart(self.tool_calls, new_call_id(), text))
+                self._pending_ws = ""  # whitespace before a call is layout
+                events.append(self._call.start)
+            elif kind == "arguments":
+                self._send_arguments(events, text)
+            else:
+                self._finish_call(events)
+
     def _send_arguments(self, events: list[Event], piece: str) -> None:
         if piece and self._call is not None:
             self._call.sent += piece
@@ -300,13 +365,19 @@ class OutputParser:
         """The call's text ended with `rest` not yet consumed: send the last fragment and
         the whole call."""
         call = self._call
-        assert call is not None
+        assert call is not None and call.arguments is not None
         piece, used = call.arguments.feed(rest)
         self._send_arguments(events, piece + call.arguments.close(rest[used:]))
+        self._finish_call(events)
+        self.mode = "content"
+
+    def _finish_call(self, events: list[Event]) -> None:
+        """The open call's arguments are all sent: emit the whole call."""
+        call = self._call
+        assert call is not None
         events.append(ToolCallEvent(call.start.index, call.start.id, call.start.name, call.sent))
         self._call = None
         self.tool_calls += 1
-        self.mode = "content"
         # Whitespace between consecutive calls is layout too.
         self._content_started = False
 

@@ -14,6 +14,7 @@ import pytest
 
 from mtplxd.engine.fixtures.scripted import write_scripted_checkpoint
 from support.api_daemon import daemon_fixture, scripted, serving
+from support.tool_streams import anthropic_tool_stream, openai_chat_tool_stream, responses_tool_stream
 
 TWO_CALLS = ["Let me look.", "\n<tool_call>\n", '{"name": "read_file", "arguments": {', '"path": ',
              '"src', '/main.py"', ', "lines": [1, ', "20]", "}}", "\n</tool_call>",
@@ -42,16 +43,7 @@ def test_openai_chat_streams_id_and_name_first_then_argument_fragments(api, dept
     base = dict(model="scripted-tools", messages=USER, tools=OPENAI_TOOLS, temperature=0,
                 extra_body={"mtp_depth": depth})
     whole = api.openai.chat.completions.create(**base).choices[0]
-    with api.openai.chat.completions.stream(**base) as stream:
-        chunks, fragments = [], []
-        for event in stream:
-            if event.type == "chunk":
-                chunks.append(event.chunk)
-            elif event.type == "tool_calls.function.arguments.delta":
-                fragments.append((event.index, event.arguments_delta))
-        final = stream.get_final_completion()
-    firsts = [c.choices[0].delta.tool_calls[0] for c in chunks
-              if c.choices and c.choices[0].delta.tool_calls and c.choices[0].delta.tool_calls[0].id]
+    firsts, fragments, final = openai_chat_tool_stream(api.openai, **base)
     assert [(f.index, f.function.name, f.function.arguments) for f in firsts] == [
         (0, "read_file", ""), (1, "shell", "")]
     per_call = ["".join(text for i, text in fragments if i == n) for n in (0, 1)]
@@ -67,19 +59,9 @@ def test_openai_chat_streams_id_and_name_first_then_argument_fragments(api, dept
 def test_anthropic_streams_input_json_delta(api):
     base = dict(model="scripted-tools", max_tokens=200, messages=USER, tools=ANTHROPIC_TOOLS)
     whole = api.anthropic.messages.create(**base)
-    with api.anthropic.messages.stream(**base) as stream:
-        partial, block = [], None
-        for event in stream:
-            if event.type == "content_block_start":
-                block = event.index
-            elif event.type == "input_json":
-                partial.append((block, event.partial_json))
-        final = stream.get_final_message()
+    by_block, final = anthropic_tool_stream(api.anthropic, **base)
     assert [(b.name, b.input) for b in whole.content if b.type == "tool_use"] == EXPECTED
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == EXPECTED
-    by_block = {}
-    for index, text in partial:
-        by_block.setdefault(index, []).append(text)
     assert len(by_block) == 2 and all(len(parts) >= 2 for parts in by_block.values())
     assert [json.loads("".join(parts)) for parts in by_block.values()] == [e[1] for e in EXPECTED]
     assert final.stop_reason == whole.stop_reason == "tool_use"
@@ -88,12 +70,7 @@ def test_anthropic_streams_input_json_delta(api):
 def test_responses_streams_function_call_arguments_delta(api):
     base = dict(model="scripted-tools", input="look at main.py and list /tmp", tools=RESPONSES_TOOLS)
     whole = api.openai.responses.create(**base)
-    with api.openai.responses.stream(**base) as stream:
-        deltas: dict[int, list[str]] = {}
-        for event in stream:
-            if event.type == "response.function_call_arguments.delta":
-                deltas.setdefault(event.output_index, []).append(event.delta)
-        final = stream.get_final_response()
+    deltas, final = responses_tool_stream(api.openai, **base)
     calls = [i for i in whole.output if i.type == "function_call"]
     streamed = [i for i in final.output if i.type == "function_call"]
     assert ["".join(parts) for parts in deltas.values()] == [c.arguments for c in calls] == [
