@@ -23,6 +23,7 @@ from mtplxd.engine.decoding.logprobs import LogprobScorer
 from mtplxd.engine.decoding.repetition import RepetitionDetector
 from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
 from mtplxd.engine.decoding.speculative import SpeculativeDecoder, feed_pending_pairs
+from mtplxd.engine.decoding.split import CycleSplit
 from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, GenerationStats, TokenDelta,
 )
@@ -121,18 +122,21 @@ class DecodeSamples:
 
     Each sample covers the window since the previous one: tokens/s, cycles and their mean
     time, accepted length and accepted/drafted counts by draft position, and the context
-    length at its end. Draft and verify time are not split: the fused loop runs both in one
-    graph and the stepwise loop launches the next draft before it reads the verify, so timing
-    them apart would need a device sync that slows the very thing being measured.
+    length at its end. A speculative decoder's window also carries the draft/verify split of
+    one cycle timed in it (draft_ms, verify_ms, split_cycles, split_source: decoding/split.py
+    says why one sampled cycle); AR has no draft, so its samples carry no split.
     """
 
     def __init__(self, stats: GenerationStats, arrived: float, start: float,
-                 acceptance: Any = None) -> None:
+                 acceptance: Any = None, split: CycleSplit | None = None) -> None:
         self.stats = stats
         self.arrived = arrived
         self.acceptance = acceptance  # the decoder's AcceptanceStats (None: AR)
+        self.split = split  # the decoder's CycleSplit (None: AR)
         self.at, self.generated, self.cycles, self.committed = start, 1, 0, 0
         self.by_depth = ([], [])
+        if split is not None:
+            split.arm()  # the window's first cycle runs timed
 
     def tick(self, now: float, generated: int, force: bool = False) -> None:
         """Close a window when a second passed (or `force`, at the end, when tokens came)."""
@@ -158,6 +162,9 @@ class DecodeSamples:
             "accepted_by_depth": [a - b for a, b in zip(accepted, self.by_depth[1] or [0] * len(accepted))],
             "context": self.stats.prompt_tokens + generated,
         }
+        if self.split is not None:
+            sample.update(self.split.take())
+            self.split.arm()
         self.stats.samples.append(sample)
         self.at, self.generated, self.cycles, self.committed = now, generated, cycles, committed
         self.by_depth = (drafted, accepted)
@@ -268,7 +275,8 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     else:
         cycles = ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
     reason = finish.reason
-    samples = DecodeSamples(stats, arrived, prefill_done, decoder.stats if decoder else None)
+    samples = DecodeSamples(stats, arrived, prefill_done, decoder.stats if decoder else None,
+                            decoder.split if decoder else None)
     # A turn that ends on its first token (max_tokens 1, a stop) runs no cycle, so nothing
     # feeds the head: keep the hiddens to give its bank entry the head's KV after the result.
     unfed = hiddens if turn is not None and decoder is not None and reason is not None else None
