@@ -115,6 +115,9 @@ class _Finish:
 
 
 SAMPLE_SECONDS = 1.0
+# Time one cycle per sample window (decoding/split.py). Not a setting: the split-cost bench
+# (bench/split_cost.py) turns it off to measure what it costs.
+TIME_SAMPLED_CYCLES = True
 
 
 class DecodeSamples:
@@ -132,11 +135,11 @@ class DecodeSamples:
         self.stats = stats
         self.arrived = arrived
         self.acceptance = acceptance  # the decoder's AcceptanceStats (None: AR)
-        self.split = split  # the decoder's CycleSplit (None: AR)
+        self.split = split if TIME_SAMPLED_CYCLES else None  # the decoder's CycleSplit (None: AR)
         self.at, self.generated, self.cycles, self.committed = start, 1, 0, 0
         self.by_depth = ([], [])
-        if split is not None:
-            split.arm()  # the window's first cycle runs timed
+        if self.split is not None:
+            self.split.arm()  # the window's first cycle runs timed
 
     def tick(self, now: float, generated: int, force: bool = False) -> None:
         """Close a window when a second passed (or `force`, at the end, when tokens came)."""
