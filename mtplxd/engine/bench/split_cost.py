@@ -18,22 +18,22 @@ import sys
 from typing import Any
 
 import mtplxd.engine.generation as generation
+from mtplxd.engine.bench.decode import run_once
 from mtplxd.engine.bench.harness import (
-    PROMPTS, add_quantize_option, bench_parser, command_line, interleaved, machine, median,
+    PROMPTS, add_decode_options, bench_parser, command_line, interleaved, machine, median,
     paired_speedups, prompt_ids_for, write_report,
 )
-from mtplxd.engine.interface import DECODE_LOOP_CHOICES, GenerationRequest, GenerationResult, SamplingParams
+from mtplxd.engine.interface import GenerationResult
 
 PROG = "python -m mtplxd.engine.bench.split_cost"
 
 
 def _run(model, ids: list[int], temperature: float, depth: int, max_tokens: int, seed: int,
          split: bool) -> GenerationResult:
-    sampling = SamplingParams(temperature=temperature, top_p=0.95 if temperature > 0 else 1.0,
-                              seed=seed, max_tokens=max_tokens, ignore_eos=True)
+    """decode.py's run (ignore_eos, the same sampling), with the timed cycles on or off."""
     generation.TIME_SAMPLED_CYCLES = split
     try:
-        return model.complete(GenerationRequest(ids, sampling, depth=depth))
+        return run_once(model, ids, temperature, depth, max_tokens, seed)
     finally:
         generation.TIME_SAMPLED_CYCLES = True
 
@@ -81,14 +81,8 @@ def run_bench(model, *, depth: int, max_tokens: int, repeats: int,
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = bench_parser(PROG, __doc__)
-    parser.add_argument("--model", required=True, help="HF-format model folder with an MTP head")
-    parser.add_argument("--depth", type=int, default=None, help="MTP depth (default: the model's)")
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3, help="passes over the prompt set")
-    parser.add_argument("--temperatures", default="0,0.6", help="comma-separated, e.g. 0,0.6")
-    parser.add_argument("--decode-loop", choices=DECODE_LOOP_CHOICES, default="auto")
+    add_decode_options(parser, max_tokens=256)
     parser.add_argument("--json-out", default=None, help="write the report here")
-    add_quantize_option(parser)
     args = parser.parse_args(argv)
 
     from mtplxd.engine.loaded_model import load_model
