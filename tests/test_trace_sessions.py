@@ -81,3 +81,14 @@ def test_a_turns_draft_verify_split_is_the_mean_over_its_timed_cycles():
     assert (first["draft_ms"], first["verify_ms"], first["split_source"]) == (4.0, 8.0, "sampled")
     assert (second["draft_ms"], second["verify_ms"], second["split_source"]) == (None, None, None)
     assert [s["draft_ms"] for s in analysis["samples"]] == [2.0, 5.0, None, None]
+
+
+def test_the_report_shows_the_split_as_bars_or_says_why_there_is_none():
+    from mtplxctl.trace.report import render_html
+
+    split = {"draft_ms": 2.0, "verify_ms": 6.0, "split_cycles": 1, "split_source": "sampled"}
+    mtp = analyse(group_sessions([record(0, SYSTEM + [1], samples=[{"t": 1, "seconds": 1.0, **split}])])[0])
+    html = render_html(mtp | {"report": "x"})
+    assert "turn 1 draft ms: 2" in html and "turn 1 verify ms: 6" in html
+    ar = analyse(group_sessions([record(0, SYSTEM + [1], samples=[{"t": 1, "seconds": 1.0}])])[0])
+    assert "no draft/verify split to show" in render_html(ar)

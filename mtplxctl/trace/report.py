@@ -93,6 +93,9 @@ def _segments(analysis: dict[str, Any], key: str) -> list[list[tuple[float, floa
 
 def _split_chart(turns: list[dict[str, Any]]) -> str:
     """Draft ms over verify ms per cycle, a bar per turn (AR turns have no draft: no bar)."""
+    if all(t["draft_ms"] is None for t in turns):
+        return ("<p class=\"sub\">No turn of this session drafted (AR decoding, or no decode "
+                "sample), so there is no draft/verify split to show.</p>")
     legend = _legend(("draft", "verify"))
     note = ("<div class=\"sub\">From one timed cycle per second of decode (a sync after its "
             "drafts and after its verify), so the bars are a sample, not every cycle.</div>")

@@ -337,13 +337,18 @@ def _speculative_cycle(trunk: Trunk, head: MTPHead, params: SamplingParams,
     (seed, *state) -> (committed tokens (K+1,), their count, *next state)."""
 
     def cycle(seed: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
-        s = _CycleState.unflat(list(arrays), (len(arrays) - _CycleState.SMALL - 2) // 2)
+        s = _state_of(arrays)
         noise = None if params.greedy else _cycle_noise(seed, s, K, s.counts.shape[0])
         head_cache, drafts, q_weights = _draft(trunk, head, params, K, s,
                                                None if noise is None else noise.drafts)
         return _verify(trunk, params, K, s, noise, drafts, q_weights, _buffers_of(head_cache))
 
     return cycle
+
+
+def _state_of(arrays: tuple[mx.array, ...]) -> _CycleState:
+    """A compiled function's state arguments as a _CycleState (the head's KV: 2 arrays)."""
+    return _CycleState.unflat(list(arrays), (len(arrays) - _CycleState.SMALL - 2) // 2)
 
 
 def _cycle_halves(trunk: Trunk, head: MTPHead, params: SamplingParams,
@@ -354,21 +359,18 @@ def _cycle_halves(trunk: Trunk, head: MTPHead, params: SamplingParams,
     `_speculative_cycle` does (the verify half draws the same keyed noise again)."""
     drafted_count = (1 if params.greedy else 2) + 2  # drafts [, q-weights], head keys, values
 
-    def state_of(arrays: tuple[mx.array, ...]) -> _CycleState:
-        return _CycleState.unflat(list(arrays), (len(arrays) - _CycleState.SMALL - 2) // 2)
-
     def noise_of(seed: mx.array, s: _CycleState) -> "_CycleNoise | None":
         return None if params.greedy else _cycle_noise(seed, s, K, s.counts.shape[0])
 
     def draft(seed: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
-        s = state_of(arrays)
+        s = _state_of(arrays)
         noise = noise_of(seed, s)
         head_cache, drafts, q_weights = _draft(trunk, head, params, K, s,
                                                None if noise is None else noise.drafts)
         return (drafts, *([] if q_weights is None else [q_weights]), *_buffers_of(head_cache))
 
     def verify(seed: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
-        drafted, s = arrays[:drafted_count], state_of(arrays[drafted_count:])
+        drafted, s = arrays[:drafted_count], _state_of(arrays[drafted_count:])
         q_weights = None if params.greedy else drafted[1]
         return _verify(trunk, params, K, s, noise_of(seed, s), drafted[0], q_weights,
                        list(drafted[-2:]))
