@@ -118,6 +118,9 @@ SAMPLE_SECONDS = 1.0
 # Time one cycle per sample window (decoding/split.py). Not a setting: the split-cost bench
 # (bench/split_cost.py) turns it off to measure what it costs.
 TIME_SAMPLED_CYCLES = True
+# ... and at most one in this many cycles: where a cycle takes a large part of a second (a
+# CPU), one per window would time a quarter of all cycles and their lost overlap would show.
+SPLIT_EVERY_CYCLES = 16
 
 
 class DecodeSamples:
@@ -126,8 +129,9 @@ class DecodeSamples:
     Each sample covers the window since the previous one: tokens/s, cycles and their mean
     time, accepted length and accepted/drafted counts by draft position, and the context
     length at its end. A speculative decoder's window also carries the draft/verify split of
-    one cycle timed in it (draft_ms, verify_ms, split_cycles, split_source: decoding/split.py
-    says why one sampled cycle); AR has no draft, so its samples carry no split.
+    the cycle timed in it, if one was (draft_ms, verify_ms, split_cycles, split_source:
+    decoding/split.py says why a sampled cycle): the request's first cycle, then one per
+    window, at most one in SPLIT_EVERY_CYCLES. AR has no draft, so its samples carry none.
     """
 
     def __init__(self, stats: GenerationStats, arrived: float, start: float,
@@ -138,11 +142,27 @@ class DecodeSamples:
         self.split = split if TIME_SAMPLED_CYCLES else None  # the decoder's CycleSplit (None: AR)
         self.at, self.generated, self.cycles, self.committed = start, 1, 0, 0
         self.by_depth = ([], [])
+        self.split_at = 0  # decoder cycles when the last timed cycle was asked for
         if self.split is not None:
-            self.split.arm()  # the window's first cycle runs timed
+            self.split.arm()  # the request's first cycle runs timed
+
+    def _arm_split(self) -> None:
+        """Ask for a timed cycle when this window has none yet and SPLIT_EVERY_CYCLES cycles
+        ran since the last one was asked for (so about one per second where cycles are fast)."""
+        split = self.split
+        if split is None or split.armed or split.cycles:
+            return
+        if self.acceptance.cycles - self.split_at >= SPLIT_EVERY_CYCLES:
+            split.arm()
+            self.split_at = self.acceptance.cycles
 
     def tick(self, now: float, generated: int, force: bool = False) -> None:
-        """Close a window when a second passed (or `force`, at the end, when tokens came)."""
+        """After a cycle: close the window when a second passed (or `force`, at the end, when
+        tokens came), then ask for a timed cycle if one is due."""
+        self._close_window(now, generated, force)
+        self._arm_split()
+
+    def _close_window(self, now: float, generated: int, force: bool) -> None:
         seconds = now - self.at
         if (seconds < SAMPLE_SECONDS and not force) or generated <= self.generated or seconds <= 0:
             return
@@ -167,7 +187,6 @@ class DecodeSamples:
         }
         if self.split is not None:
             sample.update(self.split.take())
-            self.split.arm()
         self.stats.samples.append(sample)
         self.at, self.generated, self.cycles, self.committed = now, generated, cycles, committed
         self.by_depth = (drafted, accepted)

@@ -33,7 +33,8 @@ def test_a_split_window_reports_per_cycle_means_then_starts_empty():
     assert split.take() == {}
 
 
-def test_decode_samples_arm_one_timed_cycle_per_window():
+def test_decode_samples_arm_one_timed_cycle_per_window_and_at_most_one_in_n_cycles(monkeypatch):
+    monkeypatch.setattr(generation, "SPLIT_EVERY_CYCLES", 3)
     stats = GenerationStats(prompt_tokens=10, depth=2)
     acceptance, split = AcceptanceStats(2), CycleSplit()
     samples = generation.DecodeSamples(stats, arrived=0.0, start=1.0, acceptance=acceptance,
@@ -47,9 +48,12 @@ def test_decode_samples_arm_one_timed_cycle_per_window():
     samples.tick(2.0, generated=6)
     (sample,) = stats.samples
     assert sample["draft_ms"] == 1.0 and sample["verify_ms"] == 3.0 and sample["split_cycles"] == 1
-    assert sample["cycles"] == 2 and split.armed  # the next window asks for its own cycle
+    assert sample["cycles"] == 2 and not split.armed  # 2 cycles since the first: too soon
     acceptance.record(0, 1)
-    samples.tick(3.0, generated=7, force=True)  # a window whose timed cycle never ran
+    samples.tick(3.0, generated=7)  # the third cycle: the window asks for its timed cycle
+    assert split.armed and SPLIT_KEYS.isdisjoint(stats.samples[-1])
+    acceptance.record(0, 1)
+    samples.tick(3.2, generated=8, force=True)  # a window whose timed cycle never ran
     assert SPLIT_KEYS.isdisjoint(stats.samples[-1])
 
 
@@ -75,8 +79,10 @@ def complete(model, depth: int, loop: str | None = None, **sampling):
 
 
 def timed_every_cycle(monkeypatch) -> None:
-    """Close a sample window after every cycle, so every cycle runs timed."""
+    """Close a sample window after every cycle and allow a timed one in each, so every cycle
+    runs timed."""
     monkeypatch.setattr(generation, "SAMPLE_SECONDS", 0.0)
+    monkeypatch.setattr(generation, "SPLIT_EVERY_CYCLES", 1)
 
 
 def assert_split_in_every_sample(result) -> None:
