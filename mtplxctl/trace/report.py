@@ -97,8 +97,9 @@ def _split_chart(turns: list[dict[str, Any]]) -> str:
         return ("<p class=\"sub\">No turn of this session drafted (AR decoding, or no decode "
                 "sample), so there is no draft/verify split to show.</p>")
     legend = _legend(("draft", "verify"))
-    note = ("<div class=\"sub\">From one timed cycle per second of decode (a sync after its "
-            "drafts and after its verify), so the bars are a sample, not every cycle.</div>")
+    note = ("<div class=\"sub\">From a few timed cycles (a sync after the drafts and after "
+            "the verify): each turn's first, then about one a second; a sample, not every "
+            "cycle.</div>")
     return legend + note + charts.stacked_bars([str(t["turn"]) for t in turns], [
         ("draft ms", charts.COLORS["draft"], [t["draft_ms"] or 0 for t in turns]),
         ("verify ms", charts.COLORS["verify"], [t["verify_ms"] or 0 for t in turns]),

@@ -7,9 +7,10 @@ drafts are evaluated with the cohort's shared forward. The host's clock around t
 `.tolist()`/`.item()` reads therefore measures whole (overlapped) cycles on every backend, the
 CPU one included, and cannot tell the two phases apart. Splitting every cycle would need a
 sync between them, which stops the pipelining the loops are built for. So the flight recorder
-asks for one cycle per sample window (about one a second: generation.DecodeSamples arms the
-decoder's CycleSplit), and the decoder runs that cycle with a sync after the drafts and after
-the verify, timing each; the other cycles run untouched. Its numbers are a cycle run alone,
+asks for a few cycles only (generation.DecodeSamples arms the decoder's CycleSplit: a
+request's first cycle, then one per sample window of about a second, at most one in
+SPLIT_EVERY_CYCLES), and the decoder runs each with a sync after the drafts and after the
+verify, timing both; the other cycles run untouched. Its numbers are a cycle run alone,
 labelled `split_source: "sampled"` in the samples.
 """
 
