@@ -67,3 +67,28 @@ def test_a_turn_the_loop_guard_stopped_is_flagged_with_its_period():
     assert turns[0]["flags"] == [{"kind": "repetition_stop", "text": "the loop guard stopped it "
                                   "repeating a 4-token span (40 repeated tokens trimmed)"}]
     assert turns[1]["flags"] == []
+
+
+def test_a_turns_draft_verify_split_is_the_mean_over_its_timed_cycles():
+    split = {"split_source": "sampled"}
+    mtp = [{"t": 1, "seconds": 1.0, "tok_s": 50, "draft_ms": 2.0, "verify_ms": 6.0, "split_cycles": 1, **split},
+           {"t": 2, "seconds": 1.0, "tok_s": 50, "draft_ms": 5.0, "verify_ms": 9.0, "split_cycles": 2, **split},
+           {"t": 2.2, "seconds": 0.2, "tok_s": 40}]  # the last window's timed cycle never ran
+    ar = [{"t": 1, "seconds": 1.0, "tok_s": 30}]
+    analysis = analyse(group_sessions([record(0, SYSTEM + [1], samples=mtp),
+                                       record(5, SYSTEM + [1, 2], reused=4096, samples=ar)])[0])
+    first, second = analysis["turns"]
+    assert (first["draft_ms"], first["verify_ms"], first["split_source"]) == (4.0, 8.0, "sampled")
+    assert (second["draft_ms"], second["verify_ms"], second["split_source"]) == (None, None, None)
+    assert [s["draft_ms"] for s in analysis["samples"]] == [2.0, 5.0, None, None]
+
+
+def test_the_report_shows_the_split_as_bars_or_says_why_there_is_none():
+    from mtplxctl.trace.report import render_html
+
+    split = {"draft_ms": 2.0, "verify_ms": 6.0, "split_cycles": 1, "split_source": "sampled"}
+    mtp = analyse(group_sessions([record(0, SYSTEM + [1], samples=[{"t": 1, "seconds": 1.0, **split}])])[0])
+    html = render_html(mtp | {"report": "x"})
+    assert "turn 1 draft ms: 2" in html and "turn 1 verify ms: 6" in html
+    ar = analyse(group_sessions([record(0, SYSTEM + [1], samples=[{"t": 1, "seconds": 1.0}])])[0])
+    assert "no draft/verify split to show" in render_html(ar)

@@ -105,13 +105,14 @@ def _summary(analysis: dict[str, Any]) -> None:
                   f"({totals['reused_tokens']:,} of {totals['prompt_tokens']:,} prompt tokens) · "
                   f"decode {totals['decode_tok_s'] or 0:.1f} tok/s")
     table = Table()
-    for header in ("#", "status", "prompt", "reused", "prefill s", "ttft s", "tok/s", "acc", "flags"):
+    for header in ("#", "status", "prompt", "reused", "prefill s", "ttft s", "tok/s", "acc",
+                   "draft/verify ms", "flags"):
         table.add_column(header, overflow="fold")
     for t in analysis["turns"]:
         table.add_row(str(t["turn"]), f"{t['status']}", str(t["prompt_tokens"]),
                       f"{t['reused_tokens']} {t['restored_from'] or ''}".strip(),
                       f"{t['prefill_s']:.2f}", _num(t["ttft_s"]), _num(t["tok_s"], 1),
-                      _num(t["accepted_length"]), " ".join(f["kind"] for f in t["flags"]))
+                      _num(t["accepted_length"]), _split(t), " ".join(f["kind"] for f in t["flags"]))
     console.print(table)
     for flag in analysis["flags"]:
         console.print(f"[red]turn {flag['turn']} {flag['kind']}[/]: {flag['text']}")
@@ -121,6 +122,13 @@ def _summary(analysis: dict[str, Any]) -> None:
     if not analysis["flags"] and not misses:
         console.print("[green]nothing flagged[/]")
     console.print(f"report: {analysis['report']}")
+
+
+def _split(turn: dict[str, Any]) -> str:
+    """A turn's draft/verify ms per cycle (sampled cycles), or nothing for AR."""
+    if turn["draft_ms"] is None:
+        return ""
+    return f"{turn['draft_ms']:.1f}/{turn['verify_ms']:.1f}"
 
 
 def _num(value: float | None, digits: int = 2) -> str:

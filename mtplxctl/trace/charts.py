@@ -15,7 +15,7 @@ from typing import Sequence
 WIDTH, HEIGHT = 880, 260
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 16, 34
 COLORS = {"queue": "#9aa3ad", "prefill": "#e8913a", "decode": "#3a7be8", "reused": "#3aa76d",
-          "refused": "#d64545", "line2": "#8e44ad"}
+          "refused": "#d64545", "line2": "#8e44ad", "draft": "#8e44ad", "verify": "#3a7be8"}
 
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:

@@ -64,6 +64,8 @@ def render_html(analysis: dict[str, Any]) -> str:
         "<h2>Accepted length over time</h2>",
         charts.line_chart(_segments(analysis, "accepted_length"), "seconds since the session began",
                           "tokens per cycle", "accepted length", colour=charts.COLORS["line2"]),
+        "<h2>Draft and verify time per cycle</h2>",
+        _split_chart(turns),
         f"<h2>Flags ({len(analysis['flags'])})</h2>",
         _flags(analysis),
         "<h2>Turns</h2>",
@@ -87,6 +89,21 @@ def _segments(analysis: dict[str, Any], key: str) -> list[list[tuple[float, floa
         if sample.get(key) is not None:
             by_turn.setdefault(sample["turn"], []).append((sample["t"], sample[key]))
     return list(by_turn.values())
+
+
+def _split_chart(turns: list[dict[str, Any]]) -> str:
+    """Draft ms over verify ms per cycle, a bar per turn (AR turns have no draft: no bar)."""
+    if all(t["draft_ms"] is None for t in turns):
+        return ("<p class=\"sub\">No turn of this session drafted (AR decoding, or no decode "
+                "sample), so there is no draft/verify split to show.</p>")
+    legend = _legend(("draft", "verify"))
+    note = ("<div class=\"sub\">From a few timed cycles (a sync after the drafts and after "
+            "the verify): each turn's first, then about one a second; a sample, not every "
+            "cycle.</div>")
+    return legend + note + charts.stacked_bars([str(t["turn"]) for t in turns], [
+        ("draft ms", charts.COLORS["draft"], [t["draft_ms"] or 0 for t in turns]),
+        ("verify ms", charts.COLORS["verify"], [t["verify_ms"] or 0 for t in turns]),
+    ], "ms per cycle", "draft and verify time per cycle")
 
 
 def _cards(totals: dict[str, Any], turns: list[dict[str, Any]]) -> str:
@@ -122,7 +139,7 @@ def _flags(analysis: dict[str, Any]) -> str:
 def _turn_table(turns: list[dict[str, Any]]) -> str:
     head = ("<table><tr><th>#</th><th>at s</th><th class=l>status</th><th>prompt</th><th>reused</th>"
             "<th>from</th><th>queue s</th><th>prefill s</th><th>TTFT s</th><th>out</th><th>tok/s</th>"
-            "<th>acc</th><th class=l>cache</th></tr>")
+            "<th>acc</th><th>draft ms</th><th>verify ms</th><th class=l>cache</th></tr>")
     rows = []
     for t in turns:
         flags = "".join(f"<span class=\"flag\">{escape(f['kind'])}</span>" for f in t["flags"])
@@ -134,6 +151,7 @@ def _turn_table(turns: list[dict[str, Any]]) -> str:
             f"<td>{t['prefill_s']:.2f}</td><td>{_num(t['ttft_s'], 2)}</td>"
             f"<td>{t['completion_tokens'] if t['completion_tokens'] is not None else ''}</td>"
             f"<td>{_num(t['tok_s'], 1)}</td><td>{_num(t['accepted_length'], 2)}</td>"
+            f"<td>{_num(t['draft_ms'], 2)}</td><td>{_num(t['verify_ms'], 2)}</td>"
             f"<td class=l>{escape(t['cache'])} {flags}</td></tr>")
     return head + "".join(rows) + "</table>"
 

@@ -21,6 +21,10 @@ LONG_PROMPT = 4096  # a prompt this long that is prefilled again from cold is wo
 COLD_SHARE = 0.5  # "cold": less than this share of the prompt came from the cache
 NEAR_LIMIT = 0.9  # a turn that filled this share of the context window
 DEFAULT_STALL_SECONDS = 10.0
+# What the session's samples keep of each flight sample; the split keys are absent (None here)
+# for AR turns and windows with no timed cycle (mtplxd/engine/decoding/split.py).
+SAMPLE_KEYS = ("tok_s", "accepted_length", "context", "cycle_ms", "draft_ms", "verify_ms",
+               "split_source")
 
 
 @dataclass
@@ -107,7 +111,7 @@ def analyse(session: Session, stall_seconds: float = DEFAULT_STALL_SECONDS) -> d
             previous = record
     samples = [
         {"t": round(float(r.get("arrived") or 0) - start + s["t"], 3), "turn": i, **{
-            k: s.get(k) for k in ("tok_s", "accepted_length", "context", "cycle_ms")}}
+            k: s.get(k) for k in SAMPLE_KEYS}}
         for i, r in enumerate(session.records, 1) for s in (r.get("samples") or [])
     ]
     flags = [{"turn": t["turn"], **f} for t in turns for f in t["flags"]]
@@ -145,9 +149,21 @@ def _turn(index: int, record: dict[str, Any], previous: dict[str, Any] | None,
         "accepted_length": record.get("accepted_length"),
         "context_window": record.get("context_window"),
         "error": (record.get("error") or {}).get("code"),
+        **_cycle_split(record.get("samples") or []),
     }
     turn["cache"] = _cache_verdict(turn, previous)
     return turn
+
+
+def _cycle_split(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The turn's draft and verify ms per cycle: the mean over its timed cycles (None for an
+    AR turn, which drafts nothing, or one whose samples carry no split)."""
+    timed = [s for s in samples if s.get("split_cycles")]
+    cycles = sum(s["split_cycles"] for s in timed)
+    if not cycles:
+        return {"draft_ms": None, "verify_ms": None, "split_source": None}
+    return {key: round(sum(s[key] * s["split_cycles"] for s in timed) / cycles, 3)
+            for key in ("draft_ms", "verify_ms")} | {"split_source": timed[0].get("split_source")}
 
 
 def _shared_tokens(record: dict[str, Any], previous: dict[str, Any] | None) -> int | None:

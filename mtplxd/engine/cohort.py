@@ -30,6 +30,7 @@ would round apart from solo, and that CPU is where exactness is checked, not ser
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import mlx.core as mx
@@ -37,6 +38,7 @@ import mlx.core as mx
 from mtplxd.engine.decoding.cohort_drafts import draft_together
 from mtplxd.engine.decoding.cohort_rows import DraftCall, SettleCall, VerifyCall
 from mtplxd.engine.decoding.speculative import Drafted
+from mtplxd.engine.decoding.split import evaluated_at
 from mtplxd.engine.model.batched import batched_forward, batched_supported, pad_to
 
 DEFAULT_WIDTHS = (1, 3, 8)
@@ -104,8 +106,22 @@ def run_cohort(calls: list[VerifyCall], width: int,
                numerics: str) -> list[tuple[mx.array | None, mx.array]]:
     """Verify every call's block (one trunk) as one cohort of `width` rows; return each row's
     (hidden (1, L, H) or None, logits (1, L, V)) for its own block length L, lazily
-    evaluated. Blocks shorter than the longest are right-padded; the padding's results are
-    discarded and never enter a cache."""
+    evaluated, unless a row times this cycle: then the forward is evaluated here and each
+    call's `seconds` holds its time (the drafts of rows not timed are evaluated with it and
+    counted in it). Blocks shorter than the longest are right-padded; the padding's results
+    are discarded and never enter a cache."""
+    timed = any(call.timed for call in calls)
+    start = time.perf_counter()
+    answers = _forward(calls, width, numerics)
+    if timed:  # a row times this cycle (decoding/split.py): evaluate the forward now
+        seconds = evaluated_at([logits for _, logits in answers]) - start
+        for call in calls:
+            call.seconds = seconds
+    return answers
+
+
+def _forward(calls: list[VerifyCall], width: int,
+             numerics: str) -> list[tuple[mx.array | None, mx.array]]:
     trunk = calls[0].trunk
     if numerics == "exact" or not batched_supported(trunk):
         return [trunk.forward(call.tokens, call.cache, all_logits=True) for call in calls]

@@ -23,6 +23,7 @@ from mtplxd.engine.decoding.logprobs import LogprobScorer
 from mtplxd.engine.decoding.repetition import RepetitionDetector
 from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
 from mtplxd.engine.decoding.speculative import SpeculativeDecoder, feed_pending_pairs
+from mtplxd.engine.decoding.split import CycleSplit
 from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, GenerationStats, TokenDelta,
 )
@@ -116,6 +117,12 @@ class _Finish:
 
 
 SAMPLE_SECONDS = 1.0
+# Time one cycle per sample window (decoding/split.py). Not a setting: the split-cost bench
+# (bench/split_cost.py) turns it off to measure what it costs.
+TIME_SAMPLED_CYCLES = True
+# ... and at most one in this many cycles: where a cycle takes a large part of a second (a
+# CPU), one per window would time a quarter of all cycles and their lost overlap would show.
+SPLIT_EVERY_CYCLES = 16
 
 
 class DecodeSamples:
@@ -123,21 +130,41 @@ class DecodeSamples:
 
     Each sample covers the window since the previous one: tokens/s, cycles and their mean
     time, accepted length and accepted/drafted counts by draft position, and the context
-    length at its end. Draft and verify time are not split: the fused loop runs both in one
-    graph and the stepwise loop launches the next draft before it reads the verify, so timing
-    them apart would need a device sync that slows the very thing being measured.
+    length at its end. A speculative decoder's window also carries the draft/verify split of
+    the cycle timed in it, if one was (draft_ms, verify_ms, split_cycles, split_source:
+    decoding/split.py says why a sampled cycle): the request's first cycle, then one per
+    window, at most one in SPLIT_EVERY_CYCLES. AR has no draft, so its samples carry none.
     """
 
     def __init__(self, stats: GenerationStats, arrived: float, start: float,
-                 acceptance: Any = None) -> None:
+                 acceptance: Any = None, split: CycleSplit | None = None) -> None:
         self.stats = stats
         self.arrived = arrived
         self.acceptance = acceptance  # the decoder's AcceptanceStats (None: AR)
+        self.split = split if TIME_SAMPLED_CYCLES else None  # the decoder's CycleSplit (None: AR)
         self.at, self.generated, self.cycles, self.committed = start, 1, 0, 0
         self.by_depth = ([], [])
+        self.split_at = 0  # decoder cycles when the last timed cycle was asked for
+        if self.split is not None:
+            self.split.arm()  # the request's first cycle runs timed
+
+    def _arm_split(self) -> None:
+        """Ask for a timed cycle when this window has none yet and SPLIT_EVERY_CYCLES cycles
+        ran since the last one was asked for (so about one per second where cycles are fast)."""
+        split = self.split
+        if split is None or split.armed or split.cycles:
+            return
+        if self.acceptance.cycles - self.split_at >= SPLIT_EVERY_CYCLES:
+            split.arm()
+            self.split_at = self.acceptance.cycles
 
     def tick(self, now: float, generated: int, force: bool = False) -> None:
-        """Close a window when a second passed (or `force`, at the end, when tokens came)."""
+        """After a cycle: close the window when a second passed (or `force`, at the end, when
+        tokens came), then ask for a timed cycle if one is due."""
+        self._close_window(now, generated, force)
+        self._arm_split()
+
+    def _close_window(self, now: float, generated: int, force: bool) -> None:
         seconds = now - self.at
         if (seconds < SAMPLE_SECONDS and not force) or generated <= self.generated or seconds <= 0:
             return
@@ -160,6 +187,8 @@ class DecodeSamples:
             "accepted_by_depth": [a - b for a, b in zip(accepted, self.by_depth[1] or [0] * len(accepted))],
             "context": self.stats.prompt_tokens + generated,
         }
+        if self.split is not None:
+            sample.update(self.split.take())
         self.stats.samples.append(sample)
         self.at, self.generated, self.cycles, self.committed = now, generated, cycles, committed
         self.by_depth = (drafted, accepted)
@@ -276,7 +305,8 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     else:
         cycles = ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
     reason = finish.reason
-    samples = DecodeSamples(stats, arrived, prefill_done, decoder.stats if decoder else None)
+    samples = DecodeSamples(stats, arrived, prefill_done, decoder.stats if decoder else None,
+                            decoder.split if decoder else None)
     # A turn that ends on its first token (max_tokens 1, a stop) runs no cycle, so nothing
     # feeds the head: keep the hiddens to give its bank entry the head's KV after the result.
     unfed = hiddens if turn is not None and decoder is not None and reason is not None else None

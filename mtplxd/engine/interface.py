@@ -176,8 +176,9 @@ class GenerationStats:
     prefill_chunks: int = 0  # prefill forwards; the scheduler ran other rows between them
     restored_from: str = "cold"  # where the reused prompt prefix came from: cold | ram | ssd
     rows_max: int = 1  # the most rows running at once (this one included) while it ran
-    # Decode samples about once a second (rate, acceptance by depth, context length) for the
-    # flight recorder; not part of the API's mtplx_stats (see generation.DecodeSamples).
+    # Decode samples about once a second (rate, acceptance by depth, context length, MTP's
+    # draft/verify split) for the flight recorder; not part of the API's mtplx_stats (see
+    # generation.DecodeSamples).
     samples: list[dict] = field(default_factory=list)
     # Decode cycles by the width of the cohort whose batched verify the row ran in ({"3": 12});
     # empty when the row decoded alone (not through the scheduler's cohorts).

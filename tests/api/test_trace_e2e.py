@@ -80,10 +80,34 @@ def test_the_html_report_is_self_contained(session_home):
     assert "cache reuse" in summary.stdout and "diverged" in summary.stdout
     report = next((session_home / "metrics").glob("trace-*.html"))
     html = report.read_text()
-    assert html.startswith("<!doctype html>") and html.count("<svg") == 4
+    assert html.startswith("<!doctype html>") and html.count("<svg") == 5
+    assert "draft and verify time per cycle" in html
     # Nothing to fetch: no script or stylesheet source, no link; the only URL is SVG's namespace.
     assert not re.search(r"<(script|link|img|iframe)\b", html)
     assert set(re.findall(r"https?://[^\s\"'<>]+", html)) == {"http://www.w3.org/2000/svg"}
+
+
+def test_flight_samples_carry_the_draft_verify_split(session_home):
+    """An MTP request's first decode sample on disk names its timed cycle's draft and verify
+    time (the first cycle is always timed), and every split fits in its sample's window;
+    trace --json carries them per sample and per turn."""
+    records = [r for r in read_records(session_home / "metrics") if r["outcome"] == "completed"]
+    assert records and all(r["depth_used"] > 0 and r["samples"] for r in records)
+    assert all("split_source" in r["samples"][0] for r in records)
+    for sample in (s for r in records for s in r["samples"] if "split_source" in s):
+        assert sample["split_source"] == "sampled" and sample["split_cycles"] >= 1
+        assert sample["draft_ms"] > 0 and sample["verify_ms"] > 0
+        split_ms = (sample["draft_ms"] + sample["verify_ms"]) * sample["split_cycles"]
+        assert split_ms <= sample["seconds"] * 1000 + 0.5  # `seconds` is rounded to the ms
+    analysis = json.loads(ctl_in(session_home, "trace", "1", "--json").stdout)
+    assert all(s["draft_ms"] > 0 and s["verify_ms"] > 0 for s in analysis["samples"]
+               if s["split_source"] is not None)
+    ran = [t for t in analysis["turns"] if t["outcome"] == "completed"]
+    assert all(t["draft_ms"] > 0 and t["verify_ms"] > 0 and t["split_source"] == "sampled" for t in ran)
+    refused = analysis["turns"][-1]
+    assert refused["draft_ms"] is None and refused["verify_ms"] is None
+    summary = ctl_in(session_home, "trace", "1").stdout
+    assert "draft/verify ms" in summary and f"{ran[0]['draft_ms']:.1f}/{ran[0]['verify_ms']:.1f}" in summary
 
 
 def test_an_unknown_session_is_one_sentence(session_home):

@@ -237,3 +237,18 @@ def test_bench_ops_prefill_section_times_each_step_of_a_chunks_attention():
                      "power(e, x) alone", "add alone", "weights@v"]
     assert all(us > 0 for us in timed.values())
     assert "prefill" in SECTIONS
+
+
+def test_split_cost_bench_compares_the_timed_cycles_on_and_off(tiny_model_factory, tmp_path):
+    from mtplxd.engine import generation
+    from mtplxd.engine.bench.split_cost import main as split_cost
+
+    out = tmp_path / "split.json"
+    assert split_cost(["--model", str(tiny_model_factory("qwen3")), "--repeats", "1", "--max-tokens",
+                       "12", "--depth", "2", "--temperatures", "0", "--json-out", str(out)]) == 0
+    entry = json.loads(out.read_text())["temperatures"]["0.0"]
+    assert len(entry["split_on_tok_s_all"]) == len(entry["split_off_tok_s_all"]) == 4
+    assert entry["same_tokens"] is True and entry["ratio_all_tokens"] > 0
+    # The "on" side timed a cycle in every request (its first); "off" timed none.
+    assert entry["split"]["timed_cycles"] >= 4 and entry["split"]["draft_ms"] > 0
+    assert generation.TIME_SAMPLED_CYCLES is True  # the bench leaves the engine as served

@@ -34,9 +34,11 @@ def test_the_fused_loop_really_runs_compiled_graphs(model):
     model.trunk.compiled_graphs.clear()
     result = run(model, "fused", 3)
     assert result.stats.cycles > 0 and result.stats.mean_accepted_length > 1.0
-    assert [key[:2] for key in model.trunk.compiled_graphs] == [("mtp", 3)]
+    # The cycle, and its two halves for the one timed cycle per sample window (split.py).
+    assert [key[:2] for key in model.trunk.compiled_graphs] == [
+        ("mtp", 3), ("mtp-draft", 3), ("mtp-verify", 3)]
     run(model, "fused", 0)  # AR keeps autoregressive.py's loop: nothing compiled
-    assert len(model.trunk.compiled_graphs) == 1
+    assert len(model.trunk.compiled_graphs) == 3
 
 
 def test_graphs_are_compiled_per_sampling_setting(model):
@@ -45,7 +47,7 @@ def test_graphs_are_compiled_per_sampling_setting(model):
     run(model, "fused", 2, temperature=0.5, seed=1)
     run(model, "fused", 2, temperature=0.9, seed=1)
     run(model, "fused", 2, temperature=0.9, seed=2, max_tokens=7)  # seed and length: same graph
-    assert len(model.trunk.compiled_graphs) == 2
+    assert len(model.trunk.compiled_graphs) == 2 * 3  # each: the cycle and its timed halves
 
 
 def test_cache_growth_keeps_greedy_mtp_equal_to_ar(model, monkeypatch):

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from mtplxd.engine.bench.harness import (
-    PROMPTS, add_quantize_option, bench_parser, command_line, interleaved, machine, median,
+    PROMPTS, add_decode_options, bench_parser, command_line, interleaved, machine, median,
     paired_speedups, prompt_ids_for, write_report,
 )
-from mtplxd.engine.interface import DECODE_LOOP_CHOICES, GenerationRequest, GenerationResult, SamplingParams
+from mtplxd.engine.interface import GenerationRequest, GenerationResult, SamplingParams
 
 PROG = "python -m mtplxd.engine.bench"
 
@@ -88,7 +88,8 @@ class RunSet:
         }
 
 
-def _run(model, ids: list[int], temperature: float, depth: int, max_tokens: int, seed: int) -> GenerationResult:
+def run_once(model, ids: list[int], temperature: float, depth: int, max_tokens: int, seed: int) -> GenerationResult:
+    """One request as the bench sends it: ignore_eos, top-p 0.95 when sampling, `seed`."""
     # ignore_eos: every run decodes max_tokens, so speeds compare like for like.
     sampling = SamplingParams(temperature=temperature, top_p=0.95 if temperature > 0 else 1.0,
                               seed=seed, max_tokens=max_tokens, ignore_eos=True)
@@ -97,7 +98,7 @@ def _run(model, ids: list[int], temperature: float, depth: int, max_tokens: int,
 
 def _arm(model, temperature: float, depth: int, max_tokens: int):
     """One side of the comparison: run(ids, repeat, index) -> its result (depth 0: AR)."""
-    return lambda ids, repeat, index: _run(model, ids, temperature, depth, max_tokens, 1000 * repeat + index)
+    return lambda ids, repeat, index: run_once(model, ids, temperature, depth, max_tokens, 1000 * repeat + index)
 
 
 def run_bench(model, *, depth: int, max_tokens: int, repeats: int,
@@ -108,8 +109,8 @@ def run_bench(model, *, depth: int, max_tokens: int, repeats: int,
     for temperature in temperatures:
         # Warm-up: a temperature's first request compiles its graphs (on CUDA, JIT kernels
         # for tens of seconds); first-call costs stay out of the figures.
-        _run(model, prompt_ids[0], temperature, 0, 8, 0)
-        _run(model, prompt_ids[0], temperature, depth, 8, 0)
+        run_once(model, prompt_ids[0], temperature, 0, 8, 0)
+        run_once(model, prompt_ids[0], temperature, depth, 8, 0)
         # Each prompt runs AR then MTP back to back, both with the same seed.
         arms = [_arm(model, temperature, d, max_tokens) for d in (0, depth)]
         ar, mtp = (RunSet.of(results) for results in interleaved(prompt_ids, repeats, arms))
@@ -159,15 +160,8 @@ def _print_table(report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = bench_parser(PROG, __doc__)
-    parser.add_argument("--model", required=True, help="HF-format model folder")
-    parser.add_argument("--depth", type=int, default=None, help="MTP depth (default: the model's)")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="passes over the prompt set")
-    parser.add_argument("--temperatures", default="0,0.6", help="comma-separated, e.g. 0,0.6")
+    add_decode_options(parser)
     parser.add_argument("--json-out", type=Path, default=None, help="write the report here")
-    parser.add_argument("--decode-loop", choices=DECODE_LOOP_CHOICES, default="auto",
-                        help="MTP decode loop (default: the backend's); AR always runs the plain loop")
-    add_quantize_option(parser)
     args = parser.parse_args(argv)
 
     from mtplxd.engine.loaded_model import load_model

@@ -120,6 +120,21 @@ def add_quantize_option(parser: argparse.ArgumentParser) -> None:
                         help="quantize the weights as they load (default: what the checkpoint asks for)")
 
 
+def add_decode_options(parser: argparse.ArgumentParser, max_tokens: int = 128) -> None:
+    """The options of the benches that decode the prompt set at a depth and temperatures:
+    --model, --depth, --max-tokens, --repeats, --temperatures, --decode-loop, --quantize."""
+    from mtplxd.engine.interface import DECODE_LOOP_CHOICES
+
+    parser.add_argument("--model", required=True, help="HF-format model folder")
+    parser.add_argument("--depth", type=int, default=None, help="MTP depth (default: the model's)")
+    parser.add_argument("--max-tokens", type=int, default=max_tokens)
+    parser.add_argument("--repeats", type=int, default=3, help="passes over the prompt set")
+    parser.add_argument("--temperatures", default="0,0.6", help="comma-separated, e.g. 0,0.6")
+    parser.add_argument("--decode-loop", choices=DECODE_LOOP_CHOICES, default="auto",
+                        help="MTP decode loop (default: the backend's); AR always runs the plain loop")
+    add_quantize_option(parser)
+
+
 def cycle_bench_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     """A parser with the options every fused-cycle bench takes: --model, --quantize, --json-out."""
     parser = bench_parser(prog, doc)

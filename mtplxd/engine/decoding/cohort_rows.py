@@ -16,6 +16,7 @@ The generators run forever (the caller stops iterating).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Generator
 
@@ -24,6 +25,7 @@ import mlx.core as mx
 from mtplxd.engine.decoding.autoregressive import ar_pick
 from mtplxd.engine.decoding.sampling import TokenHistory
 from mtplxd.engine.decoding.speculative import Drafted, SpeculativeDecoder
+from mtplxd.engine.decoding.split import evaluated_at
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.trunk import Trunk
 
@@ -51,6 +53,10 @@ class VerifyCall(CohortCall):
     trunk: Trunk
     tokens: mx.array  # (1, L): the last committed token, then the drafts (AR: L = 1)
     cache: list[Any]  # the row's own trunk cache; the forward advances it by L
+    # A timed cycle (split.py) asks the cohort to evaluate its forward at once and to put
+    # its seconds here: the verify a cohort row waits for is the whole shared forward.
+    timed: bool = False
+    seconds: float | None = None
 
     @property
     def length(self) -> int:
@@ -80,11 +86,18 @@ class CohortSpeculativeDecoder(SpeculativeDecoder):
                                                    pending_from)
         token = first_token
         while True:
+            timed, start = self.split.armed, time.perf_counter()
             drafted = yield DraftCall(self, n, token, pending_h, pending_tokens)
-            hidden, logits = yield VerifyCall(self.trunk, drafted.block, self.cache)
+            drafted_at = evaluated_at(drafted.drafts, drafted.q_rows) if timed else 0.0
+            call = VerifyCall(self.trunk, drafted.block, self.cache, timed=timed)
+            hidden, logits = yield call
+            answered = time.perf_counter()
             launched = self._decide(n, drafted, hidden, logits)
             yield SettleCall([launched.decisions, launched.drafts, launched.hidden])
             accepted, committed, hidden = self._settle(launched)
+            if timed:  # the cohort's shared drafting and forward, then its shared settle
+                self.split.record(drafted_at - start,
+                                  (call.seconds or 0.0) + time.perf_counter() - answered)
             pending_h, pending_tokens = self._commit(accepted, committed, hidden)
             n += len(committed)
             token = committed[-1]

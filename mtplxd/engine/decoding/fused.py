@@ -25,6 +25,7 @@ the stepwise loop, whose rollback caches replay recurrent state on the host.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -42,6 +43,7 @@ from mtplxd.engine.decoding.speculative import (
     AcceptanceStats, acceptance_probability, feed_pending_pairs, log_weights,
     residual_distribution,
 )
+from mtplxd.engine.decoding.split import CycleSplit, evaluated_at
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.mtp_head import MTPHead
 from mtplxd.engine.model.trunk import Trunk
@@ -160,7 +162,7 @@ def _compiled(trunk: Trunk, key: tuple, build: Callable[[], Callable]) -> Callab
     if key in cache:
         cache[key] = cache.pop(key)  # most recently used last
         return cache[key]
-    if len(cache) >= 8:
+    if len(cache) >= 16:  # room for 5 sampling setups' cycle and its two timed halves
         cache.pop(next(iter(cache)))
     cache[key] = mx.compile(build())
     return cache[key]
@@ -217,6 +219,7 @@ class FusedSpeculativeDecoder:
         self.head_cache = head_cache if head_cache is not None else head.make_cache()
         self.pending_hidden: mx.array | None = None
         self.stats = AcceptanceStats(depth)
+        self.split = CycleSplit()  # armed by the flight recorder's samples (split.py)
         route_static_cache_attention()
         self._cycle = _compiled(trunk, ("mtp", depth, graph_key(params)),
                                 lambda: _speculative_cycle(trunk, head, params, depth))
@@ -241,7 +244,10 @@ class FusedSpeculativeDecoder:
                 if known_n + 2 * (K + 1) + 1 > capacity:
                     capacity = capacity_for(known_n + CAPACITY_STEP)
                     _grow(launched.state, capacity)
-                reading, launched = launched, self._launch(launched.state, seed)
+                if self.split.armed:
+                    reading, launched = launched, self._launch_timed(launched, seed)
+                else:
+                    reading, launched = launched, self._launch(launched.state, seed)
                 tokens, count = reading.tokens.tolist(), reading.count.item()
                 committed = reading.state  # its KV buffers went to the launched cycle
                 known_n += count
@@ -262,6 +268,29 @@ class FusedSpeculativeDecoder:
         tokens, count = arrays[0], arrays[1]
         mx.async_eval(tokens, count)
         return _Launched(tokens, count, following)
+
+    def _launch_timed(self, previous: "_Launched", seed: mx.array) -> "_Launched":
+        """`_launch` as two compiled halves with a sync after each, timed (split.py says why
+        only sampled cycles run so). The previous cycle is finished first, so the device
+        starts idle; each half's time is its evaluation (calling a compiled function only
+        replays its graph, bar the first call, which traces it and is left out)."""
+        K, key = self.depth, graph_key(self.params)
+        draft = _compiled(self.trunk, ("mtp-draft", K, key),
+                          lambda: _cycle_halves(self.trunk, self.head, self.params, K)[0])
+        verify = _compiled(self.trunk, ("mtp-verify", K, key),
+                           lambda: _cycle_halves(self.trunk, self.head, self.params, K)[1])
+        state, entries = previous.state, len(previous.state.trunk_kv) // 2
+        evaluated_at(previous.tokens, previous.count, state.flat())
+        drafted = draft(seed, *state.flat())
+        start = time.perf_counter()
+        drafted_at = evaluated_at(drafted)
+        arrays = verify(seed, *drafted, *state.flat())
+        state.trunk_kv, state.head_kv = [], []  # as _launch: the cycle may reuse them in place
+        verify_start = time.perf_counter()
+        verified_at = evaluated_at(arrays)
+        self.split.record(drafted_at - start, verified_at - verify_start)
+        following = _CycleState.unflat(list(arrays[2:]), entries)
+        return _Launched(arrays[0], arrays[1], following)
 
     def _initial_state(self, prompt_hiddens, prompt_ids, first_token, pending_from):
         """Feed the head every PENDING pair but the last (stepwise, in prefill chunks); the
@@ -308,29 +337,69 @@ def _speculative_cycle(trunk: Trunk, head: MTPHead, params: SamplingParams,
     (seed, *state) -> (committed tokens (K+1,), their count, *next state)."""
 
     def cycle(seed: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
-        s = _CycleState.unflat(list(arrays), (len(arrays) - _CycleState.SMALL - 2) // 2)
+        s = _state_of(arrays)
         noise = None if params.greedy else _cycle_noise(seed, s, K, s.counts.shape[0])
         head_cache, drafts, q_weights = _draft(trunk, head, params, K, s,
                                                None if noise is None else noise.drafts)
-        caches = static_caches(s.trunk_kv, s.n)
-        hidden = trunk.text.model(mx.concatenate([s.token, drafts])[None], caches)
-        accepted, targets = _accept(trunk, params, K, s, noise, hidden, drafts, q_weights)
-        rows = mx.arange(K + 1)
-        correction = mx.take(targets, accepted.reshape(1))
-        committed = mx.where(rows < accepted, mx.concatenate([drafts, correction]),
-                             mx.where(rows == accepted, correction, mx.zeros_like(correction)))
-        count = (accepted + 1).astype(mx.int32)
-        counts, seen = s.counts, s.seen
-        if params.has_penalties:
-            gained = mx.sum(one_hot(committed, counts.shape[0]) * (rows <= accepted)[:, None], axis=0)
-            counts, seen = counts + gained, seen + gained
-        nxt = _CycleState(
-            n=s.n + count, head_n=s.head_n + s.count, token=correction, pending_h=hidden,
-            pending_tokens=committed, count=count, counts=counts, seen=seen,
-            trunk_kv=_buffers_of(caches), head_kv=_buffers_of(head_cache))
-        return (committed, count, *nxt.flat())
+        return _verify(trunk, params, K, s, noise, drafts, q_weights, _buffers_of(head_cache))
 
     return cycle
+
+
+def _state_of(arrays: tuple[mx.array, ...]) -> _CycleState:
+    """A compiled function's state arguments as a _CycleState (the head's KV: 2 arrays)."""
+    return _CycleState.unflat(list(arrays), (len(arrays) - _CycleState.SMALL - 2) // 2)
+
+
+def _cycle_halves(trunk: Trunk, head: MTPHead, params: SamplingParams,
+                  K: int) -> tuple[Callable, Callable]:
+    """The cycle as two functions for a timed cycle (FusedSpeculativeDecoder._launch_timed):
+    draft (seed, *state) -> (drafts, [q-weights when sampling,] *head KV), and verify
+    (seed, *draft's outputs, *state) -> the cycle's outputs. Together they compute what
+    `_speculative_cycle` does (the verify half draws the same keyed noise again)."""
+    drafted_count = (1 if params.greedy else 2) + 2  # drafts [, q-weights], head keys, values
+
+    def noise_of(seed: mx.array, s: _CycleState) -> "_CycleNoise | None":
+        return None if params.greedy else _cycle_noise(seed, s, K, s.counts.shape[0])
+
+    def draft(seed: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
+        s = _state_of(arrays)
+        noise = noise_of(seed, s)
+        head_cache, drafts, q_weights = _draft(trunk, head, params, K, s,
+                                               None if noise is None else noise.drafts)
+        return (drafts, *([] if q_weights is None else [q_weights]), *_buffers_of(head_cache))
+
+    def verify(seed: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
+        drafted, s = arrays[:drafted_count], _state_of(arrays[drafted_count:])
+        q_weights = None if params.greedy else drafted[1]
+        return _verify(trunk, params, K, s, noise_of(seed, s), drafted[0], q_weights,
+                       list(drafted[-2:]))
+
+    return draft, verify
+
+
+def _verify(trunk: Trunk, params: SamplingParams, K: int, s: _CycleState,
+            noise: "_CycleNoise | None", drafts: mx.array, q_weights: mx.array | None,
+            head_kv: list[mx.array]) -> tuple[mx.array, ...]:
+    """The cycle after its drafts: the verify forward, the accept rule and the next state,
+    as (committed tokens (K+1,), their count, *next state)."""
+    caches = static_caches(s.trunk_kv, s.n)
+    hidden = trunk.text.model(mx.concatenate([s.token, drafts])[None], caches)
+    accepted, targets = _accept(trunk, params, K, s, noise, hidden, drafts, q_weights)
+    rows = mx.arange(K + 1)
+    correction = mx.take(targets, accepted.reshape(1))
+    committed = mx.where(rows < accepted, mx.concatenate([drafts, correction]),
+                         mx.where(rows == accepted, correction, mx.zeros_like(correction)))
+    count = (accepted + 1).astype(mx.int32)
+    counts, seen = s.counts, s.seen
+    if params.has_penalties:
+        gained = mx.sum(one_hot(committed, counts.shape[0]) * (rows <= accepted)[:, None], axis=0)
+        counts, seen = counts + gained, seen + gained
+    nxt = _CycleState(
+        n=s.n + count, head_n=s.head_n + s.count, token=correction, pending_h=hidden,
+        pending_tokens=committed, count=count, counts=counts, seen=seen,
+        trunk_kv=_buffers_of(caches), head_kv=head_kv)
+    return (committed, count, *nxt.flat())
 
 
 def _draft(trunk: Trunk, head: MTPHead, params: SamplingParams, K: int, s: _CycleState,

@@ -22,6 +22,7 @@ the last. So a request at depth K compiles at most K+3 distinct shapes after pre
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -31,6 +32,7 @@ from mtplxd.engine.decoding.sampling import (
     ACCEPT, DRAFT, RESIDUAL, TokenHistory, apply_penalties, draft_weights, one_hot, position_key,
     scaled_logits,
 )
+from mtplxd.engine.decoding.split import CycleSplit, evaluated_at
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.mtp_head import MTPHead
 from mtplxd.engine.model.trunk import PREFILL_CHUNK, Trunk
@@ -114,6 +116,7 @@ class SpeculativeDecoder:
         self.head_cache = head_cache if head_cache is not None else trunk.make_head_cache(head)
         self.pending_hidden: mx.array | None = None  # hiddens of the PENDING pairs (session bank)
         self.stats = AcceptanceStats(depth)
+        self.split = CycleSplit()  # armed by the flight recorder's samples (split.py)
         for entry in cache:
             if not (hasattr(entry, "trim") and entry.is_trimmable()):
                 raise ValueError(f"speculative decoding needs trimmable caches, got {type(entry).__name__}")
@@ -194,9 +197,25 @@ class SpeculativeDecoder:
     def _launch(self, n: int, token: int, pending_h: mx.array,
                 pending_tokens: list[int]) -> "_Launched":
         """Build drafts, verify and the accept decisions lazily; start them on the device."""
+        if self.split.armed:
+            return self._launch_timed(n, token, pending_h, pending_tokens)
         drafted = self._prepare(n, token, pending_h, pending_tokens)
         hidden, logits = self.trunk.forward(drafted.block, self.cache, all_logits=True)
         return self._decide(n, drafted, hidden, logits)
+
+    def _launch_timed(self, n: int, token: int, pending_h: mx.array,
+                      pending_tokens: list[int]) -> "_Launched":
+        """`_launch` with a sync after the drafts and after the verify, each phase timed from
+        the start of building its graph (split.py says why only sampled cycles run so). The
+        previous cycle was settled, so the device starts idle."""
+        start = time.perf_counter()
+        drafted = self._prepare(n, token, pending_h, pending_tokens)
+        drafted_at = evaluated_at(drafted.drafts, drafted.q_rows)
+        hidden, logits = self.trunk.forward(drafted.block, self.cache, all_logits=True)
+        launched = self._decide(n, drafted, hidden, logits)
+        verified_at = evaluated_at(launched.decisions, launched.hidden)
+        self.split.record(drafted_at - start, verified_at - drafted_at)
+        return launched
 
     def _prepare(self, n: int, token: int, pending_h: mx.array,
                  pending_tokens: list[int]) -> "Drafted":
