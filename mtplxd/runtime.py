@@ -171,9 +171,11 @@ class Runtime:
                 for index in range(steps):
                     await self._on_owner(partial(pool.load_step, model_id, index))
                 await self._on_owner(partial(pool.finish_load, model_id))
-            finally:
-                # A cancelled request leaves no half-loaded model behind (no-op once finished).
+            except BaseException:
+                # A cancelled request (client gone) leaves no half-loaded model behind; the
+                # pool has already dropped one that failed (then this is a no-op).
                 self.owner.submit(partial(pool.abandon_load, model_id))
+                raise
             log.info("retrieval model %s loaded in %d steps in %.2f s", model_id, steps,
                      time.monotonic() - started)
 

@@ -165,6 +165,30 @@ def test_a_load_that_breaks_midway_leaves_nothing_resident_and_the_chat_row_exac
     assert ("chat", "TokenDelta") in log[failed_at:]  # the row kept decoding after the failure
 
 
+def test_a_request_cancelled_midway_through_a_load_leaves_no_half_loaded_model(chat_checkpoint, tmp_path):
+    spec = RetrievalSpec("emb", write_tiny_embedding_checkpoint(tmp_path / "emb"), EMBEDDING)
+    log: list = []
+
+    async def body(runtime: Runtime) -> None:
+        token, client = trio.lowlevel.current_trio_token(), trio.CancelScope()
+
+        def client_leaves(index: int) -> None:  # on the owner thread, after the third step
+            if index == 2:
+                token.run_sync_soon(client.cancel)
+
+        pool = runtime.retrieval = LoggedPool([spec], log, client_leaves)
+        with client:
+            await runtime.run_retrieval("emb", lambda m: m.embed(INPUTS))
+        assert client.cancelled_caught
+        # Owner jobs run in order: this one runs after the abandon the cancelled load queued.
+        assert await on_owner(runtime, lambda: (pool._loading, pool.resident())) == ({}, [])
+        again = await runtime.run_retrieval("emb", lambda m: m.embed(INPUTS))
+        assert pool.loads == {"emb": 1} and len(again) == len(INPUTS)
+
+    run_with_runtime(chat_checkpoint, tmp_path, body)
+    assert log.count(("load", "begin")) == 2
+
+
 def test_two_concurrent_first_requests_share_one_load(chat_checkpoint, tmp_path):
     spec = RetrievalSpec("emb", write_tiny_embedding_checkpoint(tmp_path / "emb"), EMBEDDING)
     log: list = []
