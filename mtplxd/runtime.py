@@ -130,6 +130,7 @@ class Runtime:
         from mtplxd.engine.retrieval import RetrievalPool
 
         self.retrieval = RetrievalPool([])  # embedding and reranker models (configure_retrieval)
+        self._retrieval_locks: dict[str, trio.Lock] = {}  # one load at a time per retrieval model
 
     def configure_retrieval(self, specs: list[tuple[str, str]], limit: int, trust_remote_code: bool) -> list[str]:
         """Serve the retrieval models `specs` ((model spec, kind) pairs: a folder or a pulled
@@ -150,9 +151,33 @@ class Runtime:
 
     async def run_retrieval(self, model_id: str, fn: Callable[[Any], Any]) -> Any:
         """Run `fn(retrieval model)` on the owner thread, loading the model first if it is not
-        resident. One call is one batch: chat rows wait at most that long."""
+        resident. One call is one batch, and a load is many small owner jobs (engine/retrieval.py
+        `RetrievalPool.begin_load`): chat rows wait at most one batch or one load step."""
         pool = self.retrieval
+        await self._load_retrieval(pool, model_id)
+        # pool.get loads whole only if the model was evicted since (a rare race: memory
+        # pressure or another model's load in between).
         return await self._on_owner(lambda: fn(pool.get(model_id)))
+
+    async def _load_retrieval(self, pool: Any, model_id: str) -> None:
+        """Make `model_id` resident, one owner job per load step; concurrent first requests for
+        the same model wait for one load instead of starting their own."""
+        async with self._retrieval_locks.setdefault(model_id, trio.Lock()):
+            if pool.is_resident(model_id):
+                return
+            started = time.monotonic()
+            try:
+                steps = await self._on_owner(partial(pool.begin_load, model_id))
+                for index in range(steps):
+                    await self._on_owner(partial(pool.load_step, model_id, index))
+                await self._on_owner(partial(pool.finish_load, model_id))
+            except BaseException:
+                # A cancelled request (client gone) leaves no half-loaded model behind; the
+                # pool has already dropped one that failed (then this is a no-op).
+                self.owner.submit(partial(pool.abandon_load, model_id))
+                raise
+            log.info("retrieval model %s loaded in %d steps in %.2f s", model_id, steps,
+                     time.monotonic() - started)
 
     def release_retrieval(self) -> None:
         """Drop the resident retrieval models (memory pressure); they reload on next use."""

@@ -190,5 +190,6 @@ def retrieval_cards(runtime: Runtime, capability: str) -> list[dict[str, Any]]:
     """`/v1/models?capability=...` entries of the retrieval models of that capability."""
     resident = set(runtime.retrieval.resident())
     return [{"id": s.id, "object": "model", "created": 0, "owned_by": "mtplx",
-             "mtplx": {"capability": s.kind, "loaded": s.id in resident}}
+             "mtplx": {"capability": s.kind, "loaded": s.id in resident,
+                       "loads": runtime.retrieval.loads.get(s.id, 0)}}
             for s in runtime.retrieval.specs.values() if s.kind == capability]

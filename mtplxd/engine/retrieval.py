@@ -9,7 +9,8 @@ They share nothing with the chat model's MTP path: mlx-lm builds the model, and
   scores it P("yes") = softmax([logit(no), logit(yes)]) at the last position.
 
 A `RetrievalPool` keeps at most `limit` of them resident (least recently used goes first)
-and loads one on its first request. Everything here runs on the model-owner thread.
+and loads one on its first request, in slices of weights small enough that the owner thread
+can turn the chat scheduler between them. Everything here runs on the model-owner thread.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from functools import partial
+from typing import Any, Callable, TypeVar
 
 import mlx.core as mx
 
 from mtplxd.engine.interface import EMBEDDING, RERANK, RetrievalError
+
+T = TypeVar("T")
 
 RERANK_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the '
                  'Instruct provided. Note that the answer can only be "yes" or "no".')
@@ -100,9 +104,75 @@ def _by_length(inputs: list[list[int]]) -> dict[int, list[int]]:
     return groups
 
 
-def load_retrieval_model(spec: RetrievalSpec, trust_remote_code: bool = False) -> RetrievalModel:
-    """Load `spec` with mlx-lm. A checkpoint that ships its own Python (`auto_map`) is refused
-    unless `trust_remote_code`: loading it would mean running that code's expectations."""
+SLICE_BYTES = 64 * 1024 * 1024  # weights read per load step: a step stalls chat rows about as long as a batch
+
+
+class RetrievalLoad:
+    """A retrieval model being loaded in slices on the owner thread: built with its weights
+    still on disk (`begin_retrieval_load`), then `steps` run one by one (the tokenizer, then
+    each slice of about `slice_bytes` of weights, read and evaluated), then `finish`. Between
+    two steps the owner thread is free to turn the chat scheduler. Every failure is a
+    RetrievalError("load_failed")."""
+
+    def __init__(self, spec: RetrievalSpec, model: Any, config: dict, slice_bytes: int) -> None:
+        from mlx.utils import tree_flatten
+
+        self.spec, self.model, self.config = spec, model, config
+        self.tokenizer: Any = None
+        weights = [array for _, array in tree_flatten(model.parameters())]
+        self.steps = [self._load_tokenizer] + [partial(_evaluate, part) for part in _slices(weights, slice_bytes)]
+
+    def run_step(self, index: int) -> None:
+        """Run step `index` (0 <= index < len(steps))."""
+        self._guarded(self.steps[index])
+
+    def finish(self) -> RetrievalModel:
+        """The loaded model, once every step has run."""
+        return self._guarded(lambda: RetrievalModel(self.spec, self.model, self.tokenizer))
+
+    def run_all(self) -> RetrievalModel:
+        """Every step, then `finish`, in one go (what one owner job of the old load did)."""
+        for index in range(len(self.steps)):
+            self.run_step(index)
+        return self.finish()
+
+    def _load_tokenizer(self) -> None:
+        from mlx_lm.utils import load_tokenizer
+
+        self.tokenizer = load_tokenizer(self.spec.path, eos_token_ids=self.config.get("eos_token_id"))
+
+    def _guarded(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except RetrievalError:
+            raise
+        except Exception as exc:  # mlx-lm and MLX raise many kinds; the message is what the user needs
+            raise RetrievalError("load_failed", f"{self.spec.id} could not be loaded: {exc}") from None
+
+
+def _slices(weights: list[mx.array], slice_bytes: int) -> list[list[mx.array]]:
+    """`weights` in order, cut into runs of about `slice_bytes` (an array larger than that is
+    a run of its own: one array is read whole)."""
+    out: list[list[mx.array]] = []
+    size = slice_bytes
+    for array in weights:
+        if size + array.nbytes > slice_bytes and size > 0:
+            out.append([])
+            size = 0
+        out[-1].append(array)
+        size += array.nbytes
+    return out
+
+
+def _evaluate(arrays: list[mx.array]) -> None:
+    mx.eval(arrays)
+
+
+def begin_retrieval_load(spec: RetrievalSpec, trust_remote_code: bool = False,
+                         slice_bytes: int = SLICE_BYTES) -> RetrievalLoad:
+    """Start loading `spec`: its modules are built and its weight files mapped, no weight is
+    read yet. A checkpoint that ships its own Python (`auto_map`) is refused first, unless
+    `trust_remote_code`: loading it would mean running that code's expectations."""
     try:
         config = json.loads((spec.path / "config.json").read_text())
     except (OSError, ValueError) as exc:
@@ -111,34 +181,83 @@ def load_retrieval_model(spec: RetrievalSpec, trust_remote_code: bool = False) -
         raise RetrievalError("remote_code", f"{spec.id} ships its own Python code (`auto_map` in its "
                                             "config.json); start the daemon with "
                                             "--retrieval-trust-remote-code to serve it anyway")
-    from mlx_lm.utils import load
+    from mlx_lm.utils import load_model
 
     try:
-        model, tokenizer = load(str(spec.path))
+        model, config = load_model(spec.path, lazy=True)
     except Exception as exc:  # mlx-lm raises many kinds; the message is what the user needs
         raise RetrievalError("load_failed", f"{spec.id} could not be loaded: {exc}") from None
-    return RetrievalModel(spec, model, tokenizer)
+    return RetrievalLoad(spec, model, config, slice_bytes)
+
+
+def load_retrieval_model(spec: RetrievalSpec, trust_remote_code: bool = False) -> RetrievalModel:
+    """Load `spec` whole, in one go (see `begin_retrieval_load` for the checks)."""
+    return begin_retrieval_load(spec, trust_remote_code).run_all()
 
 
 class RetrievalPool:
-    """The configured retrieval models, at most `limit` resident, loaded on first use."""
+    """The configured retrieval models, at most `limit` resident, loaded on first use.
 
-    def __init__(self, specs: list[RetrievalSpec], limit: int = 2, trust_remote_code: bool = False) -> None:
+    A load can run in one go (`get`) or split into owner-thread jobs, so chat rows decode
+    between them: `begin_load`, then `load_step` for each step, then `finish_load`. The load in
+    progress stays here, on the owner thread; the caller only passes ids and step numbers."""
+
+    def __init__(self, specs: list[RetrievalSpec], limit: int = 2, trust_remote_code: bool = False,
+                 slice_bytes: int = SLICE_BYTES) -> None:
         self.specs = {spec.id: spec for spec in specs}
         self.limit = max(1, limit)
         self.trust_remote_code = trust_remote_code
+        self.slice_bytes = slice_bytes
+        self.loads: dict[str, int] = {}  # completed loads per id (a reload after eviction counts)
         self._resident: OrderedDict[str, RetrievalModel] = OrderedDict()
+        self._loading: dict[str, RetrievalLoad] = {}
 
     def get(self, model_id: str) -> RetrievalModel:
-        """The model `model_id`, loading it (and evicting the least recently used) if needed."""
+        """The model `model_id`, loading it whole (and evicting the least recently used) if needed."""
         if model_id in self._resident:
             self._resident.move_to_end(model_id)
             return self._resident[model_id]
-        model = load_retrieval_model(self.specs[model_id], self.trust_remote_code)
+        load = begin_retrieval_load(self.specs[model_id], self.trust_remote_code, self.slice_bytes)
+        return self._register(model_id, load.run_all())
+
+    def is_resident(self, model_id: str) -> bool:
+        """True when `model_id` is loaded (safe to ask from any thread)."""
+        return model_id in self._resident
+
+    def begin_load(self, model_id: str) -> int:
+        """Start loading `model_id` (no weight read yet); returns its number of steps."""
+        load = begin_retrieval_load(self.specs[model_id], self.trust_remote_code, self.slice_bytes)
+        self._loading[model_id] = load
+        return len(load.steps)
+
+    def load_step(self, model_id: str, index: int) -> None:
+        """Run step `index` of the load in progress; a failure drops the whole load."""
+        try:
+            self._loading[model_id].run_step(index)
+        except RetrievalError:
+            self.abandon_load(model_id)
+            raise
+
+    def finish_load(self, model_id: str) -> RetrievalModel:
+        """Make the loaded model resident, evicting the least recently used past `limit`."""
+        try:
+            model = self._loading.pop(model_id).finish()
+        except RetrievalError:
+            mx.clear_cache()
+            raise
+        return self._register(model_id, model)
+
+    def _register(self, model_id: str, model: RetrievalModel) -> RetrievalModel:
         self._resident[model_id] = model
+        self.loads[model_id] = self.loads.get(model_id, 0) + 1
         while len(self._resident) > self.limit:
             self._resident.popitem(last=False)
         return model
+
+    def abandon_load(self, model_id: str) -> None:
+        """Drop the load in progress of `model_id`, if any, and the weights it read."""
+        if self._loading.pop(model_id, None) is not None:
+            mx.clear_cache()
 
     def resident(self) -> list[str]:
         """Ids of the loaded models, least recently used first."""

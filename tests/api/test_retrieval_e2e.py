@@ -163,3 +163,26 @@ def test_a_chat_stream_and_embeddings_run_side_by_side(api):
     # Interleaved with embedding batches on the model thread, the stream is what it is alone.
     assert "".join(streamed) == (whole.choices[0].message.content or "")
     assert all(len(v) == 24 for v in vectors)
+
+
+def test_two_concurrent_first_embedding_requests_load_the_model_once(api):
+    import threading
+
+    rerank(api, query="q", documents=["d"])  # limit 1: the reranker in, the embedder out
+    [card] = [m for m in models(api, "embedding") if m["id"] == EMBEDDER]
+    assert card["mtplx"]["loaded"] is False
+    start = threading.Barrier(2)
+    vectors: list = []
+
+    def embed() -> None:
+        start.wait()
+        vectors.append(api.openai.embeddings.create(model=EMBEDDER, input=TEXTS).data)
+
+    workers = [threading.Thread(target=embed) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    [after] = [m for m in models(api, "embedding") if m["id"] == EMBEDDER]
+    assert after["mtplx"]["loaded"] is True and after["mtplx"]["loads"] == card["mtplx"]["loads"] + 1
+    assert len(vectors) == 2 and [d.embedding for d in vectors[0]] == [d.embedding for d in vectors[1]]
