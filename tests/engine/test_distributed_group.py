@@ -10,14 +10,21 @@ as the daemon does.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from mtplxd.engine import GenerationRequest, SamplingParams, load_model
+
+from support.waiting import wait_for
 
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(20, 60))]
 MAX_TOKENS = 16
@@ -142,3 +149,55 @@ def test_a_rank_with_another_config_is_refused_naming_the_key(tmp_path, tiny_mod
     other = tiny_model_factory("qwen3", num_hidden_layers=4, rms_norm_eps=1e-5)
     out = run_group(tmp_path, 2, checkpoints["qwen3"], "--depths", "0", models={1: other})
     assert "config rms_norm_eps" in out["refused"]
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie that its frozen parent (rank 0) cannot reap."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+@pytest.mark.parametrize(("ranks", "fault"), [(3, signal.SIGSTOP), (2, signal.SIGKILL)])
+def test_workers_exit_with_a_log_line_within_the_deadline_when_rank_0_freezes_or_dies(
+        tmp_path, checkpoints, ranks, fault):
+    deadline = 3.0
+    command = [sys.executable, "-m", "mtplxd.engine.distributed.run",
+               "--hosts", str(hosts_file(tmp_path, ranks)), "--model", str(checkpoints["qwen3"]),
+               "--log-dir", str(tmp_path / "logs"), "--depths", "0", "--max-tokens", "4",
+               "--timeout", f"{deadline:g}", "--hold", "120"]
+    with (tmp_path / "rank0.log").open("w") as rank0_log:
+        rank0 = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=rank0_log, text=True)
+    pids: list[int] = []
+    try:
+        ready, _, _ = select.select([rank0.stdout], [], [], 120)
+        assert ready, "rank 0 never started serving"
+        holding = json.loads(rank0.stdout.readline())["holding"]
+        pids = [rank["pid"] for rank in holding["ranks"][1:]]
+        assert len(pids) == ranks - 1
+        # Idle for longer than the deadline: rank 0's heartbeat keeps every worker up.
+        time.sleep(deadline * 1.5)
+        assert not any(_exited(pid) for pid in pids), "a worker left an idle but live rank 0"
+        os.kill(rank0.pid, fault)
+        took = wait_for(lambda: all(_exited(pid) for pid in pids), deadline + 10)
+        assert took is not None, "a worker still waits for a frozen or dead rank 0"
+        if fault == signal.SIGSTOP:
+            assert took < deadline + 2
+        else:
+            assert took < 2  # the broken ring is seen at once
+        for rank in range(1, ranks):
+            text = (tmp_path / "logs" / f"rank{rank}.log").read_text()
+            if fault == signal.SIGSTOP:
+                assert f"rank {rank}: no message within {deadline:g} s from rank 0" in text, text
+            else:
+                assert f"rank {rank}: group lost" in text, text
+            assert "exiting" in text
+    finally:
+        rank0.kill()
+        rank0.wait()
+        rank0.stdout.close()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
