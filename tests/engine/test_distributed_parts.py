@@ -136,3 +136,16 @@ def test_a_worker_never_loads_the_fan_code():
          "print([m for m in sys.modules if m.startswith('mtplxd.fans')])"],
         capture_output=True, text=True, timeout=120)
     assert shown.stdout.strip() == "[]", shown.stderr
+
+
+def test_the_pipeline_trunk_inherits_forward_and_overrides_only_the_body():
+    # Trunk.forward's arguments (images' input embeddings, say) reach a group unchanged: the
+    # pipeline replaces the layers' body, never the forward's signature or embedding step.
+    import inspect
+
+    from mtplxd.engine.distributed.pipeline import PipelineTrunk
+    from mtplxd.engine.model.trunk import Trunk
+
+    assert PipelineTrunk.forward is Trunk.forward
+    assert PipelineTrunk.input_hidden is Trunk.input_hidden
+    assert inspect.signature(PipelineTrunk.body) == inspect.signature(Trunk.body)
