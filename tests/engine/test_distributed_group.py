@@ -10,14 +10,21 @@ as the daemon does.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from mtplxd.engine import GenerationRequest, SamplingParams, load_model
+
+from support.waiting import wait_for
 
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(20, 60))]
 MAX_TOKENS = 16
@@ -156,3 +163,53 @@ def test_a_vision_checkpoint_over_a_group_serves_text_only_and_says_why(tmp_path
     reference = single_process(model, [0, 3])
     for result in out["results"]:
         assert result["token_ids"][:8] == reference[(result["prompt"], result["depth"])][:8]
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie that its frozen parent (rank 0) cannot reap."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+@pytest.mark.parametrize(("ranks", "fault"), [(3, signal.SIGSTOP), (2, signal.SIGKILL)])
+def test_workers_exit_with_a_log_line_within_the_deadline_when_rank_0_freezes_or_dies(
+        tmp_path, checkpoints, ranks, fault):
+    deadline = 3.0
+    command = [sys.executable, "-m", "mtplxd.engine.distributed.run",
+               "--hosts", str(hosts_file(tmp_path, ranks)), "--model", str(checkpoints["qwen3"]),
+               "--log-dir", str(tmp_path / "logs"), "--depths", "0", "--max-tokens", "4",
+               "--timeout", f"{deadline:g}", "--hold", "120"]
+    with (tmp_path / "rank0.log").open("w") as rank0_log:
+        rank0 = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=rank0_log, text=True)
+    pids: list[int] = []
+    try:
+        ready, _, _ = select.select([rank0.stdout], [], [], 120)
+        assert ready, "rank 0 never started serving"
+        holding = json.loads(rank0.stdout.readline())["holding"]
+        pids = [rank["pid"] for rank in holding["ranks"][1:]]
+        assert len(pids) == ranks - 1
+        # Idle for longer than the deadline: rank 0's heartbeat keeps every worker up.
+        time.sleep(deadline * 1.5)
+        assert not any(_exited(pid) for pid in pids), "a worker left an idle but live rank 0"
+        os.kill(rank0.pid, fault)
+        took = wait_for(lambda: all(_exited(pid) for pid in pids), deadline + 10)
+        # Within the deadline plus slack for a loaded machine (the log line below says which
+        # path ended each worker: the deadline, or the broken ring seen at once).
+        assert took is not None, "a worker still waits for a frozen or dead rank 0"
+        for rank in range(1, ranks):
+            text = (tmp_path / "logs" / f"rank{rank}.log").read_text()
+            if fault == signal.SIGSTOP:
+                assert f"rank {rank}: no message within {deadline:g} s from rank 0" in text, text
+            else:
+                assert f"rank {rank}: group lost" in text, text
+            assert "exiting" in text
+    finally:
+        rank0.kill()
+        rank0.wait()
+        rank0.stdout.close()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -3,13 +3,19 @@ the fingerprint comparison."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
+from mlx._distributed_utils import launch as mlx_launch
+from mlx._distributed_utils.common import Hostfile
 
 from mtplxd.engine.distributed.fingerprint import differences, fingerprint
-from mtplxd.engine.distributed.hostfile import parse_hosts, ring_addresses
+from mtplxd.engine.distributed.hostfile import parse_hosts, read_hosts, ring_addresses
+from mtplxd.engine.distributed.launcher import SSH, WORKER_MODULE, Workers
 from mtplxd.engine.distributed.split import parse_split, split_layers
 from mtplxd.engine.distributed.wire import FORWARD, MAX_TRIMS, Header
 
@@ -43,6 +49,53 @@ def test_host_file_in_mlx_launch_format_gives_the_ring_addresses():
     assert json.loads(ring_addresses(hosts, 5000)) == [["10.0.0.1:5000"], ["10.0.0.2:5001"]]
 
 
+def _what_mlx_launch_starts(hostfile_path, monkeypatch, port: int) -> list[tuple]:
+    """The (rank, host, python, cwd, files, env, command) of each rank that mlx.launch's own
+    ring launcher would start for this host file (its process starting replaced by a note)."""
+    started = []
+    monkeypatch.setattr(mlx_launch, "_launch_with_io",
+                        lambda cls, ranks, verbose: started.extend(args for args, _ in ranks))
+    args = argparse.Namespace(starting_port=port, connections_per_ip=1, env=[], verbose=False,
+                              cwd=None, python=None)
+    mlx_launch.launch_ring(argparse.ArgumentParser(), Hostfile.from_file(hostfile_path).hosts,
+                           args, ["prog"])
+    return started
+
+
+def test_an_ssh_worker_gets_the_ring_file_and_environment_mlx_launch_gives_it(tmp_path, monkeypatch):
+    # A stand-in interpreter on the "remote" host: it prints what the worker would see.
+    fake_python = tmp_path / "python"
+    fake_python.write_text('#!/bin/sh\necho "rank=$MLX_RANK"\necho "ring=$(cat "$MLX_HOSTFILE")"\n'
+                           'echo "synch=$MLX_METAL_FAST_SYNCH"\necho "args=$*"\n')
+    fake_python.chmod(0o755)
+    path = tmp_path / "hosts.json"
+    path.write_text(json.dumps({"backend": "ring", "envs": ["MLX_METAL_FAST_SYNCH=1"], "hosts": [
+        {"ssh": "mac-a.local", "ips": ["10.0.5.1", "10.0.6.1"]},
+        {"ssh": "mac-b.local", "ips": ["10.0.5.2", "10.0.6.2"], "model": "/models/b",
+         "python": str(fake_python)},
+        {"ssh": "mac-c.local", "ips": ["10.0.5.3", "10.0.6.3"], "python": str(fake_python)}]}))
+    reference = _what_mlx_launch_starts(path, monkeypatch, 5000)
+    workers = Workers(read_hosts(path), "/models/a", 5000, tmp_path / "logs", timeout=7)
+    ring = reference[1][4]["MLX_HOSTFILE"]
+    assert workers.ring == ring  # the very file mlx.launch writes, both IPs of every host
+    assert json.loads(ring)[2] == ["10.0.5.3:5004", "10.0.6.3:5005"]
+    for rank, host in ((1, "mac-b.local"), (2, "mac-c.local")):
+        argv = workers.launch_argv(rank, workers.hosts.hosts[rank])
+        assert argv[:-1] == [*SSH, host] and "-tt" in SSH  # mlx.launch's forced terminal
+        # What the remote login shell runs, run here by bash.
+        shown = subprocess.run(["bash", "-c", argv[-1]], capture_output=True, text=True,
+                               timeout=30, cwd=tmp_path).stdout.splitlines()
+        model = "/models/b" if rank == 1 else "/models/a"
+        assert shown[1:] == [f"rank={rank}", f"ring={ring}", "synch=1",
+                             f"args=-m {WORKER_MODULE} --model {model} --timeout 7"]
+
+
+def test_hosts_with_different_numbers_of_ips_are_refused():
+    with pytest.raises(ValueError, match='same number of "ips"'):
+        parse_hosts({"hosts": [{"ssh": "a", "ips": ["10.0.0.1", "10.0.1.1"]},
+                               {"ssh": "b", "ips": ["10.0.0.2"]}]})
+
+
 @pytest.mark.parametrize(("data", "says"), [
     ({"hosts": [{"ssh": "127.0.0.1"}]}, "at least two hosts"),
     ({"hosts": [{"ssh": "mac-a.local"}, {"ssh": "mac-b.local"}]}, 'needs "ips"'),
@@ -74,3 +127,25 @@ def test_fingerprints_match_for_a_copy_and_name_a_changed_config_key(tiny_model_
     found = differences(fingerprint(source), fingerprint(copy))
     assert any(d.startswith("config rope_theta: 1.0") for d in found)
     assert "file model.safetensors is missing" in found
+
+
+def test_a_worker_never_loads_the_fan_code():
+    # Only the daemon (rank 0) drives fans, so no lost or frozen group can leave them manual.
+    shown = subprocess.run(
+        [sys.executable, "-c", "import sys, mtplxd.engine.distributed.worker; "
+         "print([m for m in sys.modules if m.startswith('mtplxd.fans')])"],
+        capture_output=True, text=True, timeout=120)
+    assert shown.stdout.strip() == "[]", shown.stderr
+
+
+def test_the_pipeline_trunk_inherits_forward_and_overrides_only_the_body():
+    # Trunk.forward's arguments (images' input embeddings, say) reach a group unchanged: the
+    # pipeline replaces the layers' body, never the forward's signature or embedding step.
+    import inspect
+
+    from mtplxd.engine.distributed.pipeline import PipelineTrunk
+    from mtplxd.engine.model.trunk import Trunk
+
+    assert PipelineTrunk.forward is Trunk.forward
+    assert PipelineTrunk.input_hidden is Trunk.input_hidden
+    assert inspect.signature(PipelineTrunk.body) == inspect.signature(Trunk.body)

@@ -5,7 +5,8 @@ hosts.json is mlx.launch's host file, so one file serves both tools:
                                   {"ssh": "mac-b.local", "ips": ["10.0.0.2"]}]}
 (a bare list of host entries is accepted too). The first host is rank 0: the machine the
 daemon runs on. Optional keys per host: "model" (the folder on that host, when it is not the
-same path as on rank 0) and "python" (the interpreter with mtplx installed there).
+same path as on rank 0) and "python" (the interpreter with mtplx installed there); optional
+top-level "envs" ("KEY=value" strings every rank gets, as mlx.launch gives them).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ LOCAL_NAMES = {"127.0.0.1", "localhost", "::1"}
 
 @dataclass(frozen=True)
 class Host:
-    """One rank's host: where to ssh, the IP the ring uses, optional per-host overrides."""
+    """One rank's host: where to ssh, the IPs the ring uses, optional per-host overrides."""
 
     ssh: str
-    ip: str
+    ips: tuple[str, ...]
     model: str | None = None
     python: str | None = None
 
@@ -41,6 +42,7 @@ class HostFile:
 
     hosts: list[Host]
     backend: str = "ring"
+    envs: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -64,10 +66,16 @@ def parse_hosts(data: Any) -> HostFile:
         ips = entry.get("ips") or ([entry["ssh"]] if _is_ip(entry["ssh"]) else [])
         if not ips or not all(isinstance(ip, str) and _is_ip(ip) for ip in ips):
             raise ValueError(f"host {i} ({entry['ssh']}): the ring backend needs \"ips\" (IP addresses)")
-        hosts.append(Host(entry["ssh"], ips[0], entry.get("model"), entry.get("python")))
+        hosts.append(Host(entry["ssh"], tuple(ips), entry.get("model"), entry.get("python")))
     if len(hosts) < 2:
         raise ValueError("a distributed group needs at least two hosts")
-    return HostFile(hosts, backend)
+    if len({len(h.ips) for h in hosts}) > 1:
+        raise ValueError("every host needs the same number of \"ips\" (the ring connects the "
+                         "i-th address of each rank to the i-th of the next)")
+    envs = data.get("envs") or []
+    if not all(isinstance(e, str) and "=" in e for e in envs):
+        raise ValueError('"envs" must be a list of "KEY=value" strings')
+    return HostFile(hosts, backend, tuple(envs))
 
 
 def read_hosts(path: str | Path) -> HostFile:
@@ -82,9 +90,16 @@ def read_hosts(path: str | Path) -> HostFile:
 
 
 def ring_addresses(hosts: HostFile, port: int = DEFAULT_PORT) -> str:
-    """The MLX_HOSTFILE content for the ring backend: one "ip:port" list per rank, a port per
-    rank counting up from `port`, as mlx.launch writes it."""
-    return json.dumps([[f"{h.ip}:{port + i}"] for i, h in enumerate(hosts.hosts)])
+    """The MLX_HOSTFILE content for the ring backend exactly as mlx.launch writes it (one
+    connection per IP): an "ip:port" list per rank, ports counting up from `port` over every
+    rank's every IP."""
+    ports = iter(range(port, port + port_count(hosts)))
+    return json.dumps([[f"{ip}:{next(ports)}" for ip in h.ips] for h in hosts.hosts])
+
+
+def port_count(hosts: HostFile) -> int:
+    """How many ring ports the group listens on (one per rank and IP)."""
+    return sum(len(h.ips) for h in hosts.hosts)
 
 
 def free_port_run(count: int) -> int:

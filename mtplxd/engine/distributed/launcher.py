@@ -1,10 +1,11 @@
 """Starting and stopping a group's workers with mlx.launch's own launch script.
 
 Each worker rank is started the way `mlx.launch` starts a ring rank (its `make_launch_script`:
-MLX_RANK, MLX_HOSTFILE in a temporary file, `exec python ...`), locally with bash or over ssh
-for a remote host; rank 0 is the calling process itself (the daemon), so it is not started
-here. The launcher keeps the processes to report on them (a worker that exited, with its
-status) and to stop them all.
+MLX_RANK, MLX_HOSTFILE in a temporary file, the host file's "envs", `exec python ...`),
+locally with bash or over ssh for a remote host with mlx.launch's own ssh options (a forced
+terminal, so the remote worker is hung up on when its ssh ends); rank 0 is the calling
+process itself (the daemon), so it is not started here. The launcher keeps the processes to
+report on them (a worker that exited, with its status) and to stop them all.
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ from typing import Any, IO
 
 from mlx._distributed_utils.launch import RemoteProcess
 
-from mtplxd.engine.distributed.hostfile import HostFile, ring_addresses
+from mtplxd.engine.distributed.hostfile import Host, HostFile, ring_addresses
+from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S
 
 WORKER_MODULE = "mtplxd.engine.distributed.worker"
+# mlx.launch's ssh (RemoteProcess); BatchMode: a host that wants a password fails at once
+# instead of waiting for a prompt nobody sees.
+SSH = ["ssh", "-tt", "-o", "LogLevel=QUIET", "-o", "BatchMode=yes"]
 
 
 @dataclass
@@ -45,8 +50,9 @@ class Workers:
     """The worker ranks of one group (ranks 1..n-1 of `hosts`)."""
 
     def __init__(self, hosts: HostFile, model: str, port: int, log_dir: Path,
-                 python: str = sys.executable, env: dict[str, str] | None = None) -> None:
-        self.hosts, self.model, self.port = hosts, model, port
+                 python: str = sys.executable, env: dict[str, str] | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.hosts, self.model, self.port, self.timeout = hosts, model, port, timeout
         self.log_dir, self.python, self.env = Path(log_dir), python, env or {}
         self.ring = ring_addresses(hosts, port)
         self.procs: list[WorkerProcess] = []
@@ -55,18 +61,26 @@ class Workers:
         """Start every worker rank (they then wait for rank 0 to join)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for rank, host in enumerate(self.hosts.hosts[1:], start=1):
-            command = ["-m", WORKER_MODULE, "--model", host.model or self.model]
-            env = [f"{k}={v}" for k, v in self.env.items()]
-            script = RemoteProcess.make_launch_script(
-                rank, host.python or self.python, None, {"MLX_HOSTFILE": self.ring}, env,
-                command, host.is_local)
-            argv = (["bash", "-c", script] if host.is_local
-                    else ["ssh", "-o", "BatchMode=yes", host.ssh, script])
+            argv = self.launch_argv(rank, host)
             log_path = self.log_dir / f"rank{rank}.log"
             log = log_path.open("ab")
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            # stdin stays an open pipe, as mlx.launch keeps it: with a forced terminal an
+            # end of input could reach the remote side.
+            process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=log,
                                        start_new_session=True)
             self.procs.append(WorkerProcess(rank, host.ssh, process, log_path, log))
+
+    def launch_argv(self, rank: int, host: Host) -> list[str]:
+        """The command that starts worker `rank` on `host`: mlx.launch's launch script, run
+        by bash here or by the login shell of `host` over ssh."""
+        # The worker's deadline without word from rank 0 is the group's exchange deadline.
+        command = ["-m", WORKER_MODULE, "--model", host.model or self.model,
+                   "--timeout", f"{self.timeout:g}"]
+        env = list(self.hosts.envs) + [f"{k}={v}" for k, v in self.env.items()]
+        script = RemoteProcess.make_launch_script(
+            rank, host.python or self.python, None, {"MLX_HOSTFILE": self.ring}, env,
+            command, host.is_local)
+        return ["bash", "-c", script] if host.is_local else [*SSH, host.ssh, script]
 
     def states(self) -> list[dict[str, Any]]:
         """Each worker's state (see WorkerProcess.state)."""
@@ -97,6 +111,8 @@ class Workers:
                 _signal(proc.process, signal.SIGKILL)
                 proc.process.wait()
             proc.log.close()
+            if proc.process.stdin is not None:
+                proc.process.stdin.close()
 
 
 def _signal(process: subprocess.Popen, sig: int) -> None:

@@ -8,6 +8,11 @@ thread and waits at most `timeout` seconds. A timeout or a broken ring marks the
 which also unblocks a stuck receive), and raises GroupLost; every later call raises it at
 once. The group is not rebuilt in this process (MLX joins a group once per process): the
 daemon refuses work until it is restarted.
+
+Once serving, a heartbeat thread sends a PING around the ring whenever no exchange ran for a
+quarter of the deadline: workers, which exit after a deadline without word from rank 0,
+stay up while the daemon is idle and leave when it hangs; and a worker lost while nobody
+asks anything is noticed (and shown in /health) then, not at the next request.
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ class Link:
         self._rows = itertools.count(1)
         self._freed: list[int] = []
         self._lock = threading.Lock()  # RemoteCache.__del__ may run on any thread
+        self._lose_lock = threading.Lock()  # the heartbeat and the owner may both lose it
+        self._last_exchange = time.monotonic()
+        self._beat_stop = threading.Event()
+        self._beat: threading.Thread | None = None
         self.exchange_seconds = 0.0
         self.exchanges = 0
 
@@ -55,24 +64,60 @@ class Link:
         if self.lost is not None:
             raise GroupLost(self.lost)
         limit = self.timeout if timeout is None else timeout
-        future = self._thread.submit(work)
+        future = self._thread.submit(self._unless_lost, work)
         try:
             return future.result(timeout=limit)
+        except GroupLost:
+            raise
         except concurrent.futures.TimeoutError:
             self.lose(f"a rank did not answer within {limit:g} s")
         except RuntimeError as exc:
             self.lose(f"the ring broke: {exc}")
+        finally:
+            self._last_exchange = time.monotonic()
         raise GroupLost(self.lost)
+
+    def _unless_lost(self, work: Callable[[], T]) -> T:
+        # Work queued behind the exchange that lost the group (a heartbeat) must not touch
+        # the ring: with a peer gone, MLX may block in it for ever, and so would the exit.
+        if self.lost is not None:
+            raise GroupLost(self.lost)
+        return work()
 
     def lose(self, reason: str) -> None:
         """Mark the group lost (first reason wins), and let the owner of the workers act."""
-        if self.lost is not None:
-            return
-        self.lost = reason
-        if self.on_lost is not None:
-            detail = self.on_lost(reason)
-            if detail:
-                self.lost = f"{reason} ({detail})"
+        with self._lose_lock:
+            if self.lost is not None:
+                return
+            self.lost = reason  # at once: nothing queued may start an exchange now
+            if self.on_lost is not None:
+                detail = self.on_lost(reason)
+                if detail:
+                    self.lost = f"{reason} ({detail})"
+
+    def start_heartbeat(self, interval: float | None = None) -> None:
+        """PING around the ring whenever no exchange ran for `interval` (default: a quarter
+        of the deadline), until stop() or the group is lost."""
+        every = self.timeout / 4 if interval is None else interval
+        self._beat = threading.Thread(target=self._heartbeat, args=(every,),
+                                      name="mtplx-heartbeat", daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self, every: float) -> None:
+        def ping() -> None:
+            wire.send_header(wire.Header(wire.PING), 1, self.group)
+            header = wire.recv_header(self.size - 1, self.group)
+            if header.op != wire.PING:
+                raise RuntimeError(f"a heartbeat came back as {wire.OPS.get(header.op, header.op)}")
+        while self.lost is None:
+            idle = time.monotonic() - self._last_exchange
+            if self._beat_stop.wait(max(every - idle, 0.0)):
+                return
+            if time.monotonic() - self._last_exchange >= every:
+                try:
+                    self.call(ping)
+                except GroupLost:
+                    return
 
     def join(self, timeout: float) -> None:
         """Join the group (MLX_RANK / MLX_HOSTFILE set by the caller); waits for every rank."""
@@ -126,6 +171,9 @@ class Link:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Tell every worker to exit (best effort: a lost group has nobody to tell)."""
+        self._beat_stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout)
         if self.group is None or self.lost is not None:
             return
         try:

@@ -1,8 +1,8 @@
 """Rank 0's model over the group: a Trunk whose forward goes once around the ring.
 
-`PipelineTrunk.forward` runs the embeddings and rank 0's own first layers, hands the hidden
-to the link (through every worker's slice and back), then applies the final norm and lm_head
-here. Everything else of the engine (prefill chunks, the speculative cycle, sampling, the MTP
+`PipelineTrunk.body` runs the embedding step (Trunk's own) and rank 0's own first layers,
+hands the hidden to the link (through every worker's slice and back), then applies the final
+norm; Trunk.forward adds lm_head as it does for one process. Everything else of the engine (prefill chunks, the speculative cycle, sampling, the MTP
 head, the scheduler) is unchanged: it sees one more cache entry per row, a `RemoteCache`
 standing for every remote layer, whose `trim(n)` is carried to the workers on the row's next
 forward. The verify of K+1 tokens is one forward, so it crosses the pipeline once per cycle.
@@ -81,19 +81,17 @@ class PipelineTrunk(Trunk):
         """Rank 0's own layers' caches, then one RemoteCache for the rest."""
         return super().make_cache()[:self.local_end] + [RemoteCache(self.link)]
 
-    def forward(self, tokens: mx.array, cache: list[Any], *, all_logits: bool,
-                embeddings: mx.array | None = None) -> tuple[mx.array | None, mx.array]:
-        """As Trunk.forward: (post-norm hidden (1,L,H), logits), the layers around the ring;
-        `embeddings` (a prompt with images) replace the tokens' own input embeddings."""
+    def body(self, tokens: mx.array, cache: list[Any],
+             embeddings: mx.array | None = None) -> mx.array:
+        """As Trunk.body (post-norm hidden (1, L, H)), the layers from `local_end` on around
+        the ring; Trunk.forward adds lm_head as for one process."""
         body = self.text.model
-        hidden = body.embed_tokens(tokens) if embeddings is None else embeddings
+        hidden = self.input_hidden(tokens, embeddings)
         hidden = run_layers(body.layers[:self.local_end], cache[:-1], hidden)
         remote: RemoteCache = cache[-1]
         hidden = self.link.forward(remote.row, remote.take_trims(), hidden)
         remote.offset += tokens.shape[1]
-        hidden = body.norm(hidden)
-        rows = hidden if all_logits else hidden[:, -1:, :]
-        return hidden, self.lm_head(rows)
+        return body.norm(hidden)
 
 
 @dataclass
@@ -189,6 +187,7 @@ def load_pipeline_model(path: str | os.PathLike, link: Link, *, split: str | Non
                       "layers": ack["layers"], "weights_bytes": ack["weights_bytes"],
                       "memory_bytes": peer["memory_bytes"], "load_seconds": ack["load_seconds"]})
     loaded.group = GroupInfo(ranks, [list(s) for s in slices], measure_link(link))
+    link.start_heartbeat()  # from now on workers expect word from rank 0 within the deadline
     return loaded
 
 

@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                         help='SamplingParams fields as JSON, e.g. {"temperature": 0.8, "seed": 7}')
     parser.add_argument("--fault", default=None,
                         help="after the requests: 'kill:R' or 'stop:R' rank R, then run them again")
+    parser.add_argument("--hold", type=float, default=0.0,
+                        help="after the requests, print the group as a JSON line and stay idle "
+                             "this many seconds (tests freeze or kill rank 0 meanwhile)")
     parser.add_argument("--log-dir", default=None)
     args = parser.parse_args(argv)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="mtplx-group-"))
@@ -94,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         out["results"] = _requests(model, prompts, depths, args.max_tokens, args.repeats,
                                    json.loads(args.sampling))
         out["workers"] = worker_stats(link)
+        if args.hold:
+            print(json.dumps({"holding": group.status()}), flush=True)
+            time.sleep(args.hold)
+            out["after_hold"] = group.status()
         if args.fault:
             action, rank = args.fault.split(":")
             pid = group.workers.procs[int(rank) - 1].process.pid

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from mtplxd.engine.distributed.hostfile import DEFAULT_PORT, HostFile, free_port_run, read_hosts
+from mtplxd.engine.distributed.hostfile import (
+    DEFAULT_PORT, HostFile, free_port_run, port_count, read_hosts,
+)
 from mtplxd.engine.distributed.launcher import Workers
 from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S, Link
 from mtplxd.engine.distributed.pipeline import join_group, load_pipeline_model
@@ -59,8 +61,9 @@ class ServingGroup:
             self.hosts = read_hosts(self.options.hosts_file)
         except ValueError as exc:
             raise ModelLoadError(f"host file {self.options.hosts_file}: {exc}") from None
-        port = self.options.port or free_port_run(self.hosts.size)
-        self.workers = Workers(self.hosts, str(path), port, self.options.log_dir)
+        port = self.options.port or free_port_run(port_count(self.hosts))
+        self.workers = Workers(self.hosts, str(path), port, self.options.log_dir,
+                               timeout=self.options.timeout)
         self.link = Link(self.options.timeout, on_lost=self.workers.on_lost)
         self.served = path
         self.workers.start()

@@ -8,6 +8,9 @@ Every message starts with a fixed int32 header (HEADER_LEN values):
 - JSON: `row` holds the byte length of a UTF-8 JSON payload (uint8) that follows; each
   worker reads it, adds its answer, passes it on; the last one returns it to rank 0.
 - STOP: workers pass it on and exit.
+- PING: rank 0's heartbeat while it is idle; workers pass it on and the last returns it to
+  rank 0. A worker that hears nothing from rank 0 for its deadline (rank 0 hung or stopped:
+  its sockets stay open, so MLX's receive would wait for ever) exits.
 Trims and frees ride on the next header instead of costing a message of their own.
 Sends and receives run on the CPU stream, where the ring backend does its work (as mlx-lm's
 own collectives at load do); on unified memory that copies nothing.
@@ -22,10 +25,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-FORWARD, JSON, STOP = 1, 2, 3
+FORWARD, JSON, STOP, PING = 1, 2, 3, 4
 MAX_TRIMS, MAX_FREES = 4, 3
 HEADER_LEN = 5 + MAX_TRIMS + MAX_FREES
-OPS = {FORWARD: "forward", JSON: "json", STOP: "stop"}
+OPS = {FORWARD: "forward", JSON: "json", STOP: "stop", PING: "ping"}
 
 
 @dataclass

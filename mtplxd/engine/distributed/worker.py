@@ -3,10 +3,11 @@
 Started with MLX_RANK and MLX_HOSTFILE set (by mlx.launch or `launcher`), it joins the group,
 reports what it would serve (fingerprint, memory), loads the slice rank 0's plan gives it,
 then answers ring messages (wire.py) forever. Rows' caches live here, keyed by rank 0's row
-ids. It exits when rank 0 says STOP or when the group breaks (a peer gone): it never waits
-for a dead daemon.
+ids. It exits when rank 0 says STOP, when the group breaks (a peer gone), or when nothing
+came from rank 0 within its deadline (rank 0 hung or stopped; an idle rank 0 sends a
+heartbeat well within it): it never waits for a dead or frozen daemon.
 
-    python -m mtplxd.engine.distributed.worker --model PATH
+    python -m mtplxd.engine.distributed.worker --model PATH [--timeout SECONDS]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -23,19 +25,60 @@ import mlx.core as mx
 
 from mtplxd.engine.distributed import wire
 from mtplxd.engine.distributed.fingerprint import fingerprint
+from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S
+from mtplxd.engine.distributed.pipeline import JOIN_TIMEOUT_S, LOAD_TIMEOUT_S
 from mtplxd.engine.distributed.shard import held_modules, keep_only, physical_memory, resident_bytes
 from mtplxd.engine.distributed.stage import run_layers
 from mtplxd.engine.loaded_model import LoadedModel, load_model
 from mtplxd.engine.model.families import get_family
 
 log = logging.getLogger("mtplxd.worker")
+EXIT_DEADLINE = 4  # nothing came from rank 0 in time
+
+
+class Deadline:
+    """Ends the process when a wait for rank 0 outlives its deadline.
+
+    MLX's receive cannot time out and cannot be interrupted, so a watchdog thread checks the
+    wait in progress and, past its deadline, logs why and exits the whole process."""
+
+    def __init__(self, rank: int, poll: float = 0.1) -> None:
+        self.rank, self.poll = rank, poll
+        self._lock = threading.Lock()
+        self._until: float | None = None
+        self._what = ""
+        threading.Thread(target=self._watch, name="mtplx-deadline", daemon=True).start()
+
+    def waiting(self, seconds: float, what: str) -> None:
+        """A wait for `what` starts now and may last `seconds`."""
+        with self._lock:
+            self._until, self._what = time.monotonic() + seconds, f"{what} within {seconds:g} s"
+
+    def busy(self) -> None:
+        """This rank computes (no deadline until the next wait)."""
+        with self._lock:
+            self._until = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(self.poll)
+            with self._lock:
+                expired = self._until is not None and time.monotonic() > self._until
+                what = self._what
+            if expired:
+                log.error("rank %d: no %s from rank 0 (hung, stopped or unreachable); exiting",
+                          self.rank, what)
+                logging.shutdown()
+                os._exit(EXIT_DEADLINE)
 
 
 class Worker:
     """One worker's state: group, loaded slice and the rows' caches."""
 
-    def __init__(self, group: mx.distributed.Group, model_path: str) -> None:
+    def __init__(self, group: mx.distributed.Group, model_path: str, deadline: Deadline,
+                 timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.group, self.model_path = group, model_path
+        self.deadline, self.timeout = deadline, timeout
         self.rank, self.size = group.rank(), group.size()
         self.prev, self.next = self.rank - 1, (self.rank + 1) % self.size
         self.last = self.rank == self.size - 1
@@ -68,12 +111,17 @@ class Worker:
         layers = text.model.layers[self.start:self.end]
         hidden_size = text.args.hidden_size
         dtype = getattr(mx, self.loaded.info.dtype)
+        # Rank 0 may still be loading its own share when this rank has loaded.
+        self.deadline.waiting(LOAD_TIMEOUT_S, "first message after loading")
         while True:
             header = wire.recv_header(self.prev, self.group)
-            if header.op == wire.STOP:
-                if not self.last:
+            self.deadline.waiting(self.timeout, "message")
+            if header.op in (wire.STOP, wire.PING):
+                if not self.last or header.op == wire.PING:
                     wire.send_header(header, self.next, self.group)
-                return
+                if header.op == wire.STOP:
+                    return
+                continue
             if header.op == wire.JSON:
                 message = wire.recv_json_payload(header.row, self.prev, self.group)
                 wire.send_json(self.answer(message), self.next, self.group)
@@ -91,10 +139,12 @@ class Worker:
                     wire.send_header(header, self.next, self.group)
                 continue
             hidden = wire.recv((1, header.tokens, hidden_size), dtype, self.prev, self.group)
+            self.deadline.busy()
             began = time.perf_counter()
             out = run_layers(layers, caches, hidden)
             mx.eval(out)
             self.compute_seconds += time.perf_counter() - began
+            self.deadline.waiting(self.timeout, "message")
             self.forwards += 1
             if self.last:
                 wire.send(out, self.next, self.group)
@@ -116,13 +166,16 @@ class Worker:
 
 def handshake(worker: Worker) -> bool:
     """Report, then take the plan and load; False when rank 0 refused the group."""
+    worker.deadline.waiting(JOIN_TIMEOUT_S, "hello")
     message = wire.recv_json(worker.prev, worker.group)
     message.setdefault("reports", []).append(worker.report())
     wire.send_json(message, worker.next, worker.group)
+    worker.deadline.waiting(JOIN_TIMEOUT_S, "plan")
     plan = wire.recv_json(worker.prev, worker.group)
     if plan.get("refuse"):
         wire.send_json(plan, worker.next, worker.group)
         return False
+    worker.deadline.busy()
     try:
         plan.setdefault("loaded", []).append(worker.load(plan))
     except Exception as exc:  # rank 0 names it; this rank then exits
@@ -135,10 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     """Join the group, load, serve; the exit status says how it ended."""
     parser = argparse.ArgumentParser(prog="mtplxd-worker", description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="the model folder on this host")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="exit when nothing comes from rank 0 for this long while serving")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
+    deadline = Deadline(int(os.environ.get("MLX_RANK", "-1")))
+    deadline.waiting(JOIN_TIMEOUT_S, "connection")
     group = mx.distributed.init(backend="ring", strict=True)
-    worker = Worker(group, args.model)
+    worker = Worker(group, args.model, deadline, args.timeout)
     try:
         if not handshake(worker):
             log.info("rank %d: refused by rank 0", worker.rank)

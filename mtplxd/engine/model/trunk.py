@@ -9,6 +9,7 @@ so their numerics match (bitwise on the CPU backend).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Generator, TypeVar
 
 import mlx.core as mx
@@ -33,6 +34,9 @@ class Trunk:
         self.model = model
         self.spec = spec
         self.text = spec.text_model(model) if spec is not None else None
+        # qwen3_next's body embeds its tokens itself and takes no input embeddings.
+        self._body_takes_embeddings = self.text is not None and (
+            "input_embeddings" in inspect.signature(self.text.model.__call__).parameters)
         self._draft_head: tuple | None = None  # (weight, scales, biases, group_size, bits)
         # Bucketed KV (shapes change every 256 tokens) where the backend compiles per shape.
         self.fixed_shapes = spec is not None and fixed_shapes_wanted()
@@ -122,12 +126,24 @@ class Trunk:
             extra = {} if embeddings is None else {"input_embeddings": embeddings}
             logits = self.model(tokens, cache=cache, **extra)
             return None, logits if all_logits else logits[:, -1:, :]
-        if embeddings is not None:
-            hidden = self.text.model(tokens, cache, input_embeddings=embeddings)
-        else:
-            hidden = self.text.model(tokens, cache)
+        hidden = self.body(tokens, cache, embeddings)
         rows = hidden if all_logits else hidden[:, -1:, :]
         return hidden, self.lm_head(rows)
+
+    def input_hidden(self, tokens: mx.array, embeddings: mx.array | None = None) -> mx.array:
+        """What the first layer reads: the given input `embeddings` (a prompt with images),
+        else the tokens' own. The one embedding step of every forward (pipeline's included)."""
+        return self.embed(tokens) if embeddings is None else embeddings
+
+    def body(self, tokens: mx.array, cache: list[Any],
+             embeddings: mx.array | None = None) -> mx.array:
+        """Post-norm hidden (1, L, H) of the text body over (1, L) tokens, or over the given
+        input `embeddings`. A trunk whose layers live elsewhere overrides this, not forward."""
+        if not self._body_takes_embeddings:
+            if embeddings is not None:
+                raise ValueError(f"{type(self.text.model).__name__} takes no input embeddings")
+            return self.text.model(tokens, cache)
+        return self.text.model(tokens, cache, input_embeddings=self.input_hidden(tokens, embeddings))
 
     def prefill(self, prompt_ids: list[int], cache: list[Any],
                 chunk_size: int = PREFILL_CHUNK, *,
