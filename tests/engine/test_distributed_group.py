@@ -177,7 +177,7 @@ def _exited(pid: int) -> bool:
 @pytest.mark.parametrize(("ranks", "fault"), [(3, signal.SIGSTOP), (2, signal.SIGKILL)])
 def test_workers_exit_with_a_log_line_within_the_deadline_when_rank_0_freezes_or_dies(
         tmp_path, checkpoints, ranks, fault):
-    deadline = 3.0
+    deadline = 6.0  # heartbeats every 1.5 s: slack for a loaded two-core machine
     command = [sys.executable, "-m", "mtplxd.engine.distributed.run",
                "--hosts", str(hosts_file(tmp_path, ranks)), "--model", str(checkpoints["qwen3"]),
                "--log-dir", str(tmp_path / "logs"), "--depths", "0", "--max-tokens", "4",
@@ -199,13 +199,16 @@ def test_workers_exit_with_a_log_line_within_the_deadline_when_rank_0_freezes_or
         # Within the deadline plus slack for a loaded machine (the log line below says which
         # path ended each worker: the deadline, or the broken ring seen at once).
         assert took is not None, "a worker still waits for a frozen or dead rank 0"
-        for rank in range(1, ranks):
-            text = (tmp_path / "logs" / f"rank{rank}.log").read_text()
-            if fault == signal.SIGSTOP:
-                assert f"rank {rank}: no message within {deadline:g} s from rank 0" in text, text
-            else:
-                assert f"rank {rank}: group lost" in text, text
-            assert "exiting" in text
+        logs = [(tmp_path / "logs" / f"rank{rank}.log").read_text() for rank in range(1, ranks)]
+        assert all("exiting" in text for text in logs), logs
+        if fault == signal.SIGSTOP:
+            # The first worker to reach its deadline exits; a later one may see that exit as
+            # its ring breaking before its own deadline comes: either way it leaves.
+            assert any(f"no message within {deadline:g} s from rank 0" in text for text in logs), logs
+            assert all(f"no message within {deadline:g} s" in text or "group lost" in text
+                       for text in logs), logs
+        else:
+            assert all("group lost" in text for text in logs), logs
     finally:
         rank0.kill()
         rank0.wait()
