@@ -45,6 +45,16 @@ def test_a_lost_cache_entry_is_a_miss_and_a_long_cold_reprefill_is_flagged():
     assert [f["kind"] for f in turns[1]["flags"]] == ["cold_reprefill"]
 
 
+def test_a_turn_after_a_short_first_prompt_is_no_miss_from_the_start():
+    """A first prompt under one block has no block hashes: the next turn cannot be compared
+    with it, which is not "differs from its start" (seen on a real 245-token first turn)."""
+    short = list(range(200))
+    turns = analyse(group_sessions([record(0, short, sid="s"), record(5, short + list(range(300)), reused=199, sid="s")])[0])["turns"]
+    assert turns[1]["cache"] == "hit"
+    turns = analyse(group_sessions([record(0, short, sid="s"), record(5, short + list(range(300)), sid="s")])[0])["turns"]
+    assert turns[1]["cache"].startswith("short prompt")
+
+
 def test_stalls_context_near_the_limit_507_and_disconnects_are_flagged():
     records = [
         record(0, SYSTEM, queue_wait_s=12.0, samples=[{"t": 1, "seconds": 14.0, "tok_s": 1.0}]),

@@ -130,7 +130,8 @@ def _legend(names: tuple[str, ...]) -> str:
 def _flags(analysis: dict[str, Any]) -> str:
     if not analysis["flags"]:
         return "<p class=\"ok\">Nothing flagged: no cold re-prefill of a long prompt, no stall, " \
-               "no context near the limit, no refusal.</p>"
+               "no context near the limit, no refusal for memory (507) or a full queue (429), " \
+               "no loop stopped, no client that left early.</p>"
     return "<ul class=\"flags\">" + "".join(
         f"<li>turn {f['turn']}: <span class=\"flag\">{escape(f['kind'])}</span> {escape(f['text'])}</li>"
         for f in analysis["flags"]) + "</ul>"

@@ -187,9 +187,10 @@ def _cache_verdict(turn: dict[str, Any], previous: dict[str, Any] | None) -> str
     if previous is None:
         return f"first turn: reused {reused} tokens from {turn['restored_from']}" if reused else \
             "first turn: nothing to reuse yet"
-    if shared is None or prompt < PREFIX_BLOCK:
-        return "hit" if reused else "short prompt: too short to compare with the previous turn"
     previous_prompt = previous.get("prompt_tokens") or 0
+    if shared is None or min(prompt, previous_prompt) < PREFIX_BLOCK:
+        # Prompts are compared a whole block at a time: a shorter one has nothing to compare.
+        return "hit" if reused else "short prompt: too short to compare with the previous turn"
     if shared == 0:
         return ("miss: the prompt differs from the previous turn's from its start (a new system "
                 "prompt, tool list or conversation)")
