@@ -83,18 +83,18 @@ def _logprob_values(entries) -> list[tuple[str, float, list[str]]]:
     return [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in entries]
 
 
-def test_responses_logprobs_equal_chats_with_the_tokens_after_the_last_text_delta(oai):
+def test_responses_logprobs_equal_chats_with_the_tokens_after_the_last_text_delta(api):
     """Every generated token's logprob reaches the answer's output_text part, stream and not,
     the tool calls' and the end-of-turn token's too (no text delta follows them): the values
     chat reports for the same greedy request."""
-    chat = oai.chat.completions.create(model="scripted-tools", messages=USER, tools=OPENAI_TOOLS,
+    chat = api.openai.chat.completions.create(model="scripted-tools", messages=USER, tools=OPENAI_TOOLS,
                                        temperature=0, logprobs=True, top_logprobs=2)
     want = _logprob_values(chat.choices[0].logprobs.content)
     base = dict(model="scripted-tools", input="look at main.py and list /tmp", tools=RESPONSES_TOOLS,
                 temperature=0, top_logprobs=2, include=["message.output_text.logprobs"])
-    [whole] = [i for i in oai.responses.create(**base).output if i.type == "message"]
+    [whole] = [i for i in api.openai.responses.create(**base).output if i.type == "message"]
     assert _logprob_values(whole.content[0].logprobs) == want
-    events = list(oai.responses.create(stream=True, **base))
+    events = list(api.openai.responses.create(stream=True, **base))
     deltas = [e for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs]
     [done] = [ev for ev in events if ev.type == "response.output_text.done"]
     [final] = [i for i in events[-1].response.output if i.type == "message"]
