@@ -22,7 +22,7 @@ from typing import Any, IO
 from mlx._distributed_utils.launch import RemoteProcess
 
 from mtplxd.engine.distributed.hostfile import Host, HostFile, ring_addresses
-from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S
+from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S, RING_BROKE
 
 WORKER_MODULE = "mtplxd.engine.distributed.worker"
 EXIT_GRACE_S = 1.0  # how long a lost group waits to name the worker that died
@@ -105,8 +105,11 @@ class Workers:
     def on_lost(self, reason: str) -> str:
         """Link.on_lost: name what ended (or that every worker still runs: a hang), then
         stop them all, which also ends a receive rank 0 is stuck in."""
-        detail = self._exits_within(EXIT_GRACE_S) or ("every worker process still runs: one "
-                                                      "stopped answering")
+        # A broken ring means a peer is gone: give its exit a moment to show. A deadline
+        # means one hangs: describe at once (a worker leaving later on its own deadline is
+        # not the cause).
+        grace = EXIT_GRACE_S if reason.startswith(RING_BROKE) else 0.0
+        detail = self._exits_within(grace) or "every worker process still runs: one stopped answering"
         self.stop(grace=2.0)
         return detail
 

@@ -30,6 +30,7 @@ from mtplxd.engine.interface import GroupLost
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 60.0  # one exchange (a prefill chunk through every worker) at most
+RING_BROKE = "the ring broke"  # how a lost reason starts when a peer is gone (not hung)
 
 
 class Link:
@@ -72,7 +73,7 @@ class Link:
         except concurrent.futures.TimeoutError:
             self.lose(f"a rank did not answer within {limit:g} s")
         except RuntimeError as exc:
-            self.lose(f"the ring broke: {exc}")
+            self.lose(f"{RING_BROKE}: {exc}")
         finally:
             self._last_exchange = time.monotonic()
         raise GroupLost(self.lost)
