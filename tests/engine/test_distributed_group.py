@@ -245,12 +245,15 @@ def _exited(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
-@pytest.mark.parametrize(("ranks", "fault"), [(3, signal.SIGSTOP), (2, signal.SIGKILL)])
+@pytest.mark.parametrize(("ranks", "fault", "parallel"), [
+    (3, signal.SIGSTOP, "pipeline"), (2, signal.SIGKILL, "pipeline"), (2, signal.SIGSTOP, "tensor"),
+])
 def test_workers_exit_with_a_log_line_within_the_deadline_when_rank_0_freezes_or_dies(
-        tmp_path, checkpoints, ranks, fault):
+        tmp_path, checkpoints, ranks, fault, parallel):
     deadline = 6.0  # heartbeats every 1.5 s: slack for a loaded two-core machine
     command = [sys.executable, "-m", "mtplxd.engine.distributed.run",
-               "--hosts", str(hosts_file(tmp_path, ranks)), "--model", str(checkpoints["qwen3"]),
+               "--hosts", str(hosts_file(tmp_path, ranks, parallel=parallel)),
+               "--model", str(checkpoints["qwen3"]),
                "--log-dir", str(tmp_path / "logs"), "--depths", "0", "--max-tokens", "4",
                "--timeout", f"{deadline:g}", "--hold", "120"]
     with (tmp_path / "rank0.log").open("w") as rank0_log:

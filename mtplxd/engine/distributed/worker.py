@@ -148,7 +148,10 @@ class Worker:
             hidden = wire.recv((1, header.tokens, hidden_size), dtype, self.prev, self.group)
             if self.tensor and not self.last:  # the announcement goes on before the all_sums
                 wire.send_all([header.encode(), hidden], self.next, self.group)
-            self.deadline.busy()
+            if self.tensor:  # the forward waits on rank 0 in every all_sum: keep the deadline
+                self.deadline.waiting(self.timeout, "all_sum")
+            else:
+                self.deadline.busy()
             began = time.perf_counter()
             out = run_layers(layers, caches, hidden)
             mx.eval(out)
