@@ -6,6 +6,8 @@ norm; Trunk.forward adds lm_head as it does for one process. Everything else of 
 head, the scheduler) is unchanged: it sees one more cache entry per row, a `RemoteCache`
 standing for every remote layer, whose `trim(n)` is carried to the workers on the row's next
 forward. The verify of K+1 tokens is one forward, so it crosses the pipeline once per cycle.
+`TensorTrunk` is the tensor parallel twin (tensor.py): rank 0 holds a part of every layer and
+announces each forward, which the workers run in lockstep; `load_group_model` loads either.
 """
 
 from __future__ import annotations
