@@ -493,11 +493,13 @@ def group_lines(group: dict[str, Any] | None) -> list[tuple[str, str]]:
     """Status rows of a distributed group: one per rank, the link, what was lost."""
     if not group:
         return []
-    lines = [("group", f"{group['size']} ranks from {group['hosts_file']}")]
+    parallel = group.get("parallel") or "pipeline"
+    lines = [("group", f"{group['size']} ranks ({parallel} parallel) from {group['hosts_file']}")]
+    share = "a part of layers" if parallel == "tensor" else "layers"
     for rank in group.get("ranks", []):
         first, end = rank["layers"]
         state = "" if rank.get("running", True) else f" [red]exited ({rank.get('exit_code')})[/]"
-        lines.append(("", f"rank {rank['rank']} {rank['host']}: layers {first}-{end - 1}, "
+        lines.append(("", f"rank {rank['rank']} {rank['host']}: {share} {first}-{end - 1}, "
                           f"{human_bytes(rank['weights_bytes'])} weights of "
                           f"{human_bytes(rank['memory_bytes'])}{state}"))
     link = group.get("link")

@@ -28,9 +28,12 @@ def hosts_file(tmp_path):
     return path
 
 
+@pytest.mark.parametrize("parallel", ["pipeline", "tensor"])
 def test_start_hosts_serves_over_two_ranks_and_a_lost_worker_is_a_503_naming_it(
-        tmp_path, hosts_file, monkeypatch):
+        tmp_path, hosts_file, monkeypatch, parallel):
     model_path = write_tiny_checkpoint(tmp_path / "tiny4", "qwen3", num_hidden_layers=4)
+    # The host file's "parallel" key chooses the mode; `mtplxctl start --hosts` reads it.
+    hosts_file.write_text(json.dumps({**json.loads(hosts_file.read_text()), "parallel": parallel}))
     monkeypatch.setenv("MTPLX_GROUP_PORT", "0")  # free ports: other suites run beside this one
     monkeypatch.setenv("MTPLX_GROUP_TIMEOUT_SECONDS", "10")
     started = run_ctl("start", "--port", "0", "--model", str(model_path), "--hosts",
@@ -41,9 +44,13 @@ def test_start_hosts_serves_over_two_ranks_and_a_lost_worker_is_a_503_naming_it(
     try:
         group = json.loads(run_ctl("status", "--json").stdout)["group"]
         assert [r["rank"] for r in group["ranks"]] == [0, 1]
+        assert group["parallel"] == parallel
         assert group["ranks"][0]["layers"][0] == 0 and group["ranks"][1]["layers"][1] == 4
+        if parallel == "tensor":  # every rank holds a part of every layer
+            assert group["ranks"][1]["layers"] == [0, 4]
         assert group["ranks"][1]["running"] and group["link"]["hop_latency_ms"] > 0
         human = run_ctl("status").stdout
+        assert f"({parallel} parallel)" in human
         assert "rank 1 127.0.0.1" in human.replace("\n", " ") or "rank 1" in human
 
         base = status["http"]["url"]

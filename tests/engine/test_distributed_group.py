@@ -30,19 +30,21 @@ PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(20, 60))]
 MAX_TOKENS = 16
 
 
-def hosts_file(tmp_path: Path, ranks: int, models: dict[int, Path] | None = None) -> Path:
+def hosts_file(tmp_path: Path, ranks: int, models: dict[int, Path] | None = None,
+               parallel: str = "pipeline") -> Path:
     hosts = [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]} for _ in range(ranks)]
     for rank, model in (models or {}).items():
         hosts[rank]["model"] = str(model)
     path = tmp_path / f"hosts{ranks}.json"
-    path.write_text(json.dumps({"backend": "ring", "hosts": hosts}))
+    path.write_text(json.dumps({"backend": "ring", "parallel": parallel, "hosts": hosts}))
     return path
 
 
 def run_group(tmp_path: Path, ranks: int, model: Path, *extra: str,
-              models: dict[int, Path] | None = None, timeout: float = 120) -> dict:
+              models: dict[int, Path] | None = None, parallel: str = "pipeline",
+              timeout: float = 120) -> dict:
     command = [sys.executable, "-m", "mtplxd.engine.distributed.run",
-               "--hosts", str(hosts_file(tmp_path, ranks, models)), "--model", str(model),
+               "--hosts", str(hosts_file(tmp_path, ranks, models, parallel)), "--model", str(model),
                "--log-dir", str(tmp_path / "logs"), *extra]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     assert done.stdout.strip(), f"rank 0 printed nothing (rc {done.returncode}): {done.stderr[-2000:]}"
@@ -104,6 +106,75 @@ def test_seeded_sampled_output_of_a_group_equals_the_single_process_output(tmp_p
                     "--depths", "0,3", "--max-tokens", str(MAX_TOKENS),
                     "--sampling", json.dumps(sampling))
     assert {r["depth"]: r["token_ids"] for r in out["results"]} == expected
+
+
+def test_greedy_output_of_a_tensor_group_equals_the_single_process_output_ar_and_mtp(
+        tmp_path, checkpoints):
+    model = checkpoints["qwen3"]
+    depths = [0, 1, 3]
+    reference = single_process(model, depths)
+    out = run_group(tmp_path, 2, model, "--prompts", json.dumps(PROMPTS), "--depths",
+                    ",".join(map(str, depths)), "--max-tokens", str(MAX_TOKENS), "--logits",
+                    parallel="tensor")
+    assert "refused" not in out and "lost" not in out, out
+    assert out["group"]["parallel"] == "tensor"
+    assert [r["layers"] for r in out["group"]["ranks"]] == [[0, 4], [0, 4]]
+    # Each rank holds half of every layer (rank 0 also the embedding, lm_head, MTP head).
+    assert out["group"]["ranks"][1]["weights_bytes"] < out["group"]["ranks"][0]["weights_bytes"]
+    for result in out["results"]:
+        key = (result["prompt"], result["depth"])
+        assert result["token_ids"] == reference[key], f"prompt {key[0]} depth {key[1]} diverged"
+        # A verify of K+1 tokens is one announced forward (one all_sum round per layer).
+        assert result["exchanges"] <= result["cycles"] + _prefill_chunks(PROMPTS[key[0]]) + 1
+    assert all(r["forwards"] > 0 for r in out["workers"])
+    # all_sum adds the halves in another order than one matmul: equal to rounding, not bitwise
+    # (the largest difference seen is in docs/distributed.md).
+    single = load_model(model)
+    worst = max(_largest_difference(single.trunk.prefill(prompt, single.trunk.make_cache())[1],
+                                    logits) for prompt, logits in zip(PROMPTS, out["logits"]))
+    print(f"largest logit difference, tensor group vs one process: {worst:.3g}")
+    assert worst < 1e-4
+
+
+def _largest_difference(expected, got: list[float]) -> float:
+    import mlx.core as mx
+
+    return mx.abs(expected.astype(mx.float32) - mx.array(got)).max().item()
+
+
+def test_a_tensor_group_refuses_a_family_without_a_tested_shard_naming_the_reason(
+        tmp_path, checkpoints):
+    out = run_group(tmp_path, 2, checkpoints["qwen3_5"], "--depths", "0", parallel="tensor")
+    assert "tensor parallel serving covers qwen3 only, not qwen3_5" in out["refused"]
+    assert '"parallel": "pipeline"' in out["refused"]
+
+
+def test_a_worker_killed_mid_generation_fails_a_tensor_request_with_group_lost(
+        tmp_path, checkpoints):
+    out = run_group(tmp_path, 2, checkpoints["qwen3"], "--prompts", json.dumps(PROMPTS[:1]),
+                    "--depths", "3", "--max-tokens", "2000", "--fault", "kill:1:0.5",
+                    "--sampling", json.dumps({"ignore_eos": True}), "--timeout", "20",
+                    parallel="tensor")
+    assert len(out["results"][0]["token_ids"]) == 2000  # so the kill lands mid-generation
+    assert out["results"][0]["decode_tokens_per_second"] < 2000 / 0.5
+    failed = out["after_fault"][0]
+    assert failed["error"] == "group_lost", failed
+    assert "rank 1 (127.0.0.1) exited with code -9" in failed["message"]
+    assert out["after_fault_seconds"] < 20  # within the deadline, never a hang
+    assert out["again"][0]["error"] == "group_lost"
+
+
+def test_a_hung_worker_fails_a_tensor_request_at_the_deadline(tmp_path, checkpoints):
+    # A SIGSTOPped rank leaves rank 0's all_sum waiting (its sockets stay open): the link's
+    # deadline around the forward marks the group lost, and the workers are stopped.
+    out = run_group(tmp_path, 2, checkpoints["qwen3"], "--prompts", json.dumps(PROMPTS[:1]),
+                    "--depths", "0", "--max-tokens", "4", "--fault", "stop:1", "--timeout", "3",
+                    parallel="tensor")
+    failed = out["after_fault"][0]
+    assert failed["error"] == "group_lost"
+    assert "did not answer within 3 s" in failed["message"]
+    assert 3 <= out["after_fault_seconds"] < 15
+    assert not any(rank["running"] for rank in out["status"]["ranks"][1:])
 
 
 def _prefill_chunks(prompt: list[int]) -> int:
@@ -174,12 +245,15 @@ def _exited(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
-@pytest.mark.parametrize(("ranks", "fault"), [(3, signal.SIGSTOP), (2, signal.SIGKILL)])
+@pytest.mark.parametrize(("ranks", "fault", "parallel"), [
+    (3, signal.SIGSTOP, "pipeline"), (2, signal.SIGKILL, "pipeline"), (2, signal.SIGSTOP, "tensor"),
+])
 def test_workers_exit_with_a_log_line_within_the_deadline_when_rank_0_freezes_or_dies(
-        tmp_path, checkpoints, ranks, fault):
+        tmp_path, checkpoints, ranks, fault, parallel):
     deadline = 6.0  # heartbeats every 1.5 s: slack for a loaded two-core machine
     command = [sys.executable, "-m", "mtplxd.engine.distributed.run",
-               "--hosts", str(hosts_file(tmp_path, ranks)), "--model", str(checkpoints["qwen3"]),
+               "--hosts", str(hosts_file(tmp_path, ranks, parallel=parallel)),
+               "--model", str(checkpoints["qwen3"]),
                "--log-dir", str(tmp_path / "logs"), "--depths", "0", "--max-tokens", "4",
                "--timeout", f"{deadline:g}", "--hold", "120"]
     with (tmp_path / "rank0.log").open("w") as rank0_log:

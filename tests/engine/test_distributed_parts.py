@@ -15,6 +15,7 @@ from mlx._distributed_utils.common import Hostfile
 
 from mtplxd.engine.distributed.fingerprint import differences, fingerprint
 from mtplxd.engine.distributed.hostfile import parse_hosts, read_hosts, ring_addresses
+from mtplxd.engine.distributed.tensor import tensor_refusal
 from mtplxd.engine.distributed.launcher import SSH, WORKER_MODULE, Workers
 from mtplxd.engine.distributed.split import parse_split, split_layers
 from mtplxd.engine.distributed.wire import FORWARD, MAX_TRIMS, Header
@@ -102,10 +103,25 @@ def test_hosts_with_different_numbers_of_ips_are_refused():
     ({"backend": "mpi", "hosts": []}, "not supported yet"),
     ({"hosts": "a,b"}, "hosts.json must be"),
     ({"hosts": [{"ips": ["10.0.0.1"]}]}, 'needs an "ssh" name'),
+    ({"parallel": "expert", "hosts": [{"ssh": "10.0.0.1"}, {"ssh": "10.0.0.2"}]},
+     '"parallel" must be "pipeline" or "tensor"'),
 ])
 def test_a_bad_host_file_says_what_is_wrong(data, says):
     with pytest.raises(ValueError, match=says):
         parse_hosts(data)
+
+
+def test_the_host_file_chooses_pipeline_or_tensor_parallel():
+    two = [{"ssh": "10.0.0.1"}, {"ssh": "10.0.0.2"}]
+    assert parse_hosts({"hosts": two}).parallel == "pipeline"
+    assert parse_hosts({"parallel": "tensor", "hosts": two}).parallel == "tensor"
+
+
+def test_tensor_parallel_refuses_heads_that_do_not_divide_across_the_ranks():
+    config = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128}
+    assert tensor_refusal("qwen3", config, 2) is None
+    assert "num_attention_heads (4) across the ranks" in tensor_refusal("qwen3", config, 3)
+    assert "covers qwen3 only, not qwen3_next" in tensor_refusal("qwen3_next", config, 2)
 
 
 def test_header_round_trips_trims_and_frees():

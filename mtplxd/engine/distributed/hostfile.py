@@ -6,7 +6,9 @@ hosts.json is mlx.launch's host file, so one file serves both tools:
 (a bare list of host entries is accepted too). The first host is rank 0: the machine the
 daemon runs on. Optional keys per host: "model" (the folder on that host, when it is not the
 same path as on rank 0) and "python" (the interpreter with mtplx installed there); optional
-top-level "envs" ("KEY=value" strings every rank gets, as mlx.launch gives them).
+top-level "envs" ("KEY=value" strings every rank gets, as mlx.launch gives them) and
+"parallel": "pipeline" (the default: layers split across ranks) or "tensor" (every layer split
+across ranks with the family's `shard()`; see tensor.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_PORT = 32323  # mlx.launch's default starting port
+PARALLEL_CHOICES = ("pipeline", "tensor")
 LOCAL_NAMES = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -43,6 +46,7 @@ class HostFile:
     hosts: list[Host]
     backend: str = "ring"
     envs: tuple[str, ...] = ()
+    parallel: str = "pipeline"
 
     @property
     def size(self) -> int:
@@ -75,7 +79,10 @@ def parse_hosts(data: Any) -> HostFile:
     envs = data.get("envs") or []
     if not all(isinstance(e, str) and "=" in e for e in envs):
         raise ValueError('"envs" must be a list of "KEY=value" strings')
-    return HostFile(hosts, backend, tuple(envs))
+    parallel = data.get("parallel") or "pipeline"
+    if parallel not in PARALLEL_CHOICES:
+        raise ValueError(f'"parallel" must be "pipeline" or "tensor", got {parallel!r}')
+    return HostFile(hosts, backend, tuple(envs), parallel)
 
 
 def read_hosts(path: str | Path) -> HostFile:

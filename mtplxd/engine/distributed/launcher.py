@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, IO
@@ -21,9 +22,10 @@ from typing import Any, IO
 from mlx._distributed_utils.launch import RemoteProcess
 
 from mtplxd.engine.distributed.hostfile import Host, HostFile, ring_addresses
-from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S
+from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S, RING_BROKE
 
 WORKER_MODULE = "mtplxd.engine.distributed.worker"
+EXIT_GRACE_S = 1.0  # how long a lost group waits to name the worker that died
 # mlx.launch's ssh (RemoteProcess); BatchMode: a host that wants a password fails at once
 # instead of waiting for a prompt nobody sees.
 SSH = ["ssh", "-tt", "-o", "LogLevel=QUIET", "-o", "BatchMode=yes"]
@@ -92,10 +94,22 @@ class Workers:
                  for s in self.states() if not s["running"]]
         return "; ".join(ended) or None
 
+    def _exits_within(self, seconds: float) -> str | None:
+        """describe_exits, waiting up to `seconds` for one: the ring can break (a peer killed
+        mid-forward) a moment before the killed process is reaped."""
+        until = time.monotonic() + seconds
+        while (detail := self.describe_exits()) is None and time.monotonic() < until:
+            time.sleep(0.05)
+        return detail
+
     def on_lost(self, reason: str) -> str:
         """Link.on_lost: name what ended (or that every worker still runs: a hang), then
         stop them all, which also ends a receive rank 0 is stuck in."""
-        detail = self.describe_exits() or "every worker process still runs: one stopped answering"
+        # A broken ring means a peer is gone: give its exit a moment to show. A deadline
+        # means one hangs: describe at once (a worker leaving later on its own deadline is
+        # not the cause).
+        grace = EXIT_GRACE_S if reason.startswith(RING_BROKE) else 0.0
+        detail = self._exits_within(grace) or "every worker process still runs: one stopped answering"
         self.stop(grace=2.0)
         return detail
 

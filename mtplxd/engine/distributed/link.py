@@ -30,6 +30,7 @@ from mtplxd.engine.interface import GroupLost
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 60.0  # one exchange (a prefill chunk through every worker) at most
+RING_BROKE = "the ring broke"  # how a lost reason starts when a peer is gone (not hung)
 
 
 class Link:
@@ -72,7 +73,7 @@ class Link:
         except concurrent.futures.TimeoutError:
             self.lose(f"a rank did not answer within {limit:g} s")
         except RuntimeError as exc:
-            self.lose(f"the ring broke: {exc}")
+            self.lose(f"{RING_BROKE}: {exc}")
         finally:
             self._last_exchange = time.monotonic()
         raise GroupLost(self.lost)
@@ -144,16 +145,40 @@ class Link:
     def forward(self, row: int, trims: list[int], hidden: mx.array) -> mx.array:
         """Send `hidden` (1, T, H) through every worker for `row` (after its `trims`); the
         hidden the last worker returns, evaluated."""
-        mx.eval(hidden)
         group, last = self.group, self.size - 1
-        while len(trims) > wire.MAX_TRIMS:  # never in a cycle (one trim each); kept correct
-            self._send_only(row, trims[:wire.MAX_TRIMS])
-            trims = trims[wire.MAX_TRIMS:]
-        header = wire.Header(wire.FORWARD, row, hidden.shape[1], trims, self._take_frees())
+        header = self._forward_header(row, trims, hidden)
 
         def exchange() -> mx.array:
             wire.send_all([header.encode(), hidden], 1, group)
             return wire.recv(tuple(hidden.shape), hidden.dtype, last, group)
+        return self._timed(exchange)
+
+    def forward_together(self, row: int, trims: list[int], hidden: mx.array,
+                         compute: Callable[[mx.array], mx.array]) -> mx.array:
+        """Tensor parallel: announce a forward of `hidden` (1, T, H) for `row` (after its
+        `trims`) to every worker, then run `compute(hidden)` (rank 0's sharded layers, whose
+        all_sums pair with the workers') on the link thread, evaluated: a rank that hangs in
+        a collective costs the deadline and the group, never the owner thread."""
+        group = self.group
+        header = self._forward_header(row, trims, hidden)
+
+        def exchange() -> mx.array:
+            wire.send_all([header.encode(), hidden], 1, group)
+            out = compute(hidden)
+            mx.eval(out)
+            return out
+        return self._timed(exchange)
+
+    def _forward_header(self, row: int, trims: list[int], hidden: mx.array) -> wire.Header:
+        """The FORWARD header of `hidden` for `row` (evaluated first: the link thread sends
+        it); trims beyond one header's room leave first on headers of their own."""
+        mx.eval(hidden)
+        while len(trims) > wire.MAX_TRIMS:  # never in a cycle (one trim each); kept correct
+            self._send_only(row, trims[:wire.MAX_TRIMS])
+            trims = trims[wire.MAX_TRIMS:]
+        return wire.Header(wire.FORWARD, row, hidden.shape[1], trims, self._take_frees())
+
+    def _timed(self, exchange: Callable[[], mx.array]) -> mx.array:
         began = time.perf_counter()
         out = self.call(exchange)
         self.exchange_seconds += time.perf_counter() - began

@@ -6,6 +6,8 @@ norm; Trunk.forward adds lm_head as it does for one process. Everything else of 
 head, the scheduler) is unchanged: it sees one more cache entry per row, a `RemoteCache`
 standing for every remote layer, whose `trim(n)` is carried to the workers on the row's next
 forward. The verify of K+1 tokens is one forward, so it crosses the pipeline once per cycle.
+`TensorTrunk` is the tensor parallel twin (tensor.py): rank 0 holds a part of every layer and
+announces each forward, which the workers run in lockstep; `load_group_model` loads either.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from mtplxd.engine.distributed.shard import (
 )
 from mtplxd.engine.distributed.split import parse_split, split_layers
 from mtplxd.engine.distributed.stage import run_layers
+from mtplxd.engine.distributed.tensor import split_for_tensor, tensor_refusal
 from mtplxd.engine.interface import GroupLost, ModelLoadError
 from mtplxd.engine.loaded_model import LoadedModel, load_model
 from mtplxd.engine.model.families import get_family
@@ -94,6 +97,26 @@ class PipelineTrunk(Trunk):
         return body.norm(hidden)
 
 
+class TensorTrunk(PipelineTrunk):
+    """Tensor parallel (tensor.py): rank 0 holds a part of every layer; each forward is
+    announced to the workers and runs in lockstep with theirs. The RemoteCache carries the
+    row's trims (and frees) to the workers' caches as in pipeline mode."""
+
+    def __init__(self, model: Any, spec: Any, link: Link) -> None:
+        super().__init__(model, spec, link, len(spec.text_model(model).model.layers))
+
+    def body(self, tokens: mx.array, cache: list[Any],
+             embeddings: mx.array | None = None) -> mx.array:
+        """As Trunk.body; the sharded layers run on the link thread, under its deadline."""
+        body = self.text.model
+        layers, caches, remote = body.layers, cache[:-1], cache[-1]
+        hidden = self.link.forward_together(
+            remote.row, remote.take_trims(), self.input_hidden(tokens, embeddings),
+            lambda hidden: run_layers(layers, caches, hidden))
+        remote.offset += tokens.shape[1]
+        return body.norm(hidden)
+
+
 @dataclass
 class GroupInfo:
     """What status shows of a serving group."""
@@ -101,10 +124,12 @@ class GroupInfo:
     ranks: list[dict[str, Any]] = field(default_factory=list)
     split: list[list[int]] = field(default_factory=list)
     link: dict[str, Any] = field(default_factory=dict)
+    parallel: str = "pipeline"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy."""
-        return {"ranks": self.ranks, "split": self.split, "link": self.link}
+        return {"parallel": self.parallel, "ranks": self.ranks, "split": self.split,
+                "link": self.link}
 
 
 def join_group(ring_hostfile: str, link: Link, timeout: float = JOIN_TIMEOUT_S) -> None:
@@ -122,13 +147,14 @@ def join_group(ring_hostfile: str, link: Link, timeout: float = JOIN_TIMEOUT_S) 
         os.unlink(handle.name)
 
 
-def load_pipeline_model(path: str | os.PathLike, link: Link, *, split: str | None = None,
-                        model_id: str | None = None, depth: int | None = None,
-                        quantize: str = "auto",
-                        log: Callable[[str], None] = lambda line: None) -> LoadedModel:
-    """Check every rank serves the same model, split the layers, load rank 0's share, and
-    return a LoadedModel whose trunk runs over the group. ModelLoadError names any refusal
-    (a rank with another revision or config, a family that cannot be split, a bad split)."""
+def load_group_model(path: str | os.PathLike, link: Link, *, split: str | None = None,
+                     model_id: str | None = None, depth: int | None = None,
+                     quantize: str = "auto", parallel: str = "pipeline",
+                     log: Callable[[str], None] = lambda line: None) -> LoadedModel:
+    """Check every rank serves the same model, split it (`parallel`: "pipeline" splits the
+    layers, "tensor" every layer: tensor.py), load rank 0's share, and return a LoadedModel
+    whose trunk runs over the group. ModelLoadError names any refusal (a rank with another
+    revision or config, a family that cannot be split, a bad split)."""
     path = Path(path).expanduser().resolve()
     # Workers first report (and then wait for the plan or a refusal), whatever rank 0 decides.
     reports = link.ring_json({"kind": "hello"}, JOIN_TIMEOUT_S)["reports"]
@@ -146,21 +172,24 @@ def load_pipeline_model(path: str | os.PathLike, link: Link, *, split: str | Non
             _refuse(link, f"rank {peer['rank']} ({peer['host']}) does not serve the same model as "
                           f"rank 0: {'; '.join(diffs[:5])}")
     num_layers = layer_count(own["config"])
-    try:
-        slices = (parse_split(split, num_layers) if split else
-                  split_layers(num_layers, [physical_memory()] + [p["memory_bytes"] for p in reports]))
-        if len(slices) != link.size:
-            raise ValueError(f"split {split!r} has {len(slices)} parts for {link.size} ranks")
-    except ValueError as exc:
-        _refuse(link, str(exc))
-    log("layer split: " + ", ".join(f"rank {r}: {s}-{e - 1}" for r, (s, e) in enumerate(slices)))
-    plan = {"kind": "plan", "slices": slices, "family": report.model_type, "quantize": quantize}
+    if parallel == "tensor":
+        reason = tensor_refusal(report.model_type, own["config"], link.size)
+        if reason:
+            _refuse(link, reason)
+        slices = [(0, num_layers)] * link.size
+        log(f"tensor parallel: every layer split across {link.size} ranks")
+    else:
+        slices = _pipeline_slices(link, split, num_layers, reports)
+        log("layer split: " + ", ".join(f"rank {r}: {s}-{e - 1}" for r, (s, e) in enumerate(slices)))
+    plan = {"kind": "plan", "slices": slices, "family": report.model_type, "quantize": quantize,
+            "parallel": parallel}
     # Workers load while rank 0 does: the plan goes out, rank 0 loads, then collects the acks.
     group, last = link.group, link.size - 1
     link.call(lambda: wire.send_json(plan, 1, group))
     began = time.perf_counter()
-    loaded = load_model(path, model_id=model_id, depth=depth, quantize=quantize,
-                        shard=keep_only(spec, 0, slices[0][1], ends=True))
+    shard = (split_for_tensor(spec, group) if parallel == "tensor"
+             else keep_only(spec, 0, slices[0][1], ends=True))
+    loaded = load_model(path, model_id=model_id, depth=depth, quantize=quantize, shard=shard)
     own_seconds = time.perf_counter() - began
     _text_only_over_a_group(loaded)
     acks = link.call(lambda: wire.recv_json(last, group), LOAD_TIMEOUT_S)
@@ -172,7 +201,8 @@ def load_pipeline_model(path: str | os.PathLike, link: Link, *, split: str | Non
                                  f"{loaded.info.dtype}: use the same backend on every host")
     text = spec.text_model(loaded.model)
     link.hidden_size, link.dtype = text.args.hidden_size, getattr(mx, loaded.info.dtype)
-    trunk = PipelineTrunk(loaded.model, spec, link, slices[0][1])
+    trunk = (TensorTrunk(loaded.model, spec, link) if parallel == "tensor"
+             else PipelineTrunk(loaded.model, spec, link, slices[0][1]))
     loaded.trunk = trunk
     own_bytes = resident_bytes(held_modules(spec, loaded.model, 0, slices[0][1], ends=True))
     # The guard prices what rank 0 holds (its weights; KV priced for every layer: conservative).
@@ -186,9 +216,23 @@ def load_pipeline_model(path: str | os.PathLike, link: Link, *, split: str | Non
         ranks.append({"rank": ack["rank"], "host": peer["host"], "pid": peer["pid"],
                       "layers": ack["layers"], "weights_bytes": ack["weights_bytes"],
                       "memory_bytes": peer["memory_bytes"], "load_seconds": ack["load_seconds"]})
-    loaded.group = GroupInfo(ranks, [list(s) for s in slices], measure_link(link))
+    loaded.group = GroupInfo(ranks, [list(s) for s in slices], measure_link(link), parallel)
     link.start_heartbeat()  # from now on workers expect word from rank 0 within the deadline
     return loaded
+
+
+def _pipeline_slices(link: Link, split: str | None, num_layers: int,
+                     reports: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """Each rank's layers: the `split` asked for, else in proportion to memory (refused,
+    telling the workers, when it does not fit the group)."""
+    try:
+        slices = (parse_split(split, num_layers) if split else
+                  split_layers(num_layers, [physical_memory()] + [p["memory_bytes"] for p in reports]))
+        if len(slices) != link.size:
+            raise ValueError(f"split {split!r} has {len(slices)} parts for {link.size} ranks")
+    except ValueError as exc:
+        _refuse(link, str(exc))
+    return slices
 
 
 GROUP_VISION_REASON = ("images are not served over a distributed group: the workers' attention "

@@ -1,7 +1,7 @@
 """Run a serving group from the command line: start the workers, be rank 0, run requests.
 
 What the distributed tests and the loopback benchmark drive (the daemon serves the same
-group through `load_pipeline_model`). Prints one JSON object: the group (ranks, split, link),
+group through `load_group_model`). Prints one JSON object: the group (ranks, split, link),
 each request's tokens and speed, the link's exchange time and the workers' compute time.
 
     python -m mtplxd.engine.distributed.run --hosts hosts.json --model PATH \
@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,14 @@ def _one(model: Any, index: int, prompt: list[int], depth: int, max_tokens: int,
             "exchanges": link.exchanges - before[1]}
 
 
+def prompt_logits(model: Any, prompt: list[int]) -> list[float]:
+    """The logits after reading `prompt` into a fresh row (float32 values)."""
+    import mlx.core as mx
+
+    _, logits = model.trunk.prefill(prompt, model.trunk.make_cache())
+    return logits.astype(mx.float32).tolist()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start the group, run the requests, stop the group; exit 0, or 2 when refused."""
     parser = argparse.ArgumentParser(prog="mtplxd-group", description=__doc__.split("\n")[0])
@@ -73,10 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampling", default="{}",
                         help='SamplingParams fields as JSON, e.g. {"temperature": 0.8, "seed": 7}')
     parser.add_argument("--fault", default=None,
-                        help="after the requests: 'kill:R' or 'stop:R' rank R, then run them again")
+                        help="after the requests: 'kill:R' or 'stop:R' rank R, then run them "
+                             "again; 'kill:R:S' does it S seconds into that run (mid-generation)")
     parser.add_argument("--hold", type=float, default=0.0,
                         help="after the requests, print the group as a JSON line and stay idle "
                              "this many seconds (tests freeze or kill rank 0 meanwhile)")
+    parser.add_argument("--logits", action="store_true",
+                        help="also print each prompt's last-position logits (a fresh row), to "
+                             "compare with one process")
     parser.add_argument("--log-dir", default=None)
     args = parser.parse_args(argv)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="mtplx-group-"))
@@ -97,16 +110,23 @@ def main(argv: list[str] | None = None) -> int:
         out["results"] = _requests(model, prompts, depths, args.max_tokens, args.repeats,
                                    json.loads(args.sampling))
         out["workers"] = worker_stats(link)
+        if args.logits:
+            out["logits"] = [prompt_logits(model, prompt) for prompt in prompts]
         if args.hold:
             print(json.dumps({"holding": group.status()}), flush=True)
             time.sleep(args.hold)
             out["after_hold"] = group.status()
         if args.fault:
-            action, rank = args.fault.split(":")
+            action, rank, *delay = args.fault.split(":")
             pid = group.workers.procs[int(rank) - 1].process.pid
-            os.kill(pid, signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+            sig = signal.SIGKILL if action == "kill" else signal.SIGSTOP
+            fault = threading.Timer(float(delay[0]) if delay else 0.0, os.kill, (pid, sig))
+            fault.start()
+            if not delay:
+                fault.join()
             began = time.perf_counter()
-            out["after_fault"] = _requests(model, prompts[:1], depths[:1], args.max_tokens, 1)
+            out["after_fault"] = _requests(model, prompts[:1], depths[:1], args.max_tokens, 1,
+                                           json.loads(args.sampling))
             out["after_fault_seconds"] = round(time.perf_counter() - began, 3)
             out["again"] = _requests(model, prompts[:1], depths[:1], args.max_tokens, 1)
             out["status"] = group.status()

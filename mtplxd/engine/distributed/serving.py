@@ -18,7 +18,7 @@ from mtplxd.engine.distributed.hostfile import (
 )
 from mtplxd.engine.distributed.launcher import Workers
 from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S, Link
-from mtplxd.engine.distributed.pipeline import join_group, load_pipeline_model
+from mtplxd.engine.distributed.pipeline import join_group, load_group_model
 from mtplxd.engine.interface import ModelLoadError
 
 
@@ -69,9 +69,9 @@ class ServingGroup:
         self.workers.start()
         try:
             join_group(self.workers.ring, self.link)
-            self.model = load_pipeline_model(path, self.link, split=self.options.split,
-                                             model_id=model_id, depth=depth, quantize=quantize,
-                                             log=self.log)
+            self.model = load_group_model(path, self.link, split=self.options.split,
+                                          model_id=model_id, depth=depth, quantize=quantize,
+                                          parallel=self.hosts.parallel, log=self.log)
         except Exception as exc:
             self.stop()
             if isinstance(exc, ModelLoadError):

@@ -1,5 +1,8 @@
 """A worker rank: hold a slice of the trunk's layers and run it for rank 0, until told to stop.
 
+In tensor mode (tensor.py) the slice is every layer, split across the ranks: each announced
+forward runs in lockstep with rank 0's (their all_sums pair) and sends nothing back.
+
 Started with MLX_RANK and MLX_HOSTFILE set (by mlx.launch or `launcher`), it joins the group,
 reports what it would serve (fingerprint, memory), loads the slice rank 0's plan gives it,
 then answers ring messages (wire.py) forever. Rows' caches live here, keyed by rank 0's row
@@ -29,6 +32,7 @@ from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S
 from mtplxd.engine.distributed.pipeline import JOIN_TIMEOUT_S, LOAD_TIMEOUT_S
 from mtplxd.engine.distributed.shard import held_modules, keep_only, physical_memory, resident_bytes
 from mtplxd.engine.distributed.stage import run_layers
+from mtplxd.engine.distributed.tensor import split_for_tensor
 from mtplxd.engine.loaded_model import LoadedModel, load_model
 from mtplxd.engine.model.families import get_family
 
@@ -84,6 +88,7 @@ class Worker:
         self.last = self.rank == self.size - 1
         self.loaded: LoadedModel | None = None
         self.start = self.end = 0
+        self.tensor = False  # every layer, split across the ranks (tensor.py)
         self.rows: dict[int, list[Any]] = {}
         self.compute_seconds = 0.0
         self.forwards = 0
@@ -96,10 +101,12 @@ class Worker:
     def load(self, plan: dict[str, Any]) -> dict[str, Any]:
         """Load this rank's slice of the plan; what rank 0 shows in status."""
         self.start, self.end = plan["slices"][self.rank]
+        self.tensor = plan.get("parallel") == "tensor"
         spec = get_family(plan["family"])
         began = time.perf_counter()
-        self.loaded = load_model(self.model_path, quantize=plan["quantize"],
-                                 shard=keep_only(spec, self.start, self.end, ends=False))
+        shard = (split_for_tensor(spec, self.group) if self.tensor
+                 else keep_only(spec, self.start, self.end, ends=False))
+        self.loaded = load_model(self.model_path, quantize=plan["quantize"], shard=shard)
         held = held_modules(spec, self.loaded.model, self.start, self.end, ends=False)
         return {"rank": self.rank, "layers": [self.start, self.end], "dtype": self.loaded.info.dtype,
                 "weights_bytes": resident_bytes(held),
@@ -139,13 +146,20 @@ class Worker:
                     wire.send_header(header, self.next, self.group)
                 continue
             hidden = wire.recv((1, header.tokens, hidden_size), dtype, self.prev, self.group)
-            self.deadline.busy()
+            if self.tensor and not self.last:  # the announcement goes on before the all_sums
+                wire.send_all([header.encode(), hidden], self.next, self.group)
+            if self.tensor:  # the forward waits on rank 0 in every all_sum: keep the deadline
+                self.deadline.waiting(self.timeout, "all_sum")
+            else:
+                self.deadline.busy()
             began = time.perf_counter()
             out = run_layers(layers, caches, hidden)
             mx.eval(out)
             self.compute_seconds += time.perf_counter() - began
             self.deadline.waiting(self.timeout, "message")
             self.forwards += 1
+            if self.tensor:  # rank 0 holds the same output (the layers end in an all_sum)
+                continue
             if self.last:
                 wire.send(out, self.next, self.group)
             else:
