@@ -30,7 +30,10 @@ def same(got: mx.array, want: mx.array) -> bool:
     if got.shape != want.shape or got.dtype != want.dtype:
         return False
     rtol = _RTOL.get(want.dtype, 0.0)
-    return bool(mx.allclose(got, want, rtol=rtol, atol=rtol / 10).item())
+    # Rounding is relative to the array's scale, not to each element: a logit near zero among
+    # logits of size 14 moves by as much as the large ones do (2.8e-5 seen on OpenBLAS).
+    scale = max(1.0, mx.max(mx.abs(want)).item()) if want.size else 1.0
+    return bool(mx.allclose(got, want, rtol=rtol, atol=rtol / 10 * scale).item())
 
 
 def run_on_reference_blas(*pytest_args: str, expect_passed: int) -> None:
