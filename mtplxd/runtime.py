@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator, Callable
 import psutil
 import trio
 
+from mtplxd.engine.interface import RetrievalError
 from mtplxd.guard import (DEFAULT_PREFILL_CHUNK, MemoryGuard, is_unified_memory,
                           plan_for_config, resolve_limit)
 
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 EMBEDDED_MODEL_DIR = Path(__file__).parent / "models" / "embedded"
 EMBEDDED_MODEL_ID = "mtplx-tiny-coder"
 SYSTEM_HEADROOM_BYTES = 512 * 1024 * 1024
+# Loads of one retrieval model a request may wait for when each is evicted before it runs.
+RETRIEVAL_LOAD_TRIES = 3
 
 
 class ModelNotLoaded(Exception):
@@ -154,10 +157,16 @@ class Runtime:
         resident. One call is one batch, and a load is many small owner jobs (engine/retrieval.py
         `RetrievalPool.begin_load`): chat rows wait at most one batch or one load step."""
         pool = self.retrieval
-        await self._load_retrieval(pool, model_id)
-        # pool.get loads whole only if the model was evicted since (a rare race: memory
-        # pressure or another model's load in between).
-        return await self._on_owner(lambda: fn(pool.get(model_id)))
+        for _ in range(RETRIEVAL_LOAD_TRIES):
+            await self._load_retrieval(pool, model_id)
+            # The model can be evicted between its last load step and this job (memory
+            # pressure, or another model's load): then it loads again, in steps as before.
+            ran, result = await self._on_owner(partial(_run_if_resident, pool, model_id, fn))
+            if ran:
+                return result
+        raise RetrievalError("load_failed", f"retrieval model {model_id} was unloaded again "
+                             f"before it could run, {RETRIEVAL_LOAD_TRIES} times: memory is too "
+                             "tight to keep it loaded: free memory or lower retrieval_resident_limit")
 
     async def _load_retrieval(self, pool: Any, model_id: str) -> None:
         """Make `model_id` resident, one owner job per load step; concurrent first requests for
@@ -483,6 +492,12 @@ def apply_mlx_limits(guard: MemoryGuard) -> None:
             mx.set_wired_limit(min(guard.plan.weights_bytes, guard.limit_bytes))
         except (AttributeError, ValueError, RuntimeError) as exc:
             log.info("wired limit not applied: %s", exc)
+
+
+def _run_if_resident(pool: Any, model_id: str, fn: Callable[[Any], Any]) -> tuple[bool, Any]:
+    """(True, fn(model)) when `model_id` is loaded, else (False, None); on the owner thread."""
+    model = pool.resident_model(model_id)
+    return (False, None) if model is None else (True, fn(model))
 
 
 def _retire(model: Any) -> None:

@@ -213,12 +213,22 @@ class RetrievalPool:
         self._loading: dict[str, RetrievalLoad] = {}
 
     def get(self, model_id: str) -> RetrievalModel:
-        """The model `model_id`, loading it whole (and evicting the least recently used) if needed."""
-        if model_id in self._resident:
-            self._resident.move_to_end(model_id)
-            return self._resident[model_id]
+        """The model `model_id`, loading it whole (and evicting the least recently used) if
+        needed. For callers with the owner thread to themselves (tools, tests); the daemon
+        loads in steps (`begin_load`) and runs on `resident_model`."""
+        model = self.resident_model(model_id)
+        if model is not None:
+            return model
         load = begin_retrieval_load(self.specs[model_id], self.trust_remote_code, self.slice_bytes)
         return self._register(model_id, load.run_all())
+
+    def resident_model(self, model_id: str) -> RetrievalModel | None:
+        """The loaded model `model_id` (now the most recently used), or None if it is not
+        loaded: evicted by memory pressure or another model's load since it was."""
+        model = self._resident.get(model_id)
+        if model is not None:
+            self._resident.move_to_end(model_id)
+        return model
 
     def is_resident(self, model_id: str) -> bool:
         """True when `model_id` is loaded (safe to ask from any thread)."""

@@ -16,7 +16,7 @@ from mtplxd.engine.fixtures.retrieval import write_tiny_embedding_checkpoint
 from mtplxd.engine.retrieval import (EMBEDDING, RetrievalError, RetrievalModel, RetrievalPool,
                                      RetrievalSpec, begin_retrieval_load)
 from mtplxd.engine.scheduler import Row
-from mtplxd.runtime import Runtime
+from mtplxd.runtime import RETRIEVAL_LOAD_TRIES, Runtime
 from support.rows import PROMPTS, Collector
 
 INPUTS = [[5, 6, 7], [8, 9, 10, 11], [12]]
@@ -207,6 +207,54 @@ def test_two_concurrent_first_requests_share_one_load(chat_checkpoint, tmp_path)
 
     run_with_runtime(chat_checkpoint, tmp_path, body)
     assert log.count(("load", "begin")) == 1 and vectors[0] == vectors[1]
+
+
+class EvictingPool(LoggedPool):
+    """Memory pressure strikes right after each of the first `evictions` loads finishes,
+    before the request's batch can run (the race `run_retrieval` retries on)."""
+
+    def __init__(self, specs, log: list, evictions: int) -> None:
+        super().__init__(specs, log)
+        self.evictions = evictions
+
+    def finish_load(self, model_id: str) -> RetrievalModel:
+        model = super().finish_load(model_id)
+        if self.evictions:
+            self.evictions -= 1
+            self.release()
+        return model
+
+    def get(self, model_id: str) -> RetrievalModel:
+        raise AssertionError("the daemon must never load a retrieval model whole")
+
+
+def test_a_model_evicted_before_its_batch_runs_loads_again_in_steps(chat_checkpoint, tmp_path):
+    spec = RetrievalSpec("emb", write_tiny_embedding_checkpoint(tmp_path / "emb"), EMBEDDING)
+    log: list = []
+    vectors: list = []
+
+    async def body(runtime: Runtime) -> None:
+        pool = runtime.retrieval = EvictingPool([spec], log, evictions=1)
+        vectors.append(await runtime.run_retrieval("emb", lambda m: m.embed(INPUTS)))
+        assert pool.loads == {"emb": 2} and pool.resident() == ["emb"]
+
+    run_with_runtime(chat_checkpoint, tmp_path, body)
+    assert log.count(("load", "begin")) == log.count(("load", "finish")) == 2
+    assert len(vectors[0]) == len(INPUTS)
+
+
+def test_a_model_evicted_every_time_fails_with_the_reason(chat_checkpoint, tmp_path):
+    spec = RetrievalSpec("emb", write_tiny_embedding_checkpoint(tmp_path / "emb"), EMBEDDING)
+    log: list = []
+
+    async def body(runtime: Runtime) -> None:
+        runtime.retrieval = EvictingPool([spec], log, evictions=100)
+        with pytest.raises(RetrievalError) as failed:
+            await runtime.run_retrieval("emb", lambda m: m.embed(INPUTS))
+        assert failed.value.code == "load_failed" and "memory is too tight" in str(failed.value)
+
+    run_with_runtime(chat_checkpoint, tmp_path, body)
+    assert log.count(("load", "begin")) == RETRIEVAL_LOAD_TRIES
 
 
 def test_begin_builds_the_model_without_reading_a_weight(tmp_path):
