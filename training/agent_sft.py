@@ -192,13 +192,30 @@ def score_example(model: TinyCoder, ex: Example, chunk: int, extra: int) -> dict
             "target_tokens": len(target), "generated_ids": generated}
 
 
+def evaluation_order(heldout: list[Example]) -> list[Example]:
+    """hello.py first (each agent's call, then each agent's final answer), then the other tasks
+    round-robin over agents, so a time-limited evaluation still covers every agent."""
+    def rank(pair: tuple[int, Example]) -> tuple:
+        i, e = pair
+        nth = sum(1 for o in heldout[:i] if o.agent == e.agent and o.kind == e.kind)
+        return (e.task["name"] != "hello.py", e.kind != "call", nth, e.agent)
+    return [e for _, e in sorted(enumerate(heldout), key=rank)]
+
+
 def evaluate_agents(model: TinyCoder, heldout: list[Example], chunk: int, extra: int,
-                    text: ByteLevelText | None) -> dict:
-    """Per agent and kind: mean target loss and greedy exact-match rate; the hello.py cases in full."""
+                    text: ByteLevelText | None, budget_s: float = 0.0) -> dict:
+    """Per agent and kind: mean target loss and greedy exact-match rate; the hello.py cases in full.
+
+    With budget_s > 0 it stops starting examples once that many seconds have passed (the
+    device's command limit is hard) and says how many it scored.
+    """
     t = time.perf_counter()
     groups: dict[str, list[dict]] = defaultdict(list)
     cases = []
-    for ex in heldout:
+    order = evaluation_order(heldout)
+    for ex in order:
+        if budget_s and time.perf_counter() - t > budget_s:
+            break
         r = score_example(model, ex, chunk, extra)
         groups[f"{ex.agent}/{ex.kind}"].append(r)
         if ex.task["name"] == "hello.py" or not r["exact"]:
@@ -212,6 +229,7 @@ def evaluate_agents(model: TinyCoder, heldout: list[Example], chunk: int, extra:
     hello = [c for c in cases if "hello.py" in c["task"]]
     return {"by_agent": summary, "hello_py": hello,
             "misses": [c for c in cases if not c["exact"] and c not in hello][:20],
+            "scored": sum(len(rs) for rs in groups.values()), "of": len(order),
             "seconds": round(time.perf_counter() - t, 1)}
 
 
@@ -242,6 +260,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-chunk", type=int, default=2048, help="prefill chunk of the held-out decoding")
     ap.add_argument("--eval-extra", type=int, default=12, help="greedy tokens shown past a held-out miss")
+    ap.add_argument("--eval-budget", type=float, default=35.0,
+                    help="seconds each held-out agent evaluation may start examples for (0: no limit)")
     ap.add_argument("--eval-per-agent", type=int, default=0,
                     help="held-out tasks per agent to decode besides hello.py (0: all)")
     ap.add_argument("--skip-baseline", action="store_true", help="do not evaluate the --init model")
@@ -290,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
         (a.out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str) + "\n")
 
     def evaluate_all(model: TinyCoder) -> dict:
-        out = {"agents": evaluate_agents(model, heldout, a.eval_chunk, a.eval_extra, text)}
+        out = {"agents": evaluate_agents(model, heldout, a.eval_chunk, a.eval_extra, text, a.eval_budget)}
         t = time.perf_counter()
         out.update(run_eval(model, cfg, arrays, a.quick_eval))
         out["short_eval_seconds"] = round(time.perf_counter() - t, 1)

@@ -127,3 +127,11 @@ def test_entry_fine_tunes_a_checkpoint_on_agent_examples_and_reports_both_models
     dest = tmp_path / "installed"
     export.install(out, dest, base=init)
     assert export.load_checkpoint(dest).args.rope_theta == init_args.rope_theta
+
+
+def test_evaluation_starts_with_hello_py_then_round_robin_over_agents():
+    held = read_split(agent_sft.AGENT_DATA / "agent_heldout.jsonl.xz")
+    order = agent_sft.evaluation_order(held)
+    assert sorted(map(id, order)) == sorted(map(id, held))
+    assert [(e.task["name"], e.kind) for e in order[:10]] == [("hello.py", "call")] * 5 + [("hello.py", "final")] * 5
+    assert len({e.agent for e in order[10:15]}) == 5
