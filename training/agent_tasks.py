@@ -140,6 +140,11 @@ class AgentSpec:
     tool: str             # the tool the model calls
     arguments: Callable[[FileTask], dict[str, Any]]
     result: Callable[[FileTask], str]  # the tool's output as the agent returns it
+    user_format: str = "{}"  # how the agent sends the user's words (OpenCode quotes them)
+
+    def user_text(self, task: FileTask) -> str:
+        """The user message's text as this agent sends `task`."""
+        return self.user_format.format(task.prompt)
 
 
 AGENTS: dict[str, AgentSpec] = {spec.name: spec for spec in (
@@ -159,7 +164,9 @@ AGENTS: dict[str, AgentSpec] = {spec.name: spec for spec in (
     AgentSpec("opencode", "/v1/chat/completions", "opencode_1.18.33_chat_completions.json",
               "opencode_1.18.33_chat_completions_tool_result.json", "chat", "write",
               lambda t: {"filePath": f"{t.cwd}/{t.name}", "content": t.content},
-              lambda t: "Wrote file successfully."),
+              lambda t: "Wrote file successfully.",
+              # `opencode run "Say hello"` sent the message '"Say hello"' (tests/api/data).
+              user_format='"{}"'),
     AgentSpec("pi", "/v1/chat/completions", "pi_0.73.1_chat_completions.json",
               "pi_0.73.1_chat_completions_tool_result.json", "chat", "write",
               lambda t: {"path": t.name, "content": t.content},
@@ -230,7 +237,7 @@ def _set_tool_exchange(body: dict[str, Any], spec: AgentSpec, arguments: dict[st
 def request_body(spec: AgentSpec, task: FileTask, kind: str) -> dict[str, Any]:
     """The agent's request for `task`: its first request ("call") or the one after the write ("final")."""
     body = _load(spec.first if kind == "call" else spec.tool_result, task.cwd)
-    _set_last_user_text(body, spec.dialect, task.prompt)
+    _set_last_user_text(body, spec.dialect, spec.user_text(task))
     if kind == "final":
         _set_tool_exchange(body, spec, spec.arguments(task), spec.result(task))
     return body

@@ -36,10 +36,11 @@ def first_task(agent: str) -> at.FileTask:
     return at.tasks_for(list(at.AGENTS).index(agent), 1, heldout=False)[0]
 
 
-def test_committed_pi_examples_are_todays_rendering(template_model, committed):
-    task = first_task("pi")
-    fresh = [at.make_example(template_model, at.AGENTS["pi"], task, kind, "train") for kind in ("call", "final")]
-    stored = [e for e in committed["train"] if e.agent == "pi"][:2]
+@pytest.mark.parametrize("agent", sorted(at.AGENTS))
+def test_committed_examples_are_todays_rendering(template_model, committed, agent):
+    task = first_task(agent)
+    fresh = [at.make_example(template_model, at.AGENTS[agent], task, kind, "train") for kind in ("call", "final")]
+    stored = [e for e in committed["train"] if e.agent == agent][:2]
     assert stored == fresh
 
 
@@ -52,7 +53,7 @@ def test_prompt_is_the_rendered_request_ending_in_the_assistant_turn(template_mo
     ids = at.make_example(template_model, spec, task, "call", "train").prompt_ids
     assert ids == render_chat(template_model, conversation).prompt_ids
     text = template_model.tokenizer.decode(ids)
-    assert text.endswith(f"{task.prompt}<|im_end|>\n<|im_start|>assistant\n")
+    assert text.endswith(f"{spec.user_text(task)}<|im_end|>\n<|im_start|>assistant\n")
     assert task.cwd in text and at.RECORDED_CWD not in text
     assert "Say hello" not in text
 
