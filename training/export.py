@@ -67,6 +67,15 @@ def save_shards(model: TinyCoder, out_dir: Path, dtype: mx.Dtype, max_bytes: int
     return paths
 
 
+def save_run(model: TinyCoder, args: TinyCoderArgs, out_dir: Path, eos_token_id: int) -> None:
+    """A run's config.json and bfloat16 shards into out_dir; the model is left holding exactly
+    the shipped weights (rounded to bfloat16), in float32, so what is evaluated next ships."""
+    (out_dir / "config.json").write_text(json.dumps(checkpoint_config(args, eos_token_id, "bfloat16"), indent=2) + "\n")
+    save_shards(model, out_dir, mx.bfloat16)
+    model.set_dtype(mx.bfloat16)
+    model.set_dtype(mx.float32)
+
+
 def merge_shards(shard_paths: list[Path], dest: Path) -> None:
     """Join shards into one safetensors file."""
     merged: dict[str, mx.array] = {}

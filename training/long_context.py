@@ -235,14 +235,10 @@ def main(argv: list[str] | None = None) -> None:
     model, history = train(cfg, arrays, meta, log, model=model, objective=loss, batches=batches)
     metrics["history"] = history
     metrics["peak_memory_gb"] = round(mx.get_peak_memory() / 1e9, 2)
-    args = model_args(cfg, meta["vocab_size"])
     im_end = meta["special_ids"]["<|im_end|>"]
-    (a.out / "config.json").write_text(json.dumps(export.checkpoint_config(args, im_end, "bfloat16"), indent=2) + "\n")
-    export.save_shards(model, a.out, mx.bfloat16)
-    save_metrics()
     # Evaluate what ships: the bfloat16 weights, computed in float32 like the baseline.
-    model.set_dtype(mx.bfloat16)
-    model.set_dtype(mx.float32)
+    export.save_run(model, model_args(cfg, meta["vocab_size"]), a.out, im_end)
+    save_metrics()
     metrics["eval_new"] = evaluate_model(model, cfg, arrays, a)
     log("new " + json.dumps(metrics["eval_new"]))
     metrics["probes"] = [{"prompt": p["prompt"], "completion_ids": evaluate.greedy_complete(

@@ -1,0 +1,348 @@
+"""Fine-tune the embedded model to do small file tasks through each coding agent's own tools.
+
+Continues a checkpoint (mtplxd/models/embedded by default) on the examples of
+training/agent_tasks.py: each agent's real request (8k-24k tokens of system prompt and tool
+schemas) with a small task, and the assistant turn that calls the agent's file-writing tool,
+or, after the tool's result, answers "Created NAME.". The loss covers the target tokens only
+(trunk next-token CE plus the MTP chain's CE on the same span). Long prompts go through
+long_context's chunked, checkpointed attention. Each agent example is followed by
+`--short-per-long` batches of the from-scratch recipe's short code/chat windows (full loss) so
+the model's general quality holds, as the shipped long-context run did.
+
+Before (unless --skip-baseline) and after, metrics.json gets, per agent, the held-out target
+loss and exact match of greedy decoding from the rendered prompt (held-out: unseen names,
+messages and wordings, and the real-agent test's "hello.py prints hello world"), plus the
+short-context perplexity and MTP acceptance of training/train.py. Weights go out as shards
+with config.json; `python -m training.export RUN_DIR` installs them. Commands:
+training/README.md, "Agent tasks".
+
+Imports only mlx, mlx_lm, numpy and the standard library (the H200 machine has nothing else;
+the examples come pre-tokenized from training/agent_data, no tokenizer is needed there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models.cache import make_prompt_cache
+
+from training import export
+from training.agent_tasks import Example, read_split
+from training.long_context import DEFAULT_INIT, load_init, long_hidden
+from training.mtp_model import TinyCoder, joint_loss
+from training.train import BatchSampler, TrainConfig, load_data, model_args, run_eval, run_log, train
+
+AGENT_DATA = Path(__file__).resolve().parent / "agent_data"
+
+
+# --- batches -----------------------------------------------------------------------------
+
+class AgentBatches:
+    """Step i's batch: one agent example (padded), then `short_per_long` short batches, repeating.
+
+    An agent example is prompt + target + padding up to a multiple of `pad_to` (+1), so the
+    long steps come in a few shapes; padding sits after the target and, attention being
+    causal, changes nothing before it. `current` is the (prompt, target) length of the agent
+    example just handed out, None after a short batch: the loss reads it to find the target.
+    """
+
+    def __init__(self, examples: list[Example], arrays: dict, eot: int, cfg: TrainConfig,
+                 short_batch: int, short_per_long: int, pad_to: int, width: int):
+        self.examples, self.eot, self.pad_to, self.width = examples, eot, pad_to, width
+        self.depth = len(cfg.mtp_weights)
+        self.rng = random.Random(cfg.seed)
+        self.order: list[int] = []
+        self.short = BatchSampler(arrays["code_train"], arrays["chat_train"], eot,
+                                  cfg.seq_len + 1 + self.depth, cfg.chat_fraction, cfg.seed + 1)
+        self.short_batch, self.period = short_batch, short_per_long + 1
+        self.current: tuple[int, int] | None = None
+
+    def _next_example(self) -> Example:
+        # Every example once per epoch, in a seeded order that mixes agents and kinds.
+        if not self.order:
+            self.order = list(range(len(self.examples)))
+            self.rng.shuffle(self.order)
+        return self.examples[self.order.pop()]
+
+    def __call__(self, step: int) -> np.ndarray:
+        """[B, L] int32 windows for `step`."""
+        if step % self.period:
+            self.current = None
+            return self.short(self.short_batch)
+        ex = self._next_example()
+        if len(ex.target_ids) > self.width:
+            raise SystemExit(f"a {ex.agent} target has {len(ex.target_ids)} tokens > --target-width {self.width}")
+        self.current = (len(ex.prompt_ids), len(ex.target_ids))
+        return padded_window(ex, self.width + self.depth + 1, self.pad_to, self.eot)[None]
+
+
+def padded_window(ex: Example, room: int, pad_to: int, pad_id: int) -> np.ndarray:
+    """prompt + target, padded with pad_id to k * pad_to + 1 tokens, at least prompt + room."""
+    ids = ex.prompt_ids + ex.target_ids
+    need = len(ex.prompt_ids) + room
+    length = math.ceil((need - 1) / pad_to) * pad_to + 1
+    return np.array(ids + [pad_id] * (length - len(ids)), dtype=np.int32)
+
+
+# --- loss --------------------------------------------------------------------------------
+
+def target_loss(model: TinyCoder, window: mx.array, prompt_len: int, target_len: int,
+                mtp_weights: tuple[float, ...], chunk: int, width: int) -> tuple[mx.array, mx.array]:
+    """Masked joint loss on the target span of one padded agent window.
+
+    Inputs are window[:, :-1]; the trunk's predictions at inputs prompt_len-1 .. +width-1 are
+    scored against window[prompt_len .. +width], counting only the `target_len` real target
+    tokens. MTP step s from those anchors predicts window[anchor+2+s], counted while that is
+    still a target token. Returns (total, [main, mtp step 1, ...]) like joint_loss.
+    """
+    depth = len(mtp_weights)
+    h = long_hidden(model, window[:, :-1], chunk)
+    ce = nn.losses.cross_entropy
+    start = prompt_len - 1
+    positions = mx.arange(width)
+
+    def masked_ce(hidden: mx.array, labels: mx.array, count: int) -> mx.array:
+        mask = (positions < count).astype(mx.float32)
+        per_token = ce(model.logits_from_hidden(hidden).astype(mx.float32), labels)
+        return (per_token * mask).sum() / max(count, 1)
+
+    main = masked_ce(h[:, start:start + width], window[:, prompt_len:prompt_len + width], target_len)
+    losses = [main]
+    feeds = [window[:, 1 + s:start + width + 1 + s] for s in range(depth)]
+    for s, g in enumerate(model.mtp_chain(h[:, :start + width], feeds, tail=width)):
+        labels = window[:, prompt_len + 1 + s:prompt_len + 1 + s + width]
+        losses.append(masked_ce(g, labels, target_len - 1 - s))
+    total = main
+    for w, part in zip(mtp_weights, losses[1:]):
+        total = total + w * part
+    return total, mx.stack(losses)
+
+
+# --- evaluation --------------------------------------------------------------------------
+
+class ByteLevelText:
+    """Token ids -> text with tokenizer.json's vocabulary (the GPU machine has no tokenizers
+    package): byte-level BPE pieces map back to bytes; added tokens are their own text."""
+
+    def __init__(self, tokenizer_json: Path):
+        spec = json.loads(tokenizer_json.read_text())
+        printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+        chars = dict(zip(printable, printable))
+        extra = 0
+        for b in range(256):
+            if b not in chars:
+                chars[b] = 256 + extra
+                extra += 1
+        to_byte = {chr(c): b for b, c in chars.items()}
+        self.pieces = {i: bytes(to_byte[ch] for ch in piece) for piece, i in spec["model"]["vocab"].items()}
+        self.pieces.update({t["id"]: t["content"].encode() for t in spec["added_tokens"]})
+
+    def __call__(self, ids: list[int]) -> str:
+        return b"".join(self.pieces.get(i, b"?") for i in ids).decode("utf-8", errors="replace")
+
+
+def prefill(model: TinyCoder, ids: list[int], chunk: int) -> tuple[list, mx.array]:
+    """A KV cache holding `ids`, fed `chunk` tokens at a time as the server prefills, and the
+    logits after the last one."""
+    cache = make_prompt_cache(model)
+    logits = None
+    for s in range(0, len(ids), chunk):
+        logits = model(mx.array([ids[s:s + chunk]]), cache=cache)[:, -1, :]
+        mx.eval(logits)
+    return cache, logits
+
+
+def score_example(model: TinyCoder, ex: Example, chunk: int, extra: int) -> dict:
+    """Greedy decoding from the rendered prompt, checked against the target token by token.
+
+    After the prompt's prefill the target is fed in one pass (teacher forcing): its loss, and
+    the first position where the greedy choice differs. Greedy decoding follows the target
+    exactly up to that position, so the greedy output is the target's first `match` tokens,
+    then (cache trimmed back there) `extra` more greedy tokens to show what the model wrote.
+    """
+    cache, first = prefill(model, ex.prompt_ids, chunk)
+    target = ex.target_ids
+    rest = model(mx.array([target[:-1]]), cache=cache)[0] if len(target) > 1 else mx.zeros((0, first.shape[-1]))
+    logits = mx.concatenate([first, rest], axis=0).astype(mx.float32)
+    labels = mx.array(target)
+    ce = mx.logsumexp(logits, axis=-1) - mx.take_along_axis(logits, labels[:, None], -1)[:, 0]
+    picks = mx.argmax(logits, axis=-1).tolist()
+    match = next((i for i, (p, t) in enumerate(zip(picks, target)) if p != t), len(target))
+    generated = list(target[:match])
+    if match < len(target):
+        for c in cache:
+            c.trim(len(target) - 1 - match)
+        tok = picks[match]
+        for _ in range(extra):
+            generated.append(tok)
+            if tok == target[-1]:  # <|im_end|>: the turn ended
+                break
+            tok = int(mx.argmax(model(mx.array([[tok]]), cache=cache)[0, -1]).item())
+    return {"loss": float(ce.mean().item()), "exact": match == len(target), "matched_tokens": match,
+            "target_tokens": len(target), "generated_ids": generated}
+
+
+def evaluation_order(heldout: list[Example]) -> list[Example]:
+    """hello.py first (each agent's call, then each agent's final answer), then the other tasks
+    round-robin over agents, so a time-limited evaluation still covers every agent."""
+    def rank(pair: tuple[int, Example]) -> tuple:
+        i, e = pair
+        nth = sum(1 for o in heldout[:i] if o.agent == e.agent and o.kind == e.kind)
+        return (e.task["name"] != "hello.py", e.kind != "call", nth, e.agent)
+    return [e for _, e in sorted(enumerate(heldout), key=rank)]
+
+
+def evaluate_agents(model: TinyCoder, heldout: list[Example], chunk: int, extra: int,
+                    text: ByteLevelText | None, budget_s: float = 0.0) -> dict:
+    """Per agent and kind: mean target loss and greedy exact-match rate; the hello.py cases in full.
+
+    With budget_s > 0 it stops starting examples once that many seconds have passed (the
+    device's command limit is hard) and says how many it scored.
+    """
+    t = time.perf_counter()
+    groups: dict[str, list[dict]] = defaultdict(list)
+    cases = []
+    order = evaluation_order(heldout)
+    for ex in order:
+        if budget_s and time.perf_counter() - t > budget_s:
+            break
+        r = score_example(model, ex, chunk, extra)
+        groups[f"{ex.agent}/{ex.kind}"].append(r)
+        if ex.task["name"] == "hello.py" or not r["exact"]:
+            cases.append({"agent": ex.agent, "kind": ex.kind, "task": ex.task["prompt"],
+                          "exact": r["exact"], "matched_tokens": r["matched_tokens"],
+                          "target_tokens": r["target_tokens"],
+                          "generated": text(r["generated_ids"]) if text else r["generated_ids"]})
+    summary = {key: {"examples": len(rs), "target_loss": round(sum(r["loss"] for r in rs) / len(rs), 4),
+                     "exact_match": round(sum(r["exact"] for r in rs) / len(rs), 3)}
+               for key, rs in sorted(groups.items())}
+    hello = [c for c in cases if "hello.py" in c["task"]]
+    return {"by_agent": summary, "hello_py": hello,
+            "misses": [c for c in cases if not c["exact"] and c not in hello][:20],
+            "scored": sum(len(rs) for rs in groups.values()), "of": len(order),
+            "seconds": round(time.perf_counter() - t, 1)}
+
+
+# --- entry -------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line flags (defaults: the device run of training/README.md)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, required=True, help="packed short windows (training/pack.py)")
+    ap.add_argument("--agent-data", type=Path, default=AGENT_DATA, help="agent_{train,heldout}.jsonl.xz")
+    ap.add_argument("--agents", default="", help="comma-separated agents to keep (default: all)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--init", type=Path, default=DEFAULT_INIT, help="checkpoint folder to start from")
+    ap.add_argument("--preset", default="coder-deep")
+    ap.add_argument("--attn-chunk", type=int, default=1024, help="queries per attention block")
+    ap.add_argument("--pad-to", type=int, default=1024, help="agent windows are padded to a multiple of this")
+    ap.add_argument("--target-width", type=int, default=96, help="target tokens scored per agent example (max)")
+    ap.add_argument("--short-per-long", type=int, default=1, help="short-window batches after each agent example")
+    ap.add_argument("--short-batch", type=int, default=32)
+    ap.add_argument("--short-seq-len", type=int, default=1024)
+    ap.add_argument("--cache-limit-gb", type=float, default=4.0, help="MLX buffer cache cap (0: MLX default)")
+    # Like the long-context runs: a fine-tune of a trained model, so a tenth of the
+    # from-scratch peak; Adam moves every weight by about lr in its first steps.
+    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--time-budget", type=float, default=300.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-chunk", type=int, default=2048, help="prefill chunk of the held-out decoding")
+    ap.add_argument("--eval-extra", type=int, default=12, help="greedy tokens shown past a held-out miss")
+    ap.add_argument("--eval-budget", type=float, default=35.0,
+                    help="seconds each held-out agent evaluation may start examples for (0: no limit)")
+    ap.add_argument("--eval-per-agent", type=int, default=0,
+                    help="held-out tasks per agent to decode besides hello.py (0: all)")
+    ap.add_argument("--skip-baseline", action="store_true", help="do not evaluate the --init model")
+    ap.add_argument("--quick-eval", action="store_true", help="tiny perplexity/acceptance evaluation (CPU dry run)")
+    return ap.parse_args(argv)
+
+
+def _keep(examples: list[Example], agents: str) -> list[Example]:
+    wanted = set(agents.split(",")) if agents else None
+    return [e for e in examples if wanted is None or e.agent in wanted]
+
+
+def _first_tasks(heldout: list[Example], per_agent: int) -> list[Example]:
+    """The hello.py examples and the first `per_agent` other tasks of each agent (0: all)."""
+    if not per_agent:
+        return heldout
+    prompts: dict[str, list[str]] = defaultdict(list)
+    for e in heldout:
+        if e.task["name"] != "hello.py" and e.task["prompt"] not in prompts[e.agent]:
+            prompts[e.agent].append(e.task["prompt"])
+    return [e for e in heldout if e.task["name"] == "hello.py" or e.task["prompt"] in prompts[e.agent][:per_agent]]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Evaluate the init model, fine-tune it on the agent examples, save shards, evaluate again."""
+    a = parse_args(argv)
+    if a.cache_limit_gb:
+        mx.set_cache_limit(int(a.cache_limit_gb * 2**30))
+    shipped = json.loads((a.init / "config.json").read_text())
+    cfg = TrainConfig(preset=a.preset, seed=a.seed, steps=a.steps, time_budget=a.time_budget,
+                      batch=1, seq_len=a.short_seq_len, lr=a.lr, warmup=a.warmup,
+                      rope_theta=shipped["rope_theta"], max_position_embeddings=shipped["max_position_embeddings"],
+                      speed_steps=(1 + 2 * (a.short_per_long + 1), 1 + 5 * (a.short_per_long + 1)),
+                      log_every=10, compile=False)
+    log = run_log(a.out)
+    arrays, meta = load_data(a.data)
+    train_set = _keep(read_split(a.agent_data / "agent_train.jsonl.xz"), a.agents)
+    heldout = _first_tasks(_keep(read_split(a.agent_data / "agent_heldout.jsonl.xz"), a.agents), a.eval_per_agent)
+    tokenizer_json = a.init / "tokenizer.json"
+    text = ByteLevelText(tokenizer_json) if tokenizer_json.exists() else None
+    metrics: dict = {"config": asdict(cfg), "init": str(a.init),
+                     "agent_sft": {k: str(v) for k, v in vars(a).items()},
+                     "examples": {"train": len(train_set), "heldout": len(heldout)}}
+
+    def save_metrics():
+        (a.out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str) + "\n")
+
+    def evaluate_all(model: TinyCoder) -> dict:
+        out = {"agents": evaluate_agents(model, heldout, a.eval_chunk, a.eval_extra, text, a.eval_budget)}
+        t = time.perf_counter()
+        out.update(run_eval(model, cfg, arrays, a.quick_eval))
+        out["short_eval_seconds"] = round(time.perf_counter() - t, 1)
+        return out
+
+    model = load_init(a.init, cfg)
+    if not a.skip_baseline:
+        metrics["eval_init"] = evaluate_all(model)
+        log("init " + json.dumps(metrics["eval_init"]["agents"]["by_agent"]))
+        save_metrics()
+
+    weights = tuple(cfg.mtp_weights)
+    batches = AgentBatches(train_set, arrays, meta["special_ids"]["<|endoftext|>"], cfg, a.short_batch,
+                           a.short_per_long, a.pad_to, a.target_width)
+
+    def loss(m, x):
+        if batches.current is None:  # a short batch of the from-scratch recipe: full loss
+            return joint_loss(m, x, weights)
+        prompt_len, target_len = batches.current
+        return target_loss(m, x, prompt_len, target_len, weights, a.attn_chunk, a.target_width)
+
+    model, history = train(cfg, arrays, meta, log, model=model, objective=loss, batches=batches)
+    metrics["history"] = history
+    metrics["peak_memory_gb"] = round(mx.get_peak_memory() / 1e9, 2)
+    # Evaluate what ships: the bfloat16 weights, computed in float32 like the baseline.
+    export.save_run(model, model_args(cfg, meta["vocab_size"]), a.out, meta["special_ids"]["<|im_end|>"])
+    save_metrics()
+    metrics["eval_new"] = evaluate_all(model)
+    log("new " + json.dumps(metrics["eval_new"]["agents"]["by_agent"]))
+    save_metrics()
+    log("done")
+
+
+if __name__ == "__main__":
+    main()
