@@ -1,0 +1,156 @@
+"""Fused cohort cycles (decoding/fused_cohort.py): every row exact, whatever runs beside it (CPU).
+
+The scheduler is turned by hand on the test thread, so "joins at cycle n" is exact. Rows run
+with cohort_cycle "fused" and numerics "throughput" (the fused cycle's forwards are batched);
+on the reference BLAS the batched forwards compute each row alone, so greedy rows equal their
+solo greedy AR output and seeded sampled rows their solo fused output, bit for bit; the
+reference-BLAS child runs them there when this machine's BLAS is OpenBLAS.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from mtplxd.engine import GenerationRequest, SamplingParams
+from mtplxd.engine.decoding.fused_cohort import FusedCohortRow
+from mtplxd.engine.scheduler import Row, Scheduler
+from support.distribution import EOS, N_TOKENS, chi_square_p_value, exact_joint
+from support.numerics import ROWS_ALONE, run_on_reference_blas
+from support.rows import PROMPTS, Collector, assert_each_row_equals, run_until_idle
+
+
+def request_for(model, index: int, *, depth: int, max_tokens: int, **sampling) -> GenerationRequest:
+    ids = model.tokenizer.encode(PROMPTS[index % len(PROMPTS)])
+    return GenerationRequest(ids, SamplingParams(max_tokens=max_tokens, **sampling), depth=depth)
+
+
+def fused_scheduler(**settings) -> Scheduler:
+    return Scheduler(cohort_mode="always", numerics="throughput", cohort_cycle="fused", **settings)
+
+
+def add_row(scheduler: Scheduler, model, request: GenerationRequest, sink) -> Row:
+    return scheduler.submit(Row(request, lambda stop, cohort: model.generate_steps(
+        request, stop, cohort=cohort), sink, cohort_capable=True))
+
+
+def joining(model, scheduler: Scheduler, requests: list[GenerationRequest],
+            gaps: list[int] | None = None) -> list[Collector]:
+    """Row i joins after gaps[i] turns (default 1) of the rows before it; turn until idle."""
+    log: list = []
+    sinks = []
+    for i, request in enumerate(requests):
+        sinks.append(Collector(f"r{i}", log))
+        add_row(scheduler, model, request, sinks[-1])
+        for _ in range(1 if gaps is None else gaps[i]):
+            scheduler.turn()
+    run_until_idle(scheduler)
+    return sinks
+
+
+def fused_rows_ran(scheduler: Scheduler) -> bool:
+    return scheduler.fused.cohorts == [] or all(not c.rows for c in scheduler.fused.cohorts)
+
+
+@pytest.mark.parametrize("width", [3, 8])
+def test_fused_cohort_rows_joining_at_different_cycles_equal_their_solo_greedy_ar_output(
+        tiny_qwen3, width, monkeypatch):
+    model = tiny_qwen3
+    rows_made = []
+    real_init = FusedCohortRow.__init__
+
+    def counting_init(self, *args, **kwargs):
+        rows_made.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(FusedCohortRow, "__init__", counting_init)
+    depths = [3, 3, 2, 0, 3, 3, 0, 3]  # depth 2 forms its own fused cohort; depth 0: AR lane
+    # Different lengths; row 1 may stop at EOS; rows join 1 to 3 turns apart.
+    requests = [request_for(model, i, depth=depths[i], max_tokens=30 + 7 * i, ignore_eos=i != 1)
+                for i in range(width)]
+    references = [model.complete(GenerationRequest(list(r.prompt_ids), r.sampling, depth=0))
+                  for r in requests]
+    scheduler = fused_scheduler(max_concurrent=width)
+    sinks = joining(model, scheduler, requests, gaps=[1 + i % 3 for i in range(width)])
+    assert_each_row_equals(sinks, references, depths)
+    assert len(rows_made) == sum(d > 0 for d in depths[:width])  # every MTP row ran fused
+    mtp = [s for s, d in zip(sinks, depths) if d > 0]
+    assert all(s.result.stats.cycles > 0 and s.result.stats.cohort_widths for s in mtp)
+    widths_run = {w for w, n in scheduler.status()["cohorts_by_width"].items() if n}
+    assert widths_run >= ({3, 8} if width == 8 else {3})
+    assert not any(c.rows for c in scheduler.fused.cohorts)  # every slot was freed
+
+
+def test_a_greedy_fused_row_with_penalties_equals_its_solo_fused_output(tiny_qwen3):
+    model = tiny_qwen3
+    penalised = dict(repetition_penalty=1.3, presence_penalty=0.4, ignore_eos=True)
+    requests = [request_for(model, i, depth=3, max_tokens=24, **penalised) for i in range(3)]
+    references = [model.complete(r) for r in requests]  # the solo fused loop
+    scheduler = fused_scheduler(max_concurrent=3)
+    sinks = joining(model, scheduler, requests)
+    assert_each_row_equals(sinks, references, [3, 3, 3])
+
+
+def test_seeded_sampled_fused_rows_equal_their_solo_output_whatever_runs_beside_them(tiny_qwen3):
+    model = tiny_qwen3
+    sampled = dict(temperature=0.9, top_p=0.95, seed=1234)
+    requests = [request_for(model, i, depth=2, max_tokens=16, **sampled) for i in range(3)]
+    # The solo fused loop draws the same per-cycle numbers (same seed, same position).
+    references = [model.complete(r).token_ids for r in requests]
+    neighbours = [request_for(model, 5 + i, depth=2, max_tokens=20 + 9 * i, temperature=0.9,
+                              top_p=0.95, seed=i) for i in range(2)]
+    scheduler = fused_scheduler(max_concurrent=5)
+    sinks = joining(model, scheduler, [neighbours[0], *requests, neighbours[1]])
+    assert [s.result.token_ids for s in sinks[1:4]] == references
+    # Alone in its own cohort, with other neighbours, each row gives the same again.
+    scheduler = fused_scheduler(max_concurrent=2)
+    sinks = joining(model, scheduler, [requests[2], neighbours[1]], gaps=[3, 1])
+    assert sinks[0].result.token_ids == references[2]
+
+
+def _fused_counts(model, prompt, params, depth, n):
+    """n seeded rows through 8-wide fused cohorts; the first N_TOKENS tokens of each, counted."""
+    scheduler = fused_scheduler(max_concurrent=8, max_queued=n)
+    log: list = []
+    sinks = []
+    for seed in range(n):
+        sampling = SamplingParams(temperature=params.temperature, top_p=params.top_p,
+                                  top_k=params.top_k, seed=seed, max_tokens=N_TOKENS)
+        sinks.append(Collector(str(seed), log))
+        add_row(scheduler, model, GenerationRequest(prompt, sampling, depth=depth), sinks[-1])
+    run_until_idle(scheduler)
+    counts = Counter()
+    for sink in sinks:
+        result = sink.result
+        counts[tuple(result.token_ids) + ((EOS,) if result.finish_reason == "stop" else ())] += 1
+    assert scheduler.status()["cohorts_by_width"][8] > 0
+    return counts
+
+
+@pytest.mark.parametrize(("params", "depth"), [
+    pytest.param(SamplingParams(temperature=0.6, top_p=0.5), 2, id="T0.6-top_p0.5-depth2"),
+    pytest.param(SamplingParams(temperature=1.0, top_k=4), 1, id="T1.0-top_k4-depth1"),
+])
+def test_sampled_fused_cohort_rows_match_the_exact_target_distribution(tiny_qwen3, params, depth):
+    prompt = tiny_qwen3.tokenizer.encode("def add(a, b):\n    ret")
+    joint = exact_joint(tiny_qwen3, prompt, params)
+    assert math.isclose(sum(joint.values()), 1.0, abs_tol=1e-4)
+    counts = _fused_counts(tiny_qwen3, prompt, params, depth, 600)
+    assert chi_square_p_value(joint, counts, 600) > 1e-3
+
+
+def test_a_wrong_accept_rule_in_fused_cohorts_fails_the_same_test(tiny_qwen3, monkeypatch):
+    import mtplxd.engine.decoding.fused_cohort as fused_cohort
+
+    monkeypatch.setattr(fused_cohort, "residual_distribution", lambda p, q: p)
+    tiny_qwen3.trunk.compiled_graphs.clear()  # the graphs must trace the wrong rule
+    try:
+        params = SamplingParams(temperature=0.6, top_p=0.5)
+        prompt = tiny_qwen3.tokenizer.encode("def add(a, b):\n    ret")
+        joint = exact_joint(tiny_qwen3, prompt, params)
+        counts = _fused_counts(tiny_qwen3, prompt, params, 2, 600)
+        assert chi_square_p_value(joint, counts, 600) < 1e-3
+    finally:
+        tiny_qwen3.trunk.compiled_graphs.clear()
