@@ -2,7 +2,8 @@
 
 The scheduler is turned by hand on the test thread, so "joins at cycle n" is exact. Rows are
 made with `cohort=True`: every decode cycle's verify goes through cohort.run_cohort, in both
-numerics profiles ("throughput": one batched forward; "exact": per-row forwards).
+numerics profiles ("throughput": one batched forward; "exact": per-row forwards). These are the
+phased cohorts (cohort_cycle "phased"); test_fused_cohorts.py tests the fused cohort cycle.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def solo_ar(model, request: GenerationRequest):
 
 
 def cohort_scheduler(**settings) -> Scheduler:
-    return Scheduler(cohort_mode="always", **settings)
+    return Scheduler(cohort_mode="always", cohort_cycle="phased", **settings)
 
 
 def add_cohort_row(scheduler: Scheduler, model, request: GenerationRequest, sink) -> Row:
@@ -316,7 +317,8 @@ def run_until_idle_consuming(scheduler: Scheduler, row: Row) -> None:
 
 
 def test_auto_mode_keeps_a_lone_row_in_its_solo_loop_and_puts_joiners_in_cohorts(tiny_qwen3):
-    scheduler = Scheduler(max_concurrent=4, cohort_mode="auto", numerics="throughput")
+    scheduler = Scheduler(max_concurrent=4, cohort_mode="auto", numerics="throughput",
+                          cohort_cycle="phased")
     log: list = []
     requests = [request_for(tiny_qwen3, i, depth=2, max_tokens=30, ignore_eos=True) for i in range(3)]
     references = [solo_ar(tiny_qwen3, r).token_ids for r in requests]
@@ -379,7 +381,7 @@ def test_on_the_owner_thread_a_paused_row_resumes_when_its_reader_catches_up(tin
 def test_a_cancelled_cohort_row_leaves_at_the_next_cycle_and_its_neighbours_stay_exact(model):
     released = []
     scheduler = Scheduler(max_concurrent=3, cohort_mode="always", numerics="throughput",
-                          admit=lambda request: lambda: released.append(request))
+                          cohort_cycle="phased", admit=lambda request: lambda: released.append(request))
     requests = [request_for(model, i, depth=2, max_tokens=40, ignore_eos=True) for i in range(3)]
     references = [solo_ar(model, r).token_ids for r in (requests[0], requests[2])]
     log: list = []

@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from mtplxd.engine import GenerationRequest, SamplingParams
+from mtplxd.engine import GenerationRequest, GenerationResult, SamplingParams
 from mtplxd.engine.decoding.fused_cohort import FusedCohortRow
 from mtplxd.engine.scheduler import Row, Scheduler
 from support.distribution import EOS, N_TOKENS, chi_square_p_value, exact_joint
@@ -48,10 +48,6 @@ def joining(model, scheduler: Scheduler, requests: list[GenerationRequest],
             scheduler.turn()
     run_until_idle(scheduler)
     return sinks
-
-
-def fused_rows_ran(scheduler: Scheduler) -> bool:
-    return scheduler.fused.cohorts == [] or all(not c.rows for c in scheduler.fused.cohorts)
 
 
 @pytest.mark.parametrize("width", [3, 8])
@@ -154,3 +150,81 @@ def test_a_wrong_accept_rule_in_fused_cohorts_fails_the_same_test(tiny_qwen3, mo
         assert chi_square_p_value(joint, counts, 600) < 1e-3
     finally:
         tiny_qwen3.trunk.compiled_graphs.clear()
+
+
+def test_a_paused_fused_row_keeps_its_state_while_its_neighbours_go_on(tiny_qwen3):
+    model = tiny_qwen3
+    scheduler = fused_scheduler(max_concurrent=2, max_backlog=3)
+    log: list = []
+    slow, fast = Collector("slow", log), Collector("fast", log)
+    requests = [request_for(model, i, depth=2, max_tokens=40, ignore_eos=True) for i in (0, 1)]
+    slow_row = add_row(scheduler, model, requests[0], slow)
+    fast_row = add_row(scheduler, model, requests[1], fast)
+    turns = 0
+    while not fast.items or not isinstance(fast.items[-1], GenerationResult):
+        scheduler.turn()
+        fast_row.consumed(fast_row.backlog)  # the fast reader takes everything at once
+        turns += 1
+        assert turns < 500
+    assert slow_row.backlog == 3 and scheduler.status()["paused"] == 1  # parked in its slot
+    slow_row.consumed(3)
+    while scheduler.has_work():
+        scheduler.turn()
+        slow_row.consumed(slow_row.backlog)
+    for sink, request in zip((slow, fast), requests):
+        reference = model.complete(GenerationRequest(list(request.prompt_ids), request.sampling, depth=0))
+        assert sink.result.token_ids == reference.token_ids
+
+
+def test_a_cancelled_fused_row_leaves_and_its_neighbours_stay_exact(tiny_qwen3):
+    model = tiny_qwen3
+    released = []
+    scheduler = fused_scheduler(max_concurrent=3, admit=lambda request: lambda: released.append(request))
+    requests = [request_for(model, i, depth=2, max_tokens=40, ignore_eos=True) for i in range(3)]
+    references = [model.complete(GenerationRequest(list(r.prompt_ids), r.sampling, depth=0)).token_ids
+                  for r in (requests[0], requests[2])]
+    log: list = []
+    sinks = [Collector(f"r{i}", log) for i in range(3)]
+    rows = [add_row(scheduler, model, r, s) for r, s in zip(requests, sinks)]
+    for _ in range(4):
+        scheduler.turn()
+    rows[1].cancel()  # its client left mid-stream: its slot is freed, its cycle in flight dropped
+    scheduler.turn()
+    assert sinks[1].result.finish_reason == "cancelled" and released == [requests[1]]
+    run_until_idle(scheduler)
+    assert [sinks[0].result.token_ids, sinks[2].result.token_ids] == references
+    assert len(released) == 3 and not any(c.rows for c in scheduler.fused.cohorts)
+
+
+def test_a_fused_row_hands_the_session_bank_its_committed_caches(tiny_model_factory):
+    from mtplxd.engine import load_model
+    from mtplxd.engine.session.bank import BankSettings
+
+    model = load_model(tiny_model_factory("qwen3"))
+    model.enable_session_bank(BankSettings())
+    base = model.tokenizer.encode(PROMPTS[6])
+    scheduler = fused_scheduler(max_concurrent=3)
+    log: list = []
+    first = Collector("first", log)
+    add_row(scheduler, model, request_for(model, 3, depth=3, max_tokens=30), Collector("n", log))
+    add_row(scheduler, model, GenerationRequest(base, SamplingParams(max_tokens=12), depth=2), first)
+    run_until_idle(scheduler)
+    follow = base + first.result.token_ids + model.tokenizer.encode(" pop")
+    reference = load_model(tiny_model_factory("qwen3")).complete(
+        GenerationRequest(follow, SamplingParams(max_tokens=10), depth=0))
+    warm = Collector("warm", log)
+    add_row(scheduler, model, request_for(model, 4, depth=2, max_tokens=20), Collector("m", log))
+    add_row(scheduler, model, GenerationRequest(follow, SamplingParams(max_tokens=10), depth=2), warm)
+    run_until_idle(scheduler)
+    stats = warm.result.stats
+    assert stats.restored_from == "ram" and stats.cached_tokens > len(base)  # its output too
+    assert warm.result.token_ids == reference.token_ids
+    assert stats.cohort_widths  # it ran in a cohort
+
+
+@pytest.mark.skipif(ROWS_ALONE, reason="already on the reference BLAS")
+def test_fused_cohort_rows_are_exact_on_the_reference_blas():
+    run_on_reference_blas(f"{__file__}::test_fused_cohort_rows_joining_at_different_cycles_equal_their_solo_greedy_ar_output",
+                          f"{__file__}::test_a_greedy_fused_row_with_penalties_equals_its_solo_fused_output",
+                          f"{__file__}::test_seeded_sampled_fused_rows_equal_their_solo_output_whatever_runs_beside_them",
+                          expect_passed=4)
