@@ -228,3 +228,23 @@ def test_fused_cohort_rows_are_exact_on_the_reference_blas():
                           f"{__file__}::test_a_greedy_fused_row_with_penalties_equals_its_solo_fused_output",
                           f"{__file__}::test_seeded_sampled_fused_rows_equal_their_solo_output_whatever_runs_beside_them",
                           expect_passed=4)
+
+
+def test_the_per_row_write_fallback_writes_what_the_scatter_writes(monkeypatch):
+    """RowsKVCache writes each row at its own offset; where put_along_axis is missing it
+    writes row by row (slice_update, as the single-stream cache does), to the same bits."""
+    import mlx.core as mx
+
+    from mtplxd.engine.decoding import fused
+
+    buffers = mx.random.normal((3, 2, 16, 8), key=mx.random.key(1))
+    new = mx.random.normal((3, 2, 4, 8), key=mx.random.key(2))
+    offsets = mx.array([0, 5, 12], mx.int32)
+    written = {}
+    for works in (True, False):
+        monkeypatch.setattr(fused, "_SCATTER_WORKS", works)
+        written[works] = fused.RowsKVCache(buffers, buffers, offsets).update_and_fetch(new, new)[0]
+    assert mx.array_equal(written[True], written[False])
+    for w, offset in enumerate([0, 5, 12]):
+        assert mx.array_equal(written[True][w, :, offset:offset + 4], new[w])
+        assert mx.array_equal(written[True][w, :, :offset], buffers[w, :, :offset])

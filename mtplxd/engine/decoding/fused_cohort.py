@@ -36,8 +36,8 @@ import mlx.core as mx
 
 from mtplxd.engine.decoding.cohort_rows import CohortCall
 from mtplxd.engine.decoding.fused import (
-    CAPACITY_STEP, FusedSpeculativeDecoder, _compiled, _CycleNoise, _CycleState, _state_of,
-    capacity_for, grow_buffers,
+    CAPACITY_STEP, FusedSpeculativeDecoder, RowsKVCache, _compiled, _CycleNoise, _CycleState,
+    _state_of, capacity_for, grow_buffers,
 )
 from mtplxd.engine.decoding.sampling import (
     CYCLE, apply_penalties, device_position_keys, draft_weights, graph_key, scaled_logits,
@@ -49,37 +49,6 @@ from mtplxd.engine.decoding.speculative import (
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.mtp_head import MTPHead
 from mtplxd.engine.model.trunk import Trunk
-
-
-class RowsKVCache:
-    """An attention cache over W rows' fixed-capacity buffers, each row at its own offset.
-
-    `offset` is a (W,) int32 device array. `update_and_fetch` writes each row's new keys at
-    its own offset (one scatter) and hands attention the whole buffers; `make_mask` gives
-    each row its own causal mask over the buffer. mlx-lm's RoPE takes the (W,) offsets as
-    they are (one position per row). As with fused.StaticKVCache, the cycle sets the offsets.
-    """
-
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array) -> None:
-        self.keys, self.values, self.offset = keys, values, offset
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Write (W, heads, n, D) keys and values at each row's offset; return the buffers."""
-        W, heads, n, D = keys.shape
-        slots = (self.offset[:, None] + mx.arange(n)[None]).astype(mx.int32)
-        index = mx.broadcast_to(slots[:, None, :, None], (W, heads, n, D))
-        self.keys = mx.put_along_axis(self.keys, index, keys, axis=2)
-        self.values = mx.put_along_axis(self.values, index, values, axis=2)
-        return self.keys, self.values
-
-    def make_mask(self, n: int, return_array: bool = False,
-                  window_size: int | None = None) -> mx.array:
-        """(W, 1, n, capacity) boolean mask: row w's query i sees slots 0..offset[w]+i."""
-        if window_size is not None:
-            raise ValueError("RowsKVCache does not support sliding-window attention")
-        slots = mx.arange(self.keys.shape[2])[None, None, None]
-        last = self.offset[:, None, None, None] + mx.arange(n)[None, None, :, None]
-        return slots <= last
 
 
 def rows_caches(buffers: list[mx.array], offset: mx.array) -> list[RowsKVCache]:
