@@ -40,7 +40,8 @@ def solo_ar(model, request: GenerationRequest):
 
 
 def cohort_scheduler(**settings) -> Scheduler:
-    return Scheduler(cohort_mode="always", cohort_cycle="phased", **settings)
+    settings.setdefault("cohort_cycle", "phased")
+    return Scheduler(cohort_mode="always", **settings)
 
 
 def add_cohort_row(scheduler: Scheduler, model, request: GenerationRequest, sink) -> Row:
@@ -115,9 +116,11 @@ def test_seeded_sampled_cohort_rows_equal_their_solo_output_whatever_runs_beside
         assert [s.result.token_ids for s in sinks[1:4]] == references, numerics
 
 
-def _cohort_counts(model, prompt, params, depth, n):
-    """n seeded rows through 8-wide cohorts; the first N_TOKENS tokens of each, counted."""
-    scheduler = cohort_scheduler(max_concurrent=8, max_queued=n, numerics="throughput")
+def _cohort_counts(model, prompt, params, depth, n, cycle="phased"):
+    """n seeded rows through 8-wide cohorts (phased or fused: `cycle`); the first N_TOKENS
+    tokens of each, counted."""
+    scheduler = cohort_scheduler(max_concurrent=8, max_queued=n, numerics="throughput",
+                                 cohort_cycle=cycle)
     log: list = []
     sinks = []
     for seed in range(n):
@@ -134,27 +137,34 @@ def _cohort_counts(model, prompt, params, depth, n):
     return counts
 
 
+@pytest.mark.parametrize("cycle", ["phased", "fused"])
 @pytest.mark.parametrize(("params", "depth"), [
     pytest.param(SamplingParams(temperature=0.6, top_p=0.5), 2, id="T0.6-top_p0.5-depth2"),
     pytest.param(SamplingParams(temperature=1.0, top_k=4), 1, id="T1.0-top_k4-depth1"),
 ])
-def test_sampled_cohort_rows_match_the_exact_target_distribution(tiny_qwen3, params, depth):
+def test_sampled_cohort_rows_match_the_exact_target_distribution(tiny_qwen3, params, depth, cycle):
     prompt = tiny_qwen3.tokenizer.encode("def add(a, b):\n    ret")
     joint = exact_joint(tiny_qwen3, prompt, params)
     assert math.isclose(sum(joint.values()), 1.0, abs_tol=1e-4)
-    counts = _cohort_counts(tiny_qwen3, prompt, params, depth, 600)
+    counts = _cohort_counts(tiny_qwen3, prompt, params, depth, 600, cycle)
     assert chi_square_p_value(joint, counts, 600) > 1e-3
 
 
-def test_a_wrong_accept_rule_in_cohorts_fails_the_same_test(tiny_qwen3, monkeypatch):
-    import mtplxd.engine.decoding.speculative as speculative
+@pytest.mark.parametrize(("cycle", "module"), [("phased", "speculative"), ("fused", "fused_cohort")])
+def test_a_wrong_accept_rule_in_cohorts_fails_the_same_test(tiny_qwen3, monkeypatch, cycle, module):
+    import importlib
 
-    monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
-    params = SamplingParams(temperature=0.6, top_p=0.5)
-    prompt = tiny_qwen3.tokenizer.encode("def add(a, b):\n    ret")
-    joint = exact_joint(tiny_qwen3, prompt, params)
-    counts = _cohort_counts(tiny_qwen3, prompt, params, 2, 600)
-    assert chi_square_p_value(joint, counts, 600) < 1e-3
+    rules = importlib.import_module(f"mtplxd.engine.decoding.{module}")
+    monkeypatch.setattr(rules, "residual_distribution", lambda p, q: p)
+    tiny_qwen3.trunk.compiled_graphs.clear()  # the fused graphs must trace the wrong rule
+    try:
+        params = SamplingParams(temperature=0.6, top_p=0.5)
+        prompt = tiny_qwen3.tokenizer.encode("def add(a, b):\n    ret")
+        joint = exact_joint(tiny_qwen3, prompt, params)
+        counts = _cohort_counts(tiny_qwen3, prompt, params, 2, 600, cycle)
+        assert chi_square_p_value(joint, counts, 600) < 1e-3
+    finally:
+        tiny_qwen3.trunk.compiled_graphs.clear()
 
 
 def prefilled_twins(trunk, prompts: list[list[int]]) -> tuple[list, list]:

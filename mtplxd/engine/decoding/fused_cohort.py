@@ -245,7 +245,7 @@ class FusedCohortRow(FusedSpeculativeDecoder):
         return tokens
 
 
-@dataclass
+@dataclass(eq=False)
 class _InFlight:
     """A cohort cycle handed to the device: its outputs (lazy) and who they belong to."""
 
@@ -256,7 +256,7 @@ class _InFlight:
     active: list[bool]
 
 
-@dataclass
+@dataclass(eq=False)  # cohorts are compared by identity (their arrays cannot be compared)
 class FusedCohort:
     """The rows of one key (model, depth, sampling setting) that run as one fused cycle."""
 
@@ -306,7 +306,7 @@ class FusedCohort:
                              trunk_kv=[a[slot:slot + 1] for a in self.state.trunk_kv],
                              head_kv=[a[slot:slot + 1] for a in self.state.head_kv])
         row._write_back(committed, newest)
-        # Copies now: the cohort's next cycle may then update its buffers in place.
+        # Evaluated now (one sync): the row's caches then hold arrays, not the cohort's graph.
         mx.eval(*[e.keys for e in row.cache + row.head_cache], row.pending_hidden)
         self.members[slot] = None
         row.cohort = None
@@ -324,7 +324,7 @@ class FusedCohort:
         rows: list[list[mx.array]] = [_flat_row(self.state, slot) for slot, _ in kept]
         rows += [_flat_initial(row.initial) for row in joiners]
         template = rows[0]
-        rows += [_empty_row(template, K) for _ in range(width - len(rows))]
+        rows += [_empty_row(template) for _ in range(width - len(rows))]
         small = _CycleState.SMALL
         grown = [row[:small] + grow_buffers(row[small:], self.capacity) for row in rows]
         arrays = [mx.concatenate([row[i] for row in grown], axis=0) for i in range(len(template))]
@@ -390,7 +390,7 @@ def _flat_initial(state: _CycleState) -> list[mx.array]:
             state.seen[None], *state.trunk_kv, *state.head_kv]
 
 
-def _empty_row(template: list[mx.array], K: int) -> list[mx.array]:
+def _empty_row(template: list[mx.array]) -> list[mx.array]:
     """An empty slot: zeros, at position 0 with one PENDING pair (never NaN: its rows compute
     like any other, and are discarded)."""
     row = [mx.zeros_like(array) for array in template]
@@ -414,6 +414,8 @@ class FusedCohorts:
         placed: dict[int, list[FusedCohortRow]] = {}
         for call in calls:
             row = call.decoder
+            if row.cohort is not None and row.cohort not in self.cohorts:
+                raise RuntimeError("this row's fused cohort failed in an earlier cycle")
             cohort = row.cohort or self._place(row, widths[-1], placed)
             placed.setdefault(id(cohort), []).append(row)
         widths_run: dict[int, int] = {}
