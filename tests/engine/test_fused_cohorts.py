@@ -231,3 +231,20 @@ def test_a_failing_fused_cohort_ends_its_rows_with_the_error_and_the_next_rows_r
     run_until_idle(scheduler)
     reference = model.complete(GenerationRequest(list(request.prompt_ids), request.sampling, depth=0))
     assert later.result.token_ids == reference.token_ids
+
+
+def test_a_hybrid_model_keeps_the_phased_cohorts_under_the_fused_setting(tiny_model_factory, monkeypatch):
+    """Gated DeltaNet state is rolled back on the host: hybrid rows run phased cohorts even
+    with cohort_cycle "fused", and stay exact."""
+    from mtplxd.engine import load_model
+
+    model = load_model(tiny_model_factory("qwen3_5"))
+    made = []
+    monkeypatch.setattr(FusedCohortRow, "__init__", lambda self, *a, **k: made.append(self))
+    requests = [request_for(model, i, depth=2, max_tokens=20, ignore_eos=True) for i in range(3)]
+    references = [model.complete(GenerationRequest(list(r.prompt_ids), r.sampling, depth=0))
+                  for r in requests]
+    scheduler = fused_scheduler(max_concurrent=3)
+    sinks = joining(model, scheduler, requests)
+    assert_each_row_equals(sinks, references, [2, 2, 2])
+    assert made == [] and scheduler.status()["cohorts_by_width"][3] > 0
