@@ -296,8 +296,11 @@ def test_a_cohort_row_that_asks_for_a_verify_twice_in_one_cycle_fails_alone(tiny
     assert sink.result.token_ids == solo_ar(model, good).token_ids
 
 
-def test_a_slow_reader_pauses_only_its_own_row(tiny_qwen3):
-    scheduler = cohort_scheduler(max_concurrent=2, max_backlog=3, numerics="throughput")
+@pytest.mark.parametrize("cycle", ["phased", "fused"])
+def test_a_slow_reader_pauses_only_its_own_row(tiny_qwen3, cycle):
+    """Fused: the paused row stays in its slot, masked (its state kept) until it goes on."""
+    scheduler = cohort_scheduler(max_concurrent=2, max_backlog=3, numerics="throughput",
+                                 cohort_cycle=cycle)
     log: list = []
     slow, fast = Collector("slow", log), Collector("fast", log)
     slow_request = request_for(tiny_qwen3, 0, depth=2, max_tokens=40, ignore_eos=True)
@@ -315,6 +318,7 @@ def test_a_slow_reader_pauses_only_its_own_row(tiny_qwen3):
     slow_row.consumed(3)
     run_until_idle_consuming(scheduler, slow_row)
     assert slow.result.token_ids == solo_ar(tiny_qwen3, slow_request).token_ids
+    assert fast.result.token_ids == solo_ar(tiny_qwen3, fast_request).token_ids
 
 
 def run_until_idle_consuming(scheduler: Scheduler, row: Row) -> None:
@@ -388,10 +392,12 @@ def test_on_the_owner_thread_a_paused_row_resumes_when_its_reader_catches_up(tin
     assert items[1][-1].token_ids == references[1]
 
 
-def test_a_cancelled_cohort_row_leaves_at_the_next_cycle_and_its_neighbours_stay_exact(model):
+@pytest.mark.parametrize("cycle", ["phased", "fused"])
+def test_a_cancelled_cohort_row_leaves_at_the_next_cycle_and_its_neighbours_stay_exact(model, cycle):
+    """Fused (dense model): its slot is freed and its cycle in flight dropped."""
     released = []
     scheduler = Scheduler(max_concurrent=3, cohort_mode="always", numerics="throughput",
-                          cohort_cycle="phased", admit=lambda request: lambda: released.append(request))
+                          cohort_cycle=cycle, admit=lambda request: lambda: released.append(request))
     requests = [request_for(model, i, depth=2, max_tokens=40, ignore_eos=True) for i in range(3)]
     references = [solo_ar(model, r).token_ids for r in (requests[0], requests[2])]
     log: list = []

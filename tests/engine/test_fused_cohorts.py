@@ -5,14 +5,15 @@ with cohort_cycle "fused" and numerics "throughput" (the fused cycle's forwards 
 on the reference BLAS the batched forwards compute each row alone, so greedy rows equal their
 solo greedy AR output and seeded sampled rows their solo fused output, bit for bit; the
 reference-BLAS child runs them there when this machine's BLAS is OpenBLAS. The chi-square
-tests of sampled rows run for both cohort cycles in test_cohorts.py.
+tests of sampled rows, the slow reader and the cancelled row run for both cohort cycles in
+test_cohorts.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from mtplxd.engine import GenerationRequest, GenerationResult, SamplingParams
+from mtplxd.engine import GenerationRequest, SamplingParams
 from mtplxd.engine.decoding.fused_cohort import FusedCohortRow
 from mtplxd.engine.scheduler import Row, Scheduler
 from support.numerics import ROWS_ALONE, run_on_reference_blas
@@ -101,50 +102,6 @@ def test_seeded_sampled_fused_rows_equal_their_solo_output_whatever_runs_beside_
     scheduler = fused_scheduler(max_concurrent=2)
     sinks = joining(model, scheduler, [requests[2], neighbours[1]], gaps=[3, 1])
     assert sinks[0].result.token_ids == references[2]
-
-
-def test_a_paused_fused_row_keeps_its_state_while_its_neighbours_go_on(tiny_qwen3):
-    model = tiny_qwen3
-    scheduler = fused_scheduler(max_concurrent=2, max_backlog=3)
-    log: list = []
-    slow, fast = Collector("slow", log), Collector("fast", log)
-    requests = [request_for(model, i, depth=2, max_tokens=40, ignore_eos=True) for i in (0, 1)]
-    slow_row = add_row(scheduler, model, requests[0], slow)
-    fast_row = add_row(scheduler, model, requests[1], fast)
-    turns = 0
-    while not fast.items or not isinstance(fast.items[-1], GenerationResult):
-        scheduler.turn()
-        fast_row.consumed(fast_row.backlog)  # the fast reader takes everything at once
-        turns += 1
-        assert turns < 500
-    assert slow_row.backlog == 3 and scheduler.status()["paused"] == 1  # parked in its slot
-    slow_row.consumed(3)
-    while scheduler.has_work():
-        scheduler.turn()
-        slow_row.consumed(slow_row.backlog)
-    for sink, request in zip((slow, fast), requests):
-        reference = model.complete(GenerationRequest(list(request.prompt_ids), request.sampling, depth=0))
-        assert sink.result.token_ids == reference.token_ids
-
-
-def test_a_cancelled_fused_row_leaves_and_its_neighbours_stay_exact(tiny_qwen3):
-    model = tiny_qwen3
-    released = []
-    scheduler = fused_scheduler(max_concurrent=3, admit=lambda request: lambda: released.append(request))
-    requests = [request_for(model, i, depth=2, max_tokens=40, ignore_eos=True) for i in range(3)]
-    references = [model.complete(GenerationRequest(list(r.prompt_ids), r.sampling, depth=0)).token_ids
-                  for r in (requests[0], requests[2])]
-    log: list = []
-    sinks = [Collector(f"r{i}", log) for i in range(3)]
-    rows = [add_row(scheduler, model, r, s) for r, s in zip(requests, sinks)]
-    for _ in range(4):
-        scheduler.turn()
-    rows[1].cancel()  # its client left mid-stream: its slot is freed, its cycle in flight dropped
-    scheduler.turn()
-    assert sinks[1].result.finish_reason == "cancelled" and released == [requests[1]]
-    run_until_idle(scheduler)
-    assert [sinks[0].result.token_ids, sinks[2].result.token_ids] == references
-    assert len(released) == 3 and not any(c.rows for c in scheduler.fused.cohorts)
 
 
 def test_a_fused_row_hands_the_session_bank_its_committed_caches(tiny_model_factory):
