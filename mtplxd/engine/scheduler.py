@@ -420,12 +420,16 @@ class Scheduler:
         read back for it (one cycle late: decoding/fused_cohort.py)."""
         try:
             answers = self.fused.turn([call for _, call in batch], self.widths)
-        except Exception as exc:  # a cohort's graph failed: its rows end (which: all here)
+        except Exception as exc:  # not a cohort's graph (those come back per row): all end
             for row, _ in batch:
                 self._fail(row, exc)
             return []
         following = []
-        for (row, _), (width, tokens) in zip(batch, answers):
+        for (row, _), answer in zip(batch, answers):
+            if isinstance(answer, BaseException):  # its cohort's graph failed: it ends, no other
+                self._fail(row, answer)
+                continue
+            width, tokens = answer
             row.cohort_widths[width] = row.cohort_widths.get(width, 0) + 1
             following += self._next_call(row, tokens, FusedCycleCall)
         for width in self.fused.widths_run:

@@ -158,7 +158,7 @@ def test_the_per_row_write_fallback_writes_what_the_scatter_writes(monkeypatch):
         assert mx.array_equal(written[True][w, :, :offset], buffers[w, :, :offset])
 
 
-def test_a_failing_fused_cohort_ends_its_rows_with_the_error_and_the_next_rows_run(tiny_qwen3, monkeypatch):
+def test_a_failing_fused_cohort_ends_its_rows_only_and_the_next_rows_run(tiny_qwen3, monkeypatch):
     from mtplxd.engine.decoding.fused_cohort import FusedCohort
     from mtplxd.engine.scheduler import RowFailure
 
@@ -167,21 +167,27 @@ def test_a_failing_fused_cohort_ends_its_rows_with_the_error_and_the_next_rows_r
     calls = []
 
     def failing_launch(self, active):
-        calls.append(len(active))
-        if len(calls) == 3:
-            raise RuntimeError("device lost")
+        if self.depth == 2:  # the depth-2 cohort's third cycle fails
+            calls.append(len(active))
+            if len(calls) == 3:
+                raise RuntimeError("device lost")
         return launch(self, active)
 
     monkeypatch.setattr(FusedCohort, "_launch", failing_launch)
     scheduler = fused_scheduler(max_concurrent=3)
     log: list = []
-    sinks = [Collector(f"r{i}", log) for i in range(2)]
-    for i, sink in enumerate(sinks):
-        add_row(scheduler, model, request_for(model, i, depth=2, max_tokens=30, ignore_eos=True), sink)
+    sinks = [Collector(f"r{i}", log) for i in range(3)]
+    requests = [request_for(model, i, depth=(2, 2, 3)[i], max_tokens=30, ignore_eos=True)
+                for i in range(3)]
+    for request, sink in zip(requests, sinks):
+        add_row(scheduler, model, request, sink)
     run_until_idle(scheduler)
     assert all(isinstance(s.items[-1], RowFailure) and "device lost" in str(s.items[-1].error)
-               for s in sinks)
+               for s in sinks[:2])
     assert scheduler.status()["failed"] == 2
+    # The depth-3 row ran in its own fused cohort, which went on.
+    neighbour = model.complete(GenerationRequest(list(requests[2].prompt_ids), requests[2].sampling, depth=0))
+    assert sinks[2].result.token_ids == neighbour.token_ids
     later = Collector("later", log)
     request = request_for(model, 4, depth=2, max_tokens=12, ignore_eos=True)
     add_row(scheduler, model, request, later)

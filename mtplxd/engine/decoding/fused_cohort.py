@@ -206,6 +206,7 @@ class FusedCohortRow(FusedSpeculativeDecoder):
         self.capacity = 0  # the initial state's buffer slots
         self.known_n = 0  # trunk length after the last cycle read back
         self.outbox: list[int] = []  # committed tokens read, not yet handed to the row
+        self.failure: BaseException | None = None  # what ended its cohort's graph, if it failed
         # Where the row's last read (committed) state lives: (state, its row) or (state, None)
         # for the one-row initial state.
         self.committed: tuple[_CycleState, int | None] | None = None
@@ -406,18 +407,18 @@ class FusedCohorts:
         self.cohorts: list[FusedCohort] = []
         self.widths_run: list[int] = []  # the width of each cohort cycle of the last turn
 
-    def turn(self, calls: list[FusedCycleCall], widths: tuple[int, ...]) -> list[tuple[int, list[int]]]:
+    def turn(self, calls: list[FusedCycleCall], widths: tuple[int, ...]
+             ) -> list[tuple[int, list[int]] | BaseException]:
         """Run one cycle of every cohort that has a caller; return each call's (cohort width,
-        tokens committed since its last call). Raises what a cohort's graph raised (its
-        rows' cohort is dropped first)."""
+        tokens committed since its last call), or the exception that ended its cohort's graph
+        (that cohort is dropped and all its rows get it; other cohorts go on)."""
         self.cohorts = [c for c in self.cohorts if c.rows]
         placed: dict[int, list[FusedCohortRow]] = {}
         for call in calls:
             row = call.decoder
-            if row.cohort is not None and row.cohort not in self.cohorts:
-                raise RuntimeError("this row's fused cohort failed in an earlier cycle")
-            cohort = row.cohort or self._place(row, widths[-1], placed)
-            placed.setdefault(id(cohort), []).append(row)
+            if row.failure is None:
+                cohort = row.cohort or self._place(row, widths[-1], placed)
+                placed.setdefault(id(cohort), []).append(row)
         widths_run: dict[int, int] = {}
         for cohort in list(self.cohorts):
             callers = placed.get(id(cohort))
@@ -425,13 +426,19 @@ class FusedCohorts:
                 continue
             try:
                 widths_run[id(cohort)] = cohort.turn(callers, widths)
-            except Exception:
-                self.cohorts.remove(cohort)
-                for row in callers:
-                    row.cohort = None
-                raise
+            except Exception as exc:  # noqa: BLE001 - the rows get it as their error
+                self._drop(cohort, callers, exc)
         self.widths_run = list(widths_run.values())
-        return [(widths_run[id(call.decoder.cohort)], call.decoder.take()) for call in calls]
+        return [call.decoder.failure or (widths_run[id(call.decoder.cohort)], call.decoder.take())
+                for call in calls]
+
+    def _drop(self, cohort: FusedCohort, callers: list[FusedCohortRow], error: BaseException) -> None:
+        """A cohort's graph failed: every row in it (callers, parked members, joiners) fails
+        with `error`; its state is dropped, so the rows hand back no caches."""
+        self.cohorts.remove(cohort)
+        for row in {id(r): r for r in [*cohort.members, *callers] if r is not None}.values():
+            row.failure, row.cohort, row.initial = error, None, None
+        cohort.state, cohort.in_flight, cohort.members = None, None, []
 
     def _place(self, row: FusedCohortRow, widest: int,
                placed: dict[int, list[FusedCohortRow]]) -> FusedCohort:
