@@ -130,12 +130,33 @@ def test_a_fused_row_hands_the_session_bank_its_committed_caches(tiny_model_fact
     assert stats.cohort_widths  # it ran in a cohort
 
 
+def test_rows_of_different_sampling_settings_share_one_fused_cohort_and_each_stays_its_solo_self(
+        tiny_qwen3):
+    """Greedy, penalised and sampled rows (top-p, top-k, min-p, each its own temperature and
+    seed) in one cohort: one graph, each row's settings a row of its table (row_sampling.py);
+    each row gives its solo fused loop's tokens."""
+    model = tiny_qwen3
+    settings = [dict(ignore_eos=True),
+                dict(repetition_penalty=1.3, frequency_penalty=0.2, ignore_eos=True),
+                dict(temperature=0.9, top_p=0.95, seed=11),
+                dict(temperature=0.7, top_k=5, seed=12),
+                dict(temperature=1.0, min_p=0.1, presence_penalty=0.5, seed=13)]
+    requests = [request_for(model, i, depth=2, max_tokens=18 + 3 * i, **sampling)
+                for i, sampling in enumerate(settings)]
+    references = [model.complete(r).token_ids for r in requests]  # the solo fused loop
+    scheduler = fused_scheduler(max_concurrent=5)
+    sinks = joining(model, scheduler, requests, gaps=[1, 2, 1, 3, 1])
+    assert [s.result.token_ids for s in sinks] == references
+    assert all(s.result.stats.cohort_widths.get("8", 0) > 0 for s in sinks)  # together
+
+
 @pytest.mark.skipif(ROWS_ALONE, reason="already on the reference BLAS")
 def test_fused_cohort_rows_are_exact_on_the_reference_blas():
     run_on_reference_blas(f"{__file__}::test_fused_cohort_rows_joining_at_different_cycles_equal_their_solo_greedy_ar_output",
                           f"{__file__}::test_a_greedy_fused_row_with_penalties_equals_its_solo_fused_output",
                           f"{__file__}::test_seeded_sampled_fused_rows_equal_their_solo_output_whatever_runs_beside_them",
-                          expect_passed=4)
+                          f"{__file__}::test_rows_of_different_sampling_settings_share_one_fused_cohort_and_each_stays_its_solo_self",
+                          expect_passed=5)
 
 
 def test_the_per_row_write_fallback_writes_what_the_scatter_writes(monkeypatch):
@@ -211,3 +232,32 @@ def test_a_hybrid_model_keeps_the_phased_cohorts_under_the_fused_setting(tiny_mo
     sinks = joining(model, scheduler, requests)
     assert_each_row_equals(sinks, references, [2, 2, 2])
     assert made == [] and scheduler.status()["cohorts_by_width"][3] > 0
+
+
+def test_each_rows_sampling_steps_give_its_solo_numbers_bit_for_bit():
+    """row_sampling's per-row penalties, filters and temperature against sampling.py's with
+    each row's own scalars: equal bits for every row, whatever the other rows use."""
+    import mlx.core as mx
+
+    from mtplxd.engine.decoding import row_sampling, sampling
+
+    settings = [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.9),
+                SamplingParams(temperature=1.3, top_k=7, repetition_penalty=1.2),
+                SamplingParams(temperature=0.5, min_p=0.05, frequency_penalty=0.3,
+                               presence_penalty=0.4),
+                SamplingParams(temperature=0.9, top_p=1.0, top_k=0)]
+    vocab = 64
+    logits = mx.random.normal((len(settings), 3, vocab), key=mx.random.key(7)) * 4
+    counts = mx.floor(mx.random.uniform(shape=(len(settings), 3, vocab), key=mx.random.key(8)) * 2)
+    seen = counts + (mx.random.uniform(shape=counts.shape, key=mx.random.key(9)) > 0.7)
+    features = row_sampling.features_of(settings, vocab)
+    table = row_sampling.settings_table(settings, vocab)
+    penalised = row_sampling.penalties(logits, features, table, counts, seen)
+    scaled = row_sampling.scaled_logits(penalised, features, table)
+    drafted = row_sampling.draft_weights(penalised, features, table)
+    for i, params in enumerate(settings):
+        solo = sampling.apply_penalties(logits[i], params, counts[i], seen[i])
+        assert mx.array_equal(penalised[i], solo), f"row {i} penalties"
+        if not params.greedy:
+            assert mx.array_equal(scaled[i], sampling.scaled_logits(solo, params), equal_nan=True), i
+            assert mx.array_equal(drafted[i], sampling.draft_weights(solo, params)), f"row {i} q"

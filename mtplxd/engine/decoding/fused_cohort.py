@@ -18,10 +18,10 @@ one row:
     cycles; a row that did not ask for a cycle this turn (a slow reader, an empty slot) is
     inactive: the cycle computes it but keeps its state, and its results are discarded.
 
-All rows of a fused cohort share one sampling setting (graph_key) and one depth: each
-distinct setting forms its own cohort. Why not per-row (W,) parameter arrays: the filters
-would then run on every row (a top-p of 1.0 computed in float32 can drop tail tokens that
-the solo path never filters), so a row would no longer match its solo numbers.
+All rows of one model and depth share fused cohorts, whatever their sampling settings: each
+row's temperature, top-p, top-k, min-p and penalties are a row of a settings table inside
+the graph (row_sampling.py), and the graph holds the steps any of its rows uses; greedy and
+sampled rows mix, each taking its own rule's result.
 
 Only dense qwen3 (whole trunk cache attention KV: fused.fused_supported); hybrid models and
 the "exact" numerics profile keep the phased cohorts.
@@ -39,14 +39,12 @@ from mtplxd.engine.decoding.fused import (
     CAPACITY_STEP, FusedSpeculativeDecoder, RowsKVCache, _compiled, _CycleNoise, _CycleState,
     _state_of, capacity_for, grow_buffers,
 )
-from mtplxd.engine.decoding.sampling import (
-    CYCLE, apply_penalties, device_position_keys, draft_weights, graph_key, scaled_logits,
-    seed_words,
-)
+from mtplxd.engine.decoding import row_sampling
+from mtplxd.engine.decoding.row_sampling import Features, features_of, settings_table
+from mtplxd.engine.decoding.sampling import CYCLE, device_position_keys, seed_words
 from mtplxd.engine.decoding.speculative import (
     acceptance_probability, log_weights, residual_distribution,
 )
-from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.mtp_head import MTPHead
 from mtplxd.engine.model.trunk import Trunk
 
@@ -63,21 +61,47 @@ def _buffers_of(caches: list[RowsKVCache]) -> list[mx.array]:
 # --- the compiled cycle ----------------------------------------------------------------------
 
 
-def cohort_cycle(trunk: Trunk, head: MTPHead, params: SamplingParams, K: int) -> Callable:
+def cohort_cycle(trunk: Trunk, head: MTPHead, features: Features, K: int) -> Callable:
     """The function compiled for one cohort cycle at depth K: (seeds (W, 2) uint32, active
-    (W,) bool, *state) -> (committed tokens (W, K+1), their counts (W,), *next state); the
-    state is a _CycleState whose arrays carry a leading row axis. Inactive rows keep their
-    state (their results are discarded by the caller)."""
+    (W,) bool, settings (W, columns) float32: row_sampling.settings_table, *state) ->
+    (committed tokens (W, K+1), their counts (W,), *next state); the state is a _CycleState
+    whose arrays carry a leading row axis. `features` are the sampling steps the rows use.
+    Inactive rows keep their state (their results are discarded by the caller)."""
 
-    def cycle(seeds: mx.array, active: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
+    def cycle(seeds: mx.array, active: mx.array, table: mx.array,
+              *arrays: mx.array) -> tuple[mx.array, ...]:
         s = _state_of(arrays)
-        noise = None if params.greedy else _rows_noise(seeds, s, K, s.counts.shape[-1])
-        head_cache, drafts, q_weights = _draft_rows(trunk, head, params, K, s,
+        rows = _Rows(features, table)
+        noise = _rows_noise(seeds, s, K, s.counts.shape[-1]) if features.sampled else None
+        head_cache, drafts, q_weights = _draft_rows(trunk, head, rows, K, s,
                                                     None if noise is None else noise.drafts)
-        return _verify_rows(trunk, params, K, s, active, noise, drafts, q_weights,
+        return _verify_rows(trunk, rows, K, s, active, noise, drafts, q_weights,
                             _buffers_of(head_cache))
 
     return cycle
+
+
+@dataclass(eq=False)
+class _Rows:
+    """The rows' sampling inside a traced cycle: what steps exist, and each row's values."""
+
+    features: Features
+    table: mx.array
+
+    def greedy(self, ndim: int) -> mx.array:
+        """Each row's greedy flag, shaped for an array of `ndim` dimensions."""
+        return row_sampling.flag(self.table, row_sampling.GREEDY, ndim)
+
+    def penalties(self, logits: mx.array, counts: mx.array, seen: mx.array) -> mx.array:
+        return row_sampling.penalties(logits, self.features, self.table, counts, seen)
+
+    def pick(self, greedy: mx.array | None, sampled: mx.array | None) -> mx.array:
+        """Greedy rows' choice where a row is greedy, the sampled choice elsewhere."""
+        if sampled is None:
+            return greedy
+        if greedy is None:
+            return sampled
+        return mx.where(self.greedy(greedy.ndim), greedy, sampled)
 
 
 def _rows_noise(seeds: mx.array, s: _CycleState, K: int, vocab_size: int) -> _CycleNoise:
@@ -95,11 +119,12 @@ def _one_hot_rows(tokens: mx.array, vocab_size: int) -> mx.array:
     return (tokens[..., None] == mx.arange(vocab_size)).astype(mx.float32)
 
 
-def _draft_rows(trunk: Trunk, head: MTPHead, params: SamplingParams, K: int, s: _CycleState,
+def _draft_rows(trunk: Trunk, head: MTPHead, rows: _Rows, K: int, s: _CycleState,
                 draft_noise: mx.array | None
                 ) -> tuple[list[RowsKVCache], mx.array, mx.array | None]:
     """fused._draft over W rows: (head cache, drafts (W, K), q log-weights (W, K, V) or None)."""
     W = s.n.shape[0]
+    features = rows.features
     head_cache = rows_caches(s.head_kv, s.head_n)
     g = head(s.pending_h, trunk.embed(s.pending_tokens), head_cache)
     g = g[mx.arange(W), s.count - 1][:, None]  # each row's last real PENDING pair
@@ -107,16 +132,16 @@ def _draft_rows(trunk: Trunk, head: MTPHead, params: SamplingParams, K: int, s: 
     drafts, q_weights = [], []
     counts, seen = s.counts, s.seen
     for i in range(K):
-        logits = apply_penalties(trunk.draft_logits(g)[:, 0], params, counts, seen)
-        if params.greedy:
-            d = mx.argmax(logits, axis=-1)
-        else:  # Gumbel-max: argmax(w + Gumbel noise) is a draw from softmax(w)
-            weights = draft_weights(logits, params)
-            d = mx.argmax(weights + draft_noise[:, i], axis=-1)
+        logits = rows.penalties(trunk.draft_logits(g)[:, 0], counts, seen)
+        greedy = mx.argmax(logits, axis=-1) if features.greedy else None
+        sampled = None
+        if features.sampled:  # Gumbel-max: argmax(w + Gumbel noise) is a draw from softmax(w)
+            weights = row_sampling.draft_weights(logits, features, rows.table)
+            sampled = mx.argmax(weights + draft_noise[:, i], axis=-1)
             q_weights.append(weights)
-        d = d.astype(mx.uint32)
+        d = rows.pick(greedy, sampled).astype(mx.uint32)
         drafts.append(d)
-        if params.has_penalties:
+        if features.penalties:
             onehot = _one_hot_rows(d, counts.shape[-1])
             counts, seen = counts + onehot, seen + onehot
         if i + 1 < K:
@@ -126,21 +151,21 @@ def _draft_rows(trunk: Trunk, head: MTPHead, params: SamplingParams, K: int, s: 
             mx.stack(q_weights, axis=1) if q_weights else None)
 
 
-def _verify_rows(trunk: Trunk, params: SamplingParams, K: int, s: _CycleState, active: mx.array,
+def _verify_rows(trunk: Trunk, rows: _Rows, K: int, s: _CycleState, active: mx.array,
                  noise: _CycleNoise | None, drafts: mx.array, q_weights: mx.array | None,
                  head_kv: list[mx.array]) -> tuple[mx.array, ...]:
     """fused._verify over W rows: the verify forward, each row's accept rule, the next state."""
     caches = rows_caches(s.trunk_kv, s.n)
     hidden = trunk.text.model(mx.concatenate([s.token[:, None], drafts], axis=1), caches)
-    accepted, targets = _accept_rows(trunk, params, K, s, noise, hidden, drafts, q_weights)
-    rows = mx.arange(K + 1)[None]
+    accepted, targets = _accept_rows(trunk, rows, K, s, noise, hidden, drafts, q_weights)
+    positions = mx.arange(K + 1)[None]
     correction = mx.take_along_axis(targets, accepted[:, None], axis=1)  # (W, 1)
-    committed = mx.where(rows < accepted[:, None], mx.concatenate([drafts, correction], axis=1),
-                         mx.where(rows == accepted[:, None], correction, mx.zeros_like(correction)))
+    committed = mx.where(positions < accepted[:, None], mx.concatenate([drafts, correction], axis=1),
+                         mx.where(positions == accepted[:, None], correction, mx.zeros_like(correction)))
     count = (accepted + 1).astype(mx.int32)
     counts, seen = s.counts, s.seen
-    if params.has_penalties:
-        valid = (rows <= accepted[:, None])[..., None]
+    if rows.features.penalties:
+        valid = (positions <= accepted[:, None])[..., None]
         gained = mx.sum(_one_hot_rows(committed, counts.shape[-1]) * valid, axis=1)
         counts = mx.where(active[:, None], counts + gained, counts)
         seen = mx.where(active[:, None], seen + gained, seen)
@@ -155,31 +180,35 @@ def _verify_rows(trunk: Trunk, params: SamplingParams, K: int, s: _CycleState, a
     return (committed, count, *nxt.flat())
 
 
-def _accept_rows(trunk: Trunk, params: SamplingParams, K: int, s: _CycleState,
+def _accept_rows(trunk: Trunk, rows: _Rows, K: int, s: _CycleState,
                  noise: _CycleNoise | None, hidden: mx.array, drafts: mx.array,
                  q_weights: mx.array | None) -> tuple[mx.array, mx.array]:
-    """fused._accept over W rows: (accepted drafts (W,), the token to emit at each possible
-    first rejection, bonus last (W, K+1))."""
+    """fused._accept over W rows, each by its own rule: (accepted drafts (W,), the token to
+    emit at each possible first rejection, bonus last (W, K+1))."""
+    features = rows.features
     logits = trunk.lm_head(hidden)
     counts, seen = s.counts[:, None], s.seen[:, None]
-    if params.has_penalties:  # row i of a block also counts the drafts before it
+    if features.penalties:  # row i of a block also counts the drafts before it
         before = mx.concatenate([mx.zeros((drafts.shape[0], 1, counts.shape[-1])),
                                  mx.cumsum(_one_hot_rows(drafts[:, :K], counts.shape[-1]), axis=1)],
                                 axis=1)
         counts, seen = counts + before, seen + before
-    penalised = apply_penalties(logits, params, counts, seen)
-    if params.greedy:
-        targets = mx.argmax(penalised, axis=-1).astype(mx.uint32)
-        accept = drafts == targets[:, :K]
-    else:
-        p = mx.softmax(scaled_logits(penalised, params), axis=-1)
+    penalised = rows.penalties(logits, counts, seen)
+    greedy_targets = greedy_accept = sampled_targets = sampled_accept = None
+    if features.greedy:
+        greedy_targets = mx.argmax(penalised, axis=-1).astype(mx.uint32)
+        greedy_accept = drafts == greedy_targets[:, :K]
+    if features.sampled:
+        p = mx.softmax(row_sampling.scaled_logits(penalised, features, rows.table), axis=-1)
         q = mx.softmax(q_weights, axis=-1)
         index = drafts.astype(mx.int32)[..., None]
         p_drafts = mx.take_along_axis(p[:, :K], index, axis=-1)[..., 0]
         q_drafts = mx.take_along_axis(q, index, axis=-1)[..., 0]
-        accept = noise.accept < acceptance_probability(p_drafts, q_drafts)
+        sampled_accept = noise.accept < acceptance_probability(p_drafts, q_drafts)
         fallback = mx.concatenate([residual_distribution(p[:, :K], q), p[:, K:]], axis=1)
-        targets = mx.argmax(log_weights(fallback) + noise.fallback, axis=-1).astype(mx.uint32)
+        sampled_targets = mx.argmax(log_weights(fallback) + noise.fallback, axis=-1).astype(mx.uint32)
+    accept = rows.pick(greedy_accept, sampled_accept)
+    targets = rows.pick(greedy_targets, sampled_targets)
     return mx.sum(mx.cumprod(accept.astype(mx.int32), axis=1), axis=1), targets
 
 
@@ -213,8 +242,9 @@ class FusedCohortRow(FusedSpeculativeDecoder):
 
     @property
     def key(self) -> tuple:
-        """Rows with the same key may share a fused cohort (one compiled graph)."""
-        return (id(self.trunk), self.depth, graph_key(self.params))
+        """Rows with the same key may share a fused cohort: one model, one depth (each row
+        keeps its own sampling settings: row_sampling.py)."""
+        return (id(self.trunk), self.depth)
 
     def cycles(self, prompt_hiddens: list[mx.array], prompt_ids: list[int],
                first_token: int, *, pending_from: int = 0) -> Iterator[Any]:
@@ -259,15 +289,15 @@ class _InFlight:
 
 @dataclass(eq=False)  # cohorts are compared by identity (their arrays cannot be compared)
 class FusedCohort:
-    """The rows of one key (model, depth, sampling setting) that run as one fused cycle."""
+    """The rows of one key (model, depth) that run as one fused cycle."""
 
     trunk: Trunk
     head: MTPHead
-    params: SamplingParams
     depth: int
     members: list[FusedCohortRow | None] = field(default_factory=list)
     state: _CycleState | None = None  # the next cycle's input (lazy: the in-flight's output)
     seeds: mx.array | None = None
+    settings: mx.array | None = None  # row_sampling.settings_table of the members
     capacity: int = 0
     in_flight: _InFlight | None = None
     key: tuple = ()  # FusedCohortRow.key of its rows
@@ -339,8 +369,12 @@ class FusedCohort:
             row.initial.trunk_kv, row.initial.head_kv = [], []  # copied into the cohort
         self.seeds = mx.stack([seed_words(m.seed) if m is not None else mx.zeros((2,), mx.uint32)
                                for m in self.members])
-        self.cycle = _compiled(self.trunk, ("mtp-cohort", width, K, graph_key(self.params)),
-                               lambda: cohort_cycle(self.trunk, self.head, self.params, K))
+        settings = [m.params if m is not None else None for m in self.members]
+        vocab_size = self.state.counts.shape[-1]
+        self.settings = settings_table(settings, vocab_size)
+        features = features_of(settings, vocab_size)
+        self.cycle = _compiled(self.trunk, ("mtp-cohort", width, K, features),
+                               lambda: cohort_cycle(self.trunk, self.head, features, K))
 
     def _ensure_capacity(self) -> None:
         """Grow the buffers before a cycle could write past them: the cycle after next writes
@@ -354,7 +388,7 @@ class FusedCohort:
     def _launch(self, active: list[bool]) -> _InFlight:
         """Hand one cycle to the device; it takes the state's KV buffers (as fused._launch)."""
         state = self.state
-        arrays = self.cycle(self.seeds, mx.array(active), *state.flat())
+        arrays = self.cycle(self.seeds, mx.array(active), self.settings, *state.flat())
         following = _CycleState.unflat(list(arrays[2:]), len(state.trunk_kv) // 2)
         state.trunk_kv, state.head_kv = [], []
         mx.async_eval(arrays[0], arrays[1])
@@ -400,8 +434,7 @@ def _empty_row(template: list[mx.array]) -> list[mx.array]:
 
 
 class FusedCohorts:
-    """Every fused cohort of the scheduler: rows of one key (model, depth, sampling setting)
-    share cohorts of at most the widest width; each turn runs one cycle per cohort."""
+    """Every fused cohort of the scheduler: rows of one key (model, depth) share cohorts of at most the widest width; each turn runs one cycle per cohort."""
 
     def __init__(self) -> None:
         self.cohorts: list[FusedCohort] = []
@@ -447,6 +480,6 @@ class FusedCohorts:
             joining = sum(r.cohort is not cohort for r in placed.get(id(cohort), []))
             if cohort.key == row.key and cohort.rows + joining < widest:
                 return cohort
-        cohort = FusedCohort(row.trunk, row.head, row.params, row.depth, key=row.key)
+        cohort = FusedCohort(row.trunk, row.head, row.depth, key=row.key)
         self.cohorts.append(cohort)
         return cohort
