@@ -34,12 +34,12 @@ from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
+from mtplxd.engine.decoding import row_sampling
 from mtplxd.engine.decoding.cohort_rows import CohortCall
 from mtplxd.engine.decoding.fused import (
     CAPACITY_STEP, FusedSpeculativeDecoder, RowsKVCache, _compiled, _CycleNoise, _CycleState,
     _state_of, capacity_for, grow_buffers,
 )
-from mtplxd.engine.decoding import row_sampling
 from mtplxd.engine.decoding.row_sampling import Features, features_of, settings_table
 from mtplxd.engine.decoding.sampling import CYCLE, device_position_keys, seed_words
 from mtplxd.engine.decoding.speculative import (
