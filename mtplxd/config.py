@@ -219,6 +219,11 @@ SETTINGS: dict[str, Setting] = {
                 "Cohort numerics: exact (each row's verify forward alone: bit-identical to "
                 "solo decoding), throughput (one batched forward: may round apart from solo "
                 "where batched matmuls do), or auto (docs/concurrency.md)."),
+        Setting("cohort_cycle", "fused", _as_choice("fused", "phased"),
+                "How a dense model's MTP cohort runs a cycle: fused (the whole cycle for all "
+                "its rows as one compiled graph, read one cycle late) or phased (drafting, "
+                "verify and settle as separate steps). Hybrid models, images and exact "
+                "numerics always run phased (docs/concurrency.md)."),
         Setting("max_queued", 64, as_whole_number(0, 4096),
                 "Requests that may wait for a free row; one more gets HTTP 429 with "
                 "Retry-After."),

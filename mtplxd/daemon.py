@@ -65,7 +65,8 @@ class Daemon:
                                max_concurrent=config.max_concurrent, max_queued=config.max_queued,
                                prefill_chunk_tokens=config.prefill_chunk_tokens,
                                cohorts=config.cohorts, cohort_widths=tuple(config.cohort_widths),
-                               numerics=config.numerics, tuning_home=paths.home,
+                               numerics=config.numerics, cohort_cycle=config.cohort_cycle,
+                               tuning_home=paths.home,
                                kv_bits=config.kv_bits)
         if config.hosts:
             self.runtime.group = serving_group(config, paths)

@@ -92,7 +92,7 @@ class Runtime:
                  prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK,
                  tuning_home: Path | None = None, cohorts: str = "auto",
                  cohort_widths: tuple[int, ...] = (1, 3, 8), numerics: str = "auto",
-                 kv_bits: int | str = "auto") -> None:
+                 cohort_cycle: str = "fused", kv_bits: int | str = "auto") -> None:
         from mtplxd.engine.cohort import normalize_widths
         from mtplxd.engine.owner import ModelOwner
         from mtplxd.engine.scheduler import DEFAULT_MAX_BACKLOG, Scheduler
@@ -112,6 +112,7 @@ class Runtime:
         self.numerics_setting = numerics
         self.scheduler = Scheduler(max_queued=max_queued, admit=self._admit_row,
                                    cohort_mode=cohorts, widths=normalize_widths(cohort_widths),
+                                   cohort_cycle=cohort_cycle,
                                    max_backlog=DEFAULT_MAX_BACKLOG)
         self.owner = ModelOwner(scheduler=self.scheduler)
         self.model: Any = None  # mtplxd.engine.LoadedModel once loaded

@@ -30,6 +30,7 @@ def test_defaults_then_file_then_environment(tmp_path):
     ("cohort_widths = [3, 0]\n", "cohort_widths cannot be .*whole number from 1 to 64"),
     ("cohort_widths = []\n", "cohort_widths cannot be .*such as 1,3,8"),
     ("numerics = 'fast'\n", 'numerics cannot be "fast"'),
+    ("cohort_cycle = 'fast'\n", 'cohort_cycle cannot be "fast"'),
 ])
 def test_invalid_file_names_the_key(tmp_path, text, named):
     path = tmp_path / "config.toml"
@@ -46,6 +47,9 @@ def test_cohort_settings_read_a_toml_list_or_a_comma_separated_variable(tmp_path
     config = load_config(path, environ={"MTPLX_COHORT_WIDTHS": "1, 3,8"})
     assert (config.cohort_widths, config.sources["cohort_widths"]) == ([1, 3, 8], "env")
     assert load_config(tmp_path / "none.toml", environ={}).cohort_widths == [1, 3, 8]
+    assert load_config(tmp_path / "none.toml", environ={}).cohort_cycle == "fused"
+    config = load_config(path, environ={"MTPLX_COHORT_CYCLE": "phased"})
+    assert (config.cohort_cycle, config.sources["cohort_cycle"]) == ("phased", "env")
 
 
 def test_invalid_environment_value_names_the_variable(tmp_path):

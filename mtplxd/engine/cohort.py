@@ -48,6 +48,10 @@ COHORT_MODES = ("auto", "always", "off")
 # "per-row" (each row's head alone and a sync per row: the cohorts as first built, kept to
 # measure against).
 DRAFTING_CHOICES = ("batched", "per-row")
+# How a dense model's MTP cohort runs its cycle: "fused" (one compiled graph per cohort cycle,
+# read one cycle late: decoding/fused_cohort.py) or "phased" (draft, verify and settle as the
+# phases above). Hybrid models, images and the "exact" numerics always run phased.
+CYCLE_CHOICES = ("fused", "phased")
 
 
 def normalize_widths(widths: Any) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ from mtplxd.engine.decoding.cohort_rows import (
 )
 from mtplxd.engine.decoding.detokenize import TextStream
 from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
+from mtplxd.engine.decoding.fused_cohort import FusedCohortRow
 from mtplxd.engine.decoding.logprobs import LogprobScorer
 from mtplxd.engine.decoding.repetition import RepetitionDetector
 from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
@@ -229,7 +230,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
                    depth: int, vocab_size: int,
                    should_stop: Callable[[], bool],
                    bank: SessionBank | None = None,
-                   vision: VisionTower | None = None, *, cohort: bool = False
+                   vision: VisionTower | None = None, *, cohort: bool | str = False
                    ) -> Generator[TokenDelta | GenerationResult | Step | CohortCall, Any, None]:
     """`generate`, one unit of work per item: every prefill chunk and every decode cycle
     yields (a TokenDelta when it completed text, else STEP), so the scheduler can step many
@@ -239,7 +240,9 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     With `cohort`, each decode cycle first yields its cohort calls (DraftCall, VerifyCall,
     SettleCall: decoding/cohort_rows.py) and must be sent each call's answer (engine/cohort.py
     runs the calls of many rows together); the item that the last `send` returns is the
-    cycle's TokenDelta or STEP (or the result)."""
+    cycle's TokenDelta or STEP (or the result). `cohort="fused"` makes an MTP row of a dense
+    model a fused cohort row instead (one FusedCycleCall a cycle: decoding/fused_cohort.py);
+    other rows (hybrid, images, AR) then run phased cohorts."""
     params = request.sampling
     prompt = list(request.prompt_ids)
     if not prompt:
@@ -292,7 +295,9 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     decoder = None
     if depth > 0:
         fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache)
-        if cohort:
+        if cohort == "fused" and positions is None and fused_supported(trunk, cache):
+            decoder_class = FusedCohortRow
+        elif cohort:
             decoder_class = CohortSpeculativeDecoder
         else:
             decoder_class = FusedSpeculativeDecoder if fused else SpeculativeDecoder

@@ -40,6 +40,7 @@ from mtplxd.engine.cohort import (
     DEFAULT_WIDTHS, group, run_cohort, run_drafts, settle_together,
 )
 from mtplxd.engine.decoding.cohort_rows import CohortCall, DraftCall, SettleCall, VerifyCall
+from mtplxd.engine.decoding.fused_cohort import FusedCohorts, FusedCycleCall
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, QueueFull, TokenDelta
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,8 @@ class Scheduler:
     def __init__(self, max_concurrent: int = 1, max_queued: int = DEFAULT_MAX_QUEUED,
                  admit: AdmitHook | None = None, widths: tuple[int, ...] = DEFAULT_WIDTHS,
                  numerics: str = "exact", max_backlog: int | None = None,
-                 cohort_mode: str = "auto", cohort_drafting: str = "batched") -> None:
+                 cohort_mode: str = "auto", cohort_drafting: str = "batched",
+                 cohort_cycle: str = "fused") -> None:
         self.max_concurrent = max_concurrent
         self.max_queued = max_queued
         self.admit = admit
@@ -181,6 +183,8 @@ class Scheduler:
         self.max_backlog = max_backlog
         self.cohort_mode = cohort_mode  # auto | always | off: see _wants_cohort
         self.cohort_drafting = cohort_drafting  # batched | per-row: cohort.DRAFTING_CHOICES
+        self.cohort_cycle = cohort_cycle  # fused | phased: cohort.CYCLE_CHOICES
+        self.fused = FusedCohorts()  # the fused cohorts' slots and in-flight cycles
         self.cohort_histogram: dict[int, int] = {w: 0 for w in widths}  # width -> cohorts run
         self.wake: Callable[[], None] = lambda: None  # set by the owner: a submission wakes it
         self._lock = threading.Lock()
@@ -192,7 +196,7 @@ class Scheduler:
     def configure(self, max_concurrent: int | None = None, max_queued: int | None = None,
                   widths: tuple[int, ...] | None = None, numerics: str | None = None,
                   cohort_mode: str | None = None, max_backlog: int | None = None,
-                  cohort_drafting: str | None = None) -> None:
+                  cohort_drafting: str | None = None, cohort_cycle: str | None = None) -> None:
         """Change the limits (any thread); rows already running keep running."""
         if max_concurrent is not None:
             self.max_concurrent = max(1, min(int(max_concurrent), MAX_CONCURRENT_LIMIT))
@@ -207,6 +211,8 @@ class Scheduler:
             self.cohort_mode = cohort_mode
         if cohort_drafting is not None:
             self.cohort_drafting = cohort_drafting
+        if cohort_cycle is not None:
+            self.cohort_cycle = cohort_cycle
         if max_backlog is not None:
             self.max_backlog = max_backlog
 
@@ -264,6 +270,7 @@ class Scheduler:
             "rows": [row.snapshot(now) for row in running + queued],
             "cohort_widths": list(self.widths),
             "numerics": self.numerics,
+            "cohort_cycle": self.cohort_cycle,
             "cohorts_by_width": dict(self.cohort_histogram),
             "paused": sum(1 for row in running if self._paused(row)),
             **self.counters,
@@ -336,7 +343,8 @@ class Scheduler:
         try:
             if row.cohort_capable:
                 row.in_cohorts = self._wants_cohort(row)
-                row.steps = row._start(lambda: row.cancelled, cohort=row.in_cohorts)
+                row.steps = row._start(lambda: row.cancelled,
+                                       cohort=row.in_cohorts and self._cohort_kind())
             else:
                 row.steps = row._start(lambda: row.cancelled)
         except Exception as exc:  # bad depth and the like: this request's error only
@@ -353,6 +361,14 @@ class Scheduler:
             others = [r for r in self._running if r is not row and r.phase != "done"]
             return bool(others or self._queue)
 
+    def _cohort_kind(self) -> str | bool:
+        """What a cohort row runs: "fused" (a dense model's MTP rows: one compiled cycle per
+        cohort) when so set and the numerics are "throughput" (the fused cycle's forwards are
+        batched), else True (the phased cohorts: cohort.py)."""
+        if self.cohort_cycle == "fused" and self.numerics == "throughput":
+            return "fused"
+        return True
+
     def _step(self, row: Row) -> CohortCall | None:
         """Step a row once; a cohort row's call comes back for `_run_cohorts`."""
         if row.phase == "done" or row.steps is None:
@@ -367,7 +383,9 @@ class Scheduler:
             kind = next(k for k in PHASES if any(isinstance(call, k) for _, call in waiting))
             batch = [(row, call) for row, call in waiting if isinstance(call, kind)]
             waiting = [(row, call) for row, call in waiting if not isinstance(call, kind)]
-            if kind is SettleCall:
+            if kind is FusedCycleCall:
+                waiting += self._run_fused(batch)
+            elif kind is SettleCall:
                 waiting += self._settle([call for _, call in batch], batch)
             else:
                 waiting += self._run_grouped(kind, batch)
@@ -395,6 +413,27 @@ class Scheduler:
                 if kind is VerifyCall:
                     row.cohort_widths[width] = row.cohort_widths.get(width, 0) + 1
                 following += self._next_call(row, answer, kind)
+        return following
+
+    def _run_fused(self, batch: list[tuple[Row, CohortCall]]) -> list[tuple[Row, CohortCall]]:
+        """One cycle of every fused cohort with a row in `batch`; each row gets the tokens
+        read back for it (one cycle late: decoding/fused_cohort.py)."""
+        try:
+            answers = self.fused.turn([call for _, call in batch], self.widths)
+        except Exception as exc:  # not a cohort's graph (those come back per row): all end
+            for row, _ in batch:
+                self._fail(row, exc)
+            return []
+        following = []
+        for (row, _), answer in zip(batch, answers):
+            if isinstance(answer, BaseException):  # its cohort's graph failed: it ends, no other
+                self._fail(row, answer)
+                continue
+            width, tokens = answer
+            row.cohort_widths[width] = row.cohort_widths.get(width, 0) + 1
+            following += self._next_call(row, tokens, FusedCycleCall)
+        for width in self.fused.widths_run:
+            self.cohort_histogram[width] = self.cohort_histogram.get(width, 0) + 1
         return following
 
     def _settle(self, calls: list[SettleCall], batch: list[tuple[Row, CohortCall]]
@@ -490,7 +529,7 @@ class Scheduler:
 
 
 # The order in which a turn answers cohort calls; a row's cycle asks each at most once.
-PHASES = (DraftCall, VerifyCall, SettleCall)
+PHASES = (FusedCycleCall, DraftCall, VerifyCall, SettleCall)
 
 
 def _phase(call: CohortCall) -> int:

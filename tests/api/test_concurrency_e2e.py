@@ -194,7 +194,7 @@ def test_stop_cancels_rows_that_outlast_the_grace_time(tiny_checkpoint, tmp_path
 
 def test_cohort_streams_equal_their_solo_output_and_show_in_stats_and_metrics(tiny_checkpoint, tmp_path):
     """A daemon whose rows always decode in cohorts: three streams at one depth share 3-wide
-    batched verifies; each still equals its solo greedy output, the OpenAI SDK's stats say
+    fused cohort cycles (the default for the dense tiny model); each still equals its solo greedy output, the OpenAI SDK's stats say
     which widths it ran in, and /metrics counts the cycles by width."""
     daemon = start_api_daemon(tmp_path / "home", MTPLX_MODEL=str(tiny_checkpoint),
                               MTPLX_MAX_CONCURRENT="3", MTPLX_COHORTS="always",
@@ -215,6 +215,7 @@ def test_cohort_streams_equal_their_solo_output_and_show_in_stats_and_metrics(ti
         assert together == solo
         status = daemon.client.call("daemon.status")["scheduler"]
         assert status["cohort_widths"] == [1, 3, 8] and status["numerics"] == "throughput"
+        assert status["cohort_cycle"] == "fused"  # a dense model's MTP rows: fused cohorts
         assert status["cohorts_by_width"]["3"] > 0
         answer = _client(daemon).chat.completions.create(
             model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], max_tokens=8,

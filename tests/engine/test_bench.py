@@ -151,17 +151,19 @@ def test_mtplxctl_bench_streams_runs_every_concurrency_arm_side_by_side(tiny_mod
     assert report["depth"] == 2 and report["numerics"] == "throughput" and report["complete"]
     one, three = report["streams"]["1"], report["streams"]["3"]
     assert set(one) == {"serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row",
-                        "mtp_cohorts", "direct_mtp", "direct_ar"}
+                        "mtp_cohorts_phased", "mtp_cohorts", "direct_mtp", "direct_ar"}
     assert set(three) == {"serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row",
-                          "mtp_cohorts"}
+                          "mtp_cohorts_phased", "mtp_cohorts"}
     assert all(arm["aggregate_tokens_per_second"] > 0 for arm in three.values())
     # Three rows at once: the cohort arms ran 3 wide, the others outside cohorts.
     assert three["mtp_cohorts"]["cohort_width_cycles"].get("3", 0) > 0
     assert three["mtp_cohorts_per_row"]["cohort_width_cycles"].get("3", 0) > 0
+    assert three["mtp_cohorts_phased"]["cohort_width_cycles"].get("3", 0) > 0
     assert three["ar_batch"]["cohort_width_cycles"].get("3", 0) > 0
     assert three["serial_mtp"]["cohort_width_cycles"] == {}
     assert report["ratios"]["3"]["mtp_cohorts_over_serial_mtp_aggregate"] > 0
     assert report["ratios"]["3"]["mtp_cohorts_over_mtp_cohorts_per_row_aggregate"] > 0
+    assert report["ratios"]["3"]["mtp_cohorts_over_mtp_cohorts_phased_aggregate"] > 0
     late = report["late_short_request_beside_two_long"]
     assert set(late) == {"cohorts_off", "cohorts_always"}
     assert all(probe["ttft_seconds"] > 0 and probe["budget_seconds"] > 0 for probe in late.values())

@@ -106,3 +106,38 @@ def test_fused_greedy_with_the_kernel_equals_ar(tiny_model_factory, depth):
         return model.complete(request)
 
     assert complete(depth).token_ids == complete(0).token_ids
+
+
+def rows_inputs(rows_count, heads, kv_heads, rows, dim, slots, seed=0):
+    parts = [attention_inputs(heads, kv_heads, rows, dim, slots, seed=seed + i) for i in range(rows_count)]
+    return [mx.concatenate([p[j] for p in parts]) for j in range(3)]
+
+
+@pytest.mark.skipif(fixed_shapes_wanted(), reason="off CUDA only")
+def test_off_cuda_a_rows_cache_keeps_each_rows_masked_attention():
+    """A fused cohort's RowsKVCache: every row's attention is its own masked attention at
+    its own offset (bitwise what the row's StaticKVCache gives alone)."""
+    from mtplxd.engine.decoding.fused import RowsKVCache
+
+    assert not buffer_attention.rows_usable()
+    q, k, v = rows_inputs(3, 4, 2, 5, 64, 32)
+    offsets = [20, 0, 27]
+    cache = RowsKVCache(k, v, mx.array(offsets, mx.int32))
+    got = fused.static_cache_attention(q, k, v, cache, 0.125, cache.make_mask(5))
+    for i, offset in enumerate(offsets):
+        want = masked_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], offset, 0.125)
+        assert mx.array_equal(got[i:i + 1], want), f"row {i}"
+
+
+@needs_cuda
+def test_rows_kernel_gives_each_row_the_one_row_kernels_bits():
+    """The W-row kernel (fused cohorts) computes each row as the one-row kernel (the solo
+    fused cycle) does, at that row's own offset."""
+    assert buffer_attention.rows_usable()
+    q, k, v = rows_inputs(3, 4, 2, 7, 64, 512, seed=5)
+    offsets, scale = [300, 0, 500], 1 / 8
+    got = buffer_attention.rows_buffer_attention(q, k, v, mx.array(offsets, mx.int32), scale)
+    for i, offset in enumerate(offsets):
+        want = buffer_attention.buffer_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1],
+                                                 mx.array(offset, mx.int32), scale)
+        assert mx.array_equal(got[i:i + 1], want), f"row {i}"

@@ -102,7 +102,8 @@ def test_a_cohort_cycle_runs_the_head_at_most_depth_times_whatever_its_width(tin
                         lambda *args: head_widths.append(args[1].shape[0]) or real_head(*args))
     monkeypatch.setattr(cohort, "draft_together",
                         lambda calls, width: draft_cohorts.append(len(calls)) or real_drafts(calls, width))
-    scheduler = Scheduler(max_concurrent=3, cohort_mode="always", numerics="throughput")
+    scheduler = Scheduler(max_concurrent=3, cohort_mode="always", numerics="throughput",
+                          cohort_cycle="phased")
     results = {}
     for i in range(3):
         request = GenerationRequest(tiny_qwen3.tokenizer.encode(PROMPTS[i]),

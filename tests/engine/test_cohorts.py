@@ -2,7 +2,8 @@
 
 The scheduler is turned by hand on the test thread, so "joins at cycle n" is exact. Rows are
 made with `cohort=True`: every decode cycle's verify goes through cohort.run_cohort, in both
-numerics profiles ("throughput": one batched forward; "exact": per-row forwards).
+numerics profiles ("throughput": one batched forward; "exact": per-row forwards). These are the
+phased cohorts (cohort_cycle "phased"); test_fused_cohorts.py tests the fused cohort cycle.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def solo_ar(model, request: GenerationRequest):
 
 
 def cohort_scheduler(**settings) -> Scheduler:
+    settings.setdefault("cohort_cycle", "phased")
     return Scheduler(cohort_mode="always", **settings)
 
 
@@ -114,9 +116,11 @@ def test_seeded_sampled_cohort_rows_equal_their_solo_output_whatever_runs_beside
         assert [s.result.token_ids for s in sinks[1:4]] == references, numerics
 
 
-def _cohort_counts(model, prompt, params, depth, n):
-    """n seeded rows through 8-wide cohorts; the first N_TOKENS tokens of each, counted."""
-    scheduler = cohort_scheduler(max_concurrent=8, max_queued=n, numerics="throughput")
+def _cohort_counts(model, prompt, params, depth, n, cycle="phased"):
+    """n seeded rows through 8-wide cohorts (phased or fused: `cycle`); the first N_TOKENS
+    tokens of each, counted."""
+    scheduler = cohort_scheduler(max_concurrent=8, max_queued=n, numerics="throughput",
+                                 cohort_cycle=cycle)
     log: list = []
     sinks = []
     for seed in range(n):
@@ -133,27 +137,34 @@ def _cohort_counts(model, prompt, params, depth, n):
     return counts
 
 
+@pytest.mark.parametrize("cycle", ["phased", "fused"])
 @pytest.mark.parametrize(("params", "depth"), [
     pytest.param(SamplingParams(temperature=0.6, top_p=0.5), 2, id="T0.6-top_p0.5-depth2"),
     pytest.param(SamplingParams(temperature=1.0, top_k=4), 1, id="T1.0-top_k4-depth1"),
 ])
-def test_sampled_cohort_rows_match_the_exact_target_distribution(tiny_qwen3, params, depth):
+def test_sampled_cohort_rows_match_the_exact_target_distribution(tiny_qwen3, params, depth, cycle):
     prompt = tiny_qwen3.tokenizer.encode("def add(a, b):\n    ret")
     joint = exact_joint(tiny_qwen3, prompt, params)
     assert math.isclose(sum(joint.values()), 1.0, abs_tol=1e-4)
-    counts = _cohort_counts(tiny_qwen3, prompt, params, depth, 600)
+    counts = _cohort_counts(tiny_qwen3, prompt, params, depth, 600, cycle)
     assert chi_square_p_value(joint, counts, 600) > 1e-3
 
 
-def test_a_wrong_accept_rule_in_cohorts_fails_the_same_test(tiny_qwen3, monkeypatch):
-    import mtplxd.engine.decoding.speculative as speculative
+@pytest.mark.parametrize(("cycle", "module"), [("phased", "speculative"), ("fused", "fused_cohort")])
+def test_a_wrong_accept_rule_in_cohorts_fails_the_same_test(tiny_qwen3, monkeypatch, cycle, module):
+    import importlib
 
-    monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
-    params = SamplingParams(temperature=0.6, top_p=0.5)
-    prompt = tiny_qwen3.tokenizer.encode("def add(a, b):\n    ret")
-    joint = exact_joint(tiny_qwen3, prompt, params)
-    counts = _cohort_counts(tiny_qwen3, prompt, params, 2, 600)
-    assert chi_square_p_value(joint, counts, 600) < 1e-3
+    rules = importlib.import_module(f"mtplxd.engine.decoding.{module}")
+    monkeypatch.setattr(rules, "residual_distribution", lambda p, q: p)
+    tiny_qwen3.trunk.compiled_graphs.clear()  # the fused graphs must trace the wrong rule
+    try:
+        params = SamplingParams(temperature=0.6, top_p=0.5)
+        prompt = tiny_qwen3.tokenizer.encode("def add(a, b):\n    ret")
+        joint = exact_joint(tiny_qwen3, prompt, params)
+        counts = _cohort_counts(tiny_qwen3, prompt, params, 2, 600, cycle)
+        assert chi_square_p_value(joint, counts, 600) < 1e-3
+    finally:
+        tiny_qwen3.trunk.compiled_graphs.clear()
 
 
 def prefilled_twins(trunk, prompts: list[list[int]]) -> tuple[list, list]:
@@ -285,8 +296,11 @@ def test_a_cohort_row_that_asks_for_a_verify_twice_in_one_cycle_fails_alone(tiny
     assert sink.result.token_ids == solo_ar(model, good).token_ids
 
 
-def test_a_slow_reader_pauses_only_its_own_row(tiny_qwen3):
-    scheduler = cohort_scheduler(max_concurrent=2, max_backlog=3, numerics="throughput")
+@pytest.mark.parametrize("cycle", ["phased", "fused"])
+def test_a_slow_reader_pauses_only_its_own_row(tiny_qwen3, cycle):
+    """Fused: the paused row stays in its slot, masked (its state kept) until it goes on."""
+    scheduler = cohort_scheduler(max_concurrent=2, max_backlog=3, numerics="throughput",
+                                 cohort_cycle=cycle)
     log: list = []
     slow, fast = Collector("slow", log), Collector("fast", log)
     slow_request = request_for(tiny_qwen3, 0, depth=2, max_tokens=40, ignore_eos=True)
@@ -304,6 +318,7 @@ def test_a_slow_reader_pauses_only_its_own_row(tiny_qwen3):
     slow_row.consumed(3)
     run_until_idle_consuming(scheduler, slow_row)
     assert slow.result.token_ids == solo_ar(tiny_qwen3, slow_request).token_ids
+    assert fast.result.token_ids == solo_ar(tiny_qwen3, fast_request).token_ids
 
 
 def run_until_idle_consuming(scheduler: Scheduler, row: Row) -> None:
@@ -316,7 +331,8 @@ def run_until_idle_consuming(scheduler: Scheduler, row: Row) -> None:
 
 
 def test_auto_mode_keeps_a_lone_row_in_its_solo_loop_and_puts_joiners_in_cohorts(tiny_qwen3):
-    scheduler = Scheduler(max_concurrent=4, cohort_mode="auto", numerics="throughput")
+    scheduler = Scheduler(max_concurrent=4, cohort_mode="auto", numerics="throughput",
+                          cohort_cycle="phased")
     log: list = []
     requests = [request_for(tiny_qwen3, i, depth=2, max_tokens=30, ignore_eos=True) for i in range(3)]
     references = [solo_ar(tiny_qwen3, r).token_ids for r in requests]
@@ -376,10 +392,12 @@ def test_on_the_owner_thread_a_paused_row_resumes_when_its_reader_catches_up(tin
     assert items[1][-1].token_ids == references[1]
 
 
-def test_a_cancelled_cohort_row_leaves_at_the_next_cycle_and_its_neighbours_stay_exact(model):
+@pytest.mark.parametrize("cycle", ["phased", "fused"])
+def test_a_cancelled_cohort_row_leaves_at_the_next_cycle_and_its_neighbours_stay_exact(model, cycle):
+    """Fused (dense model): its slot is freed and its cycle in flight dropped."""
     released = []
     scheduler = Scheduler(max_concurrent=3, cohort_mode="always", numerics="throughput",
-                          admit=lambda request: lambda: released.append(request))
+                          cohort_cycle=cycle, admit=lambda request: lambda: released.append(request))
     requests = [request_for(model, i, depth=2, max_tokens=40, ignore_eos=True) for i in range(3)]
     references = [solo_ar(model, r).token_ids for r in (requests[0], requests[2])]
     log: list = []

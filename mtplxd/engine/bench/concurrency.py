@@ -12,10 +12,13 @@ At each stream count N, N greedy requests (the bench prompts in turn, ignore_eos
   phase 1 of issue #20);
 - ar_batch: N rows at depth 0 in the AR batch lane (cohorts always: one batched forward per
   token for all rows);
-- mtp_cohorts: N rows at depth K in MTP cohorts (cohorts always: the rows' MTP heads draft
-  together, one batched forward per depth step, their drafts are verified in one batched
-  forward, and one host sync settles every row; widths 1/3/8);
-- mtp_cohorts_per_row: the same cohorts with each row drafting alone and a sync per row
+- mtp_cohorts: N rows at depth K in fused MTP cohorts (cohorts always, cohort cycle "fused":
+  each cohort's whole cycle, drafting, verify and accept for all its rows, is one compiled
+  graph on device-resident state, read one cycle late; widths 1/3/8);
+- mtp_cohorts_phased: N rows in phased MTP cohorts (cohort cycle "phased": the rows' MTP
+  heads draft together, one batched forward per depth step, their drafts are verified in
+  one batched forward, and one host sync settles every row);
+- mtp_cohorts_per_row: the phased cohorts with each row drafting alone and a sync per row
   (cohort drafting "per-row": the cohorts as first built, to measure batched drafting by);
 - direct_mtp and direct_ar (1 stream only): one request run whole by LoadedModel.complete,
   the single-stream speed (solo decode loop, no scheduler), in the same run.
@@ -45,15 +48,17 @@ from mtplxd.engine.interface import GenerationRequest, GenerationResult, Samplin
 from mtplxd.engine.owner import ModelOwner
 from mtplxd.engine.scheduler import Row, RowFailure, Scheduler
 
-ARMS = ("serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row", "mtp_cohorts")
+ARMS = ("serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row", "mtp_cohorts_phased",
+        "mtp_cohorts")
 SINGLE_STREAM_ARMS = ("direct_mtp", "direct_ar")
-# arm -> (MTP or AR, row slots: "one" or "n", cohort mode, cohort drafting)
+# arm -> (MTP or AR, row slots: "one" or "n", cohort mode, cohort drafting, cohort cycle)
 ARM_SETUP = {
-    "serial_mtp": ("mtp", "one", "off", "batched"),
-    "interleaved_mtp": ("mtp", "n", "off", "batched"),
-    "ar_batch": ("ar", "n", "always", "batched"),
-    "mtp_cohorts_per_row": ("mtp", "n", "always", "per-row"),
-    "mtp_cohorts": ("mtp", "n", "always", "batched"),
+    "serial_mtp": ("mtp", "one", "off", "batched", "fused"),
+    "interleaved_mtp": ("mtp", "n", "off", "batched", "fused"),
+    "ar_batch": ("ar", "n", "always", "batched", "fused"),
+    "mtp_cohorts_per_row": ("mtp", "n", "always", "per-row", "phased"),
+    "mtp_cohorts_phased": ("mtp", "n", "always", "batched", "phased"),
+    "mtp_cohorts": ("mtp", "n", "always", "batched", "fused"),
 }
 
 
@@ -88,11 +93,12 @@ def run_direct(owner: ModelOwner, model: Any, requests: list[GenerationRequest]
 
 
 def run_rows(owner: ModelOwner, model: Any, requests: list[GenerationRequest], rows: int,
-             cohorts: str = "off", drafting: str = "batched") -> list[tuple[GenerationResult, float]]:
-    """The requests through the scheduler with `rows` row slots, cohort mode `cohorts` and
-    cohort drafting `drafting`; (result, finish time) each."""
+             cohorts: str = "off", drafting: str = "batched",
+             cycle: str = "fused") -> list[tuple[GenerationResult, float]]:
+    """The requests through the scheduler with `rows` row slots, cohort mode `cohorts`, cohort
+    drafting `drafting` and cohort cycle `cycle`; (result, finish time) each."""
     owner.scheduler.configure(max_concurrent=rows, max_queued=len(requests), cohort_mode=cohorts,
-                              cohort_drafting=drafting)
+                              cohort_drafting=drafting, cohort_cycle=cycle)
     results: list[Any] = [None] * len(requests)
     done = threading.Semaphore(0)
 
@@ -150,10 +156,10 @@ def run_arm(owner: ModelOwner, model: Any, arm: str, n: int, depth: int,
     if arm in SINGLE_STREAM_ARMS:
         requests = requests_for(model, 1, depth if arm == "direct_mtp" else 0, max_tokens)
         return run_direct(owner, model, requests), requests[0].arrived_at
-    mode, slots, cohorts, drafting = ARM_SETUP[arm]
+    mode, slots, cohorts, drafting, cycle = ARM_SETUP[arm]
     requests = requests_for(model, n, depth if mode == "mtp" else 0, max_tokens)
     rows = 1 if slots == "one" else n
-    return run_rows(owner, model, requests, rows, cohorts, drafting), requests[0].arrived_at
+    return run_rows(owner, model, requests, rows, cohorts, drafting, cycle), requests[0].arrived_at
 
 
 def bench_streams(owner: ModelOwner, model: Any, arms: list[str], depth: int, streams: list[int],
@@ -184,7 +190,7 @@ def late_short_request(owner: ModelOwner, model: Any, depth: int, cohorts: str,
     Its TTFT against its own solo prefill plus two of the long rows' decode cycles (the issue's
     target: first token within that). Cohort mode `cohorts` for all three rows."""
     owner.scheduler.configure(max_concurrent=3, max_queued=3, cohort_mode=cohorts,
-                              cohort_drafting="batched")
+                              cohort_drafting="batched", cohort_cycle="fused")
     streamed = [0, 0]
     started = threading.Event()
     finished = threading.Semaphore(0)
@@ -235,7 +241,8 @@ def ratios(figures: dict[str, Any]) -> dict[str, Any]:
     for n, arms in figures.items():
         row = {}
         cohorts = arms.get("mtp_cohorts")
-        for base in ("serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row"):
+        for base in ("serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row",
+                     "mtp_cohorts_phased"):
             if cohorts and base in arms and arms[base]["aggregate_tokens_per_second"] > 0:
                 row[f"mtp_cohorts_over_{base}_aggregate"] = round(
                     cohorts["aggregate_tokens_per_second"] / arms[base]["aggregate_tokens_per_second"], 3)
@@ -277,9 +284,12 @@ def main(argv: list[str] | None = None) -> int:
             arms = [arm for arm in arms if ARM_SETUP[arm][0] == "ar"]
         depth = model.info.depth if args.depth is None else args.depth
         owner.scheduler.configure(numerics=args.numerics)
-        # Warm-up: compiled graphs, cohort widths and first-call costs stay out of the figures.
-        for arm in arms:
-            run_arm(owner, model, arm, 3, depth, 16)
+        # Warm-up: compiled graphs (on CUDA seconds each, per shape: every cohort width the
+        # stream counts reach, and the narrower ones rows fall back to as they leave) and
+        # first-call costs stay out of the figures.
+        for n in sorted(set(streams) | {3}):
+            for arm in arms:
+                run_arm(owner, model, arm, n, depth, 16)
         figures: dict[str, Any] = {}
         late: dict[str, Any] = {}
 

@@ -104,8 +104,25 @@ _SOURCE = r"""
     }
 """
 
+# The same kernel over W rows of a fused cohort (fused_cohort.py), each at its own offset:
+# blockIdx.z is the row, whose queries, buffers and output sit at its own batch index. Every
+# row computes as the one-row kernel computes it, so a cohort row rounds as its solo cycle.
+_ROWS_SOURCE = (_SOURCE
+                .replace("const int head = blockIdx.x;", "const int head = blockIdx.x;\n    const int batch = blockIdx.z;")
+                .replace("offset[0] + row + 1", "offset[batch] + row + 1")
+                .replace("queries + ((size_t)head * rows + row)",
+                         "queries + (((size_t)batch * queries_shape[1] + head) * rows + row)")
+                .replace("keys + ((size_t)kv_head * slots + w)",
+                         "keys + (((size_t)batch * keys_shape[1] + kv_head) * slots + w)")
+                .replace("values + ((size_t)kv_head * slots + w)",
+                         "values + (((size_t)batch * keys_shape[1] + kv_head) * slots + w)")
+                .replace("out + ((size_t)head * rows + row)",
+                         "out + (((size_t)batch * queries_shape[1] + head) * rows + row)"))
+
 _kernel = None
+_rows_kernel = None
 _usable: bool | None = None
+_rows_usable: bool | None = None
 
 
 def _buffer_kernel():
@@ -133,6 +150,35 @@ def buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset
         output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
 
 
+def _rows_buffer_kernel():
+    global _rows_kernel
+    if _rows_kernel is None:
+        _rows_kernel = mx.fast.cuda_kernel(
+            name="mtplx_rows_buffer_attention",
+            input_names=["queries", "keys", "values", "offset", "scale"],
+            output_names=["out"], source=_ROWS_SOURCE, header=_HEADER)
+    return _rows_kernel
+
+
+def rows_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array,
+                          offsets: mx.array, scale: float) -> mx.array:
+    """`buffer_attention` for W rows: queries (W, Hq, L, D), buffers (W, Hkv, S, D), row w's
+    query i seeing key slots 0..offsets[w]+i. CUDA only: see `rows_usable`."""
+    batch, heads, rows, dim = queries.shape
+    return _rows_buffer_kernel()(
+        inputs=[queries, keys, values, offsets.astype(mx.int32), mx.array([scale], mx.float32)],
+        template=[("T", queries.dtype), ("D", dim)],
+        grid=(heads * 1024, rows, batch), threadgroup=(1024, 1, 1),
+        output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
+
+
+def rows_shape_supported(queries: mx.array, keys: mx.array) -> bool:
+    """`shape_supported` for any number of rows (one buffer per row)."""
+    return (queries.shape[0] == keys.shape[0] and queries.shape[-1] % 32 == 0
+            and queries.shape[-1] <= 256 and queries.shape[1] % keys.shape[1] == 0
+            and queries.dtype in (mx.bfloat16, mx.float16, mx.float32))
+
+
 def shape_supported(queries: mx.array, keys: mx.array) -> bool:
     """The kernel's domain: batch 1, a head size that 32 lanes split evenly, whole GQA groups."""
     return (queries.shape[0] == 1 and keys.shape[0] == 1 and queries.shape[-1] % 32 == 0
@@ -150,6 +196,29 @@ def usable() -> bool:
     if _usable is None:
         _usable = fixed_shapes_wanted() and _probe()
     return _usable
+
+
+def rows_usable() -> bool:
+    """`usable` for the W-row kernel: on CUDA once it compiled and matched mx.fast's masked
+    attention on a probe of rows at different offsets (checked once per process)."""
+    global _rows_usable
+    if _rows_usable is None:
+        _rows_usable = fixed_shapes_wanted() and custom_kernels.probe(
+            "rows buffer attention", _rows_probe_error, 0.05, "mx.fast attention")
+    return _rows_usable
+
+
+def _rows_probe_error() -> float:
+    rows, dim, slots = 3, 64, 40
+    offsets = mx.array([20, 0, 33], mx.int32)
+    q = mx.random.normal((3, 4, rows, dim), key=mx.random.key(0)).astype(mx.bfloat16)
+    k = mx.random.normal((3, 2, slots, dim), key=mx.random.key(1)).astype(mx.bfloat16)
+    v = mx.random.normal((3, 2, slots, dim), key=mx.random.key(2)).astype(mx.bfloat16)
+    mask = mx.arange(slots) <= offsets[:, None, None, None] + mx.arange(rows)[:, None]
+    scale = 1 / math.sqrt(dim)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    got = rows_buffer_attention(q, k, v, offsets, scale)
+    return mx.max(mx.abs(got.astype(mx.float32) - want.astype(mx.float32))).item()
 
 
 def _probe_error() -> float:

@@ -80,13 +80,79 @@ class StaticKVCache:
         return slots <= self.offset + mx.arange(n)[:, None]
 
 
+class RowsKVCache:
+    """An attention cache over W rows' fixed-capacity buffers, each row at its own offset.
+
+    `offset` is a (W,) int32 device array. `update_and_fetch` writes each row's new keys at
+    its own offset (one scatter) and hands attention the whole buffers; `make_mask` gives
+    each row its own causal mask over the buffer. mlx-lm's RoPE takes the (W,) offsets as
+    they are (one position per row). As with fused.StaticKVCache, the cycle sets the offsets.
+    """
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array) -> None:
+        self.keys, self.values, self.offset = keys, values, offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write (W, heads, n, D) keys and values at each row's offset; return the buffers."""
+        if not _scatter_works():  # a backend without put_along_axis: one slice_update per row
+            for name, new in (("keys", keys), ("values", values)):
+                buffer = getattr(self, name)
+                rows = [_write_at(buffer[w:w + 1], new[w:w + 1], self.offset[w])
+                        for w in range(new.shape[0])]
+                setattr(self, name, mx.concatenate(rows))
+            return self.keys, self.values
+        W, heads, n, D = keys.shape
+        slots = (self.offset[:, None] + mx.arange(n)[None]).astype(mx.int32)
+        index = mx.broadcast_to(slots[:, None, :, None], (W, heads, n, D))
+        self.keys = mx.put_along_axis(self.keys, index, keys, axis=2)
+        self.values = mx.put_along_axis(self.values, index, values, axis=2)
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False,
+                  window_size: int | None = None) -> mx.array:
+        """(W, 1, n, capacity) boolean mask: row w's query i sees slots 0..offset[w]+i."""
+        if window_size is not None:
+            raise ValueError("RowsKVCache does not support sliding-window attention")
+        slots = mx.arange(self.keys.shape[2])[None, None, None]
+        last = self.offset[:, None, None, None] + mx.arange(n)[None, None, :, None]
+        return slots <= last
+
+
+def _write_at(buffer: mx.array, rows: mx.array, offset: mx.array) -> mx.array:
+    """`buffer` (1, heads, S, D) with `rows` written from slot `offset` (a device scalar)."""
+    start = mx.concatenate([mx.zeros((2,), mx.int32), offset.reshape(1).astype(mx.int32),
+                            mx.zeros((1,), mx.int32)])
+    return mx.slice_update(buffer, rows, start, axes=(0, 1, 2, 3))
+
+
+_SCATTER_WORKS: bool | None = None
+
+
+def _scatter_works() -> bool:
+    """Whether this backend runs put_along_axis (checked once, at routing time, before any
+    graph is traced: it evaluates an array)."""
+    global _SCATTER_WORKS
+    if _SCATTER_WORKS is None:
+        try:
+            probe = mx.put_along_axis(mx.zeros((2, 1, 4, 2)), mx.ones((2, 1, 1, 2), mx.int32),
+                                      mx.ones((2, 1, 1, 2)), axis=2)
+            _SCATTER_WORKS = mx.sum(probe).item() == 4.0
+        except Exception:  # noqa: BLE001 - any failure means "use the per-row writes"
+            _SCATTER_WORKS = False
+    return _SCATTER_WORKS
+
+
 def static_cache_attention(queries: mx.array, keys: mx.array, values: mx.array, cache: Any,
                            scale: float, mask: Any, sinks: mx.array | None = None) -> mx.array:
-    """mlx-lm's attention, except over a StaticKVCache on CUDA: there one kernel that reads
-    each query's visible slots (buffer_attention.py says why) instead of a masked call."""
+    """mlx-lm's attention, except over a StaticKVCache or RowsKVCache on CUDA: there one kernel
+    that reads each query's visible slots (buffer_attention.py says why) instead of a masked
+    call."""
     if (isinstance(cache, StaticKVCache) and sinks is None and buffer_attention.usable()
             and buffer_attention.shape_supported(queries, keys)):
         return buffer_attention.buffer_attention(queries, keys, values, cache.offset, scale)
+    if (isinstance(cache, RowsKVCache) and sinks is None and buffer_attention.rows_usable()
+            and buffer_attention.rows_shape_supported(queries, keys)):
+        return buffer_attention.rows_buffer_attention(queries, keys, values, cache.offset, scale)
     return mlx_lm_attention(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
 
@@ -95,10 +161,12 @@ def route_static_cache_attention() -> None:
 
     mlx-lm's Attention calls its module's `scaled_dot_product_attention` and offers no other
     hook. The replacement behaves as the original for every cache but a StaticKVCache, which
-    only the fused cycles create, so installing it once for the process is safe. The kernel's
-    one-time probe runs here, before any graph is traced (it evaluates arrays).
+    only the fused cycles create, so installing it once for the process is safe. The kernels'
+    one-time probes run here, before any graph is traced (they evaluate arrays).
     """
     buffer_attention.usable()
+    buffer_attention.rows_usable()
+    _scatter_works()
     mlx_lm_qwen3.scaled_dot_product_attention = static_cache_attention
 
 
