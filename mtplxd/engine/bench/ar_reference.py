@@ -10,8 +10,8 @@ compiled sampler chain, device-side keys, no penalty history without penalties),
 (the same loop with the per-token sampler as it was before: the uncompiled `pick`, a key made
 on the host, the history recorded every token) and `mlx_lm` (mlx-lm's pipelined
 `generate_step` with `make_sampler`). Each figure is the decode time per token (the first
-token, which comes from the prefill, excluded); `speed_vs_mlx_lm` is mlx-lm's median ms per
-token over ours (above 1: ours is faster). `sampler_us_median` times the three samplers
+token, which comes from the prefill, and two more that fill each loop's pipeline, excluded);
+`speed_vs_mlx_lm` is mlx-lm's median ms per token over ours (above 1: ours is faster). `sampler_us_median` times the three samplers
 alone on a random row of the model's vocabulary (interleaved, 50 x 20 calls). Also callable from other benches:
 `mlx_lm_decode_ms`, `ours_decode_ms`.
 """
@@ -39,8 +39,18 @@ def bench_params(temperature: float) -> SamplingParams:
     return SamplingParams(temperature=temperature, top_p=0.95 if temperature > 0 else 1.0)
 
 
+# Tokens each loop decodes untimed before its timed ones. Why: when it hands over its first
+# token, mlx-lm's generate_step already has the next step on the device, while our loop
+# (after `pick_first`) starts from an idle device; two untimed tokens put both pipelines in
+# their steady state, so neither arm's figure carries a start-up step (1/16 of a 16-token run).
+PRIMED_TOKENS = 2
+
+
 def _timed_tokens(tokens: Iterator[Any], count: int) -> float:
-    """ms per token over the next `count` items of `tokens` (each read back to the host)."""
+    """ms per token over `count` items of `tokens` (each read back to the host), after
+    PRIMED_TOKENS untimed ones."""
+    for _ in range(PRIMED_TOKENS):
+        next(tokens)
     start = time.perf_counter()
     for _ in range(count):
         next(tokens)
@@ -53,7 +63,8 @@ def mlx_lm_decode_ms(model: Any, prompt: list[int], tokens: int, temperature: fl
     from mlx_lm.sample_utils import make_sampler
 
     sampler = make_sampler(temperature, top_p=0.95 if temperature > 0 else 0.0)
-    steps = generate_step(mx.array(prompt), model, max_tokens=tokens + 1, sampler=sampler)
+    steps = generate_step(mx.array(prompt), model, max_tokens=tokens + 1 + PRIMED_TOKENS,
+                          sampler=sampler)
     next(steps)  # the prefill and the first token
     ms = _timed_tokens(steps, tokens)  # it yields each token read back (an int)
     steps.close()
