@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 22 point 5 on a GPU machine: our AR decode beside stock mlx-lm's generate_step, ONE
 # command, ONE JSON file in $OUT, under 4 minutes on an H200 including first-use kernel
-# compilation: a 230 s limit stops it regardless, no new run starts after 170 s, and the
+# compilation: a 220 s limit stops it regardless, no new run starts after 160 s, and the
 # JSON is rewritten after every run ("complete": false until the end), so a cut run keeps
 # what it measured.
 # Random-weight Qwen3-4B dims built in memory (bench.real_size's builder), 4-bit first (the
@@ -16,7 +16,7 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site}
 mkdir -p "$OUT"
 SIZE=${SIZE:-qwen3-4b}
 "${PYTHON:-python3}" -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
-timeout --signal=INT --kill-after=10 "${LIMIT_S:-230}" "${PYTHON:-python3}" -m mtplxd.engine.bench.ar_parity \
+timeout --signal=INT --kill-after=10 "${LIMIT_S:-220}" "${PYTHON:-python3}" -m mtplxd.engine.bench.ar_parity \
     --size "$SIZE" --dtypes 4bit,bf16,8bit --context "${CONTEXT:-512}" --tokens "${TOKENS:-64}" \
-    --repeats "${REPEATS:-4}" --budget-s "${BUDGET_S:-170}" --json-out "$OUT/h200-ar-parity.json"
+    --repeats "${REPEATS:-4}" --budget-s "${BUDGET_S:-160}" --json-out "$OUT/h200-ar-parity.json"
 echo "ar_parity: exit $?"

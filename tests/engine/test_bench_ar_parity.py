@@ -40,6 +40,9 @@ def test_the_script_writes_one_complete_json_with_every_dtype_and_mode(report):
             ms = decode["ms_per_token_median"]
             assert ms["ours"] > 0 and ms["mlx_lm"] > 0
             assert decode["speed_vs_mlx_lm"] == pytest.approx(ms["mlx_lm"] / ms["ours"])
+            cpu = decode["ms_per_token_cpu_median"]
+            assert cpu["ours"] > 0 and cpu["mlx_lm"] > 0
+            assert decode["speed_vs_mlx_lm_cpu"] == pytest.approx(cpu["mlx_lm"] / cpu["ours"])
             for arm in ("ours", "mlx_lm"):
                 assert mode["work"][arm]["host_build_us"] > 0
 

@@ -13,7 +13,8 @@ For each dtype (bench.real_size builds the model: bf16, or MLX affine 8/4-bit in
     each loop's pipeline is primed (ar_reference.PRIMED_TOKENS), `--repeats` runs per arm,
     interleaved: the arm that goes first alternates from run to run. `speed_vs_mlx_lm` is
     mlx-lm's median over ours (above 1: ours is faster); `pairs_median` the median of the
-    back-to-back pairs' ratios.
+    back-to-back pairs' ratios. The same figures with `_cpu` are this process's CPU time
+    per token (all threads): on a shared CPU it moves far less with other jobs' load.
   * `kernels_per_token`: the primitives one steady-state decode step puts in the graph
     (forward plus sampler), views (reshape, broadcast, slice, ...) left out: what a GPU
     launches per token, counted from the lazy graph (`mx.export_to_dot`), so it is exact
@@ -40,7 +41,9 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from mtplxd.engine.bench.ar_reference import PRIMED_TOKENS, bench_params, mlx_lm_decode_ms, ours_decode_ms
+from mtplxd.engine.bench.ar_reference import (
+    PRIMED_TOKENS, TokenTimes, bench_params, mlx_lm_decode_times, ours_decode_times,
+)
 from mtplxd.engine.bench.harness import bench_parser, command_line, machine, median, write_report
 
 PROG = "python -m mtplxd.engine.bench.ar_parity"
@@ -151,21 +154,27 @@ def sampler_kernels(vocab: int, temperature: float) -> dict[str, int]:
 
 
 def _decode_runs(trunk: Any, model: Any, prompt: list[int], temperature: float, run: int,
-                 tokens: int) -> dict[str, float]:
+                 tokens: int) -> dict[str, TokenTimes]:
     """One back-to-back pair: ours and mlx-lm, the first of them alternating with `run`."""
-    arms = {"ours": lambda: ours_decode_ms(trunk, prompt, tokens, temperature),
-            "mlx_lm": lambda: mlx_lm_decode_ms(model, prompt, tokens, temperature)}
+    arms = {"ours": lambda: ours_decode_times(trunk, prompt, tokens, temperature),
+            "mlx_lm": lambda: mlx_lm_decode_times(model, prompt, tokens, temperature)}
     order = list(arms) if run % 2 == 0 else list(reversed(arms))
     return {name: arms[name]() for name in order}
 
 
-def _summarise(runs: dict[str, list[float]]) -> dict[str, Any]:
-    ms = {name: median(values) for name, values in runs.items()}
-    pairs = [m / o for o, m in zip(runs["ours"], runs["mlx_lm"]) if o > 0]
-    return {"ms_per_token_median": ms,
-            "ms_per_token_all": {name: [round(v, 4) for v in values] for name, values in runs.items()},
-            "speed_vs_mlx_lm": ms["mlx_lm"] / ms["ours"] if ms["ours"] else 0.0,
-            "speed_vs_mlx_lm_pairs_median": median(pairs)}
+def _summarise(runs: dict[str, list[TokenTimes]]) -> dict[str, Any]:
+    """Medians, every run, and ours against mlx-lm, in wall and in CPU ms per token."""
+    summary: dict[str, Any] = {}
+    for clock, suffix in (("wall_ms", ""), ("cpu_ms", "_cpu")):
+        values = {name: [getattr(t, clock) for t in times] for name, times in runs.items()}
+        ms = {name: median(v) for name, v in values.items()}
+        pairs = [m / o for o, m in zip(values["ours"], values["mlx_lm"]) if o > 0]
+        summary.update({
+            f"ms_per_token{suffix}_median": ms,
+            f"ms_per_token{suffix}_all": {name: [round(x, 4) for x in v] for name, v in values.items()},
+            f"speed_vs_mlx_lm{suffix}": ms["mlx_lm"] / ms["ours"] if ms["ours"] else 0.0,
+            f"speed_vs_mlx_lm{suffix}_pairs_median": median(pairs)})
+    return summary
 
 
 def measure_dtype(size: str, dtype: str, *, context: int, tokens: int, repeats: int,
@@ -194,8 +203,8 @@ def measure_dtype(size: str, dtype: str, *, context: int, tokens: int, repeats: 
         for temperature in temperatures:
             if out_of_time():
                 break
-            for name, ms in _decode_runs(trunk, model, prompt, temperature, run, tokens).items():
-                runs[str(temperature)][name].append(ms)
+            for name, times in _decode_runs(trunk, model, prompt, temperature, run, tokens).items():
+                runs[str(temperature)][name].append(times)
             entry["modes"][str(temperature)]["decode"] = _summarise(runs[str(temperature)])
             entry["runs_per_arm"] = run + 1
             entry["seconds"] = time.perf_counter() - started

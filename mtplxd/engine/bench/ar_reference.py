@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import mlx.core as mx
 
@@ -46,19 +46,28 @@ def bench_params(temperature: float) -> SamplingParams:
 PRIMED_TOKENS = 2
 
 
-def _timed_tokens(tokens: Iterator[Any], count: int) -> float:
-    """ms per token over `count` items of `tokens` (each read back to the host), after
+class TokenTimes(NamedTuple):
+    """Per decoded token: wall ms, and CPU ms of this whole process (every thread). On a
+    shared CPU the second moves far less with other jobs' load than the first."""
+
+    wall_ms: float
+    cpu_ms: float
+
+
+def _timed_tokens(tokens: Iterator[Any], count: int) -> TokenTimes:
+    """Time per token over `count` items of `tokens` (each read back to the host), after
     PRIMED_TOKENS untimed ones."""
     for _ in range(PRIMED_TOKENS):
         next(tokens)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     for _ in range(count):
         next(tokens)
-    return (time.perf_counter() - start) * 1000 / count
+    return TokenTimes((time.perf_counter() - start) * 1000 / count,
+                      (time.process_time() - start_cpu) * 1000 / count)
 
 
-def mlx_lm_decode_ms(model: Any, prompt: list[int], tokens: int, temperature: float) -> float:
-    """ms per decoded token of stock mlx-lm `generate_step` (its own cache and sampler)."""
+def mlx_lm_decode_times(model: Any, prompt: list[int], tokens: int, temperature: float) -> TokenTimes:
+    """Time per decoded token of stock mlx-lm `generate_step` (its own cache and sampler)."""
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
 
@@ -66,14 +75,19 @@ def mlx_lm_decode_ms(model: Any, prompt: list[int], tokens: int, temperature: fl
     steps = generate_step(mx.array(prompt), model, max_tokens=tokens + 1 + PRIMED_TOKENS,
                           sampler=sampler)
     next(steps)  # the prefill and the first token
-    ms = _timed_tokens(steps, tokens)  # it yields each token read back (an int)
+    times = _timed_tokens(steps, tokens)  # it yields each token read back (an int)
     steps.close()
-    return ms
+    return times
 
 
-def ours_decode_ms(trunk: Any, prompt: list[int], tokens: int, temperature: float, *,
-                   before: bool = False) -> float:
-    """ms per decoded token of our AR loop (autoregressive.ar_cycles) after a prefill;
+def mlx_lm_decode_ms(model: Any, prompt: list[int], tokens: int, temperature: float) -> float:
+    """Wall ms per decoded token of stock mlx-lm `generate_step`."""
+    return mlx_lm_decode_times(model, prompt, tokens, temperature).wall_ms
+
+
+def ours_decode_times(trunk: Any, prompt: list[int], tokens: int, temperature: float, *,
+                      before: bool = False) -> TokenTimes:
+    """Time per decoded token of our AR loop (autoregressive.ar_cycles) after a prefill;
     `before`: with the per-token sampler as it was before it was compiled."""
     from mtplxd.engine.decoding import autoregressive
     from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
@@ -85,9 +99,15 @@ def ours_decode_ms(trunk: Any, prompt: list[int], tokens: int, temperature: floa
     first = pick_first(logits, params, history, 0, len(prompt))
     loop = _before_cycles if before else autoregressive.ar_cycles
     cycles = loop(trunk, cache, params, history, 0, first, len(prompt))
-    ms = _timed_tokens(cycles, tokens)
+    times = _timed_tokens(cycles, tokens)
     cycles.close()
-    return ms
+    return times
+
+
+def ours_decode_ms(trunk: Any, prompt: list[int], tokens: int, temperature: float, *,
+                   before: bool = False) -> float:
+    """Wall ms per decoded token of our AR loop (see `ours_decode_times`)."""
+    return ours_decode_times(trunk, prompt, tokens, temperature, before=before).wall_ms
 
 
 def _before_cycles(trunk, cache, params, history, seed, last_token, position) -> Iterator[list[int]]:
