@@ -253,7 +253,8 @@ _ROW_SAMPLER_SLOTS = 16
 
 
 def row_sampler(params: SamplingParams) -> Callable[..., tuple[mx.array, mx.array]]:
-    """The AR step's whole sampler chain as one compiled function (built once per setting):
+    """The AR step's whole sampler chain as one compiled function (built once per setting;
+    plain greedy, one argmax, is not compiled):
     sample(logits (1, V), counts (1, V), seen (1, V), seed words, position (1,) uint32)
     -> (token (1,), the next position: position + 1; greedy without penalties, which reads
     neither, hands `position` back untouched).
@@ -277,10 +278,6 @@ def row_sampler(params: SamplingParams) -> Callable[..., tuple[mx.array, mx.arra
 
         def sample(logits: mx.array, counts: mx.array, seen: mx.array, seed: mx.array,
                    position: mx.array) -> tuple[mx.array, mx.array]:
-            if params.greedy and not params.has_penalties:
-                # The argmax of the raw logits: a float32 copy (exact, order-preserving) would
-                # pick the same index, and no key is drawn, so the position need not advance.
-                return mx.argmax(logits, axis=-1).astype(mx.uint32), position
             penalised = apply_penalties(logits, params, counts, seen)
             if params.greedy:
                 token = mx.argmax(penalised, axis=-1)
@@ -294,8 +291,17 @@ def row_sampler(params: SamplingParams) -> Callable[..., tuple[mx.array, mx.arra
                 token = mx.random.categorical(scaled_logits(penalised, params), key=draw_key)
             return token.astype(mx.uint32), position + 1
 
-        _ROW_SAMPLERS[key] = mx.compile(sample)
+        # Plain greedy is a single op: compiling it would only add a compiled call's host cost.
+        _ROW_SAMPLERS[key] = _plain_argmax if params.greedy and not params.has_penalties else mx.compile(sample)
     return _ROW_SAMPLERS[key]
+
+
+def _plain_argmax(logits: mx.array, counts: mx.array, seen: mx.array, seed: mx.array,
+                  position: mx.array) -> tuple[mx.array, mx.array]:
+    """Greedy without penalties: the argmax of the raw logits (a float32 copy, exact and
+    order-preserving, would pick the same index); no key is drawn, so the position is handed
+    back as it is."""
+    return mx.argmax(logits, axis=-1).astype(mx.uint32), position
 
 
 def pick_first(last_logits: mx.array, params: SamplingParams, history: TokenHistory, seed: int,
