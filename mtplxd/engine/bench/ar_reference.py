@@ -11,9 +11,10 @@ compiled sampler chain, device-side keys, no penalty history without penalties),
 on the host, the history recorded every token) and `mlx_lm` (mlx-lm's pipelined
 `generate_step` with `make_sampler`). Each figure is the decode time per token (the first
 token, which comes from the prefill, and two more that fill each loop's pipeline, excluded);
-`speed_vs_mlx_lm` is mlx-lm's median ms per token over ours (above 1: ours is faster). `sampler_us_median` times the three samplers
-alone on a random row of the model's vocabulary (interleaved, 50 x 20 calls). Also callable from other benches:
-`mlx_lm_decode_ms`, `ours_decode_ms`.
+`speed_vs_mlx_lm` is mlx-lm's median ms per token over ours (above 1: ours is faster).
+`sampler_us_median` times the three samplers alone on a random row of the model's
+vocabulary (interleaved, 50 x 20 calls). Also callable from other benches:
+`mlx_lm_decode_ms`, `ours_decode_ms` (wall ms), and `*_decode_times` (wall and CPU ms).
 """
 
 from __future__ import annotations

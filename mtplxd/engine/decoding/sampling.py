@@ -73,9 +73,9 @@ def device_position_keys(seed: mx.array, positions: mx.array, purpose: int) -> m
     without a host sync. Distinct positions and purposes give distinct keys (a bijection of
     the counter per word), and the draw's Threefry makes distinct keys unrelated streams.
 
-    Why this shape: word j of a key is mix((position ^ seed[j]) * 8 + salt[j] + purpose), one elementwise
-    expression over a (N, 2) broadcast, with no indexing and no stack, so inside a compiled
-    graph it is one fused kernel per token (a launch, not six, on a GPU).
+    Why this shape: word j of a key is mix((position ^ seed[j]) * 8 + salt[j] + purpose),
+    one elementwise expression over a (N, 2) broadcast, with no indexing and no stack, so
+    inside a compiled graph it is one fused kernel per token (a launch, not six, on a GPU).
     """
     # Every op has the key's (N, 2) shape (the first one broadcasts) and the purpose is in the
     # salt (a constant): few enough same-shaped ops for MLX to fuse them into one kernel.
@@ -266,8 +266,8 @@ def row_sampler(params: SamplingParams) -> Callable[..., tuple[mx.array, mx.arra
     device (`device_position_keys`, one fused kernel), so no key array is made on the host
     either, and the position advances inside the graph. Shapes are fixed, so it traces once.
     Per token it launches no more kernels than mlx-lm's `generate_step` sampler does (greedy:
-    one argmax against its log-softmax and argmax; top-p: the same count), counted with
-    `bench.ar_parity --count-kernels`.
+    one argmax against its log-softmax and argmax; top-p: the same count), as
+    `bench.ar_parity` counts them from the graph.
     """
     key = graph_key(params)
     if key in _ROW_SAMPLERS:
@@ -292,7 +292,8 @@ def row_sampler(params: SamplingParams) -> Callable[..., tuple[mx.array, mx.arra
             return token.astype(mx.uint32), position + 1
 
         # Plain greedy is a single op: compiling it would only add a compiled call's host cost.
-        _ROW_SAMPLERS[key] = _plain_argmax if params.greedy and not params.has_penalties else mx.compile(sample)
+        plain = params.greedy and not params.has_penalties
+        _ROW_SAMPLERS[key] = _plain_argmax if plain else mx.compile(sample)
     return _ROW_SAMPLERS[key]
 
 
