@@ -19,7 +19,7 @@ For each dtype (bench.real_size builds the model: bf16, or MLX affine 8/4-bit in
     (forward plus sampler), views (reshape, broadcast, slice, ...) left out: what a GPU
     launches per token, counted from the lazy graph (`mx.export_to_dot`), so it is exact
     on any machine. `sampler_kernels` counts the sampler alone.
-  * `host_build_us`: the median CPU time the host spends building one step's graph
+  * `host_build_us`: the median CPU time the host thread spends building one step's graph
     (forward plus sampler, nothing evaluated): what a launch-bound GPU waits on.
 
 Graphs are kept few (one context, one prompt, warm-up at that context) because on CUDA the
@@ -117,8 +117,8 @@ def mlx_lm_stepper(model: Any, prompt: list[int], temperature: float
 
 def step_work(stepper: tuple[Callable, Callable], builds: int = 30) -> dict[str, Any]:
     """Kernels of one steady-state step and the median host µs to build one (graph only,
-    the previous step evaluated first: CPU time of this process, which on a CPU backend
-    then has nothing else running, so other jobs' load does not count)."""
+    the previous step evaluated first), in this thread's CPU time: other jobs' load and the
+    BLAS threads still spinning after the last step do not count."""
     build, advance = stepper
     advance(build())  # the first step after the prefill is not yet the steady state
     outputs = build()
@@ -126,9 +126,9 @@ def step_work(stepper: tuple[Callable, Callable], builds: int = 30) -> dict[str,
     advance(outputs)
     times = []
     for _ in range(builds):
-        start = time.process_time()
+        start = time.thread_time()
         outputs = build()
-        times.append((time.process_time() - start) * 1e6)
+        times.append((time.thread_time() - start) * 1e6)
         advance(outputs)
     return {"kernels_per_token": sum(kernels.values()), "kernels": kernels,
             "host_build_us": median(times)}
