@@ -9,7 +9,8 @@
 # ms per token of each loop, 4 runs per arm interleaved (the first arm alternates), plus the
 # kernels one decode step launches and the host time to build it, ours and mlx-lm's.
 # Usage, from the repository root:  OUT=/some/dir bash docs/benchmarks-data/h200-ar-parity.sh
-# (PYTHON=... picks the interpreter; python3 by default; SIZE=tiny runs the CPU test path)
+# (PYTHON=... picks the interpreter, python3 by default; SIZE, DTYPES, CONTEXT, TOKENS, REPEATS,
+# BUDGET_S and LIMIT_S override the defaults: SIZE=tiny CONTEXT=32 is the CPU test path)
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the JSON report}"
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site}
@@ -17,6 +18,6 @@ mkdir -p "$OUT"
 SIZE=${SIZE:-qwen3-4b}
 "${PYTHON:-python3}" -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
 timeout --signal=INT --kill-after=10 "${LIMIT_S:-220}" "${PYTHON:-python3}" -m mtplxd.engine.bench.ar_parity \
-    --size "$SIZE" --dtypes 4bit,bf16,8bit --context "${CONTEXT:-512}" --tokens "${TOKENS:-64}" \
+    --size "$SIZE" --dtypes "${DTYPES:-4bit,bf16,8bit}" --context "${CONTEXT:-512}" --tokens "${TOKENS:-64}" \
     --repeats "${REPEATS:-4}" --budget-s "${BUDGET_S:-160}" --json-out "$OUT/h200-ar-parity.json"
 echo "ar_parity: exit $?"
