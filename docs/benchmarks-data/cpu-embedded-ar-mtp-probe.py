@@ -1,7 +1,7 @@
 """One process: the embedded model, AR (depth 0) and MTP depth 3, greedy and T=0.6 top-p 0.95,
 160 tokens each after a warm-up; prints CPU and wall ms per token as one JSON line. Run from
 the root of each tree under test (issue 22 point 5: main against the branch, alternating)."""
-import json, sys, time
+import json, time
 from mtplxd.engine import GenerationRequest, SamplingParams, load_model
 m = load_model("mtplxd/models/embedded")
 prompt = m.tokenizer.encode("def parse_args(argv):\n    \"\"\"Parse command line arguments.\"\"\"\n")
