@@ -107,9 +107,13 @@ def test_an_ar_sampler_without_top_p_fails_the_same_test(tiny_qwen3, prompt, dec
     import mtplxd.engine.decoding.sampling as sampling
 
     joint = exact_joint(tiny_qwen3, prompt, AR_PARAMS)  # before the wrong rule goes in
-    exact = sampling.scaled_logits
+    exact, exact_sorted = sampling.scaled_logits, sampling.sorted_scaled_logits
     monkeypatch.setattr(sampling, "_ROW_SAMPLERS", {})  # trace with the wrong rule
+    # Both definitions lose top-p: the first token's (`pick`) and the compiled chain's, which
+    # draws in sorted order, so every sampled token is drawn by the wrong rule.
     monkeypatch.setattr(sampling, "scaled_logits",
                         lambda penalised, params: exact(penalised, SamplingParams(temperature=params.temperature)))
+    monkeypatch.setattr(sampling, "sorted_scaled_logits", lambda penalised, params: exact_sorted(
+        penalised, SamplingParams(temperature=params.temperature)))
     counts = sampled_counts(tiny_qwen3, prompt, AR_PARAMS, 0, N_SAMPLES)
     assert chi_square_p_value(joint, counts, N_SAMPLES) < 1e-3

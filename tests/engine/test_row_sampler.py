@@ -33,7 +33,17 @@ def test_greedy_compiled_chain_picks_what_pick_picks(params):
         logits, counts, seen = _rows(seed)
         token, following = sample(logits, counts, seen, seed_words(1), mx.array([40], mx.uint32))
         assert token.tolist() == pick(logits, params, counts, seen, None).tolist()
-        assert following.tolist() == [41]
+        # Plain greedy reads no position, so it hands it back without a kernel to advance it.
+        assert following.tolist() == ([40] if not params.has_penalties else [41])
+
+
+def test_plain_greedy_picks_from_bfloat16_logits_as_from_their_float32_copy():
+    sample = row_sampler(SamplingParams(temperature=0.0))
+    for seed in range(20):
+        logits = (mx.random.normal((1, V), key=mx.random.key(seed)) * 3).astype(mx.bfloat16)
+        logits = mx.concatenate([logits[:, :-4], logits[:, :4]], axis=-1)  # ties: first index wins
+        token, _ = sample(logits, *_rows(seed)[1:], seed_words(1), mx.array([40], mx.uint32))
+        assert token.tolist() == mx.argmax(logits.astype(mx.float32), axis=-1).tolist()
 
 
 def test_a_sampled_draw_depends_on_seed_and_position_only():

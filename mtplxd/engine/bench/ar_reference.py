@@ -10,10 +10,11 @@ compiled sampler chain, device-side keys, no penalty history without penalties),
 (the same loop with the per-token sampler as it was before: the uncompiled `pick`, a key made
 on the host, the history recorded every token) and `mlx_lm` (mlx-lm's pipelined
 `generate_step` with `make_sampler`). Each figure is the decode time per token (the first
-token, which comes from the prefill, excluded); `speed_vs_mlx_lm` is mlx-lm's median ms per
-token over ours (above 1: ours is faster). `sampler_us_median` times the three samplers
-alone on a random row of the model's vocabulary (interleaved, 50 x 20 calls). Also callable from other benches:
-`mlx_lm_decode_ms`, `ours_decode_ms`.
+token, which comes from the prefill, and two more that fill each loop's pipeline, excluded);
+`speed_vs_mlx_lm` is mlx-lm's median ms per token over ours (above 1: ours is faster).
+`sampler_us_median` times the three samplers alone on a random row of the model's
+vocabulary (interleaved, 50 x 20 calls). Also callable from other benches:
+`mlx_lm_decode_ms`, `ours_decode_ms` (wall ms), and `*_decode_times` (wall and CPU ms).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import mlx.core as mx
 
@@ -39,30 +40,55 @@ def bench_params(temperature: float) -> SamplingParams:
     return SamplingParams(temperature=temperature, top_p=0.95 if temperature > 0 else 1.0)
 
 
-def _timed_tokens(tokens: Iterator[Any], count: int) -> float:
-    """ms per token over the next `count` items of `tokens` (each read back to the host)."""
-    start = time.perf_counter()
+# Tokens each loop decodes untimed before its timed ones. Why: when it hands over its first
+# token, mlx-lm's generate_step already has the next step on the device, while our loop
+# (after `pick_first`) starts from an idle device; two untimed tokens put both pipelines in
+# their steady state, so neither arm's figure carries a start-up step (1/16 of a 16-token run).
+PRIMED_TOKENS = 2
+
+
+class TokenTimes(NamedTuple):
+    """Per decoded token: wall ms, and CPU ms of this whole process (every thread). On a
+    shared CPU the second moves far less with other jobs' load than the first."""
+
+    wall_ms: float
+    cpu_ms: float
+
+
+def _timed_tokens(tokens: Iterator[Any], count: int) -> TokenTimes:
+    """Time per token over `count` items of `tokens` (each read back to the host), after
+    PRIMED_TOKENS untimed ones."""
+    for _ in range(PRIMED_TOKENS):
+        next(tokens)
+    start, start_cpu = time.perf_counter(), time.process_time()
     for _ in range(count):
         next(tokens)
-    return (time.perf_counter() - start) * 1000 / count
+    return TokenTimes((time.perf_counter() - start) * 1000 / count,
+                      (time.process_time() - start_cpu) * 1000 / count)
 
 
-def mlx_lm_decode_ms(model: Any, prompt: list[int], tokens: int, temperature: float) -> float:
-    """ms per decoded token of stock mlx-lm `generate_step` (its own cache and sampler)."""
+def mlx_lm_decode_times(model: Any, prompt: list[int], tokens: int, temperature: float) -> TokenTimes:
+    """Time per decoded token of stock mlx-lm `generate_step` (its own cache and sampler)."""
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
 
     sampler = make_sampler(temperature, top_p=0.95 if temperature > 0 else 0.0)
-    steps = generate_step(mx.array(prompt), model, max_tokens=tokens + 1, sampler=sampler)
+    steps = generate_step(mx.array(prompt), model, max_tokens=tokens + 1 + PRIMED_TOKENS,
+                          sampler=sampler)
     next(steps)  # the prefill and the first token
-    ms = _timed_tokens(steps, tokens)  # it yields each token read back (an int)
+    times = _timed_tokens(steps, tokens)  # it yields each token read back (an int)
     steps.close()
-    return ms
+    return times
 
 
-def ours_decode_ms(trunk: Any, prompt: list[int], tokens: int, temperature: float, *,
-                   before: bool = False) -> float:
-    """ms per decoded token of our AR loop (autoregressive.ar_cycles) after a prefill;
+def mlx_lm_decode_ms(model: Any, prompt: list[int], tokens: int, temperature: float) -> float:
+    """Wall ms per decoded token of stock mlx-lm `generate_step`."""
+    return mlx_lm_decode_times(model, prompt, tokens, temperature).wall_ms
+
+
+def ours_decode_times(trunk: Any, prompt: list[int], tokens: int, temperature: float, *,
+                      before: bool = False) -> TokenTimes:
+    """Time per decoded token of our AR loop (autoregressive.ar_cycles) after a prefill;
     `before`: with the per-token sampler as it was before it was compiled."""
     from mtplxd.engine.decoding import autoregressive
     from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
@@ -74,9 +100,15 @@ def ours_decode_ms(trunk: Any, prompt: list[int], tokens: int, temperature: floa
     first = pick_first(logits, params, history, 0, len(prompt))
     loop = _before_cycles if before else autoregressive.ar_cycles
     cycles = loop(trunk, cache, params, history, 0, first, len(prompt))
-    ms = _timed_tokens(cycles, tokens)
+    times = _timed_tokens(cycles, tokens)
     cycles.close()
-    return ms
+    return times
+
+
+def ours_decode_ms(trunk: Any, prompt: list[int], tokens: int, temperature: float, *,
+                   before: bool = False) -> float:
+    """Wall ms per decoded token of our AR loop (see `ours_decode_times`)."""
+    return ours_decode_times(trunk, prompt, tokens, temperature, before=before).wall_ms
 
 
 def _before_cycles(trunk, cache, params, history, seed, last_token, position) -> Iterator[list[int]]:

@@ -8,7 +8,8 @@ No download: each model is built from its config with random weights (bf16, then
 quantization in groups of 64 for 8bit/4bit), with a random MTP head, one layer at a time so
 a 65 GB bf16 32B never needs a float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3,
 the releases' config.json), `hybrid-27b` (Qwen3.5/3.6-27B: 64 layers, 48 Gated DeltaNet and
-16 gated attention, hidden 5120, vocab 248,320), and `tiny` / `tiny-hybrid` for tests. For
+16 gated attention, hidden 5120, vocab 248,320), `mid` (7M parameters, for a CPU)
+and `tiny` / `tiny-hybrid` for tests. For
 each size and dtype, at `--context` tokens of context:
 
   * decode: ms per token of our AR loop and of mlx-lm's `generate_step` (the reference line)
@@ -71,6 +72,12 @@ SIZES: dict[str, tuple[str, dict[str, Any]]] = {
                                 vocab_size=151936, tie_word_embeddings=False)),
     "hybrid-27b": ("qwen3_5", _HYBRID_27B),
     "tiny": ("qwen3", dict(DIMS["tiny"], hidden_size=128, intermediate_size=256, head_dim=32)),
+    # A CPU-sized dense qwen3 (7M parameters, a 16k tied vocabulary): MLX's CPU bf16 and
+    # quantized matmuls are slow (a 130M model took 1.6 s a 4-bit step here), so this is
+    # the size where both loops decode a few hundred tokens in minutes on this machine.
+    "mid": ("qwen3", dict(hidden_size=256, num_hidden_layers=4, intermediate_size=768,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                          vocab_size=16384, tie_word_embeddings=True)),
     "tiny-hybrid": ("qwen3_5", _TINY_HYBRID),
 }
 DTYPES: dict[str, int | None] = {"bf16": None, "8bit": 8, "4bit": 4}

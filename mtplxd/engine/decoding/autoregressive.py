@@ -51,7 +51,9 @@ def ar_step(trunk: Trunk, cache: list[Any], params: SamplingParams, history: Tok
 
     def step(token: mx.array, position: mx.array) -> tuple[mx.array, mx.array]:
         _, logits = trunk.forward(token.reshape(1, 1), cache, all_logits=True)
-        return pick_next(logits[0], position)
+        # A slice, not logits[0]: MLX turns an integer index into a gather, a copy of the
+        # whole vocabulary row every token (generate_step slices too).
+        return pick_next(logits[:, -1, :], position)
 
     return step
 

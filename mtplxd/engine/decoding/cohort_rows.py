@@ -122,7 +122,7 @@ def cohort_ar_cycles(trunk: Trunk, cache: list[Any], params: SamplingParams, his
     token, following = last_token, mx.array([position + 1], mx.uint32)
     while True:
         _, logits = yield VerifyCall(trunk, mx.array([[token]], mx.uint32), cache)
-        chosen, following = pick_next(logits[0], following)
+        chosen, following = pick_next(logits[:, -1, :], following)  # a slice: no gather
         yield SettleCall([chosen])
         token = chosen.item()
         yield [token]

@@ -515,7 +515,7 @@ def _cycle_noise(seed: mx.array, s: _CycleState, K: int, vocab_size: int) -> _Cy
     which is all exactness asks. Keyed by the cycle's absolute start position, so a seeded
     request replays the same output.
     """
-    key = device_position_keys(seed, (s.n + 1).reshape(1), CYCLE)[0]
+    key = device_position_keys(seed, (s.n + 1).reshape(1), CYCLE).reshape(2)  # a view, no gather
     uniform = mx.random.uniform(shape=(2 * K + 2, vocab_size), key=key)
     gumbel = -mx.log(-mx.log(uniform[:2 * K + 1]))  # as mx.random.gumbel
     return _CycleNoise(gumbel[:K], gumbel[K:], uniform[2 * K + 1, :K])

@@ -35,10 +35,24 @@ def position_key(seed: int, position: int, purpose: int) -> mx.array:
     return mx.random.key(mixed % (1 << 63))
 
 
+def _mix32_int(x: int) -> int:
+    """lowbias32 (C. Wellons) on a Python int: the host twin of `_mix32`."""
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
 def seed_words(seed: int) -> mx.array:
-    """The seed as two uint32 words, for keys derived on the device."""
+    """The seed as two uint32 words for keys derived on the device, each word already mixed
+    from all 64 bits (once per request, on the host), so the device needs no cross-word mixing
+    and no indexing into the seed (`device_position_keys`)."""
     seed %= 1 << 64
-    return mx.array([seed & 0xFFFFFFFF, seed >> 32], mx.uint32)
+    low, high = seed & 0xFFFFFFFF, seed >> 32
+    return mx.array([_mix32_int(low ^ _mix32_int(high + 0x9E3779B9)),
+                     _mix32_int(high ^ _mix32_int(low + 0x7F4A7C15))], mx.uint32)
 
 
 def _mix32(x: mx.array) -> mx.array:
@@ -50,14 +64,24 @@ def _mix32(x: mx.array) -> mx.array:
     return x ^ (x >> 16)
 
 
+_KEY_WORD_SALT = (0x9E3779B9, 0x85EBCA6B)  # one per word of a key: the two words differ
+
+
 def device_position_keys(seed: mx.array, positions: mx.array, purpose: int) -> mx.array:
     """(len(positions), 2) PRNG keys from (seed words, absolute positions, purpose), computed
     on the device, so a position that is still a lazy array (the fused loop) gets its key
-    without a host sync. Distinct positions and purposes give unrelated keys."""
-    counter = positions.astype(mx.uint32) * 8 + purpose
-    first = _mix32(_mix32(counter ^ seed[0]) + seed[1])
-    second = _mix32(first ^ _mix32(counter + mx.array(0x9E3779B9, mx.uint32)) ^ seed[0])
-    return mx.stack([first, second], axis=-1)
+    without a host sync. Distinct positions and purposes give distinct keys (a bijection of
+    the counter per word), and the draw's Threefry makes distinct keys unrelated streams.
+
+    Why this shape: word j of a key is mix((position ^ seed[j]) * 8 + salt[j] + purpose),
+    one elementwise expression over a (N, 2) broadcast, with no indexing and no stack, so
+    inside a compiled graph it is one fused kernel per token (a launch, not six, on a GPU).
+    """
+    # Every op has the key's (N, 2) shape (the first one broadcasts) and the purpose is in the
+    # salt (a constant): few enough same-shaped ops for MLX to fuse them into one kernel.
+    # Distinct: (position ^ seed[j]) * 8 has its low 3 bits clear, so purposes 0..7 cannot collide.
+    counter = (positions.astype(mx.uint32)[:, None] ^ seed) * 8
+    return _mix32(counter + mx.array([s + purpose for s in _KEY_WORD_SALT], mx.uint32))
 
 
 def one_hot(tokens: mx.array, vocab_size: int) -> mx.array:
@@ -229,16 +253,21 @@ _ROW_SAMPLER_SLOTS = 16
 
 
 def row_sampler(params: SamplingParams) -> Callable[..., tuple[mx.array, mx.array]]:
-    """The AR step's whole sampler chain as one compiled function (built once per setting):
+    """The AR step's whole sampler chain as one compiled function (built once per setting;
+    plain greedy, one argmax, is not compiled):
     sample(logits (1, V), counts (1, V), seen (1, V), seed words, position (1,) uint32)
-    -> (token (1,), position + 1).
+    -> (token (1,), the next position: position + 1; greedy without penalties, which reads
+    neither, hands `position` back untouched).
 
     Why compiled: uncompiled, penalties, log-softmax, top-p's sort and scatter, min-p, top-k,
     the temperature and the draw are a dozen separate kernels and as many graph nodes the host
     builds every token; mlx-lm compiles its sampler, and on a GPU the difference is tens of
     microseconds a token. The key of the draw is derived from (seed, position, TARGET) on the
-    device (`device_position_keys`), so no key array is made on the host either, and the
-    position advances inside the graph. Shapes are fixed, so it traces once.
+    device (`device_position_keys`, one fused kernel), so no key array is made on the host
+    either, and the position advances inside the graph. Shapes are fixed, so it traces once.
+    Per token it launches no more kernels than mlx-lm's `generate_step` sampler does (greedy:
+    one argmax against its log-softmax and argmax; top-p: the same count), as
+    `bench.ar_parity` counts them from the graph.
     """
     key = graph_key(params)
     if key in _ROW_SAMPLERS:
@@ -254,16 +283,26 @@ def row_sampler(params: SamplingParams) -> Callable[..., tuple[mx.array, mx.arra
                 token = mx.argmax(penalised, axis=-1)
             elif 0.0 < params.top_p < 1.0 or params.top_k > 0:  # sorting anyway: draw in sorted order
                 order, weights = sorted_scaled_logits(penalised, params)
-                draw_key = device_position_keys(seed, position, TARGET)[0]
+                draw_key = device_position_keys(seed, position, TARGET).reshape(2)
                 index = mx.random.categorical(weights, key=draw_key)
                 token = mx.take_along_axis(order, index[:, None], axis=-1)[:, 0]
             else:
-                draw_key = device_position_keys(seed, position, TARGET)[0]
+                draw_key = device_position_keys(seed, position, TARGET).reshape(2)
                 token = mx.random.categorical(scaled_logits(penalised, params), key=draw_key)
             return token.astype(mx.uint32), position + 1
 
-        _ROW_SAMPLERS[key] = mx.compile(sample)
+        # Plain greedy is a single op: compiling it would only add a compiled call's host cost.
+        plain = params.greedy and not params.has_penalties
+        _ROW_SAMPLERS[key] = _plain_argmax if plain else mx.compile(sample)
     return _ROW_SAMPLERS[key]
+
+
+def _plain_argmax(logits: mx.array, counts: mx.array, seen: mx.array, seed: mx.array,
+                  position: mx.array) -> tuple[mx.array, mx.array]:
+    """Greedy without penalties: the argmax of the raw logits (a float32 copy, exact and
+    order-preserving, would pick the same index); no key is drawn, so the position is handed
+    back as it is."""
+    return mx.argmax(logits, axis=-1).astype(mx.uint32), position
 
 
 def pick_first(last_logits: mx.array, params: SamplingParams, history: TokenHistory, seed: int,
