@@ -72,7 +72,9 @@ def checkpoints(tiny_model_factory):
     return {"qwen3": tiny_model_factory("qwen3", num_hidden_layers=4),
             "qwen3_5": tiny_model_factory("qwen3_5"),
             ("qwen3", 3): tiny_model_factory("qwen3", num_hidden_layers=4, **SPLIT_BY_3),
-            ("qwen3_5", 3): tiny_model_factory("qwen3_5", **HYBRID_SPLIT_BY_3)}
+            ("qwen3_5", 3): tiny_model_factory("qwen3_5", **HYBRID_SPLIT_BY_3),
+            # bfloat16 on disk: the CPU backend upcasts it at load (lazily) to float32.
+            ("qwen3_5", "bfloat16"): tiny_model_factory("qwen3_5", torch_dtype="bfloat16")}
 
 
 def bytes_of(modules) -> int:
@@ -132,12 +134,13 @@ def test_seeded_sampled_output_of_a_group_equals_the_single_process_output(tmp_p
     assert {r["depth"]: r["token_ids"] for r in out["results"]} == expected
 
 
-@pytest.mark.parametrize(("family", "ranks"), [
-    ("qwen3", 2), ("qwen3", 3), ("qwen3_5", 2), ("qwen3_5", 3),
-])
+@pytest.mark.parametrize(("family", "ranks", "checkpoint"), [
+    ("qwen3", 2, "qwen3"), ("qwen3", 3, ("qwen3", 3)), ("qwen3_5", 2, "qwen3_5"),
+    ("qwen3_5", 3, ("qwen3_5", 3)), ("qwen3_5", 2, ("qwen3_5", "bfloat16")),
+], ids=["qwen3-2", "qwen3-3", "qwen3_5-2", "qwen3_5-3", "qwen3_5-2-bfloat16"])
 def test_greedy_output_of_a_tensor_group_equals_the_single_process_output_ar_and_mtp(
-        tmp_path, checkpoints, family, ranks):
-    model = checkpoints[family if ranks == 2 else (family, ranks)]
+        tmp_path, checkpoints, family, ranks, checkpoint):
+    model = checkpoints[checkpoint]
     depths = [0, 1, 3]
     reference = single_process(model, depths)
     out = run_group(tmp_path, ranks, model, "--prompts", json.dumps(PROMPTS), "--depths",

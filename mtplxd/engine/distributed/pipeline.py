@@ -206,6 +206,11 @@ def load_group_model(path: str | os.PathLike, link: Link, *, split: str | None =
     shard = (split_for_tensor(spec, group, ends=True) if parallel == "tensor"
              else keep_only(spec, 0, slices[0][1], ends=True))
     loaded = load_model(path, model_id=model_id, depth=depth, quantize=quantize, shard=shard)
+    if parallel == "tensor":
+        # Rank 0's layers run on the link thread, and MLX evaluates an array only on the thread
+        # whose stream built it: evaluate the weights here, where the load (a bfloat16
+        # checkpoint's lazy upcast to float32 on the CPU backend included) built them.
+        mx.eval(loaded.model.parameters())
     own_seconds = time.perf_counter() - began
     _text_only_over_a_group(loaded)
     acks = link.call(lambda: wire.recv_json(last, group), LOAD_TIMEOUT_S)
