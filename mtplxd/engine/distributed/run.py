@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mtplxd.engine.bench.harness import exit_without_teardown
 from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S
 from mtplxd.engine.distributed.pipeline import worker_stats
 from mtplxd.engine.distributed.serving import GroupOptions, ServingGroup
@@ -144,4 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # Rank 0 ran MLX on the link thread: leave without the interpreter teardown that can abort
     # in MLX's native threads (seen here, after the report was printed, as exit code -6).
-    exit_without_teardown(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
