@@ -280,6 +280,11 @@ def test_a_vision_checkpoint_over_a_group_serves_text_only_and_says_why(tmp_path
     reference = single_process(model, [0, 3])
     for result in out["results"]:
         assert result["token_ids"][:8] == reference[(result["prompt"], result["depth"])][:8]
+    # No rank loads the vision tower: the worker holds its layers' bytes and nothing more.
+    text = load_model(model).trunk.text
+    worker = out["group"]["ranks"][1]
+    start, end = worker["layers"]
+    assert worker["weights_bytes"] == bytes_of(text.model.layers[start:end])
 
 
 def _exited(pid: int) -> bool:

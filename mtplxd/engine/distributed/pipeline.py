@@ -39,6 +39,12 @@ from mtplxd.engine.model.trunk import Trunk
 
 JOIN_TIMEOUT_S = 120.0  # every worker must have started and joined by then
 LOAD_TIMEOUT_S = 900.0  # a worker reading its share of a large checkpoint
+# A vision checkpoint is served text only over a group: an image row's positions live with its
+# cache on rank 0, and the workers' layers would rotate it at 1-D positions, an answer no
+# single-process run gives. So no rank loads the vision tower.
+GROUP_VISION_REASON = ("images are not served over a distributed group: the workers' attention "
+                       "layers cannot place image rows at their multimodal (mRoPE) positions; "
+                       "serving text only")
 
 
 class RemoteCache:
@@ -205,14 +211,14 @@ def load_group_model(path: str | os.PathLike, link: Link, *, split: str | None =
     began = time.perf_counter()
     shard = (split_for_tensor(spec, group, ends=True) if parallel == "tensor"
              else keep_only(spec, 0, slices[0][1], ends=True))
-    loaded = load_model(path, model_id=model_id, depth=depth, quantize=quantize, shard=shard)
+    loaded = load_model(path, model_id=model_id, depth=depth, quantize=quantize, shard=shard,
+                        text_only=GROUP_VISION_REASON)
     if parallel == "tensor":
         # Rank 0's layers run on the link thread, and MLX evaluates an array only on the thread
         # whose stream built it: evaluate the weights here, where the load (a bfloat16
         # checkpoint's lazy upcast to float32 on the CPU backend included) built them.
         mx.eval(loaded.model.parameters())
     own_seconds = time.perf_counter() - began
-    _text_only_over_a_group(loaded)
     acks = link.call(lambda: wire.recv_json(last, group), LOAD_TIMEOUT_S)
     if acks.get("errors"):
         raise ModelLoadError("; ".join(acks["errors"]))
@@ -255,21 +261,6 @@ def _pipeline_slices(link: Link, split: str | None, num_layers: int,
     except ValueError as exc:
         _refuse(link, str(exc))
     return slices
-
-
-GROUP_VISION_REASON = ("images are not served over a distributed group: the workers' attention "
-                       "layers cannot place image rows at their multimodal (mRoPE) positions; "
-                       "serving text only")
-
-
-def _text_only_over_a_group(loaded: LoadedModel) -> None:
-    """Drop the vision tower of a model served over a group, saying why: an image row's
-    positions live with its cache on rank 0, and the workers' layers would rotate it at 1-D
-    positions, an answer no single-process run gives."""
-    if loaded.vision is None:
-        return
-    loaded.vision = None
-    loaded.info.vision, loaded.info.vision_reason = False, GROUP_VISION_REASON
 
 
 def measure_link(link: Link, rounds: int = 5) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import mlx.core as mx
 from mtplxd.engine.distributed import wire
 from mtplxd.engine.distributed.fingerprint import fingerprint
 from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S
-from mtplxd.engine.distributed.pipeline import JOIN_TIMEOUT_S, LOAD_TIMEOUT_S
+from mtplxd.engine.distributed.pipeline import GROUP_VISION_REASON, JOIN_TIMEOUT_S, LOAD_TIMEOUT_S
 from mtplxd.engine.distributed.shard import (
     keep_only, parameter_groups, physical_memory, resident_bytes,
 )
@@ -108,11 +108,14 @@ class Worker:
         began = time.perf_counter()
         shard = (split_for_tensor(spec, self.group, ends=False) if self.tensor
                  else keep_only(spec, self.start, self.end, ends=False))
-        self.loaded = load_model(self.model_path, quantize=plan["quantize"], shard=shard)
-        model = self.loaded.model
-        # Every parameter this rank holds: its layers (or its part of every layer), no ends.
+        self.loaded = load_model(self.model_path, quantize=plan["quantize"], shard=shard,
+                                 text_only=GROUP_VISION_REASON)
+        model, vision = self.loaded.model, self.loaded.vision
+        # Every parameter this rank holds: its layers (or its part of every layer), no ends,
+        # no vision tower.
+        held = [model] + ([vision.model] if vision is not None else [])
         return {"rank": self.rank, "layers": [self.start, self.end], "dtype": self.loaded.info.dtype,
-                "weights_bytes": resident_bytes([model]), "holds": parameter_groups(model),
+                "weights_bytes": resident_bytes(held), "holds": parameter_groups(model),
                 "load_seconds": round(time.perf_counter() - began, 3)}
 
     def serve(self) -> None:
