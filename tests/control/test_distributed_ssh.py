@@ -25,14 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-import openai
 import pytest
 
 import mtplxd
-from mtplxd.engine import GenerationRequest, SamplingParams, load_model
 from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
 
-from support.daemon import run_ctl
+from support.daemon import greedy_completion, run_ctl, single_process_text
 from support.waiting import wait_for, wait_gone
 
 SSHD = shutil.which("sshd") or next(
@@ -157,16 +155,11 @@ def test_a_worker_started_over_real_ssh_serves_an_openai_request_as_one_process(
         # Started by sshd's session, not by the daemon (whose child is the ssh client).
         assert Path(f"/proc/{workers[0]}/status").read_text().count(f"PPid:\t{daemon_pid}\n") == 0
 
-        client = openai.OpenAI(base_url=status["http"]["base_url"], api_key="none", max_retries=0)
         prompt = "def add(a, b):"
-        answer = client.completions.create(model="tiny4", prompt=prompt, max_tokens=12,
-                                           temperature=0)
-        single = load_model(model_path)
-        expected = single.complete(GenerationRequest(
-            single.tokenizer.encode(prompt), SamplingParams(max_tokens=12)))
-        assert answer.choices[0].text == expected.text
+        answer = greedy_completion(status["http"]["base_url"], "tiny4", prompt, 12)
+        assert answer == single_process_text(model_path, prompt, 12)
         print(f"ssh group: started in {start_seconds:.1f} s; link {group['link']}; "
-              f"answer {answer.choices[0].text!r} equals the single process's")
+              f"answer {answer!r} equals the single process's")
     finally:
         stopped = run_ctl("stop")
         for pid in workers:  # a worker the stop missed must not outlive the test
