@@ -74,7 +74,8 @@ def checkpoints(tiny_model_factory):
             ("qwen3", 3): tiny_model_factory("qwen3", num_hidden_layers=4, **SPLIT_BY_3),
             ("qwen3_5", 3): tiny_model_factory("qwen3_5", **HYBRID_SPLIT_BY_3),
             # bfloat16 on disk: the CPU backend upcasts it at load (lazily) to float32.
-            ("qwen3_5", "bfloat16"): tiny_model_factory("qwen3_5", torch_dtype="bfloat16")}
+            ("qwen3_5", "bfloat16"): tiny_model_factory("qwen3_5", torch_dtype="bfloat16"),
+            "qwen3_5_moe": tiny_model_factory("qwen3_5_moe")}
 
 
 def bytes_of(modules) -> int:
@@ -85,7 +86,7 @@ def bytes_of(modules) -> int:
 
 def layer_prefix(family: str) -> str:
     """Where a family's decoder layers sit in the parameter names."""
-    return "language_model.model.layers" if family == "qwen3_5" else "model.layers"
+    return "language_model.model.layers" if family.startswith("qwen3_5") else "model.layers"
 
 
 @pytest.mark.parametrize(("family", "ranks", "split"), [
@@ -137,7 +138,8 @@ def test_seeded_sampled_output_of_a_group_equals_the_single_process_output(tmp_p
 @pytest.mark.parametrize(("family", "ranks", "checkpoint"), [
     ("qwen3", 2, "qwen3"), ("qwen3", 3, ("qwen3", 3)), ("qwen3_5", 2, "qwen3_5"),
     ("qwen3_5", 3, ("qwen3_5", 3)), ("qwen3_5", 2, ("qwen3_5", "bfloat16")),
-], ids=["qwen3-2", "qwen3-3", "qwen3_5-2", "qwen3_5-3", "qwen3_5-2-bfloat16"])
+    ("qwen3_5_moe", 2, "qwen3_5_moe"),
+], ids=["qwen3-2", "qwen3-3", "qwen3_5-2", "qwen3_5-3", "qwen3_5-2-bfloat16", "qwen3_5_moe-2"])
 def test_greedy_output_of_a_tensor_group_equals_the_single_process_output_ar_and_mtp(
         tmp_path, checkpoints, family, ranks, checkpoint):
     model = checkpoints[checkpoint]
@@ -183,7 +185,8 @@ def test_a_tensor_group_refuses_a_family_without_a_tested_shard_naming_the_reaso
         tmp_path, tiny_model_factory):
     out = run_group(tmp_path, 2, tiny_model_factory("qwen3_next"), "--depths", "0",
                     parallel="tensor")
-    assert "tensor parallel serving covers qwen3, qwen3_5 only, not qwen3_next" in out["refused"]
+    assert ("tensor parallel serving covers qwen3, qwen3_5, qwen3_5_moe only, not qwen3_next"
+            in out["refused"])
     assert '"parallel": "pipeline"' in out["refused"]
 
 

@@ -2,7 +2,8 @@
 
 mlx-lm's `Model.shard(group)` splits each layer's attention by heads (q/k/v_proj
 all-to-sharded, o_proj sharded-to-all) and its MLP by the intermediate size (gate/up
-all-to-sharded, down sharded-to-all); for the hybrid qwen3_5 it also splits each Gated
+all-to-sharded, down sharded-to-all; a MoE block each expert's MLP); for the hybrid qwen3_5
+(and qwen3_5_moe) it also splits each Gated
 DeltaNet layer by heads (in_proj_qkv/z/a/b, the depthwise conv1d, A_log and dt_bias by head,
 out_proj sharded-to-all), so each rank's rollback cache holds the conv and recurrent state of
 its own heads and trims it locally (rollback.py). Every layer ends in an all_sum and every
@@ -25,14 +26,18 @@ import mlx.nn as nn
 from mtplxd.engine.distributed.shard import drop_ends
 from mtplxd.engine.model.families import FamilySpec
 
-# Families whose shard() is tested here (greedy output equal to one process, 2 and 3 ranks).
-# qwen3_5_moe has a shard() in mlx-lm too, untested with our caches; qwen3_next has none.
-TENSOR_FAMILIES = ("qwen3", "qwen3_5")
-# What shard() divides by the number of ranks, per family.
+# Families whose shard() is tested here (greedy output equal to one process: qwen3 and
+# qwen3_5 with 2 and 3 ranks, qwen3_5_moe with 2). qwen3_next has no shard() in mlx-lm.
+TENSOR_FAMILIES = ("qwen3", "qwen3_5", "qwen3_5_moe")
+# What shard() divides by the number of ranks, per family (a MoE layer splits every expert's
+# and the shared expert's MLP; its router stays whole).
+_ATTENTION = ("num_attention_heads", "num_key_value_heads")
+_GATED_DELTANET = ("linear_num_key_heads", "linear_num_value_heads")
 SPLIT_KEYS = {
-    "qwen3": ("num_attention_heads", "num_key_value_heads", "intermediate_size"),
-    "qwen3_5": ("num_attention_heads", "num_key_value_heads", "intermediate_size",
-                "linear_num_key_heads", "linear_num_value_heads"),
+    "qwen3": _ATTENTION + ("intermediate_size",),
+    "qwen3_5": _ATTENTION + _GATED_DELTANET + ("intermediate_size",),
+    "qwen3_5_moe": _ATTENTION + _GATED_DELTANET + ("moe_intermediate_size",
+                                                   "shared_expert_intermediate_size"),
 }
 
 
