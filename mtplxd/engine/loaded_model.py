@@ -112,7 +112,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                decode_loop: str = "auto",
                quantize: str = "auto",
                shard: Callable[[Any], None] | None = None,
-               kv_bits: int | str = 0) -> LoadedModel:
+               kv_bits: int | str = 0,
+               text_only: str | None = None) -> LoadedModel:
     """Load an HF-format folder for serving (owner thread only).
 
     Registered families with MTP tensors are served MTP at `depth` (default: the checkpoint's
@@ -130,6 +131,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     engine/distributed): only what it leaves is loaded.
     `kv_bits` 8 or 4 quantizes the attention KV cache (mlx-lm's QuantizedKVCache), 0 keeps it
     full precision, "auto" takes the checkpoint's config.json `mtplx_kv_bits` (else 0).
+    `text_only` is a reason to serve a vision checkpoint text only: its vision tower is not
+    loaded, and `info.vision_reason` says why (a distributed group's ranks).
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -179,11 +182,12 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         kernels=kernel_paths(switched, hybrid=report.model_type in HYBRID_MODEL_TYPES),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache()) else "stepwise"),
-        vision=report.vision, vision_reason=report.vision_reason,
+        vision=report.vision and text_only is None,
+        vision_reason=text_only if report.vision and text_only else report.vision_reason,
         kv_bits=trunk.kv_bits,
     )
     loaded = LoadedModel(model, tokenizer, info, trunk)
-    if report.vision:
+    if info.vision:
         try:
             loaded.vision = load_vision_tower(path, config)
         except ModelLoadError as exc:  # the text is still served; images are refused, saying why

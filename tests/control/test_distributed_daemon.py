@@ -16,7 +16,7 @@ import pytest
 from mtplxd.engine import GenerationRequest, SamplingParams, load_model
 from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
 
-from support.daemon import run_ctl
+from support.daemon import greedy_completion, run_ctl, single_process_text
 from support.waiting import pid_gone, wait_gone
 
 
@@ -54,14 +54,11 @@ def test_start_hosts_serves_over_two_ranks_and_a_lost_worker_is_a_503_naming_it(
         assert "rank 1 127.0.0.1" in human.replace("\n", " ") or "rank 1" in human
 
         base = status["http"]["url"]
-        client = openai.OpenAI(base_url=status["http"]["base_url"], api_key="none", max_retries=0)
         prompt = "def add(a, b):"
-        answer = client.completions.create(model="tiny4", prompt=prompt, max_tokens=12,
-                                           temperature=0)
+        answer = greedy_completion(status["http"]["base_url"], "tiny4", prompt, 12)
+        assert answer == single_process_text(model_path, prompt, 12)  # it answers as one process
+        client = openai.OpenAI(base_url=status["http"]["base_url"], api_key="none", max_retries=0)
         single = load_model(model_path)
-        expected = single.complete(GenerationRequest(
-            single.tokenizer.encode(prompt), SamplingParams(max_tokens=12)))
-        assert answer.choices[0].text == expected.text  # the group answers as one process
 
         # Two requests at once: two rows, each with its own caches on the worker.
         prompts = ["import json\n", "class Stack:"]

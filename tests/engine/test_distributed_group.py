@@ -61,11 +61,32 @@ def single_process(model_path: Path, depths: list[int]) -> dict[tuple[int, int],
     return out
 
 
+# Head counts and MLP width that 3 ranks divide (tensor parallel splits them).
+SPLIT_BY_3 = {"num_attention_heads": 6, "num_key_value_heads": 3, "intermediate_size": 192}
+HYBRID_SPLIT_BY_3 = {**SPLIT_BY_3, "linear_num_key_heads": 3, "linear_num_value_heads": 6}
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tiny_model_factory):
     # Four layers, so three ranks each hold at least one.
     return {"qwen3": tiny_model_factory("qwen3", num_hidden_layers=4),
-            "qwen3_5": tiny_model_factory("qwen3_5")}
+            "qwen3_5": tiny_model_factory("qwen3_5"),
+            ("qwen3", 3): tiny_model_factory("qwen3", num_hidden_layers=4, **SPLIT_BY_3),
+            ("qwen3_5", 3): tiny_model_factory("qwen3_5", **HYBRID_SPLIT_BY_3),
+            # bfloat16 on disk: the CPU backend upcasts it at load (lazily) to float32.
+            ("qwen3_5", "bfloat16"): tiny_model_factory("qwen3_5", torch_dtype="bfloat16"),
+            "qwen3_5_moe": tiny_model_factory("qwen3_5_moe")}
+
+
+def bytes_of(modules) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for m in modules if m is not None for _, v in tree_flatten(m.parameters()))
+
+
+def layer_prefix(family: str) -> str:
+    """Where a family's decoder layers sit in the parameter names."""
+    return "language_model.model.layers" if family.startswith("qwen3_5") else "model.layers"
 
 
 @pytest.mark.parametrize(("family", "ranks", "split"), [
@@ -92,6 +113,12 @@ def test_greedy_output_of_a_group_equals_the_single_process_output_ar_and_mtp(
         # prefill chunks, and the one cycle the loop runs ahead and retracts at the end).
         assert result["exchanges"] <= result["cycles"] + _prefill_chunks(PROMPTS[key[0]]) + 1
     assert all(r["forwards"] > 0 for r in out["workers"])
+    # A worker holds its layers and nothing else: no embedding, final norm, lm_head, MTP head.
+    text = load_model(model).trunk.text
+    for rank in out["group"]["ranks"][1:]:
+        start, end = rank["layers"]
+        assert rank["holds"] == [layer_prefix(family)]
+        assert rank["weights_bytes"] == bytes_of(text.model.layers[start:end])
 
 
 def test_seeded_sampled_output_of_a_group_equals_the_single_process_output(tmp_path, checkpoints):
@@ -108,31 +135,43 @@ def test_seeded_sampled_output_of_a_group_equals_the_single_process_output(tmp_p
     assert {r["depth"]: r["token_ids"] for r in out["results"]} == expected
 
 
+@pytest.mark.parametrize(("family", "ranks", "checkpoint"), [
+    ("qwen3", 2, "qwen3"), ("qwen3", 3, ("qwen3", 3)), ("qwen3_5", 2, "qwen3_5"),
+    ("qwen3_5", 3, ("qwen3_5", 3)), ("qwen3_5", 2, ("qwen3_5", "bfloat16")),
+    ("qwen3_5_moe", 2, "qwen3_5_moe"),
+], ids=["qwen3-2", "qwen3-3", "qwen3_5-2", "qwen3_5-3", "qwen3_5-2-bfloat16", "qwen3_5_moe-2"])
 def test_greedy_output_of_a_tensor_group_equals_the_single_process_output_ar_and_mtp(
-        tmp_path, checkpoints):
-    model = checkpoints["qwen3"]
+        tmp_path, checkpoints, family, ranks, checkpoint):
+    model = checkpoints[checkpoint]
     depths = [0, 1, 3]
     reference = single_process(model, depths)
-    out = run_group(tmp_path, 2, model, "--prompts", json.dumps(PROMPTS), "--depths",
+    out = run_group(tmp_path, ranks, model, "--prompts", json.dumps(PROMPTS), "--depths",
                     ",".join(map(str, depths)), "--max-tokens", str(MAX_TOKENS), "--logits",
                     parallel="tensor")
     assert "refused" not in out and "lost" not in out, out
     assert out["group"]["parallel"] == "tensor"
-    assert [r["layers"] for r in out["group"]["ranks"]] == [[0, 4], [0, 4]]
-    # Each rank holds half of every layer (rank 0 also the embedding, lm_head, MTP head).
-    assert out["group"]["ranks"][1]["weights_bytes"] < out["group"]["ranks"][0]["weights_bytes"]
+    assert [r["layers"] for r in out["group"]["ranks"]] == [[0, 4]] * ranks
     for result in out["results"]:
         key = (result["prompt"], result["depth"])
         assert result["token_ids"] == reference[key], f"prompt {key[0]} depth {key[1]} diverged"
         # A verify of K+1 tokens is one announced forward (one all_sum round per layer).
         assert result["exchanges"] <= result["cycles"] + _prefill_chunks(PROMPTS[key[0]]) + 1
     assert all(r["forwards"] > 0 for r in out["workers"])
-    # all_sum adds the halves in another order than one matmul: equal to rounding, not bitwise
-    # (the largest difference seen is in docs/distributed.md).
+    # Every rank holds 1/ranks of every layer; rank 0 also the embedding, final norm, lm_head
+    # and MTP head, which the workers never read.
     single = load_model(model)
+    text = single.trunk.text
+    ends = bytes_of([text.model.embed_tokens, text.model.norm, getattr(text, "lm_head", None),
+                     single.head])
+    rank0, *workers = out["group"]["ranks"]
+    for rank in workers:
+        assert rank["holds"] == [layer_prefix(family)]
+        assert rank["weights_bytes"] == rank0["weights_bytes"] - ends
+    # all_sum adds the parts in another order than one matmul: equal to rounding, not bitwise
+    # (the largest difference seen is in docs/distributed.md).
     worst = max(_largest_difference(single.trunk.prefill(prompt, single.trunk.make_cache())[1],
                                     logits) for prompt, logits in zip(PROMPTS, out["logits"]))
-    print(f"largest logit difference, tensor group vs one process: {worst:.3g}")
+    print(f"largest logit difference, {family} tensor group of {ranks} vs one process: {worst:.3g}")
     assert worst < 1e-4
 
 
@@ -143,10 +182,20 @@ def _largest_difference(expected, got: list[float]) -> float:
 
 
 def test_a_tensor_group_refuses_a_family_without_a_tested_shard_naming_the_reason(
-        tmp_path, checkpoints):
-    out = run_group(tmp_path, 2, checkpoints["qwen3_5"], "--depths", "0", parallel="tensor")
-    assert "tensor parallel serving covers qwen3 only, not qwen3_5" in out["refused"]
+        tmp_path, tiny_model_factory):
+    out = run_group(tmp_path, 2, tiny_model_factory("qwen3_next"), "--depths", "0",
+                    parallel="tensor")
+    assert ("tensor parallel serving covers qwen3, qwen3_5, qwen3_5_moe only, not qwen3_next"
+            in out["refused"])
     assert '"parallel": "pipeline"' in out["refused"]
+
+
+def test_a_tensor_group_refuses_gated_deltanet_heads_the_ranks_do_not_divide(
+        tmp_path, tiny_model_factory):
+    model = tiny_model_factory("qwen3_5", **SPLIT_BY_3)  # 2 linear key heads over 3 ranks
+    out = run_group(tmp_path, 3, model, "--depths", "0", parallel="tensor")
+    assert "splits linear_num_key_heads (2)" in out["refused"]
+    assert "not a multiple of 3" in out["refused"]
 
 
 def test_a_worker_killed_mid_generation_fails_a_tensor_request_with_group_lost(
@@ -234,6 +283,11 @@ def test_a_vision_checkpoint_over_a_group_serves_text_only_and_says_why(tmp_path
     reference = single_process(model, [0, 3])
     for result in out["results"]:
         assert result["token_ids"][:8] == reference[(result["prompt"], result["depth"])][:8]
+    # No rank loads the vision tower: the worker holds its layers' bytes and nothing more.
+    text = load_model(model).trunk.text
+    worker = out["group"]["ranks"][1]
+    start, end = worker["layers"]
+    assert worker["weights_bytes"] == bytes_of(text.model.layers[start:end])
 
 
 def _exited(pid: int) -> bool:

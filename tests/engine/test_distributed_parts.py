@@ -121,7 +121,10 @@ def test_tensor_parallel_refuses_heads_that_do_not_divide_across_the_ranks():
     config = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128}
     assert tensor_refusal("qwen3", config, 2) is None
     assert "num_attention_heads (4) across the ranks" in tensor_refusal("qwen3", config, 3)
-    assert "covers qwen3 only, not qwen3_next" in tensor_refusal("qwen3_next", config, 2)
+    assert "only, not qwen3_next" in tensor_refusal("qwen3_next", config, 2)
+    # The hybrid also splits its Gated DeltaNet heads, nested under text_config.
+    hybrid = {"text_config": {**config, "linear_num_key_heads": 3, "linear_num_value_heads": 6}}
+    assert "linear_num_key_heads (3) across the ranks" in tensor_refusal("qwen3_5", hybrid, 2)
 
 
 def test_header_round_trips_trims_and_frees():

@@ -58,3 +58,21 @@ def run_ctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run `mtplxctl` as a subprocess, the way a user does."""
     return subprocess.run([sys.executable, "-m", "mtplxctl", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+def greedy_completion(base_url: str, model: str, prompt: str, max_tokens: int) -> str:
+    """The text of one temperature-0 completion through the OpenAI SDK (`base_url`: .../v1)."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+    return client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                     temperature=0).choices[0].text
+
+
+def single_process_text(model_path: Path, prompt: str, max_tokens: int) -> str:
+    """What one process (`load_model`, greedy) answers to `prompt`: a group's reference."""
+    from mtplxd.engine import GenerationRequest, SamplingParams, load_model
+
+    single = load_model(model_path)
+    return single.complete(GenerationRequest(
+        single.tokenizer.encode(prompt), SamplingParams(max_tokens=max_tokens))).text

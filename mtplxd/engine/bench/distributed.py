@@ -18,6 +18,8 @@ tokens goes around the ring once).
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,22 +27,36 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlx_lm.utils import load_tokenizer
+
 from mtplxd.engine.bench.harness import (
     bench_parser, command_line, machine, median, paired_speedups, prompt_ids_for, write_report,
 )
 from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
 from mtplxd.engine.interface import GenerationRequest, SamplingParams
 from mtplxd.engine.loaded_model import load_model
+from mtplxd.engine.model.loader import safetensors_header, weight_files
 
 PROMPTS = ("def fibonacci(n):", "Explain a KV cache.", "for x in xs: if x > 0:", "import json\n")
 
 
-def make_model(dest: Path, layers: int, hidden: int) -> Path:
-    """A random-weight dense qwen3 with an MTP head, `layers` x `hidden` (heads of 64)."""
+def make_model(dest: Path, layers: int, hidden: int, dtype: str = "float32") -> Path:
+    """A random-weight dense qwen3 with an MTP head, `layers` x `hidden` (heads of 64), its
+    weights saved in `dtype`. Built where MLX computes (on a GPU machine, on the device)."""
     heads = max(hidden // 64, 1)
     return write_tiny_checkpoint(dest, "qwen3", num_hidden_layers=layers, hidden_size=hidden,
                                  intermediate_size=hidden * 3, num_attention_heads=heads,
-                                 num_key_value_heads=max(heads // 4, 1), head_dim=64)
+                                 num_key_value_heads=max(heads // 4, 1), head_dim=64,
+                                 torch_dtype=dtype)
+
+
+def checkpoint_summary(model_path: Path) -> dict[str, Any]:
+    """Parameters, bytes on disk and dtypes of a checkpoint (from its safetensors headers)."""
+    files = weight_files(model_path)
+    tensors = [t for file in files for t in safetensors_header(file).values()]
+    return {"parameters": sum(math.prod(t["shape"]) for t in tensors),
+            "bytes": sum(f.stat().st_size for f in files),
+            "dtypes": sorted({t["dtype"] for t in tensors})}
 
 
 def single(model_path: Path, prompts: list[list[int]], depth: int, max_tokens: int,
@@ -115,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=None, help="a checkpoint (default: write one)")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="the written model's weights (without --model)")
     parser.add_argument("--ranks", default="1,2,3", help="configurations to run, e.g. 1,2,3")
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -123,11 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="mtplx-bench-distributed-"))
     began = time.perf_counter()
-    model_path = args.model or make_model(workdir / "model", args.layers, args.hidden)
-    tokenizer = load_model(model_path).tokenizer
+    model_path = args.model or make_model(workdir / "model", args.layers, args.hidden, args.dtype)
+    build_seconds = round(time.perf_counter() - began, 1)
+    tokenizer = load_tokenizer(model_path)  # not the whole model: it may be tens of GB
     prompts = [prompt_ids_for(tokenizer, text) for text in PROMPTS]
     report: dict[str, Any] = {"command": command_line("python -m mtplxd.engine.bench.distributed", argv),
                               "machine": machine(), "model": str(model_path),
+                              "checkpoint": checkpoint_summary(model_path),
+                              "build_seconds": None if args.model else build_seconds,
                               "layers": args.layers, "hidden": args.hidden, "depth": args.depth,
                               "max_tokens": args.max_tokens, "configurations": {}}
     for ranks in [int(r) for r in args.ranks.split(",")]:
@@ -142,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{ranks} rank(s): {json.dumps(entry)}", file=sys.stderr)
         if args.json_out:  # after every configuration: a run cut short keeps what it measured
             write_report(args.json_out, report)
+    if args.model is None:  # a written model may be tens of GB: the report keeps its summary
+        shutil.rmtree(model_path, ignore_errors=True)
     print(json.dumps(report, indent=2))
     if args.json_out:
         print(f"saved {args.json_out}", file=sys.stderr)

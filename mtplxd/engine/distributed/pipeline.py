@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache
 
 from mtplxd.engine.distributed import wire
 from mtplxd.engine.distributed.fingerprint import differences, fingerprint
 from mtplxd.engine.distributed.link import Link
 from mtplxd.engine.distributed.shard import (
-    held_modules, keep_only, layer_count, physical_memory, resident_bytes,
+    held_modules, keep_only, layer_count, parameter_groups, physical_memory, resident_bytes,
 )
 from mtplxd.engine.distributed.split import parse_split, split_layers
 from mtplxd.engine.distributed.stage import run_layers
@@ -38,6 +39,12 @@ from mtplxd.engine.model.trunk import Trunk
 
 JOIN_TIMEOUT_S = 120.0  # every worker must have started and joined by then
 LOAD_TIMEOUT_S = 900.0  # a worker reading its share of a large checkpoint
+# A vision checkpoint is served text only over a group: an image row's positions live with its
+# cache on rank 0, and the workers' layers would rotate it at 1-D positions, an answer no
+# single-process run gives. So no rank loads the vision tower.
+GROUP_VISION_REASON = ("images are not served over a distributed group: the workers' attention "
+                       "layers cannot place image rows at their multimodal (mRoPE) positions; "
+                       "serving text only")
 
 
 class RemoteCache:
@@ -110,11 +117,26 @@ class TensorTrunk(PipelineTrunk):
         """As Trunk.body; the sharded layers run on the link thread, under its deadline."""
         body = self.text.model
         layers, caches, remote = body.layers, cache[:-1], cache[-1]
+        # MLX evaluates an array only on the thread whose stream built it. The layers run on
+        # the link thread, while the engine trims the hybrid's Gated DeltaNet caches on this
+        # one (a trim builds the committed state lazily: rollback.py); so each thread
+        # evaluates what it built: the trims here, the forward's cache updates there.
+        mx.eval(recurrent_state(caches))
+
+        def compute(hidden: mx.array) -> mx.array:
+            out = run_layers(layers, caches, hidden)
+            mx.eval(out, recurrent_state(caches))
+            return out
         hidden = self.link.forward_together(
-            remote.row, remote.take_trims(), self.input_hidden(tokens, embeddings),
-            lambda hidden: run_layers(layers, caches, hidden))
+            remote.row, remote.take_trims(), self.input_hidden(tokens, embeddings), compute)
         remote.offset += tokens.shape[1]
         return body.norm(hidden)
+
+
+def recurrent_state(caches: list[Any]) -> list[mx.array]:
+    """The arrays the recurrent (Gated DeltaNet) entries of `caches` hold; attention KV
+    caches hold none that a trim builds."""
+    return [a for c in caches if isinstance(c, ArraysCache) for a in c.cache if a is not None]
 
 
 @dataclass
@@ -187,11 +209,16 @@ def load_group_model(path: str | os.PathLike, link: Link, *, split: str | None =
     group, last = link.group, link.size - 1
     link.call(lambda: wire.send_json(plan, 1, group))
     began = time.perf_counter()
-    shard = (split_for_tensor(spec, group) if parallel == "tensor"
+    shard = (split_for_tensor(spec, group, ends=True) if parallel == "tensor"
              else keep_only(spec, 0, slices[0][1], ends=True))
-    loaded = load_model(path, model_id=model_id, depth=depth, quantize=quantize, shard=shard)
+    loaded = load_model(path, model_id=model_id, depth=depth, quantize=quantize, shard=shard,
+                        text_only=GROUP_VISION_REASON)
+    if parallel == "tensor":
+        # Rank 0's layers run on the link thread, and MLX evaluates an array only on the thread
+        # whose stream built it: evaluate the weights here, where the load (a bfloat16
+        # checkpoint's lazy upcast to float32 on the CPU backend included) built them.
+        mx.eval(loaded.model.parameters())
     own_seconds = time.perf_counter() - began
-    _text_only_over_a_group(loaded)
     acks = link.call(lambda: wire.recv_json(last, group), LOAD_TIMEOUT_S)
     if acks.get("errors"):
         raise ModelLoadError("; ".join(acks["errors"]))
@@ -209,12 +236,13 @@ def load_group_model(path: str | os.PathLike, link: Link, *, split: str | None =
     loaded.info = replace(loaded.info, decode_loop="stepwise", weights_bytes=own_bytes)
     by_rank = {p["rank"]: p for p in reports}
     ranks = [{"rank": 0, "host": os.uname().nodename, "layers": list(slices[0]),
-              "weights_bytes": own_bytes, "memory_bytes": physical_memory(),
-              "load_seconds": round(own_seconds, 3)}]
+              "weights_bytes": own_bytes, "holds": parameter_groups(loaded.model),
+              "memory_bytes": physical_memory(), "load_seconds": round(own_seconds, 3)}]
     for ack in acks["loaded"]:
         peer = by_rank[ack["rank"]]
         ranks.append({"rank": ack["rank"], "host": peer["host"], "pid": peer["pid"],
                       "layers": ack["layers"], "weights_bytes": ack["weights_bytes"],
+                      "holds": ack["holds"],
                       "memory_bytes": peer["memory_bytes"], "load_seconds": ack["load_seconds"]})
     loaded.group = GroupInfo(ranks, [list(s) for s in slices], measure_link(link), parallel)
     link.start_heartbeat()  # from now on workers expect word from rank 0 within the deadline
@@ -233,21 +261,6 @@ def _pipeline_slices(link: Link, split: str | None, num_layers: int,
     except ValueError as exc:
         _refuse(link, str(exc))
     return slices
-
-
-GROUP_VISION_REASON = ("images are not served over a distributed group: the workers' attention "
-                       "layers cannot place image rows at their multimodal (mRoPE) positions; "
-                       "serving text only")
-
-
-def _text_only_over_a_group(loaded: LoadedModel) -> None:
-    """Drop the vision tower of a model served over a group, saying why: an image row's
-    positions live with its cache on rank 0, and the workers' layers would rotate it at 1-D
-    positions, an answer no single-process run gives."""
-    if loaded.vision is None:
-        return
-    loaded.vision = None
-    loaded.info.vision, loaded.info.vision_reason = False, GROUP_VISION_REASON
 
 
 def measure_link(link: Link, rounds: int = 5) -> dict[str, Any]:

@@ -141,4 +141,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Rank 0 ran MLX on the link thread: leave without the interpreter teardown that can abort
+    # in MLX's native threads (seen here, after the report was printed, as exit code -6).
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,13 +1,15 @@
 """Loading one rank's share of a checkpoint: its layers, plus the ends on rank 0.
 
 The checkpoint is opened lazily (`load_checkpoint(lazy=True)`); the layers a rank does not
-hold are replaced by None (as mlx-lm's PipelineMixin does) before anything is read, so a
-rank reads and keeps only its own weights.
+hold are replaced by None (as mlx-lm's PipelineMixin does) before anything is read, and so
+are the ends (embedding, final norm, lm_head, MTP head) on a worker, which never runs them:
+a rank reads and keeps only its own weights.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Callable
 
 import mlx.core as mx
@@ -27,13 +29,32 @@ def keep_only(spec: FamilySpec, start: int, end: int, *, ends: bool) -> Callable
     """A `load_model(shard=...)` hook keeping layers [start, end) (and, with `ends`, the
     embeddings, final norm, lm_head and MTP head) and reading exactly those weights."""
     def shard(model: nn.Module) -> None:
-        text = spec.text_model(model)
-        layers = text.model.layers
+        layers = spec.text_model(model).model.layers
         for i in range(len(layers)):
             if not start <= i < end:
                 layers[i] = None
+        if not ends:
+            drop_ends(spec, model)
         mx.eval([m.parameters() for m in held_modules(spec, model, start, end, ends=ends)])
     return shard
+
+
+def drop_ends(spec: FamilySpec, model: nn.Module) -> None:
+    """Drop, unread, what only rank 0 runs: the embedding, final norm, lm_head and MTP head
+    (rank 0 embeds, applies the norm and the heads for the whole group in both modes)."""
+    text = spec.text_model(model)
+    text.model.embed_tokens = text.model.norm = None
+    if getattr(text, "lm_head", None) is not None:
+        text.lm_head = None
+    if getattr(model, "mtp", None) is not None:
+        model.mtp = None
+
+
+def parameter_groups(model: nn.Module) -> list[str]:
+    """The names of a model's parameters with the layer index and what follows it cut off
+    (`model.layers.3.mlp.up_proj.weight` -> `model.layers`): what kinds of weight it holds."""
+    return sorted({re.sub(r"\.layers\.\d+\..*", ".layers", name)
+                   for name, _ in tree_flatten(model.parameters())})
 
 
 def held_modules(spec: FamilySpec, model: nn.Module, start: int, end: int, *,

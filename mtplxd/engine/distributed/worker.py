@@ -29,8 +29,10 @@ import mlx.core as mx
 from mtplxd.engine.distributed import wire
 from mtplxd.engine.distributed.fingerprint import fingerprint
 from mtplxd.engine.distributed.link import DEFAULT_TIMEOUT_S
-from mtplxd.engine.distributed.pipeline import JOIN_TIMEOUT_S, LOAD_TIMEOUT_S
-from mtplxd.engine.distributed.shard import held_modules, keep_only, physical_memory, resident_bytes
+from mtplxd.engine.distributed.pipeline import GROUP_VISION_REASON, JOIN_TIMEOUT_S, LOAD_TIMEOUT_S
+from mtplxd.engine.distributed.shard import (
+    keep_only, parameter_groups, physical_memory, resident_bytes,
+)
 from mtplxd.engine.distributed.stage import run_layers
 from mtplxd.engine.distributed.tensor import split_for_tensor
 from mtplxd.engine.loaded_model import LoadedModel, load_model
@@ -104,12 +106,16 @@ class Worker:
         self.tensor = plan.get("parallel") == "tensor"
         spec = get_family(plan["family"])
         began = time.perf_counter()
-        shard = (split_for_tensor(spec, self.group) if self.tensor
+        shard = (split_for_tensor(spec, self.group, ends=False) if self.tensor
                  else keep_only(spec, self.start, self.end, ends=False))
-        self.loaded = load_model(self.model_path, quantize=plan["quantize"], shard=shard)
-        held = held_modules(spec, self.loaded.model, self.start, self.end, ends=False)
+        self.loaded = load_model(self.model_path, quantize=plan["quantize"], shard=shard,
+                                 text_only=GROUP_VISION_REASON)
+        model, vision = self.loaded.model, self.loaded.vision
+        # Every parameter this rank holds: its layers (or its part of every layer), no ends,
+        # no vision tower.
+        held = [model] + ([vision.model] if vision is not None else [])
         return {"rank": self.rank, "layers": [self.start, self.end], "dtype": self.loaded.info.dtype,
-                "weights_bytes": resident_bytes(held),
+                "weights_bytes": resident_bytes(held), "holds": parameter_groups(model),
                 "load_seconds": round(time.perf_counter() - began, 3)}
 
     def serve(self) -> None:

@@ -66,12 +66,19 @@ def weight_files(path: Path) -> list[Path]:
     return sorted(path.glob("model*.safetensors"))
 
 
-def safetensors_names(file: Path) -> list[str]:
-    """Tensor names in one safetensors file, read from its header only."""
+def safetensors_header(file: Path) -> dict[str, Any]:
+    """One safetensors file's tensors, name -> {"dtype", "shape", "data_offsets"}, read from
+    its header only (no weight is read)."""
     with open(file, "rb") as handle:
         (size,) = struct.unpack("<Q", handle.read(8))
         header = json.loads(handle.read(size))
-    return [name for name in header if name != "__metadata__"]
+    header.pop("__metadata__", None)
+    return header
+
+
+def safetensors_names(file: Path) -> list[str]:
+    """Tensor names in one safetensors file, read from its header only."""
+    return list(safetensors_header(file))
 
 
 def mtp_layer_count(config: dict[str, Any]) -> int:

@@ -81,7 +81,7 @@ class RollbackArraysCache(ArraysCache):
       returns n, and clears the capture. ``trim(0)`` only clears the capture and returns 0.
     - ``trim(n)`` raises ``ValueError`` when n > T, when there is no live capture (nothing
       forwarded since the last trim), or when the last forward was not captured (longer
-      than ``max_capture_tokens``, masked/padded, or sharded); use R0 then.
+      than ``max_capture_tokens``, or masked/padded); use R0 then.
     - ``restore()`` puts back the state from before the last forward (R0's first half).
     """
 
@@ -127,7 +127,7 @@ class RollbackArraysCache(ArraysCache):
         if not capture.replayable:
             raise ValueError(
                 f"cannot trim {n} tokens: the last GDN forward ({capture.tokens} tokens) was "
-                "not captured (longer than max_capture_tokens, masked, or sharded); restore() "
+                "not captured (longer than max_capture_tokens, or masked); restore() "
                 "and re-forward instead"
             )
         self._commit_prefix(capture, capture.tokens - n)
@@ -190,12 +190,7 @@ class _CapturingGDN:
         if not isinstance(cache, RollbackArraysCache):
             return super().__call__(inputs, mask, cache)
         T = inputs.shape[1]
-        capturable = (
-            mask is None
-            and cache.lengths is None
-            and T <= cache.max_capture_tokens
-            and getattr(self, "sharding_group", None) is None
-        )
+        capturable = mask is None and cache.lengths is None and T <= cache.max_capture_tokens
         if not capturable:
             conv_snapshot, state_snapshot = cache[0], cache[1]
             out = super().__call__(inputs, mask, cache)
@@ -247,8 +242,12 @@ class _CapturingGDN:
                 q, k, v, a, b, self.A_log, self.dt_bias, use_kernel, u, log_gamma,
             )
         )
-        out = self.norm(out, z)
-        return self.out_proj(out.reshape(B, T, -1))
+        out = self.out_proj(self.norm(out, z).reshape(B, T, -1))
+        # Split by heads (tensor parallel, mlx-lm's shard()): this rank's captures hold its own
+        # heads' conv and recurrent state, which a trim replays locally; only the output is
+        # summed across the ranks, as mlx-lm's forward does.
+        group = getattr(self, "sharding_group", None)
+        return out if group is None else mx.distributed.all_sum(out, group=group)
 
 
 def _state_or_zeros(state: mx.array | None, shape: tuple[int, ...]) -> mx.array:
