@@ -27,7 +27,7 @@ LONG_PROMPT = 700  # two prefill chunks (512 + 188), both long enough for the nu
 @pytest.fixture
 def mode():
     """Set the process-wide mode for one test; the previous one comes back after it."""
-    before = cpu_attention._mode
+    before = cpu_attention.current_mode()
     yield cpu_attention.set_mode
     cpu_attention.set_mode(before)
 

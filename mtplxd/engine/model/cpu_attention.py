@@ -21,8 +21,11 @@ the CPU backend), `numpy` (the same), or `mlx` (MLX's own attention everywhere).
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -38,7 +41,12 @@ QUERY_BLOCK = 128          # query rows per block (times the GQA group: the scor
 KEY_BLOCK = 1024           # keys per block: a 256 x 1024 float32 score block is 1 MiB (in L2)
 MODES = ("auto", "numpy", "mlx")
 
+log = logging.getLogger(__name__)
+
 _mode = os.environ.get("MTPLX_CPU_ATTENTION", "auto")
+if _mode not in MODES:  # the daemon refuses such a value in its config; the engine alone
+    log.warning("MTPLX_CPU_ATTENTION=%r is not one of %s; using auto", _mode, ", ".join(MODES))
+    _mode = "auto"
 _pool: ThreadPoolExecutor | None = None
 
 
@@ -48,6 +56,11 @@ def set_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"cpu_attention must be one of {', '.join(MODES)}, got {mode!r}")
     _mode = mode
+
+
+def current_mode() -> str:
+    """The mode set now: "auto", "numpy" or "mlx"."""
+    return _mode
 
 
 def enabled() -> bool:
@@ -150,15 +163,34 @@ def _query_block(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int,
 
 
 def _as_float32(array: mx.array) -> np.ndarray:
-    """A float32 numpy copy of an MLX array (numpy has no bfloat16)."""
-    return np.array(array.astype(mx.float32), copy=True)
+    """A float32 numpy view of an MLX array, evaluated (numpy has no bfloat16: other dtypes
+    are converted first). A view, not a copy: a long prefix's keys are tens of MB a layer."""
+    return np.asarray(array.astype(mx.float32))
 
 
 def _thread_pool() -> ThreadPoolExecutor:
     """Workers for the (KV head, query block) jobs: numpy releases the GIL in its matmuls
-    and ufuncs, so the jobs run on every core."""
+    and ufuncs, so the jobs run on every core. Each worker's matmuls run on that worker
+    alone (`_one_blas_thread`)."""
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+        _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, initializer=_one_blas_thread,
                                    thread_name_prefix="mtplx-cpu-attention")
     return _pool
+
+
+def _one_blas_thread() -> None:
+    """Make numpy's OpenBLAS compute this thread's matmuls in this thread.
+
+    Why: numpy bundles its own OpenBLAS, beside the one MLX's matmuls run on (mtplxd.blas).
+    Each keeps a thread pool whose threads spin for a while after every call; with both
+    threaded, their spinning threads took the cores from each other's work and a 1k-token
+    prefill cost twice MLX's CPU time. The jobs are split across our workers instead.
+    `openblas_set_num_threads_local` (OpenBLAS 0.3.27+) sets it for the calling thread only.
+    """
+    for library in sorted((Path(np.__file__).parent.parent / "numpy.libs").glob("*openblas*")):
+        try:
+            ctypes.CDLL(str(library)).openblas_set_num_threads_local(1)
+        except (OSError, AttributeError):
+            continue
+        return
