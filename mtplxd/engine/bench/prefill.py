@@ -66,6 +66,26 @@ def measure_prefill(model: Any, tokens: int, repeats: int, chunk: int = PREFILL_
             "peak_memory_bytes": int(mx.get_peak_memory())}
 
 
+def measure_paths(model: Any, tokens: int, modes: list[str], args: Any) -> list[dict[str, Any]]:
+    """`measure_prefill` at one length under each attention path in turn (cpu_attention.py),
+    each row naming its path and the load average before and after it; prints each row."""
+    from mtplxd.engine.model import cpu_attention
+
+    rows = []
+    for mode in modes:
+        cpu_attention.set_mode(mode)
+        load_before = os.getloadavg()[0]
+        row = measure_prefill(model, tokens, args.repeats, args.chunk)
+        load_after = os.getloadavg()[0]
+        rows.append({"cpu_attention": mode, **row, "load_average_before": load_before,
+                     "load_average_after": load_after})
+        print(f"prefill {tokens:>6} tokens, {mode} attention: {row['tokens_per_second']:8.1f} tok/s, "
+              f"first token after {row['ttft_seconds']:.2f} s, {row['cpu_seconds']:.1f} CPU s, "
+              f"peak {row['peak_memory_bytes'] / 2**30:.2f} GiB, load {load_before:.1f}-{load_after:.1f}",
+              flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = bench_parser(PROG, __doc__)
@@ -86,19 +106,12 @@ def main(argv: list[str] | None = None) -> int:
 
     model = load_model(args.model, quantize=args.quantize)
     lengths = [int(n) for n in args.tokens.split(",") if n.strip()]
-    modes = [m.strip() for m in (args.cpu_attention or cpu_attention.current_mode()).split(",")]
-    rows = []
-    for n in lengths:
-        for mode in modes:
-            cpu_attention.set_mode(mode)
-            load_before = os.getloadavg()[0]
-            row = measure_prefill(model, n, args.repeats, args.chunk)
-            rows.append({"cpu_attention": mode, **row, "load_average_before": load_before,
-                         "load_average_after": os.getloadavg()[0]})
-            print(f"prefill {n:>6} tokens, {mode} attention: {row['tokens_per_second']:8.1f} tok/s, "
-                  f"first token after {row['ttft_seconds']:.2f} s, {row['cpu_seconds']:.1f} CPU s, "
-                  f"peak {row['peak_memory_bytes'] / 2**30:.2f} GiB, "
-                  f"load {load_before:.1f}-{rows[-1]['load_average_after']:.1f}", flush=True)
+    configured = cpu_attention.current_mode()
+    modes = [m.strip() for m in (args.cpu_attention or configured).split(",")]
+    try:
+        rows = [row for n in lengths for row in measure_paths(model, n, modes, args)]
+    finally:
+        cpu_attention.set_mode(configured)
     report = {
         "model": model.info.to_dict(),
         "chunk": args.chunk,
