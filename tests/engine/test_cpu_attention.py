@@ -135,3 +135,19 @@ def test_greedy_mtp_equals_ar_after_a_long_numpy_prefill(tiny_model_factory, mod
     reference = _greedy(model, ids, 0, 32)
     for depth in (1, 3):
         assert _greedy(model, ids, depth, 32).token_ids == reference.token_ids, f"depth {depth}"
+
+
+def test_a_hybrid_models_long_prefill_takes_the_numpy_path_and_mtp_still_equals_ar(
+        tiny_model_factory, mode):
+    """qwen3_5's full-attention layers (qwen3_next's Attention) go through the same dispatch."""
+    model = load_model(tiny_model_factory("qwen3_5"))
+    ids = _long_prompt(model)
+    logits = {}
+    for path in ("mlx", "numpy"):
+        mode(path)
+        logits[path] = model.trunk.prefill(ids, model.trunk.make_cache())[1]
+    assert not mx.array_equal(logits["numpy"], logits["mlx"])  # the numpy path ran
+    np.testing.assert_allclose(np.array(logits["numpy"].astype(mx.float32)),
+                               np.array(logits["mlx"].astype(mx.float32)), atol=0.1)
+    reference = _greedy(model, ids, 0, 24)
+    assert _greedy(model, ids, 3, 24).token_ids == reference.token_ids
