@@ -173,6 +173,10 @@ SETTINGS: dict[str, Setting] = {
                 "MTP decode loop: fused (each cycle one compiled device graph, read a cycle "
                 "late), stepwise (the host reads every cycle), or auto (fused on CUDA and CPU, "
                 "stepwise on Metal)."),
+        Setting("cpu_attention", "auto", _as_choice("auto", "numpy", "mlx"),
+                "Attention of long prefill chunks on the CPU backend: auto or numpy (block-wise "
+                "in numpy, many times faster from a few hundred tokens) or mlx (MLX's own "
+                "attention everywhere). Decode and verify steps always run MLX's."),
         Setting("quantize", "auto", _as_choice("auto", "none", "8bit", "4bit"),
                 "Quantize an unquantized model as it loads: 8bit, 4bit, none, or auto (what the "
                 "model's config asks for on CUDA; the embedded model asks for 8bit there)."),

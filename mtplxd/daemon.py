@@ -62,6 +62,7 @@ class Daemon:
         depth = None if config.depth == "auto" else config.depth  # None: the model's own
         self.runtime = Runtime(paths.models_dir, depth, config.memory_limit, bank,
                                decode_loop=config.decode_loop, quantize=config.quantize,
+                               cpu_attention=config.cpu_attention,
                                max_concurrent=config.max_concurrent, max_queued=config.max_queued,
                                prefill_chunk_tokens=config.prefill_chunk_tokens,
                                cohorts=config.cohorts, cohort_widths=tuple(config.cohort_widths),

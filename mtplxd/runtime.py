@@ -92,7 +92,8 @@ class Runtime:
                  prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK,
                  tuning_home: Path | None = None, cohorts: str = "auto",
                  cohort_widths: tuple[int, ...] = (1, 3, 8), numerics: str = "auto",
-                 cohort_cycle: str = "fused", kv_bits: int | str = "auto") -> None:
+                 cohort_cycle: str = "fused", kv_bits: int | str = "auto",
+                 cpu_attention: str = "auto") -> None:
         from mtplxd.engine.cohort import normalize_widths
         from mtplxd.engine.owner import ModelOwner
         from mtplxd.engine.scheduler import DEFAULT_MAX_BACKLOG, Scheduler
@@ -104,6 +105,7 @@ class Runtime:
         self.decode_loop = decode_loop
         self.quantize = quantize
         self.kv_bits = kv_bits  # attention KV quantization: 0, 4, 8 or "auto" (the model's)
+        self.cpu_attention = cpu_attention  # long CPU prefill chunks: auto | numpy | mlx
         self.max_concurrent_setting = max_concurrent
         self.prefill_chunk_tokens = prefill_chunk_tokens
         # Where `mtplxctl tune` saves depths (MTPLX_HOME); None: tuned depths are not used.
@@ -262,7 +264,8 @@ class Runtime:
         else:
             model = await self._on_owner(lambda: load_model(
                 path, model_id=model_id, depth=depth, decode_loop=self.decode_loop,
-                quantize=self.quantize, kv_bits=self.kv_bits))
+                quantize=self.quantize, kv_bits=self.kv_bits,
+                cpu_attention=self.cpu_attention))
         limit = resolve_limit(self.memory_limit, psutil.virtual_memory().total)
         if self.group is None:  # a bank would have to copy the workers' caches too
             await self._enable_session_bank(model, limit)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 # When a changed setting takes effect (docs/cli.md). "depth" applies at once; keys read when a
 # model loads wait for the next load; the rest for the next start of the daemon.
 LIVE_KEYS = {"depth"}
-LOAD_KEYS = {"model", "decode_loop", "quantize", "kv_bits", "memory_limit", "session_bank_ssd",
+LOAD_KEYS = {"model", "decode_loop", "cpu_attention", "quantize", "kv_bits", "memory_limit", "session_bank_ssd",
              "session_bank_bytes", "session_bank_ssd_bytes"}
 DEMO_HINT = ("mtplx-tiny-coder is a small demo model shipped with mtplx; for real work pull a "
              "Qwen MTP model: `mtplxctl models list --available`, then "

@@ -19,6 +19,7 @@ from mtplxd.engine.interface import (
     DECODE_LOOP_CHOICES, QUANTIZE_CHOICES, GenerationRequest, GenerationResult, ModelInfo,
     ModelLoadError, TokenDelta,
 )
+from mtplxd.engine.model import cpu_attention as cpu_attention_path
 from mtplxd.engine.model import gdn_chunked, mrope, small_m_qmm
 from mtplxd.engine.model.families import get_family
 from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
@@ -113,7 +114,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                quantize: str = "auto",
                shard: Callable[[Any], None] | None = None,
                kv_bits: int | str = 0,
-               text_only: str | None = None) -> LoadedModel:
+               text_only: str | None = None,
+               cpu_attention: str | None = None) -> LoadedModel:
     """Load an HF-format folder for serving (owner thread only).
 
     Registered families with MTP tensors are served MTP at `depth` (default: the checkpoint's
@@ -133,6 +135,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     full precision, "auto" takes the checkpoint's config.json `mtplx_kv_bits` (else 0).
     `text_only` is a reason to serve a vision checkpoint text only: its vision tower is not
     loaded, and `info.vision_reason` says why (a distributed group's ranks).
+    `cpu_attention` "auto"/"numpy" computes long prefill chunks' attention on the CPU backend
+    in numpy, "mlx" keeps MLX's (cpu_attention.py; a process-wide setting); None keeps the
+    current one (`MTPLX_CPU_ATTENTION`, else auto).
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -147,6 +152,12 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     if decode_loop not in DECODE_LOOP_CHOICES:
         raise ModelLoadError(f"decode_loop must be one of {', '.join(DECODE_LOOP_CHOICES)}, "
                              f"got {decode_loop!r}")
+    if cpu_attention is not None:
+        try:
+            cpu_attention_path.set_mode(cpu_attention)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
+    cpu_attention_path.route_model_attention()
     with_mtp = report.mode == "mtp"
     model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp, lazy=shard is not None)
     if shard is not None:
@@ -218,6 +229,7 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool) -> dict[str, s
         "quantized_matmul": small_m_qmm.path_name(quantized_layers_switched),
         "cache_attention": ("buffer CUDA kernel" if buffer_attention.usable()
                             else "mlx scaled_dot_product_attention"),
+        "prefill_attention": cpu_attention_path.path_name(),
     }
     if hybrid:
         paths["gdn_verify"] = gdn_chunked.path_name()

@@ -204,3 +204,32 @@ def test_start_with_a_bad_model_says_what_to_do():
         assert "Traceback" not in result.stderr
     finally:
         run_ctl("stop")
+
+
+@pytest.mark.parametrize("setting, path", [
+    (None, "numpy block-wise (long prefill)"),
+    ("mlx", "mlx scaled_dot_product_attention"),
+])
+def test_cpu_attention_setting_picks_the_long_prefill_path_and_serves_exactly(
+        tiny_model_factory, monkeypatch, setting, path):
+    """The daemon computes long prompts' attention as `cpu_attention` says (status names the
+    path), and a greedy MTP answer to a prompt long enough for the numpy path is the AR one."""
+    if setting is not None:
+        monkeypatch.setenv("MTPLX_CPU_ATTENTION", setting)
+    started = run_ctl("start", "--port", "0", "--model", str(tiny_model_factory("qwen3")), "--json")
+    try:
+        assert started.returncode == 0, started.stderr
+        status = json.loads(started.stdout)
+        assert status["model"]["kernels"]["prefill_attention"] == path
+        prompt = " ".join(f"x{i} = add(x{i - 1}, {i})" for i in range(1, 120))
+        answers = []
+        for depth in (0, 3):
+            body = {"model": status["model"]["id"], "prompt": prompt, "max_tokens": 16,
+                    "temperature": 0, "mtp_depth": depth}
+            reply = httpx.post(status["http"]["base_url"] + "/completions", json=body, timeout=120)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["usage"]["prompt_tokens"] >= 256  # long enough for numpy
+            answers.append(reply.json()["choices"][0]["text"])
+        assert answers[0] == answers[1] and answers[0]
+    finally:
+        assert run_ctl("stop").returncode == 0

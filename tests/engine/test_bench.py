@@ -229,6 +229,23 @@ def test_bench_prefill_chunk_option_sets_the_requests_prefill_chunk(tiny_model_f
     assert report["chunk"] == 128 and report["prefill"][0]["chunks"] == 5  # 4 x 128 + 88
 
 
+def test_bench_prefill_compares_attention_paths_at_each_length_and_restores_the_mode(
+        tiny_model_factory, tmp_path):
+    from mtplxd.engine.bench.prefill import main as prefill_main
+    from mtplxd.engine.model import cpu_attention
+
+    out = tmp_path / "prefill.json"
+    before = cpu_attention.current_mode()
+    assert prefill_main(["--model", str(tiny_model_factory("qwen3")), "--tokens", "40,600",
+                         "--repeats", "1", "--cpu-attention", "mlx,numpy",
+                         "--json-out", str(out)]) == 0
+    rows = json.loads(out.read_text())["prefill"]
+    assert [(r["tokens"], r["cpu_attention"]) for r in rows] == [
+        (40, "mlx"), (40, "numpy"), (600, "mlx"), (600, "numpy")]
+    assert all(r["load_average_before"] >= 0 and r["load_average_after"] >= 0 for r in rows)
+    assert cpu_attention.current_mode() == before
+
+
 def test_bench_ops_prefill_section_times_each_step_of_a_chunks_attention():
     from mtplxd.engine.bench.ops import SECTIONS, _prefill_attention
 

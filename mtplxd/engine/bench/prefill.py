@@ -2,7 +2,8 @@
 the first token, and the memory it took.
 
     python -m mtplxd.engine.bench.prefill --model PATH [--tokens 8192,32768,65536]
-        [--repeats 2] [--chunk 512] [--quantize auto|none|8bit|4bit] [--json-out FILE]
+        [--repeats 2] [--chunk 512] [--quantize auto|none|8bit|4bit]
+        [--cpu-attention mlx,numpy] [--json-out FILE]
 
 Each length runs `repeats` one-token requests of random token ids through the engine's
 generation path, each into a fresh cache (no session bank), in `--chunk`-token prefill
@@ -13,10 +14,15 @@ its threads): on a machine shared with other jobs it moves less than wall time d
 `peak_memory_bytes` is MLX's peak over the length's runs (weights, the KV cache, and one
 chunk's attention scores against the whole prefix). Lengths past the model's context are
 measured all the same (the cost does not depend on it).
+
+`--cpu-attention` names the attention paths of long prefill chunks to compare (engine/model/
+cpu_attention.py: `numpy`, `mlx`, `auto`); each length runs every path in turn, so both see
+the same load. Each row records the path and the load average (1 min) before and after it.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -60,6 +66,26 @@ def measure_prefill(model: Any, tokens: int, repeats: int, chunk: int = PREFILL_
             "peak_memory_bytes": int(mx.get_peak_memory())}
 
 
+def measure_paths(model: Any, tokens: int, modes: list[str], args: Any) -> list[dict[str, Any]]:
+    """`measure_prefill` at one length under each attention path in turn (cpu_attention.py),
+    each row naming its path and the load average before and after it; prints each row."""
+    from mtplxd.engine.model import cpu_attention
+
+    rows = []
+    for mode in modes:
+        cpu_attention.set_mode(mode)
+        load_before = os.getloadavg()[0]
+        row = measure_prefill(model, tokens, args.repeats, args.chunk)
+        load_after = os.getloadavg()[0]
+        rows.append({"cpu_attention": mode, **row, "load_average_before": load_before,
+                     "load_average_after": load_after})
+        print(f"prefill {tokens:>6} tokens, {mode} attention: {row['tokens_per_second']:8.1f} tok/s, "
+              f"first token after {row['ttft_seconds']:.2f} s, {row['cpu_seconds']:.1f} CPU s, "
+              f"peak {row['peak_memory_bytes'] / 2**30:.2f} GiB, load {load_before:.1f}-{load_after:.1f}",
+              flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = bench_parser(PROG, __doc__)
@@ -68,24 +94,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--chunk", type=int, default=PREFILL_CHUNK,
                         help=f"prefill chunk in tokens (default {PREFILL_CHUNK}, the daemon's)")
+    parser.add_argument("--cpu-attention", default=None,
+                        help="comma-separated attention paths to compare: numpy, mlx, auto "
+                             "(default: the configured one, MTPLX_CPU_ATTENTION)")
     add_quantize_option(parser)
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
 
     from mtplxd.engine import load_model
+    from mtplxd.engine.model import cpu_attention
 
     model = load_model(args.model, quantize=args.quantize)
     lengths = [int(n) for n in args.tokens.split(",") if n.strip()]
+    configured = cpu_attention.current_mode()
+    modes = [m.strip() for m in (args.cpu_attention or configured).split(",")]
+    try:
+        rows = [row for n in lengths for row in measure_paths(model, n, modes, args)]
+    finally:
+        cpu_attention.set_mode(configured)
     report = {
         "model": model.info.to_dict(),
         "chunk": args.chunk,
-        "prefill": [measure_prefill(model, n, args.repeats, args.chunk) for n in lengths],
+        "prefill": rows,
         **machine(),
         "command": command_line(PROG, argv),
     }
-    for row in report["prefill"]:
-        print(f"prefill {row['tokens']:>6} tokens: {row['tokens_per_second']:8.1f} tok/s, "
-              f"first token after {row['ttft_seconds']:.2f} s, {row['cpu_seconds']:.1f} CPU s, peak {row['peak_memory_bytes'] / 2**30:.2f} GiB")
     if args.json_out:
         write_report(args.json_out, report, announce=True)
     return 0

@@ -31,7 +31,6 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import mlx.core as mx
 import mlx_lm.models.qwen3 as mlx_lm_qwen3
-from mlx_lm.models.base import scaled_dot_product_attention as mlx_lm_attention
 from mlx_lm.models.cache import KVCache
 
 from mtplxd.engine.decoding import buffer_attention
@@ -45,6 +44,7 @@ from mtplxd.engine.decoding.speculative import (
 )
 from mtplxd.engine.decoding.split import CycleSplit, evaluated_at
 from mtplxd.engine.interface import SamplingParams
+from mtplxd.engine.model import cpu_attention
 from mtplxd.engine.model.mtp_head import MTPHead
 from mtplxd.engine.model.trunk import Trunk
 
@@ -146,14 +146,16 @@ def static_cache_attention(queries: mx.array, keys: mx.array, values: mx.array, 
                            scale: float, mask: Any, sinks: mx.array | None = None) -> mx.array:
     """mlx-lm's attention, except over a StaticKVCache or RowsKVCache on CUDA: there one kernel
     that reads each query's visible slots (buffer_attention.py says why) instead of a masked
-    call."""
+    call. Every other call goes on to cpu_attention's dispatch (long CPU prefill chunks in
+    numpy)."""
     if (isinstance(cache, StaticKVCache) and sinks is None and buffer_attention.usable()
             and buffer_attention.shape_supported(queries, keys)):
         return buffer_attention.buffer_attention(queries, keys, values, cache.offset, scale)
     if (isinstance(cache, RowsKVCache) and sinks is None and buffer_attention.rows_usable()
             and buffer_attention.rows_shape_supported(queries, keys)):
         return buffer_attention.rows_buffer_attention(queries, keys, values, cache.offset, scale)
-    return mlx_lm_attention(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+    return cpu_attention.attention(queries, keys, values, cache=cache, scale=scale, mask=mask,
+                                   sinks=sinks)
 
 
 def route_static_cache_attention() -> None:
