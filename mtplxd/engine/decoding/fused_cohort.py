@@ -107,9 +107,10 @@ class _Rows:
 def _rows_noise(seeds: mx.array, s: _CycleState, K: int, vocab_size: int) -> _CycleNoise:
     """fused._cycle_noise for every row, each from its own seed and position: a row's draw is
     the one its solo fused cycle makes at the same position."""
-    keys = device_position_keys(seeds.T, s.n + 1, CYCLE)  # (W, 2): row w's (seed, position)
-    uniform = mx.stack([mx.random.uniform(shape=(2 * K + 2, vocab_size), key=keys[w])
-                        for w in range(keys.shape[0])])
+    keys = device_position_keys(seeds, s.n + 1, CYCLE)  # (W, 2): row w's (seed, position)
+    # vmap draws every row's numbers in one kernel, each from its own key: bit for bit the
+    # draw of that key alone (a loop over rows was W draws and W gathers).
+    uniform = mx.vmap(lambda key: mx.random.uniform(shape=(2 * K + 2, vocab_size), key=key))(keys)
     gumbel = -mx.log(-mx.log(uniform[:, :2 * K + 1]))  # as mx.random.gumbel
     return _CycleNoise(gumbel[:, :K], gumbel[:, K:], uniform[:, 2 * K + 1, :K])
 
