@@ -261,3 +261,21 @@ def test_each_rows_sampling_steps_give_its_solo_numbers_bit_for_bit():
         if not params.greedy:
             assert mx.array_equal(scaled[i], sampling.scaled_logits(solo, params), equal_nan=True), i
             assert mx.array_equal(drafted[i], sampling.draft_weights(solo, params)), f"row {i} q"
+
+
+def test_a_fused_cohort_cycle_launches_as_many_kernels_at_every_width_about_the_lone_cycles(tiny_qwen3):
+    """On a launch-bound GPU a cycle costs its kernels: a cohort cycle of 8 rows must launch
+    as many as one of 3 (nothing per row in the graph), and at most a few more than the lone
+    fused cycle (the inactive rows' selects of the next state; on the embedded model's 22
+    layers the shared write index makes it fewer). bench.cycle_kernels counts them from the
+    compiled graphs."""
+    from mtplxd.engine.bench.cycle_kernels import measure
+    from mtplxd.engine.decoding.fused import route_static_cache_attention
+
+    route_static_cache_attention()
+    figures = measure(tiny_qwen3.trunk, tiny_qwen3.head, 3, [1, 3, 8], builds=1)
+    for mode, work in figures.items():
+        kernels = {name: figure["kernels"] for name, figure in work.items()}
+        assert kernels["3"] == kernels["8"], (mode, kernels)
+        assert abs(kernels["1"] - kernels["3"]) <= 1, (mode, kernels)  # fusion at W=1 may differ
+        assert kernels["3"] <= kernels["lone"] + 8, (mode, kernels)

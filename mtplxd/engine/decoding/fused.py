@@ -89,8 +89,12 @@ class RowsKVCache:
     they are (one position per row). As with fused.StaticKVCache, the cycle sets the offsets.
     """
 
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array) -> None:
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array,
+                 shared: dict | None = None) -> None:
         self.keys, self.values, self.offset = keys, values, offset
+        # The write index, shared by caches that share an offset array (a forward's layers:
+        # fused_cohort.rows_caches), so it is built once per forward, not once per layer.
+        self.shared = {} if shared is None else shared
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write (W, heads, n, D) keys and values at each row's offset; return the buffers."""
@@ -101,12 +105,19 @@ class RowsKVCache:
                         for w in range(new.shape[0])]
                 setattr(self, name, mx.concatenate(rows))
             return self.keys, self.values
-        W, heads, n, D = keys.shape
-        slots = (self.offset[:, None] + mx.arange(n)[None]).astype(mx.int32)
-        index = mx.broadcast_to(slots[:, None, :, None], (W, heads, n, D))
+        index = self._write_index(keys.shape)
         self.keys = mx.put_along_axis(self.keys, index, keys, axis=2)
         self.values = mx.put_along_axis(self.values, index, values, axis=2)
         return self.keys, self.values
+
+    def _write_index(self, shape: tuple[int, ...]) -> mx.array:
+        """put_along_axis's index for (W, heads, n, D) rows written at each row's offset."""
+        if self.shared.get("offset") is not self.offset or self.shared.get("shape") != shape:
+            W, heads, n, D = shape
+            slots = (self.offset[:, None] + mx.arange(n)[None]).astype(mx.int32)
+            self.shared.update(offset=self.offset, shape=shape,
+                               index=mx.broadcast_to(slots[:, None, :, None], (W, heads, n, D)))
+        return self.shared["index"]
 
     def make_mask(self, n: int, return_array: bool = False,
                   window_size: int | None = None) -> mx.array:

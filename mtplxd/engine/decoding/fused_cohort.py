@@ -50,8 +50,11 @@ from mtplxd.engine.model.trunk import Trunk
 
 
 def rows_caches(buffers: list[mx.array], offset: mx.array) -> list[RowsKVCache]:
-    """One RowsKVCache per [keys, values] pair of `buffers`, all rows at `offset` (W,)."""
-    return [RowsKVCache(buffers[i], buffers[i + 1], offset) for i in range(0, len(buffers), 2)]
+    """One RowsKVCache per [keys, values] pair of `buffers`, all rows at `offset` (W,),
+    sharing one write index (built once per forward)."""
+    shared: dict = {}
+    return [RowsKVCache(buffers[i], buffers[i + 1], offset, shared)
+            for i in range(0, len(buffers), 2)]
 
 
 def _buffers_of(caches: list[RowsKVCache]) -> list[mx.array]:
