@@ -209,7 +209,9 @@ def test_a_worker_killed_mid_generation_fails_a_tensor_request_with_group_lost(
     failed = out["after_fault"][0]
     assert failed["error"] == "group_lost", failed
     assert "rank 1 (127.0.0.1) exited with code -9" in failed["message"]
-    assert out["after_fault_seconds"] < 20  # within the deadline, never a hang
+    # A collective with a dead peer can stay blocked on its sockets: the link's watch of the
+    # worker processes ends the wait (0.5 s here), not the 20 s deadline (once seen in CI).
+    assert out["after_fault_seconds"] < 10
     assert out["again"][0]["error"] == "group_lost"
 
 

@@ -6,7 +6,10 @@ lost"). So the owner thread never calls them itself: it hands each exchange to t
 thread and waits at most `timeout` seconds. A timeout or a broken ring marks the group lost
 (the reason kept for /health and status), calls `on_lost` (the launcher stops the workers,
 which also unblocks a stuck receive), and raises GroupLost; every later call raises it at
-once. The group is not rebuilt in this process (MLX joins a group once per process): the
+once. A worker process that ends mid-exchange does not always break the ring at once (a
+collective can stay blocked on its sockets), so while it waits the owner also asks
+`ended` (the launcher's view of the worker processes) a few times a second: a dead worker
+costs a poll, not the deadline. The group is not rebuilt in this process (MLX joins a group once per process): the
 daemon refuses work until it is restarted.
 
 Once serving, a heartbeat thread sends a PING around the ring whenever no exchange ran for a
@@ -31,15 +34,18 @@ from mtplxd.engine.interface import GroupLost
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 60.0  # one exchange (a prefill chunk through every worker) at most
 RING_BROKE = "the ring broke"  # how a lost reason starts when a peer is gone (not hung)
+EXIT_POLL_S = 0.1  # how often a waiting exchange asks whether a worker process ended
 
 
 class Link:
     """Rank 0's side of the group: row ids, pending frees, exchanges with deadlines."""
 
     def __init__(self, timeout: float = DEFAULT_TIMEOUT_S,
-                 on_lost: Callable[[str], str | None] | None = None) -> None:
+                 on_lost: Callable[[str], str | None] | None = None,
+                 ended: Callable[[], str | None] | None = None) -> None:
         self.timeout = timeout
         self.on_lost = on_lost
+        self.ended = ended  # which worker processes ended, None while all run
         self.group: mx.distributed.Group | None = None
         self.lost: str | None = None
         self.hidden_size = 0
@@ -67,7 +73,7 @@ class Link:
         limit = self.timeout if timeout is None else timeout
         future = self._thread.submit(self._unless_lost, work)
         try:
-            return future.result(timeout=limit)
+            return self._result(future, limit)
         except GroupLost:
             raise
         except concurrent.futures.TimeoutError:
@@ -77,6 +83,23 @@ class Link:
         finally:
             self._last_exchange = time.monotonic()
         raise GroupLost(self.lost)
+
+    def _result(self, future: concurrent.futures.Future[T], limit: float) -> T:
+        """`future`'s result within `limit` seconds; RuntimeError as soon as a worker process
+        is seen to have ended (TimeoutError at the deadline, as future.result)."""
+        until = time.monotonic() + limit
+        while True:
+            left = until - time.monotonic()
+            if left <= EXIT_POLL_S or self.ended is None:
+                return future.result(timeout=max(left, 0.0))
+            try:
+                return future.result(timeout=EXIT_POLL_S)
+            except concurrent.futures.TimeoutError:
+                # Asked only up to a poll before the deadline: a worker that leaves on its
+                # own deadline (no word from rank 0 for as long) leaves after this one, and
+                # is not the cause of a hang.
+                if self.ended() is not None:
+                    raise RuntimeError("a worker process ended") from None
 
     def _unless_lost(self, work: Callable[[], T]) -> T:
         # Work queued behind the exchange that lost the group (a heartbeat) must not touch

@@ -64,7 +64,8 @@ class ServingGroup:
         port = self.options.port or free_port_run(port_count(self.hosts))
         self.workers = Workers(self.hosts, str(path), port, self.options.log_dir,
                                timeout=self.options.timeout)
-        self.link = Link(self.options.timeout, on_lost=self.workers.on_lost)
+        self.link = Link(self.options.timeout, on_lost=self.workers.on_lost,
+                         ended=self.workers.describe_exits)
         self.served = path
         self.workers.start()
         try:
