@@ -124,15 +124,21 @@ def test_ar_samples_carry_no_split(dense, monkeypatch):
     assert all(SPLIT_KEYS.isdisjoint(sample) for sample in result.stats.samples)
 
 
-def test_cohort_rows_time_the_shared_forward_and_commit_the_same_tokens(dense, monkeypatch):
+@pytest.mark.parametrize(("cycle", "sampling"), [("phased", {}), ("fused", {}),
+                                                 ("fused", {"temperature": 0.8, "seed": 7})],
+                         ids=["phased", "fused", "fused-seeded"])
+def test_cohort_rows_time_the_shared_forward_and_commit_the_same_tokens(dense, monkeypatch,
+                                                                        cycle, sampling):
     ids = [dense.tokenizer.encode(text) for text in ("def add(a, b):", "import os\nprint(")]
-    requests = [GenerationRequest(i, SamplingParams(max_tokens=24, ignore_eos=True), depth=2)
-                for i in ids]
-    references = [dense.complete(GenerationRequest(list(r.prompt_ids), r.sampling, depth=0))
+    requests = [GenerationRequest(i, SamplingParams(max_tokens=24, ignore_eos=True, **sampling),
+                                  depth=2) for i in ids]
+    # Greedy: each row's solo AR output; seeded: its solo (untimed) MTP output.
+    references = [dense.complete(GenerationRequest(list(r.prompt_ids), r.sampling,
+                                                   depth=2 if sampling else 0))
                   for r in requests]
     timed_every_cycle(monkeypatch)
     scheduler = Scheduler(cohort_mode="always", max_concurrent=2, numerics="throughput",
-                          cohort_cycle="phased")  # fused cohort cycles are not timed
+                          cohort_cycle=cycle)
     log: list = []
     sinks = [Collector(f"r{i}", log) for i in range(2)]
     for request, sink in zip(requests, sinks):

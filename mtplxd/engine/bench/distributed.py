@@ -1,8 +1,9 @@
-"""Decode speed of a model served over 1, 2 or 3 pipeline ranks, AR and MTP, with the
-communication time of each cycle separated out.
+"""Decode speed of a model served over 1, 2 or 3 ranks (pipeline or tensor parallel), AR and
+MTP, with the communication time of each cycle separated out.
 
     python -m mtplxd.engine.bench.distributed --ranks 1,2,3 --layers 8 --hidden 1024 \\
         --json-out bench-distributed.json
+    python -m mtplxd.engine.bench.distributed --parallel tensor --ranks 1,2 ...
 
 Writes a random-weight dense qwen3 checkpoint with an MTP head (fixtures/tiny.py, sized by
 the options, so the split matters) unless --model names one. Ranks 1 is the single process
@@ -13,6 +14,11 @@ tok/s of AR and of MTP, the median of the paired MTP/AR ratios, acceptance, and 
 ring exchange time split into the workers' compute and the rest (communication: send,
 receive, wake-ups), per exchange and per hop. A cycle is one exchange (the verify of K+1
 tokens goes around the ring once).
+
+Tensor parallel has no such split: every rank computes its share of each layer and the
+shares meet in two all_sums per layer, so communication interleaves with compute. Its report
+gives the exchange (a whole forward, rank 0's share and every all_sum included) per cycle,
+and the all_sums one exchange makes; the paired single-process run says what the split costs.
 """
 
 from __future__ import annotations
@@ -76,10 +82,11 @@ def single(model_path: Path, prompts: list[list[int]], depth: int, max_tokens: i
 
 
 def group(model_path: Path, ranks: int, prompts: list[list[int]], depth: int, max_tokens: int,
-          repeats: int, workdir: Path) -> dict[str, Any]:
-    """A real group of `ranks` local ranks running the same requests; run.py's JSON."""
+          repeats: int, workdir: Path, parallel: str = "pipeline") -> dict[str, Any]:
+    """A real group of `ranks` local ranks (`parallel`: pipeline or tensor) running the same
+    requests; run.py's JSON."""
     hosts = workdir / f"hosts{ranks}.json"
-    hosts.write_text(json.dumps({"backend": "ring",
+    hosts.write_text(json.dumps({"backend": "ring", "parallel": parallel,
                                  "hosts": [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * ranks}))
     command = [sys.executable, "-m", "mtplxd.engine.distributed.run", "--hosts", str(hosts),
                "--model", str(model_path), "--prompts", json.dumps(prompts),
@@ -104,6 +111,27 @@ def summarise(results: list[dict[str, Any]], depth: int) -> dict[str, Any]:
             "mtp_mean_accepted_length": round(median(accepted), 3), "runs_per_mode": len(ar)}
 
 
+def _exchange_ms_per_cycle(out: dict[str, Any]) -> dict[str, float]:
+    """Ring exchange time per decode cycle, by depth."""
+    by_depth = {}
+    for depth in sorted({r["depth"] for r in out["results"]}):
+        rows = [r for r in out["results"] if r["depth"] == depth]
+        cycles = sum(r["cycles"] for r in rows)
+        by_depth[f"depth_{depth}_exchange_ms_per_cycle"] = round(
+            1e3 * sum(r["exchange_seconds"] for r in rows) / max(cycles, 1), 3)
+    return by_depth
+
+
+def tensor_timing(out: dict[str, Any]) -> dict[str, Any]:
+    """A tensor group's exchanges: whole split forwards (compute and all_sums interleaved)."""
+    first, last = out["group"]["ranks"][0]["layers"]  # every rank holds a share of them all
+    layers = last - first
+    return {"exchanges": sum(r["exchanges"] for r in out["results"]),
+            "exchange_seconds": round(sum(r["exchange_seconds"] for r in out["results"]), 4),
+            "all_sums_per_exchange": 2 * layers,  # after attention's o_proj and the MLP's down
+            "link_at_start": out["group"]["link"], **_exchange_ms_per_cycle(out)}
+
+
 def communication(out: dict[str, Any], ranks: int) -> dict[str, Any]:
     """Exchange time less the workers' compute: what the ring itself cost, per exchange and
     per hop (an exchange has `ranks` hops: 0 -> 1 -> ... -> 0)."""
@@ -112,17 +140,12 @@ def communication(out: dict[str, Any], ranks: int) -> dict[str, Any]:
     compute_s = sum(w["compute_seconds"] for w in out["workers"])
     comm_s = max(exchange_s - compute_s, 0.0)
     per = comm_s / exchanges if exchanges else 0.0
-    by_depth = {}
-    for depth in sorted({r["depth"] for r in out["results"]}):
-        rows = [r for r in out["results"] if r["depth"] == depth]
-        cycles = sum(r["cycles"] for r in rows)
-        by_depth[f"depth_{depth}_exchange_ms_per_cycle"] = round(
-            1e3 * sum(r["exchange_seconds"] for r in rows) / max(cycles, 1), 3)
     return {"exchanges": exchanges, "exchange_seconds": round(exchange_s, 4),
             "worker_compute_seconds": round(compute_s, 4),
             "communication_ms_per_exchange": round(per * 1e3, 3),
             "communication_ms_per_hop": round(per * 1e3 / ranks, 3),
-            "link_at_start": out["group"]["link"], "split": out["group"]["split"], **by_depth}
+            "link_at_start": out["group"]["link"], "split": out["group"]["split"],
+            **_exchange_ms_per_cycle(out)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                         help="the written model's weights (without --model)")
     parser.add_argument("--ranks", default="1,2,3", help="configurations to run, e.g. 1,2,3")
+    parser.add_argument("--parallel", default="pipeline", choices=("pipeline", "tensor"),
+                        help="how a group of 2 or more ranks splits the model")
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
@@ -150,14 +175,18 @@ def main(argv: list[str] | None = None) -> int:
                               "checkpoint": checkpoint_summary(model_path),
                               "build_seconds": None if args.model else build_seconds,
                               "layers": args.layers, "hidden": args.hidden, "depth": args.depth,
+                              "parallel": args.parallel,
                               "max_tokens": args.max_tokens, "configurations": {}}
     for ranks in [int(r) for r in args.ranks.split(",")]:
         if ranks == 1:
             results = single(model_path, prompts, args.depth, args.max_tokens, args.repeats)
             entry = summarise(results, args.depth)
         else:
-            out = group(model_path, ranks, prompts, args.depth, args.max_tokens, args.repeats, workdir)
-            entry = {**summarise(out["results"], args.depth), **communication(out, ranks)}
+            out = group(model_path, ranks, prompts, args.depth, args.max_tokens, args.repeats,
+                        workdir, args.parallel)
+            timing = (tensor_timing(out) if args.parallel == "tensor"
+                      else communication(out, ranks))
+            entry = {**summarise(out["results"], args.depth), **timing}
         report["configurations"][f"{ranks}_ranks"] = entry
         report["seconds"] = round(time.perf_counter() - began, 1)
         print(f"{ranks} rank(s): {json.dumps(entry)}", file=sys.stderr)

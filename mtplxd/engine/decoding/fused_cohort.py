@@ -29,6 +29,7 @@ the "exact" numerics profile keep the phased cohorts.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -42,6 +43,7 @@ from mtplxd.engine.decoding.fused import (
 )
 from mtplxd.engine.decoding.row_sampling import Features, features_of, settings_table
 from mtplxd.engine.decoding.sampling import CYCLE, device_position_keys, seed_words
+from mtplxd.engine.decoding.split import evaluated_at
 from mtplxd.engine.decoding.speculative import (
     acceptance_probability, log_weights, residual_distribution,
 )
@@ -82,6 +84,36 @@ def cohort_cycle(trunk: Trunk, head: MTPHead, features: Features, K: int) -> Cal
                             _buffers_of(head_cache))
 
     return cycle
+
+
+def cohort_cycle_halves(trunk: Trunk, head: MTPHead, features: Features,
+                        K: int) -> tuple[Callable, Callable]:
+    """The cohort cycle as two functions for a timed cycle (FusedCohort._launch_timed, as
+    fused._cycle_halves for one row): draft (seeds, active, settings, *state) -> (drafts,
+    [q-weights when any row samples,] *head KV), and verify (seeds, active, settings,
+    *draft's outputs, *state) -> the cycle's outputs. Together they compute what
+    `cohort_cycle` does (the verify half draws the same keyed noise again)."""
+    drafted_count = (2 if features.sampled else 1) + 2  # drafts [, q-weights], head keys, values
+
+    def noise_of(seeds: mx.array, s: _CycleState) -> _CycleNoise | None:
+        return _rows_noise(seeds, s, K, s.counts.shape[-1]) if features.sampled else None
+
+    def draft(seeds: mx.array, active: mx.array, table: mx.array,
+              *arrays: mx.array) -> tuple[mx.array, ...]:
+        s = _state_of(arrays)
+        noise = noise_of(seeds, s)
+        head_cache, drafts, q_weights = _draft_rows(trunk, head, _Rows(features, table), K, s,
+                                                    None if noise is None else noise.drafts)
+        return (drafts, *([] if q_weights is None else [q_weights]), *_buffers_of(head_cache))
+
+    def verify(seeds: mx.array, active: mx.array, table: mx.array,
+               *arrays: mx.array) -> tuple[mx.array, ...]:
+        drafted, s = arrays[:drafted_count], _state_of(arrays[drafted_count:])
+        q_weights = drafted[1] if features.sampled else None
+        return _verify_rows(trunk, _Rows(features, table), K, s, active, noise_of(seeds, s),
+                            drafted[0], q_weights, list(drafted[-2:]))
+
+    return draft, verify
 
 
 @dataclass(eq=False)
@@ -306,6 +338,7 @@ class FusedCohort:
     in_flight: _InFlight | None = None
     key: tuple = ()  # FusedCohortRow.key of its rows
     cycle: Callable | None = None  # the compiled cycle at the current width
+    features: Features | None = None  # the sampling steps the members' cycle holds
 
     @property
     def rows(self) -> int:
@@ -327,7 +360,8 @@ class FusedCohort:
         active = [member is not None and id(member) in calling for member in self.members]
         if self.in_flight is None:  # a fresh pipeline: two cycles out, so one can be read now
             self.in_flight = self._launch(active)
-        launched = self._launch(active)
+        timed = [row for row in callers if row.split.armed]  # the flight recorder's samples
+        launched = self._launch_timed(active, timed) if timed else self._launch(active)
         self._read(self.in_flight)
         self.in_flight = launched
         return width
@@ -376,7 +410,7 @@ class FusedCohort:
         settings = [m.params if m is not None else None for m in self.members]
         vocab_size = self.state.counts.shape[-1]
         self.settings = settings_table(settings, vocab_size)
-        features = features_of(settings, vocab_size)
+        features = self.features = features_of(settings, vocab_size)
         self.cycle = _compiled(self.trunk, ("mtp-cohort", width, K, features),
                                lambda: cohort_cycle(self.trunk, self.head, features, K))
 
@@ -393,9 +427,41 @@ class FusedCohort:
         """Hand one cycle to the device; it takes the state's KV buffers (as fused._launch)."""
         state = self.state
         arrays = self.cycle(self.seeds, mx.array(active), self.settings, *state.flat())
+        launched = self._launched(arrays, active)  # before the evaluation: buffers move on
+        mx.async_eval(arrays[0], arrays[1])
+        return launched
+
+    def _launch_timed(self, active: list[bool], timed: list[FusedCohortRow]) -> _InFlight:
+        """`_launch` as two compiled halves with a sync after each, the times recorded in the
+        `timed` rows' splits (split.py says why only sampled cycles run so). Every row of the
+        cohort waits for the whole cohort's drafts and verify, so that is each row's split.
+        The cycle in flight is finished first, so the device starts idle."""
+        K, features = self.depth, self.features
+        halves = ("mtp-cohort-draft", "mtp-cohort-verify")
+        draft, verify = (
+            _compiled(self.trunk, (name, self.width, K, features),
+                      lambda half=half: cohort_cycle_halves(self.trunk, self.head, features, K)[half])
+            for half, name in enumerate(halves))
+        state, flags = self.state, mx.array(active)
+        evaluated_at(self.in_flight.tokens, self.in_flight.count, state.flat())
+        drafted = draft(self.seeds, flags, self.settings, *state.flat())
+        start = time.perf_counter()
+        drafted_at = evaluated_at(drafted)
+        arrays = verify(self.seeds, flags, self.settings, *drafted, *state.flat())
+        launched = self._launched(arrays, active)  # before the evaluation: buffers move on
+        verify_start = time.perf_counter()
+        verified_at = evaluated_at(arrays)
+        for row in timed:
+            row.split.record(drafted_at - start, verified_at - verify_start)
+        return launched
+
+    def _launched(self, arrays: tuple[mx.array, ...], active: list[bool]) -> _InFlight:
+        """The in-flight record of a cycle's outputs; its state becomes the cohort's next
+        input, and the one it took gives up its KV buffers (the cycle may reuse them in
+        place: no other reference holds them)."""
+        state = self.state
         following = _CycleState.unflat(list(arrays[2:]), len(state.trunk_kv) // 2)
         state.trunk_kv, state.head_kv = [], []
-        mx.async_eval(arrays[0], arrays[1])
         self.state = following
         return _InFlight(arrays[0], arrays[1], following, list(self.members), active)
 
