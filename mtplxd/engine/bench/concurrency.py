@@ -297,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             return {
                 "bench": "concurrency",
                 "command": command_line("python -m mtplxd.engine.bench.concurrency", argv),
-                "model": model.info.id, "machine": machine(), "max_tokens": args.max_tokens,
+                "model": model.info.id, "quantization": model.info.quantization,
+                "dtype": model.info.dtype, "machine": machine(), "max_tokens": args.max_tokens,
                 "repeats": args.repeats, "depth": depth, "numerics": args.numerics,
                 "cohort_widths": list(owner.scheduler.widths), "arms": arms,
                 "streams": figures, "ratios": ratios(figures),
