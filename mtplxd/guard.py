@@ -71,10 +71,14 @@ class MemoryPlan:
         """Tokens the KV buffers hold for `tokens`, at the cache's allocation granularity."""
         return math.ceil(max(tokens, 1) / KV_ALLOCATION_STEP) * KV_ALLOCATION_STEP
 
+    def kv_bytes(self, tokens: int) -> int:
+        """The attention KV (trunk and MTP head) a request of `tokens` (prompt + max output)
+        is priced for."""
+        return self.kv_tokens(tokens) * (self.kv_bytes_per_token + self.mtp_kv_bytes_per_token)
+
     def request_bytes(self, prompt_tokens: int, max_tokens: int, prefill_chunk: int) -> int:
         """A request's peak bytes beyond the resident weights."""
-        tokens = self.kv_tokens(prompt_tokens + max_tokens)
-        kv = tokens * (self.kv_bytes_per_token + self.mtp_kv_bytes_per_token)
+        kv = self.kv_bytes(prompt_tokens + max_tokens)
         chunk = min(prefill_chunk, max(prompt_tokens, 1))
         return kv + self.recurrent_bytes_per_sequence + chunk * self.activation_bytes_per_prefill_token
 
@@ -237,13 +241,24 @@ class MemoryGuard:
         self._system_available = system_available
         self._lock = threading.Lock()
         self._held: dict[int, Reservation] = {}
+        # Fused cohorts' KV buffers beyond their rows' reservations, by cohort: hold_cohort.
+        self._cohort_padding: dict[Any, int] = {}
         self._next_id = 0
         self.refused = 0
         self.bank_releases = 0
 
     def held_bytes(self) -> int:
-        """Bytes reserved by running requests."""
+        """Bytes reserved by running requests: their own reservations and the padding of the
+        fused cohorts they run in."""
+        return self.reserved_bytes() + self.cohort_padding_bytes()
+
+    def reserved_bytes(self) -> int:
+        """Bytes of the running requests' own reservations (each priced by its own length)."""
         return sum(r.bytes for r in self._held.values())
+
+    def cohort_padding_bytes(self) -> int:
+        """Bytes fused cohorts' KV buffers hold beyond what their rows' reservations price."""
+        return sum(self._cohort_padding.values())
 
     def available_bytes(self, alone: bool = False) -> int:
         """What a new request may use at its turn: the limit less weights and the session bank
@@ -260,8 +275,8 @@ class MemoryGuard:
         return under_limit
 
     def holders(self) -> dict[str, int]:
-        return {"weights": self.plan.weights_bytes, "running_requests": self.held_bytes(),
-                "session_bank": self._bank_bytes()}
+        return {"weights": self.plan.weights_bytes, "running_requests": self.reserved_bytes(),
+                "cohort_padding": self.cohort_padding_bytes(), "session_bank": self._bank_bytes()}
 
     def admit(self, prompt_tokens: int, max_tokens: int,
               prefill_chunk: int = DEFAULT_PREFILL_CHUNK, extra_bytes: int = 0) -> Reservation:
@@ -287,7 +302,7 @@ class MemoryGuard:
             try:
                 return self._admit(prompt_tokens, max_tokens, prefill_chunk, extra_bytes)
             except InsufficientMemory as refused:
-                if self._held and refused.needed_bytes <= self.available_bytes(alone=True):
+                if self.held_bytes() and refused.needed_bytes <= self.available_bytes(alone=True):
                     return None  # not refused: it waits its turn
                 self.refused += 1
                 raise
@@ -323,6 +338,28 @@ class MemoryGuard:
         reservation = Reservation(self._next_id, needed, chunk, self)
         self._held[reservation.id] = reservation
         return reservation
+
+    def hold_cohort(self, key: Any, buffer_bytes: int, ceilings: list[int],
+                    must: bool = False) -> bool:
+        """Hold what a fused cohort's KV buffers (`buffer_bytes` at the most they may grow to)
+        reach beyond its rows' reservations (each priced for its own `ceilings`: prompt + max
+        output), in place of the cohort's previous hold. False, and nothing changed, when the
+        growth does not fit; `must`: hold it anyway (the memory is, or will be, allocated
+        whatever the answer: a lone row, or a row leaving a cohort whose buffers stay)."""
+        padding = max(buffer_bytes - sum(self.plan.kv_bytes(t) for t in ceilings), 0)
+        with self._lock:
+            growth = padding - self._cohort_padding.get(key, 0)
+            if not must and growth > self.available_bytes() and self._bank_bytes() > 0:
+                self.release_bank(growth - self.available_bytes())  # as an admission would
+            if not must and growth > 0 and growth > self.available_bytes():
+                return False
+            self._cohort_padding[key] = padding
+            return True
+
+    def free_cohort(self, key: Any) -> None:
+        """The cohort has no row left: its buffers are gone, and so is its hold."""
+        with self._lock:
+            self._cohort_padding.pop(key, None)
 
     def release_bank(self, needed: int) -> int:
         """Ask the session bank to free `needed` bytes of idle entries; returns bytes freed."""

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 import psutil
 import trio
@@ -25,6 +25,9 @@ import trio
 from mtplxd.engine.interface import RetrievalError
 from mtplxd.guard import (DEFAULT_PREFILL_CHUNK, MemoryGuard, is_unified_memory,
                           plan_for_config, resolve_limit)
+
+if TYPE_CHECKING:  # the engine (and MLX) loads lazily
+    from mtplxd.engine.decoding.cohort_memory import CohortMemory
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +118,7 @@ class Runtime:
         self.scheduler = Scheduler(max_queued=max_queued, admit=self._admit_row,
                                    cohort_mode=cohorts, widths=normalize_widths(cohort_widths),
                                    cohort_cycle=cohort_cycle,
+                                   cohort_memory=cohort_memory(lambda: self.guard),
                                    max_backlog=DEFAULT_MAX_BACKLOG)
         self.owner = ModelOwner(scheduler=self.scheduler)
         self.model: Any = None  # mtplxd.engine.LoadedModel once loaded
@@ -465,6 +469,24 @@ async def _unwrap(receive: trio.MemoryReceiveChannel, row: Any) -> AsyncIterator
         if isinstance(item, RowFailure):
             raise item.error
         yield item
+
+
+def cohort_memory(guard_of: Callable[[], MemoryGuard | None]) -> CohortMemory:
+    """The fused cohorts' padding callbacks (engine/decoding/cohort_memory.py) backed by
+    the loaded model's guard, looked up at each call (a reload replaces it; no guard:
+    everything fits)."""
+    from mtplxd.engine.decoding.cohort_memory import CohortMemory
+
+    def hold(key: Any, buffer_bytes: int, ceilings: list[int], must: bool) -> bool:
+        guard = guard_of()
+        return guard is None or guard.hold_cohort(key, buffer_bytes, ceilings, must)
+
+    def free(key: Any) -> None:
+        guard = guard_of()
+        if guard is not None:
+            guard.free_cohort(key)
+
+    return CohortMemory(hold, free)
 
 
 def build_guard(path: Path, model: Any, limit_bytes: int) -> MemoryGuard:

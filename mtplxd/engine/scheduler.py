@@ -20,6 +20,11 @@ the MTP rows' heads drafting together, then one target forward per cohort of fix
 rows of one depth together and AR rows in the AR batch lane, then one host sync for all);
 each row then commits its own cycle.
 
+Rows of the fused cohort cycle (decoding/fused_cohort.py) share KV buffers padded to one
+capacity and one width: the `cohort_memory` callbacks (the memory guard's, in the daemon)
+hold that padding next to the rows' own reservations, and a row whose join would not fit
+runs in a cohort of its own instead.
+
 A row whose reader is slow (more than `max_backlog` delivered items not yet taken) is
 paused: it is not stepped until its reader catches up, and the other rows go on.
 No trio, no HTTP: the daemon reaches this through `ModelOwner.submit_row`.
@@ -39,6 +44,7 @@ from typing import Any, Callable, Iterator
 from mtplxd.engine.cohort import (
     DEFAULT_WIDTHS, group, run_cohort, run_drafts, settle_together,
 )
+from mtplxd.engine.decoding.cohort_memory import UNLIMITED, CohortMemory
 from mtplxd.engine.decoding.cohort_rows import CohortCall, DraftCall, SettleCall, VerifyCall
 from mtplxd.engine.decoding.fused_cohort import FusedCohorts, FusedCycleCall
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, QueueFull, TokenDelta
@@ -172,7 +178,7 @@ class Scheduler:
                  admit: AdmitHook | None = None, widths: tuple[int, ...] = DEFAULT_WIDTHS,
                  numerics: str = "exact", max_backlog: int | None = None,
                  cohort_mode: str = "auto", cohort_drafting: str = "batched",
-                 cohort_cycle: str = "fused") -> None:
+                 cohort_cycle: str = "fused", cohort_memory: CohortMemory = UNLIMITED) -> None:
         self.max_concurrent = max_concurrent
         self.max_queued = max_queued
         self.admit = admit
@@ -184,7 +190,8 @@ class Scheduler:
         self.cohort_mode = cohort_mode  # auto | always | off: see _wants_cohort
         self.cohort_drafting = cohort_drafting  # batched | per-row: cohort.DRAFTING_CHOICES
         self.cohort_cycle = cohort_cycle  # fused | phased: cohort.CYCLE_CHOICES
-        self.fused = FusedCohorts()  # the fused cohorts' slots and in-flight cycles
+        # The fused cohorts' slots and in-flight cycles; their padding held by cohort_memory.
+        self.fused = FusedCohorts(cohort_memory)
         self.cohort_histogram: dict[int, int] = {w: 0 for w in widths}  # width -> cohorts run
         self.wake: Callable[[], None] = lambda: None  # set by the owner: a submission wakes it
         self._lock = threading.Lock()

@@ -113,7 +113,8 @@ def test_requests_that_cannot_fit_get_507_before_any_prefill_and_the_daemon_surv
                 if path != "/v1/messages":
                     assert error["code"] == "insufficient_memory"
                     assert error["needed_bytes"] > error["available_bytes"]
-                    assert set(error["held_by"]) == {"weights", "running_requests", "session_bank"}
+                    assert set(error["held_by"]) == {"weights", "running_requests", "cohort_padding",
+                                                    "session_bank"}
                     assert "memory_limit" in error["hint"]
                 else:
                     assert answer.json()["type"] == "error"

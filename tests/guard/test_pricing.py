@@ -239,3 +239,32 @@ def test_images_are_priced_on_top_of_their_tokens():
     with pytest.raises(InsufficientMemory):
         guard.check(1000, 100, extra_bytes=2 * GIB)  # the tokens fit, the image does not
     guard.check(1000, 100)
+
+
+def test_a_cohorts_padding_is_held_beside_the_rows_and_a_join_that_does_not_fit_is_declined():
+    """hold_cohort holds what a fused cohort's buffers reach beyond its rows' own KV prices;
+    new admissions see it; growth past the limit is declined (unchanged) unless `must`."""
+    plan = plan_for_config(QWEN3_4B, weights_bytes=8 * GIB)
+    guard = MemoryGuard(plan, limit_bytes=10 * GIB, serial=False)
+    per_slot = plan.kv_bytes_per_token + plan.mtp_kv_bytes_per_token
+    rows = [guard.try_admit(200, 56), guard.try_admit(1000, 24)]  # ceilings 256 and 1024
+    reserved = guard.held_bytes()
+    # Two rows 3 wide at the long row's 1024 slots: 3072 slots against 256 + 1024 priced.
+    assert guard.hold_cohort("c", 3 * 1024 * per_slot, [256, 1024])
+    padding = (3 * 1024 - 256 - 1024) * per_slot
+    assert guard.held_bytes() == reserved + padding
+    assert guard.holders()["cohort_padding"] == padding
+    assert guard.holders()["running_requests"] == reserved
+    available = guard.available_bytes()
+    too_wide = 3 * 1024 * per_slot + available + per_slot
+    assert not guard.hold_cohort("c", too_wide, [256, 1024])
+    assert guard.cohort_padding_bytes() == padding  # declined: unchanged
+    assert guard.hold_cohort("c", too_wide, [256, 1024], must=True)
+    assert guard.available_bytes() < 0
+    assert guard.try_admit(200, 56) is None  # waits: the padding goes when the rows do
+    guard.hold_cohort("c", 1024 * per_slot, [1024], must=True)  # the short row left: 1 wide
+    assert guard.cohort_padding_bytes() == 0
+    guard.free_cohort("c")
+    for row in rows:
+        row.release()
+    assert guard.held_bytes() == 0 and guard.holders()["cohort_padding"] == 0

@@ -23,12 +23,18 @@ row's temperature, top-p, top-k, min-p and penalties are a row of a settings tab
 the graph (row_sampling.py), and the graph holds the steps any of its rows uses; greedy and
 sampled rows mix, each taking its own rule's result.
 
+Memory: one capacity for all rows and the padding to a cohort width hold more than each
+row's own admission priced; a row joins a cohort only when the memory guard grants the
+cohort's new padding (cohort_memory.py), else it starts a cohort of its own (width 1: no
+padding), and decodes exactly as it would have beside the others.
+
 Only dense qwen3 (whole trunk cache attention KV: fused.fused_supported); hybrid models and
 the "exact" numerics profile keep the phased cohorts.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -36,6 +42,7 @@ from typing import Any, Callable, Iterator
 import mlx.core as mx
 
 from mtplxd.engine.decoding import row_sampling
+from mtplxd.engine.decoding.cohort_memory import UNLIMITED, CohortMemory, reach_for, slot_bytes
 from mtplxd.engine.decoding.cohort_rows import CohortCall
 from mtplxd.engine.decoding.fused import (
     CAPACITY_STEP, FusedSpeculativeDecoder, RowsKVCache, _compiled, _CycleNoise, _CycleState,
@@ -269,6 +276,7 @@ class FusedCohortRow(FusedSpeculativeDecoder):
         self.cohort: FusedCohort | None = None
         self.initial: _CycleState | None = None  # its state before it joins (one row)
         self.capacity = 0  # the initial state's buffer slots
+        self.ceiling = 0  # prompt + max output: the length its admission was priced for
         self.known_n = 0  # trunk length after the last cycle read back
         self.outbox: list[int] = []  # committed tokens read, not yet handed to the row
         self.failure: BaseException | None = None  # what ended its cohort's graph, if it failed
@@ -290,6 +298,7 @@ class FusedCohortRow(FusedSpeculativeDecoder):
         self.initial, self.capacity = self._initial_state(prompt_hiddens, prompt_ids,
                                                           first_token, pending_from)
         self.known_n = len(prompt_ids)
+        self.ceiling = len(prompt_ids) + self.params.max_tokens
         self.committed = (self.initial, None)
         try:
             while True:
@@ -300,6 +309,11 @@ class FusedCohortRow(FusedSpeculativeDecoder):
                 self.cohort.leave(self)
             elif self.initial is not None:  # never joined: its own buffers are the newest
                 self._write_back(self.initial, self.initial)
+
+    @property
+    def reach(self) -> int:
+        """The most buffer slots this row may need in a cohort (cohort_memory.reach_for)."""
+        return max(reach_for(self.ceiling, self.depth), self.capacity)
 
     def record(self, tokens: list[int]) -> None:
         """One cycle of this row read back: count it and keep its tokens for the row."""
@@ -339,6 +353,9 @@ class FusedCohort:
     key: tuple = ()  # FusedCohortRow.key of its rows
     cycle: Callable | None = None  # the compiled cycle at the current width
     features: Features | None = None  # the sampling steps the members' cycle holds
+    memory: CohortMemory = UNLIMITED  # the memory guard's hold on its padding
+    slot_bytes: int = 0  # one row's buffer slot (trunk + head KV), set by its first row
+    hold_key: int = field(default_factory=lambda: next(_hold_keys))  # its hold's name
 
     @property
     def rows(self) -> int:
@@ -352,10 +369,13 @@ class FusedCohort:
         """Let `callers` not yet in join, launch the next cycle (with the callers active),
         read the previous one into the rows' outboxes; return the cycle's width."""
         joiners = [row for row in callers if row.cohort is not self]
-        width = next((w for w in widths if w >= self.rows + len(joiners)), self.rows + len(joiners))
-        if joiners or width != self.width:
+        width = width_for(self.rows + len(joiners), widths)
+        capacity, relayout = self.capacity, bool(joiners) or width != self.width
+        if relayout:
             self._relayout(width, joiners)
         self._ensure_capacity()
+        if relayout or capacity != self.capacity:  # within what was granted at placement
+            self.hold(self.live_members(), self.width, must=True)
         calling = {id(row) for row in callers}
         active = [member is not None and id(member) in calling for member in self.members]
         if self.in_flight is None:  # a fresh pipeline: two cycles out, so one can be read now
@@ -383,6 +403,21 @@ class FusedCohort:
         row.committed = None
         if not self.rows:  # nothing left to compute: let the buffers go
             self.state, self.in_flight, self.members = None, None, []
+            self.memory.free(self.hold_key)
+        else:  # its slot keeps its buffers until the next relayout, and nothing prices it now
+            self.hold(self.live_members(), self.width, must=True)
+
+    def live_members(self) -> list[FusedCohortRow]:
+        return [m for m in self.members if m is not None]
+
+    def hold(self, rows: list[FusedCohortRow], width: int, must: bool = False) -> bool:
+        """Ask the memory guard to hold what `rows` at `width` may reach beyond their own
+        reservations (their buffers can grow to the longest one's reach, never past it)."""
+        if not self.slot_bytes:
+            self.slot_bytes = slot_bytes(rows[0].initial.trunk_kv + rows[0].initial.head_kv)
+        reach = max([self.capacity] + [row.reach for row in rows])
+        return self.memory.hold(self.hold_key, width * reach * self.slot_bytes,
+                                [row.ceiling for row in rows], must)
 
     def _relayout(self, width: int, joiners: list[FusedCohortRow]) -> None:
         """Rebuild the state at `width` rows: the members kept, then the joiners, then empty
@@ -416,10 +451,15 @@ class FusedCohort:
 
     def _ensure_capacity(self) -> None:
         """Grow the buffers before a cycle could write past them: the cycle after next writes
-        at most 2(K+1) slots past a row's last read length (fused.py's rule, per row)."""
-        longest = max(m.known_n for m in self.members if m is not None)
-        if longest + 2 * (self.depth + 1) + 1 > self.capacity:
-            self.capacity = capacity_for(longest + CAPACITY_STEP)
+        at most 2(K+1) slots past a row's last read length (fused.py's rule, per row). Like
+        fused.py it grows a step ahead (fewer copies), but never past its rows' reach: the
+        memory guard priced the cohort at that."""
+        members = self.live_members()
+        longest = max(m.known_n for m in members)
+        needed = longest + 2 * (self.depth + 1) + 1
+        if needed > self.capacity:
+            ahead = min(capacity_for(longest + CAPACITY_STEP), max(m.reach for m in members))
+            self.capacity = max(capacity_for(needed), ahead)
             self.state.trunk_kv = grow_buffers(self.state.trunk_kv, self.capacity)
             self.state.head_kv = grow_buffers(self.state.head_kv, self.capacity)
 
@@ -474,6 +514,14 @@ class FusedCohort:
                 row.committed = (cycle.state, slot)
 
 
+_hold_keys = itertools.count(1)
+
+
+def width_for(rows: int, widths: tuple[int, ...]) -> int:
+    """The cohort width `rows` rows run at: the narrowest configured that holds them."""
+    return next((w for w in widths if w >= rows), rows)
+
+
 def _row_of(state: _CycleState, slot: int) -> _CycleState:
     """Row `slot` of a cohort state's small arrays, shaped as a one-row fused state."""
     return _CycleState(
@@ -506,7 +554,8 @@ def _empty_row(template: list[mx.array]) -> list[mx.array]:
 class FusedCohorts:
     """Every fused cohort of the scheduler: rows of one key (model, depth) share cohorts of at most the widest width; each turn runs one cycle per cohort."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory: CohortMemory = UNLIMITED) -> None:
+        self.memory = memory  # the memory guard's holds on the cohorts' padding
         self.cohorts: list[FusedCohort] = []
         self.widths_run: list[int] = []  # the width of each cohort cycle of the last turn
 
@@ -520,7 +569,7 @@ class FusedCohorts:
         for call in calls:
             row = call.decoder
             if row.failure is None:
-                cohort = row.cohort or self._place(row, widths[-1], placed)
+                cohort = row.cohort or self._place(row, widths, placed)
                 placed.setdefault(id(cohort), []).append(row)
         widths_run: dict[int, int] = {}
         for cohort in list(self.cohorts):
@@ -539,17 +588,22 @@ class FusedCohorts:
         """A cohort's graph failed: every row in it (callers, parked members, joiners) fails
         with `error`; its state is dropped, so the rows hand back no caches."""
         self.cohorts.remove(cohort)
+        self.memory.free(cohort.hold_key)
         for row in {id(r): r for r in [*cohort.members, *callers] if r is not None}.values():
             row.failure, row.cohort, row.initial = error, None, None
         cohort.state, cohort.in_flight, cohort.members = None, None, []
 
-    def _place(self, row: FusedCohortRow, widest: int,
+    def _place(self, row: FusedCohortRow, widths: tuple[int, ...],
                placed: dict[int, list[FusedCohortRow]]) -> FusedCohort:
-        """The first cohort of the row's key with room for one more, else a new one."""
+        """The first cohort of the row's key with room for one more whose new padding the
+        memory guard grants, else a new one (a lone row's own: it runs whatever the answer)."""
         for cohort in self.cohorts:
-            joining = sum(r.cohort is not cohort for r in placed.get(id(cohort), []))
-            if cohort.key == row.key and cohort.rows + joining < widest:
+            joining = [r for r in placed.get(id(cohort), []) if r.cohort is not cohort]
+            rows = [*cohort.live_members(), *joining, row]
+            if (cohort.key == row.key and len(rows) <= widths[-1]
+                    and cohort.hold(rows, width_for(len(rows), widths))):
                 return cohort
-        cohort = FusedCohort(row.trunk, row.head, row.depth, key=row.key)
+        cohort = FusedCohort(row.trunk, row.head, row.depth, key=row.key, memory=self.memory)
+        cohort.hold([row], width_for(1, widths), must=True)
         self.cohorts.append(cohort)
         return cohort
