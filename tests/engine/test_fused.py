@@ -59,6 +59,26 @@ def test_cache_growth_keeps_greedy_mtp_equal_to_ar(model, monkeypatch):
         assert run(model, "fused", depth, max_tokens=90, ignore_eos=True).token_ids == reference.token_ids
 
 
+def test_buffers_grow_a_step_ahead_but_never_past_what_the_request_was_priced_for(
+        model, monkeypatch):
+    """The memory guard prices a request at prompt + max_tokens: growing a whole step ahead
+    near the end would hold slots nobody priced (fused.reach_for bounds it)."""
+    monkeypatch.setattr(fused, "CAPACITY_STEP", 16)
+    grown = []
+    real_grow = fused._grow
+    monkeypatch.setattr(fused, "_grow", lambda state, capacity: (grown.append(capacity),
+                                                                 real_grow(state, capacity)))
+    reference = run(model, "stepwise", 0, max_tokens=40, ignore_eos=True)
+    prompt = len(model.tokenizer.encode("def add(a, b):\n    ret"))
+    for depth in (1, 4):
+        grown.clear()
+        assert run(model, "fused", depth, max_tokens=40, ignore_eos=True).token_ids == reference.token_ids
+        assert grown  # it crossed steps
+        assert max(grown) <= fused.reach_for(prompt + 40, depth)
+        # A step ahead is still taken while the request is far from its end.
+        assert grown[0] - fused.capacity_for(prompt + 2 * (depth + 1) + 1) >= 16
+
+
 def test_static_cache_attention_equals_the_plain_cache(model):
     """A masked forward over the fixed buffer gives the logits of mlx-lm's exact-length cache."""
     trunk = model.trunk

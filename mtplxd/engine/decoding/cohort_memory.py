@@ -21,7 +21,6 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from mtplxd.engine.decoding.fused import capacity_for
 
 # hold(cohort key, buffer bytes at the cohort's reach, its rows' ceilings, must) -> granted.
 # Not granted: nothing changed (the row does not join). `must`: record it whatever the limit
@@ -45,11 +44,3 @@ def slot_bytes(buffers: list[mx.array]) -> int:
     """Bytes one buffer slot of one row takes across `buffers` ((rows, heads, capacity, dim)
     each): from the arrays' own shapes and dtype (lazy arrays need no evaluation)."""
     return sum(a.nbytes // (a.shape[0] * a.shape[2]) for a in buffers)
-
-
-def reach_for(ceiling: int, depth: int) -> int:
-    """The most buffer slots a row of `ceiling` tokens (prompt + max output) at `depth` may
-    need in a fused cohort. Its last read may overshoot its ceiling by `depth` tokens (a
-    cycle commits up to depth + 1), and the cycle after next writes up to 2(depth + 1) more
-    (FusedCohort._ensure_capacity's rule), so ceiling + 3 depth + 2 slots, rounded up."""
-    return capacity_for(ceiling + 3 * depth + 2)

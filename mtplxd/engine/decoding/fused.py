@@ -193,6 +193,22 @@ def capacity_for(tokens: int) -> int:
     return max(CAPACITY_STEP, -(-tokens // CAPACITY_STEP) * CAPACITY_STEP)
 
 
+def reach_for(ceiling: int, depth: int) -> int:
+    """The most buffer slots a row of `ceiling` tokens (prompt + max output, the length the
+    memory guard priced it for) at `depth` may need. Its last read may overshoot its ceiling
+    by `depth` tokens (a cycle commits up to depth + 1), and the cycle after next writes up
+    to 2(depth + 1) more (the growth rule), so ceiling + 3 depth + 2 slots, rounded up."""
+    return capacity_for(ceiling + 3 * depth + 2)
+
+
+def grown_capacity(longest: int, depth: int, reach: int) -> int:
+    """The capacity to grow to once the cycle after next could write past the buffers (rows
+    read back up to `longest` tokens): a step ahead (fewer copies and retraces), but never
+    past `reach` (what the memory guard priced), and always room for those writes."""
+    needed = capacity_for(longest + 2 * (depth + 1) + 1)
+    return max(needed, min(capacity_for(longest + CAPACITY_STEP), reach))
+
+
 def to_buffers(cache: list[KVCache], capacity: int) -> list[mx.array]:
     """[k0, v0, k1, v1, ...]: each entry's cached rows at the front of a `capacity` buffer."""
     rows = [array[..., :entry.offset, :] for entry in cache for array in (entry.keys, entry.values)]
@@ -317,13 +333,15 @@ class FusedSpeculativeDecoder:
                                               pending_from)
         seed = seed_words(self.seed)
         known_n = len(prompt_ids)  # trunk length after the last cycle read back
+        # The buffers never grow past what this request was priced for (prompt + max output).
+        reach = max(reach_for(known_n + self.params.max_tokens, K), capacity)
         committed = state  # the last read cycle's state (scalars; its buffers move on)
         launched = self._launch(state, seed)
         try:
             while True:
                 # The cycle after next writes at most 2(K+1) slots past the last read length.
                 if known_n + 2 * (K + 1) + 1 > capacity:
-                    capacity = capacity_for(known_n + CAPACITY_STEP)
+                    capacity = grown_capacity(known_n, K, reach)
                     _grow(launched.state, capacity)
                 if self.split.armed:
                     reading, launched = launched, self._launch_timed(launched, seed)

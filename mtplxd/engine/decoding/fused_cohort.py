@@ -42,11 +42,11 @@ from typing import Any, Callable, Iterator
 import mlx.core as mx
 
 from mtplxd.engine.decoding import row_sampling
-from mtplxd.engine.decoding.cohort_memory import UNLIMITED, CohortMemory, reach_for, slot_bytes
+from mtplxd.engine.decoding.cohort_memory import UNLIMITED, CohortMemory, slot_bytes
 from mtplxd.engine.decoding.cohort_rows import CohortCall
 from mtplxd.engine.decoding.fused import (
-    CAPACITY_STEP, FusedSpeculativeDecoder, RowsKVCache, _compiled, _CycleNoise, _CycleState,
-    _state_of, capacity_for, grow_buffers,
+    FusedSpeculativeDecoder, RowsKVCache, _compiled, _CycleNoise, _CycleState,
+    _state_of, grow_buffers, grown_capacity, reach_for,
 )
 from mtplxd.engine.decoding.row_sampling import Features, features_of, settings_table
 from mtplxd.engine.decoding.sampling import CYCLE, device_position_keys, seed_words
@@ -312,7 +312,7 @@ class FusedCohortRow(FusedSpeculativeDecoder):
 
     @property
     def reach(self) -> int:
-        """The most buffer slots this row may need in a cohort (cohort_memory.reach_for)."""
+        """The most buffer slots this row may need in a cohort (fused.reach_for)."""
         return max(reach_for(self.ceiling, self.depth), self.capacity)
 
     def record(self, tokens: list[int]) -> None:
@@ -456,10 +456,8 @@ class FusedCohort:
         memory guard priced the cohort at that."""
         members = self.live_members()
         longest = max(m.known_n for m in members)
-        needed = longest + 2 * (self.depth + 1) + 1
-        if needed > self.capacity:
-            ahead = min(capacity_for(longest + CAPACITY_STEP), max(m.reach for m in members))
-            self.capacity = max(capacity_for(needed), ahead)
+        if longest + 2 * (self.depth + 1) + 1 > self.capacity:
+            self.capacity = grown_capacity(longest, self.depth, max(m.reach for m in members))
             self.state.trunk_kv = grow_buffers(self.state.trunk_kv, self.capacity)
             self.state.head_kv = grow_buffers(self.state.head_kv, self.capacity)
 
