@@ -52,10 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     paths = Paths.from_env()
     try:
         config = load_config(paths.config_file)
+        in_file = dict(config.values)
         for key in ("host", "port", "model", "depth", "hosts", "embedding_model", "reranker_model",
                     "retrieval_trust_remote_code"):
             if getattr(args, key) is not None:
                 config.override(key, getattr(args, key))
+        # What this process was started with beside config.toml (and the file's value then):
+        # `mtplxctl restart` starts the next one the same way (daemon.status: launch_options).
+        launch_options = {key: {"value": config.values[key], "config_value": in_file.get(key)}
+                          for key, source in config.sources.items() if source == "cli"}
     except ConfigError as exc:
         print(f"mtplxd: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -78,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         setup_logging(paths.log_file, config.log_level, to_stderr=args.log_stderr)
         _log_blas()
-        daemon = Daemon(config, paths, load_model=not args.no_model)
+        daemon = Daemon(config, paths, load_model=not args.no_model,
+                        launch_options=launch_options)
         trio.run(daemon.run)
     except (OSError, ExceptionGroup) as exc:
         # trio hands a bind failure over inside (nested) exception groups.

@@ -51,9 +51,13 @@ def serving_group(config: Config, paths: Paths) -> Any:
 class Daemon:
     """The running daemon's state, shared by the control methods and the HTTP app."""
 
-    def __init__(self, config: Config, paths: Paths, load_model: bool = True) -> None:
+    def __init__(self, config: Config, paths: Paths, load_model: bool = True,
+                 launch_options: dict[str, dict[str, Any]] | None = None) -> None:
         self.config = config
         self.paths = paths
+        # The start options given beside config.toml ({key: {"value", "config_value"}}).
+        self.launch_options = launch_options or {}
+        self.loaded_as: dict[str, Any] | None = None  # the last model.load's ask (control methods)
         self.load_model_at_start = load_model
         self.started_at = time.time()
         self.supervisor = detect_supervisor()

@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 from rich.table import Table
 
+from mtplxd.config import ConfigError, load_config
 from mtplxd.instance import lock_is_held
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, DaemonNotRunning
@@ -397,11 +398,45 @@ def cmd_restart(args: argparse.Namespace) -> int:
     paths = Paths.from_env()
     client = ControlClient(paths.socket)
     if client.is_running():
+        carried = carry_running_options(client.call("daemon.status"), args, paths)
         pid, stopped = _stop_daemon(paths, client)
         if not stopped:
             return fail(f"mtplxd (pid {pid}) did not stop within {STOP_TIMEOUT:.0f}s",
                         "check `mtplxctl logs`")
+        if carried and not args.json:
+            err_console.print(f"restarting as it ran: {' '.join(carried)} (give an option to "
+                              "change it)")
     return cmd_start(args)
+
+
+def carry_running_options(status: dict[str, Any], args: argparse.Namespace,
+                          paths: Paths) -> list[str]:
+    """Set on `args` what the running daemon was started with (its start-only options, the
+    model and depth it was asked to load) where `restart` was not given them, unless
+    config.toml has changed that key since (then the file wins, as `config set` promised).
+    Returns the options carried, as flags (for the message)."""
+    try:
+        in_file = load_config(paths.config_file).values
+    except ConfigError:
+        in_file = {}
+    wanted: dict[str, Any] = {}
+    for key, launched in (status.get("launch_options") or {}).items():
+        if key in START_ONLY_OPTIONS and in_file.get(key) == launched.get("config_value"):
+            wanted[key] = launched.get("value")
+    loaded = (status.get("model") or {}).get("loaded_as") or {}
+    if loaded.get("spec") and in_file.get("model") == loaded.get("config_model"):
+        wanted["model"] = loaded["spec"]
+    if loaded.get("depth") is not None and in_file.get("depth") == loaded.get("config_depth"):
+        wanted["depth"] = loaded["depth"]
+    carried = []
+    for key, value in wanted.items():
+        if getattr(args, key, None) not in (None, False, []) or value in (None, False, []):
+            continue  # given to restart, or nothing to carry
+        setattr(args, key, value)
+        flag = "--" + key.replace("_", "-")
+        values = value if isinstance(value, list) else [value]
+        carried += [flag] if value is True else [f"{flag} {v}" for v in values]
+    return carried
 
 
 # ---------------------------------------------------------------- status

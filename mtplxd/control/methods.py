@@ -83,6 +83,7 @@ def register_daemon_methods(registry: MethodRegistry, daemon: "Daemon") -> None:
             info = await daemon.runtime.load(spec, depth)
         except ModelLoadFailed as exc:
             raise app_error("model_load_failed", str(exc)) from None
+        daemon.loaded_as = loaded_as(daemon, _optional_str(params, "model"), depth)
         await notify("model.progress", {"phase": "loaded", "model": info["id"]})
         return model_snapshot(daemon)
 
@@ -151,6 +152,18 @@ def _apply_live(daemon: "Daemon", key: str, value: Any) -> str:
     return "next_load" if key in LOAD_KEYS else "restart"
 
 
+def loaded_as(daemon: "Daemon", spec: str | None, depth: int | None) -> dict[str, Any]:
+    """How the model was asked for over the socket (`start --model X --depth N`, `models
+    load`), beside config.toml's model and depth then: `mtplxctl restart` asks for it again
+    unless the file has changed those keys since."""
+    try:
+        in_file = load_config(daemon.paths.config_file).values
+    except ConfigError:
+        in_file = {}
+    return {"spec": spec, "depth": depth,
+            "config_model": in_file.get("model"), "config_depth": in_file.get("depth")}
+
+
 def model_snapshot(daemon: "Daemon") -> dict[str, Any] | None:
     """The model part of status: None when nothing is loaded or loading."""
     runtime = daemon.runtime
@@ -171,6 +184,7 @@ def model_snapshot(daemon: "Daemon") -> dict[str, Any] | None:
         # `mtplxctl tune` saves its depth under this key; the next load looks it up.
         snapshot["tuning_key"] = tuning_key(info)
         snapshot["depth_source"] = runtime.depth_source
+        snapshot["loaded_as"] = getattr(daemon, "loaded_as", None)
         if snapshot["demo"]:
             snapshot["hint"] = DEMO_HINT
     return snapshot
@@ -191,6 +205,7 @@ def status_snapshot(daemon: "Daemon") -> dict[str, Any]:
         "socket": str(daemon.paths.socket),
         "socket_fallback": daemon.paths.socket_is_fallback,
         "supervisor": daemon.supervisor,
+        "launch_options": daemon.launch_options,
         "http": daemon.http_status(),
         "model": model_snapshot(daemon),
         "requests": {"active": daemon.runtime.active_requests,

@@ -148,6 +148,46 @@ def test_restart_gives_a_new_pid(daemon):
     assert run_ctl("stop").returncode == 0
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_restart_keeps_the_port_model_and_depth_it_was_started_with(tiny_model_factory,
+                                                                     monkeypatch):
+    """`restart` is the same daemon again: what `start` was given on its command line stays
+    (agents are configured for that port), unless given anew or changed in config.toml."""
+    monkeypatch.delenv("MTPLX_PORT")  # the tests' MTPLX_PORT=0 would outrank config.toml
+    model, port = tiny_model_factory("qwen3"), _free_port()
+    started = run_ctl("start", "--port", str(port), "--model", str(model), "--depth", "2", "--json")
+    assert started.returncode == 0, started.stderr
+    try:
+        again = run_ctl("restart", "--json")
+        assert again.returncode == 0, again.stderr
+        status = json.loads(again.stdout)
+        assert status["pid"] != json.loads(started.stdout)["pid"]
+        assert status["http"]["port"] == port
+        assert status["model"]["id"] == model.name and status["model"]["depth"] == 2
+        human = run_ctl("restart")
+        assert human.returncode == 0, human.stderr
+        assert f"restarting as it ran: --port {port} --model {model} --depth 2" in human.stderr
+        # An option given to restart wins; the others still carry.
+        changed = json.loads(run_ctl("restart", "--depth", "1", "--json").stdout)
+        assert changed["model"]["depth"] == 1 and changed["http"]["port"] == port
+        assert changed["model"]["id"] == model.name
+        # A port set in config.toml since the start wins over the start's --port, as
+        # `config set` said ("takes effect at the next mtplxctl restart").
+        other = _free_port()
+        assert run_ctl("config", "set", "port", str(other)).returncode == 0
+        moved = json.loads(run_ctl("restart", "--json").stdout)
+        assert moved["http"]["port"] == other and moved["model"]["depth"] == 1
+    finally:
+        assert run_ctl("stop").returncode == 0
+
+
 def test_start_with_a_model_loads_it_and_status_shows_it(tiny_model_factory):
     model = tiny_model_factory("qwen3")
     started = run_ctl("start", "--port", "0", "--model", str(model), "--json")
