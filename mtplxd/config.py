@@ -378,6 +378,16 @@ def load_config(path: Path, environ: dict[str, str] | None = None) -> Config:
     return config
 
 
+def settings_now(path: Path) -> dict[str, Any]:
+    """The effective settings (defaults, `path`, the environment), or {} when they cannot be
+    read: for comparing with what a running daemon saw (the daemon names a bad setting when it
+    starts)."""
+    try:
+        return load_config(path).values
+    except ConfigError:
+        return {}
+
+
 def set_in_file(path: Path, key: str, value: Any) -> Any:
     """Validate and persist one key in `config.toml` (atomic, other keys kept); return the value.
 

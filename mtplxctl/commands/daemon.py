@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 from rich.table import Table
 
-from mtplxd.config import ConfigError, load_config
+from mtplxd.config import settings_now
 from mtplxd.instance import lock_is_held
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, DaemonNotRunning
@@ -415,10 +415,7 @@ def carry_running_options(status: dict[str, Any], args: argparse.Namespace,
     model and depth it was asked to load) where `restart` was not given them, unless
     config.toml has changed that key since (then the file wins, as `config set` promised).
     Returns the options carried, as flags (for the message)."""
-    try:
-        in_file = load_config(paths.config_file).values
-    except ConfigError:
-        in_file = {}
+    in_file = settings_now(paths.config_file)
     wanted: dict[str, Any] = {}
     for key, launched in (status.get("launch_options") or {}).items():
         if key in START_ONLY_OPTIONS and in_file.get(key) == launched.get("config_value"):

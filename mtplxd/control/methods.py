@@ -14,7 +14,8 @@ import psutil
 
 from mtplxd import POWERED_BY, __version__, blas
 from mtplxd.api.chat_format import effort_levels
-from mtplxd.config import SETTINGS, ConfigError, load_config, set_in_file, unknown_setting
+from mtplxd.config import (SETTINGS, ConfigError, load_config, set_in_file, settings_now,
+                           unknown_setting)
 from mtplxd.control.protocol import PROTOCOL_VERSION, app_error, invalid_params
 from mtplxd.control.registry import MethodRegistry, Notify
 from mtplxd.guard import context_window
@@ -156,10 +157,7 @@ def loaded_as(daemon: "Daemon", spec: str | None, depth: int | None) -> dict[str
     """How the model was asked for over the socket (`start --model X --depth N`, `models
     load`), beside config.toml's model and depth then: `mtplxctl restart` asks for it again
     unless the file has changed those keys since."""
-    try:
-        in_file = load_config(daemon.paths.config_file).values
-    except ConfigError:
-        in_file = {}
+    in_file = settings_now(daemon.paths.config_file)
     return {"spec": spec, "depth": depth,
             "config_model": in_file.get("model"), "config_depth": in_file.get("depth")}
 

@@ -36,7 +36,7 @@ from typing import Any
 import mlx.core as mx
 
 from mtplxd.engine.decoding.cohort_drafts import draft_together
-from mtplxd.engine.decoding.cohort_rows import DraftCall, SettleCall, VerifyCall
+from mtplxd.engine.decoding.cohort_rows import DraftCall, SettleCall, VerifyCall, width_for
 from mtplxd.engine.decoding.speculative import Drafted
 from mtplxd.engine.decoding.split import evaluated_at
 from mtplxd.engine.model.batched import batched_forward, batched_supported, pad_to
@@ -80,7 +80,7 @@ def seal(count: int, widths: tuple[int, ...]) -> list[tuple[int, int]]:
     widest = widths[-1]
     while count > 0:
         rows = min(count, widest)
-        cohorts.append((rows, next(w for w in widths if w >= rows)))
+        cohorts.append((rows, width_for(rows, widths)))
         count -= rows
     return cohorts
 

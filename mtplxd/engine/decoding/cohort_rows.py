@@ -30,6 +30,12 @@ from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.trunk import Trunk
 
 
+def width_for(rows: int, widths: tuple[int, ...]) -> int:
+    """The cohort width `rows` rows run at: the narrowest of `widths` (sorted) that holds
+    them (phased cohorts: engine/cohort.seal; fused cohorts: fused_cohort.py)."""
+    return next((w for w in widths if w >= rows), rows)
+
+
 class CohortCall:
     """What a cohort row yields instead of running a step that its cohort shares."""
 

@@ -43,7 +43,7 @@ import mlx.core as mx
 
 from mtplxd.engine.decoding import row_sampling
 from mtplxd.engine.decoding.cohort_memory import UNLIMITED, CohortMemory, slot_bytes
-from mtplxd.engine.decoding.cohort_rows import CohortCall
+from mtplxd.engine.decoding.cohort_rows import CohortCall, width_for
 from mtplxd.engine.decoding.fused import (
     FusedSpeculativeDecoder, RowsKVCache, _compiled, _CycleNoise, _CycleState,
     _state_of, grow_buffers, grown_capacity, reach_for,
@@ -513,11 +513,6 @@ class FusedCohort:
 
 
 _hold_keys = itertools.count(1)
-
-
-def width_for(rows: int, widths: tuple[int, ...]) -> int:
-    """The cohort width `rows` rows run at: the narrowest configured that holds them."""
-    return next((w for w in widths if w >= rows), rows)
 
 
 def _row_of(state: _CycleState, slot: int) -> _CycleState:

@@ -7,10 +7,10 @@ thread and waits at most `timeout` seconds. A timeout or a broken ring marks the
 (the reason kept for /health and status), calls `on_lost` (the launcher stops the workers,
 which also unblocks a stuck receive), and raises GroupLost; every later call raises it at
 once. A worker process that ends mid-exchange does not always break the ring at once (a
-collective can stay blocked on its sockets), so while it waits the owner also asks
-`ended` (the launcher's view of the worker processes) a few times a second: a dead worker
-costs a poll, not the deadline. The group is not rebuilt in this process (MLX joins a group once per process): the
-daemon refuses work until it is restarted.
+collective can stay blocked on its sockets), so while it waits the owner also asks `ended`
+(the launcher's view of the worker processes) ten times a second: a dead worker costs a
+poll, not the deadline. The group is not rebuilt in this process (MLX joins a group once per
+process): the daemon refuses work until it is restarted.
 
 Once serving, a heartbeat thread sends a PING around the ring whenever no exchange ran for a
 quarter of the deadline: workers, which exit after a deadline without word from rank 0,
