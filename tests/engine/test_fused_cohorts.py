@@ -279,3 +279,18 @@ def test_a_fused_cohort_cycle_launches_as_many_kernels_at_every_width_about_the_
         assert kernels["3"] == kernels["8"], (mode, kernels)
         assert abs(kernels["1"] - kernels["3"]) <= 1, (mode, kernels)  # fusion at W=1 may differ
         assert kernels["3"] <= kernels["lone"] + 8, (mode, kernels)
+
+
+def test_the_cycle_bench_times_lone_and_cohort_cycles_with_their_state_threaded(tiny_qwen3):
+    """bench.cycle_kernels --time-cycles runs each cycle on from its own output state (as the
+    loops do) and reports pipelined and synced ms per cycle beside the kernel counts."""
+    from mtplxd.engine.bench.cycle_kernels import measure
+    from mtplxd.engine.decoding.fused import route_static_cache_attention
+
+    route_static_cache_attention()
+    figures = measure(tiny_qwen3.trunk, tiny_qwen3.head, 2, [3], builds=1, modes=["greedy"],
+                      time_cycles=3)
+    assert list(figures) == ["greedy"]
+    for name in ("lone", "3"):
+        work = figures["greedy"][name]
+        assert work["kernels"] > 0 and work["pipelined_ms"] > 0 and work["synced_ms"] > 0, (name, work)

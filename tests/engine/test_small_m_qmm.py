@@ -17,8 +17,13 @@ ON_CUDA = fixed_shapes_wanted()
 needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="the kernel is CUDA only; this machine runs MLX on the CPU")
 
 
+# Row counts to check: every verify of one row (1..8), more rows than one block keeps
+# (ROW_CHUNK), a 3-wide cohort at depth 6 (21), and the most the kernel takes.
+ROW_COUNTS = (*range(1, 9), 9, 16, 21, 56, small_m_qmm.MAX_ROWS)
+
+
 @pytest.mark.parametrize("bits", small_m_qmm.BITS)
-@pytest.mark.parametrize("rows", range(1, small_m_qmm.MAX_ROWS + 1))
+@pytest.mark.parametrize("rows", ROW_COUNTS)
 def test_reference_equals_mx_quantized_matmul_in_float32(bits, rows):
     """The reference's arithmetic, on the CPU on every machine: it is the kernel's CPU twin, and
     CUDA's float32 matmuls of several rows round further than 1e-5 (probe_case's docstring)."""
@@ -42,7 +47,8 @@ def test_the_kernel_domain_is_few_rows_of_affine_4_and_8_bit_groups_of_64():
     eight = nn.QuantizedLinear(128, 64, bias=False, group_size=64, bits=8)
     assert not small_m_qmm.supported(mx.zeros((1, 3, 128)), eight)
     assert small_m_qmm.supported(mx.zeros((1, 4, 128)), eight)
-    assert not small_m_qmm.supported(mx.zeros((1, 7, 128)), layer)  # prefill: MLX's kernels
+    assert small_m_qmm.supported(mx.zeros((3, 7, 128)), layer)  # a cohort's verify: 21 rows
+    assert not small_m_qmm.supported(mx.zeros((1, small_m_qmm.MAX_ROWS + 1, 128)), layer)  # prefill: MLX's
     assert not small_m_qmm.supported(mx.zeros((1, 1, 128), mx.int32), layer)
     assert not small_m_qmm.supported(mx.zeros((1, 1, 128)), nn.QuantizedLinear(128, 64, group_size=32, bits=4))
     assert not small_m_qmm.supported(mx.zeros((1, 1, 128)), nn.QuantizedLinear(128, 64, group_size=64, bits=3))
@@ -68,7 +74,7 @@ def test_a_hybrid_model_names_its_gdn_verify_path(tiny_model_factory):
 
 @needs_cuda
 @pytest.mark.parametrize("bits", small_m_qmm.BITS)
-@pytest.mark.parametrize("rows", range(1, small_m_qmm.MAX_ROWS + 1))
+@pytest.mark.parametrize("rows", ROW_COUNTS)
 def test_cuda_kernel_matches_the_float32_truth(bits, rows):
     for N, K in ((320, 512), (2560, 2560), (999, 1024)):
         assert small_m_qmm.probe_error(rows, bits, N=N, K=K) < 0.01
@@ -99,7 +105,7 @@ def test_installed_layers_route_few_rows_to_the_kernel_and_the_rest_to_mlx(tiny_
     monkeypatch.setattr(small_m_qmm, "_usable", True)
     monkeypatch.setattr(small_m_qmm, "small_m_matmul", kernel_twin)
     model = load_model(tiny_model_factory("qwen3"), quantize="8bit")  # groups of 64 where they fit
-    ids = model.tokenizer.encode("def add(a, b):\n    return a")
+    ids = model.tokenizer.encode("def add(a, b):\n    return a" + " + b" * 40)
 
     def run(depth):
         request = GenerationRequest(ids, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), depth=depth)
@@ -159,10 +165,11 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
 
     dtype = "__nv_bfloat16"
     kernels = []
-    for rows in (1, small_m_qmm.MAX_ROWS):
+    for rows in (1, small_m_qmm.ROW_CHUNK):  # the kernel's M: rows per block
         for bits in small_m_qmm.BITS:
             kernels.append(
-                f"__global__ void k_{rows}_{bits}(const {dtype}* x, const uint32_t* w, "
+                f"__global__ void k_{rows}_{bits}(const {dtype}* x, const __grid_constant__ Shape x_shape, "
+                f"const uint32_t* w, "
                 f"const __grid_constant__ Shape w_shape, const {dtype}* scales, const {dtype}* biases, "
                 f"{dtype}* out) {{\n  using T = {dtype};\n  constexpr int M = {rows};\n"
                 f"  constexpr int BITS = {bits};\n  constexpr int GS = {small_m_qmm.GROUP_SIZE};\n"

@@ -264,16 +264,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth", type=int, default=None, help="MTP depth (default: the model's)")
     parser.add_argument("--numerics", default="throughput", choices=("exact", "throughput"),
                         help="cohort numerics (docs/concurrency.md); default throughput")
+    parser.add_argument("--small-m-kernel", action="store_true",
+                        help="route quantized layers through the small-M kernel (CUDA only)")
     parser.add_argument("--json-out", default=None)
     add_quantize_option(parser)
     args = parser.parse_args(argv)
     from mtplxd.engine.loaded_model import load_model
+    from mtplxd.engine.model import small_m_qmm
+
+    def load() -> Any:
+        loaded = load_model(args.model, quantize=args.quantize)
+        if args.small_m_kernel:
+            switched = small_m_qmm.install(loaded.model, force=True)
+            loaded.info.kernels["quantized_matmul"] = small_m_qmm.path_name(switched)
+        return loaded
 
     owner = ModelOwner(scheduler=Scheduler())
     owner.start()
     held: list[Any] = []
     try:
-        held.append(owner.submit(lambda: load_model(args.model, quantize=args.quantize)).result())
+        held.append(owner.submit(load).result())
         model = held[0]
         streams = [int(s) for s in args.streams.split(",")]
         arms = [arm for arm in args.arms.split(",") if arm]
@@ -298,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                 "bench": "concurrency",
                 "command": command_line("python -m mtplxd.engine.bench.concurrency", argv),
                 "model": model.info.id, "quantization": model.info.quantization,
-                "dtype": model.info.dtype, "machine": machine(), "max_tokens": args.max_tokens,
+                "dtype": model.info.dtype, "quantized_matmul": model.info.kernels.get("quantized_matmul"),
+                "machine": machine(), "max_tokens": args.max_tokens,
                 "repeats": args.repeats, "depth": depth, "numerics": args.numerics,
                 "cohort_widths": list(owner.scheduler.widths), "arms": arms,
                 "streams": figures, "ratios": ratios(figures),

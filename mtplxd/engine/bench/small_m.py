@@ -1,6 +1,7 @@
 """The small-M quantized matmul kernel against mx.quantized_matmul, and its error, per shape.
 
-    python -m mtplxd.engine.bench.small_m OUT.json [--sizes qwen3-4b,qwen3-32b] [--rows 1,2,3,4,5,6]
+    python -m mtplxd.engine.bench.small_m OUT.json [--sizes qwen3-4b,qwen3-32b,embedded]
+        [--rows 1,2,3,4,5,6]
         [--bits 4,8] [--repeats 20]
 
 For every weight matrix of a Qwen3-4B and a Qwen3-32B layer (and the lm_head), 4- and 8-bit
@@ -33,6 +34,10 @@ SHAPES: dict[str, list[tuple[str, int, int]]] = {
                  ("gate_proj", 9728, 2560), ("down_proj", 2560, 9728), ("lm_head", 151936, 2560)],
     "qwen3-32b": [("q_proj", 8192, 5120), ("k_proj", 1024, 5120), ("o_proj", 5120, 8192),
                   ("gate_proj", 25600, 5120), ("down_proj", 5120, 25600), ("lm_head", 151936, 5120)],
+    # The embedded model's (hidden 256): its verify shapes are launch-bound, so what counts is
+    # which kernel a row count gets (MLX switches from its matvec to a tiled qmm at 8 rows).
+    "embedded": [("q_proj", 256, 256), ("k_proj", 128, 256), ("gate_proj", 640, 256),
+                 ("down_proj", 256, 640), ("lm_head", 8192, 256)],
     "tiny": [("proj", 192, 128), ("lm_head", 512, 128)],
 }
 CALLS = 16  # calls evaluated together per timed sample

@@ -1,4 +1,5 @@
-"""Quantized matmuls of a few rows (M = 1..6) in one CUDA kernel that reads the weights once.
+"""Quantized matmuls of a few rows (M = 3..64) in one CUDA kernel that reads the weights once
+per ROW_CHUNK rows.
 
 Why: a verify of K+1 tokens multiplies K+1 rows by every weight matrix. Such a product is
 bound by reading the weights, so K+1 rows should cost about what one row costs; on the H200
@@ -10,9 +11,12 @@ once and applies it to all M rows.
 Layout (MLX affine quantization, `mx.quantize(w, group_size=64, bits)`): `w` (N, K*bits/32)
 uint32, value i of a word in bits [i*bits, (i+1)*bits); `scales` and `biases` (N, K/64);
 W[n, k] = scales[n, k/64] * q + biases[n, k/64]. A warp owns ROWS_PER_WARP output columns;
-each lane takes one word of each at a time, the matching slice of all M input rows stays in
-its registers for all of them, and per word it adds scale * sum(x q) + bias * sum(x) (the
-sum of x is shared by the columns). The warp's partial sums are reduced at the end.
+each lane takes one word of each at a time, the matching slice of the block's input rows (at
+most ROW_CHUNK of them) stays in its registers for all of them, and per word it adds
+scale * sum(x q) + bias * sum(x) (the sum of x is shared by the columns). The warp's partial
+sums are reduced at the end. More rows than ROW_CHUNK take a second row of blocks (grid y),
+which reads the weights again: a fused cohort's verify (W rows of K+1 tokens: 21 at width 3
+and depth 6) is one launch instead of MLX's tiled qmm, which it switches to at 8 rows.
 
 `reference` spells the same arithmetic in plain MLX ops (the CPU runs it; a test compares it
 with mx.quantized_matmul, which pins the layout the kernel reads). Where the kernel is not
@@ -33,7 +37,8 @@ import mlx.nn as nn
 from mtplxd.engine.model import custom_kernels
 from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 
-MAX_ROWS = 6  # verify shapes of depth <= 5; longer inputs (prefill) keep MLX's kernels
+MAX_ROWS = 64  # verify shapes up to a cohort of 8 rows at depth 7; longer inputs (prefill) keep MLX's kernels
+ROW_CHUNK = 8  # input rows one block keeps in registers; more take more blocks along y
 # Fewest rows the kernel takes, per bit width: below them MLX's own matvec is faster (H200,
 # docs/benchmarks.md: the kernel wins at 4-bit from 3 rows, at 8-bit from 4), so decode
 # steps keep MLX's path and verify blocks take the kernel.
@@ -60,6 +65,8 @@ _SOURCE = r"""
     const int groups = K / GS;
     const int n0 = warp_id * R;
     if (n0 >= N) return;
+    const int m0 = blockIdx.y * M;               // this block's first input row
+    const int rows = x_shape[0] - m0 < M ? x_shape[0] - m0 : M;
 
     float acc[R][M];
     #pragma unroll
@@ -76,7 +83,7 @@ _SOURCE = r"""
         for (int m = 0; m < M; ++m) {
             float s = 0.f;
             for (int i = 0; i < VALS; ++i) {
-                xs[m][i] = static_cast<float>(x[(size_t)m * K + k + i]);
+                xs[m][i] = m < rows ? static_cast<float>(x[(size_t)(m0 + m) * K + k + i]) : 0.f;
                 s += xs[m][i];
             }
             xsum[m] = s;
@@ -102,7 +109,7 @@ _SOURCE = r"""
         const int n = n0 + r;
         for (int m = 0; m < M; ++m) {
             const float total = cg::reduce(warp, acc[r][m], cg::plus<float>());
-            if (lane == 0 && n < N) out[(size_t)m * N + n] = static_cast<T>(total);
+            if (lane == 0 && n < N && m < rows) out[(size_t)(m0 + m) * N + n] = static_cast<T>(total);
         }
     }
 """
@@ -120,17 +127,18 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
                    rows_per_warp: int = ROWS_PER_WARP) -> mx.array:
     """x (..., K) times the dequantized W (N, K) transposed: (..., N), as
     mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=64, bits=bits).
-    CUDA only (see `usable`); at most MAX_ROWS rows. `rows_per_warp`: output columns per
-    warp (the micro-bench tries several)."""
+    CUDA only (see `usable`); any number of rows, ROW_CHUNK at a time per block.
+    `rows_per_warp`: output columns per warp (the micro-bench tries several)."""
     lead, K = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, K)
     M, N = rows.shape[0], w.shape[0]
+    chunk = min(M, ROW_CHUNK)  # the kernel's M: rows per block
     warps = -(-N // rows_per_warp)
     threads = WARPS_PER_BLOCK * 32
     out = _small_m_kernel()(
         inputs=[rows, w, scales, biases],
-        template=[("T", x.dtype), ("M", M), ("BITS", bits), ("GS", GROUP_SIZE), ("R", rows_per_warp)],
-        grid=(-(-warps // WARPS_PER_BLOCK) * threads, 1, 1), threadgroup=(threads, 1, 1),
+        template=[("T", x.dtype), ("M", chunk), ("BITS", bits), ("GS", GROUP_SIZE), ("R", rows_per_warp)],
+        grid=(-(-warps // WARPS_PER_BLOCK) * threads, -(-M // chunk), 1), threadgroup=(threads, 1, 1),
         output_shapes=[(M, N)], output_dtypes=[x.dtype])[0]
     return out.reshape(*lead, N)
 

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Where does a 3-wide fused cohort cycle lose to the lone cycle on the H200? (issue #20: at 3
+# streams fused cohorts reached 2.29x serial MTP's aggregate, the target is 2.5x.) The
+# embedded model runs 8-bit on CUDA; a lone depth-6 verify multiplies 7 rows by each weight,
+# which MLX serves with its matvec (qmv: under 8 rows), a 3-wide cohort's 21 rows, which MLX
+# serves with its tiled qmm. Two parts, each under 10 minutes, reports tarred into $OUT:
+#   PART=kernels  the small-M kernel (now any row count, 8 rows a block) against
+#                 mx.quantized_matmul at the embedded model's shapes and at Qwen3-4B's for
+#                 verify-sized row counts; its CUDA tests; then lone and cohort cycles (widths
+#                 1, 3, 8) timed on the device without the scheduler: 8-bit as served,
+#                 8-bit through the kernel, and unquantized (bench.cycle_kernels --time-cycles)
+#   PART=streams  serial MTP against fused cohorts at 1 and 3 streams through the scheduler,
+#                 8-bit as served and 8-bit through the kernel (bench.concurrency)
+# Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
+#   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-cohort-qmm.sh
+set -u
+OUT=${OUT:?set OUT to the folder for the reports}
+PART=${PART:?set PART to kernels or streams}
+BUDGET=${BUDGET:-560}
+export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
+export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}  # compiled kernels kept across the parts
+work=/root/cohort-qmm-$PART
+started=$(date +%s)
+mkdir -p "$OUT" "$work"
+
+step() {  # step NAME CAP_SECONDS COMMAND...
+  local name=$1 cap=$2 left
+  shift 2
+  left=$(( BUDGET - ($(date +%s) - started) ))
+  if (( left < 15 )); then echo "== $name: skipped, the budget is spent"; return; fi
+  (( cap > left )) && cap=$left
+  echo "== $name (at most ${cap}s)"
+  timeout --signal=INT --kill-after=10 "$cap" "$@" > "$work/$name.log" 2>&1
+  echo "== $name: exit $? after $(( $(date +%s) - started ))s in all"
+  tail -n 12 "$work/$name.log"
+}
+
+model=mtplxd/models/embedded
+if [ "$PART" = kernels ]; then
+  step cuda-tests 80 python3 -m pytest -q -p no:cacheprovider -k "cuda" tests/engine/test_small_m_qmm.py
+  step small-m-embedded 70 python3 -m mtplxd.engine.bench.small_m "$work/small-m-embedded.json" \
+    --sizes embedded --bits 8 --rows 1,3,4,7,8,14,21,28,56 --repeats 8
+  step small-m-4b 60 python3 -m mtplxd.engine.bench.small_m "$work/small-m-4b-verify.json" \
+    --sizes qwen3-4b --bits 4,8 --rows 4,7,8,12,21 --repeats 4
+  for variant in "8bit" "8bit-kernel" "none"; do
+    case $variant in
+      8bit) flags=(--quantize auto) ;;
+      8bit-kernel) flags=(--quantize auto --small-m-kernel) ;;
+      none) flags=(--quantize none) ;;
+    esac
+    step "cycles-$variant" 110 python3 -m mtplxd.engine.bench.cycle_kernels --model $model --depth 6 \
+      --widths 1,3,8 --builds 5 --time-cycles 40 --modes greedy "${flags[@]}" \
+      --json-out "$work/cycles-$variant.json"
+  done
+else
+  for variant in "8bit" "8bit-kernel"; do
+    flags=()
+    [ "$variant" = 8bit-kernel ] && flags=(--small-m-kernel)
+    step "streams-$variant" 260 python3 -m mtplxd.engine.bench.concurrency --model $model --depth 6 \
+      --streams 1,3 --arms serial_mtp,mtp_cohorts --max-tokens 128 --repeats 3 "${flags[@]}" \
+      --json-out "$work/streams-$variant.json"
+  done
+fi
+tar czf "$OUT/h200-cohort-qmm-$PART.tgz" -C "$work" .
+echo "done in $(( $(date +%s) - started ))s"
