@@ -2,7 +2,8 @@
 
     python -m mtplxd.engine.bench.real_size [--sizes qwen3-4b,qwen3-32b,hybrid-27b]
         [--dtypes bf16,8bit,4bit] [--context 512] [--depths 1,2,3,4,5] [--decode-tokens 48]
-        [--cycles 16] [--repeats 10] [--small-m-kernel] [--json-out FILE]
+        [--cycles 16] [--repeats 10] [--cycle-temperatures 0,0.6] [--small-m-kernel]
+        [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
 quantization in groups of 64 for 8bit/4bit), with a random MTP head, one layer at a time so
@@ -26,6 +27,8 @@ each size and dtype, at `--context` tokens of context:
   * projected MTP/AR at MTPLX's published acceptance profile (97.6 / 95.2 / 88.1 / 75.6% of
     cycles accept depth 1 / 2 / 3 / 4): (1 + sum of the first K rates) * decode_ms / cycle_ms(K),
     at each temperature with that temperature's decode and cycle costs (depths <= 4).
+    `--cycle-temperatures 0.6` times the cycles at T=0.6 alone (each temperature and depth is
+    a graph to compile: 5-55 s each on a fresh GPU machine at 4B size).
 
 A random head accepts almost nothing, so each measured cycle commits about one token; the
 cycle's cost is what is measured, the acceptance is the profile's.
@@ -186,7 +189,8 @@ def projected_speedups(decode_ms: float, cycle_ms: dict[str, float]) -> dict[str
 
 
 def measure_config(size: str, dtype: str, *, context: int, depths: list[int], decode_tokens: int,
-                   cycles: int, repeats: int, small_m_kernel: bool) -> dict[str, Any]:
+                   cycles: int, repeats: int, small_m_kernel: bool,
+                   cycle_temperatures: tuple[float, ...] = TEMPERATURES) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready."""
     from mtplxd.engine.model import gdn_chunked, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
@@ -232,7 +236,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     del cache
 
     cycle: dict[str, dict[str, Any]] = {}
-    for temperature in TEMPERATURES:
+    for temperature in cycle_temperatures:
         by_depth = {str(d): loop_cycle_ms(trunk, model.mtp, prompt, d, temperature, cycles) for d in depths}
         decode_ms = decode[str(temperature)]["ours_ms"]
         ms = {d: v["ms"] for d, v in by_depth.items()}
@@ -262,11 +266,12 @@ def _uninstall(model: nn.Module) -> None:
 
 def _summary_line(entry: dict[str, Any]) -> str:
     forward = entry["forward_over_one_token"]
-    cycles = entry["cycles"]["0.0"]["cycle_over_decode_by_depth"]
+    temperature, timed = next(iter(entry["cycles"].items()))
+    cycles = timed["cycle_over_decode_by_depth"]
     return (f"{entry['size']} {entry['dtype']}: decode {entry['decode']['0.0']['ours_ms']:.2f} ms "
             f"(mlx-lm {entry['decode']['0.0']['mlx_lm_ms']:.2f}), {entry['of_roofline']:.0%} of roofline; "
             f"forward 2/4/6 = {forward['2']:.2f}/{forward['4']:.2f}/{forward['6']:.2f}x; "
-            f"cycle/decode by depth {', '.join(f'{d}:{v:.2f}' for d, v in cycles.items())}; "
+            f"cycle/decode at T={temperature} by depth {', '.join(f'{d}:{v:.2f}' for d, v in cycles.items())}; "
             f"{entry['seconds']:.0f} s")
 
 
@@ -282,8 +287,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--small-m-kernel", action="store_true",
                         help="also time the quantized forwards with the small-M CUDA kernel")
+    parser.add_argument("--cycle-temperatures", default="0,0.6",
+                        help="temperatures the cycles are timed at (decode runs at 0 and 0.6)")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
+    cycle_temperatures = tuple(float(t) for t in args.cycle_temperatures.split(","))
+    if not set(cycle_temperatures) <= set(TEMPERATURES):
+        parser.error(f"--cycle-temperatures: choose from {', '.join(map(str, TEMPERATURES))}")
     sizes = [s for s in args.sizes.split(",") if s]
     dtypes = [d for d in args.dtypes.split(",") if d]
     unknown = [s for s in sizes if s not in SIZES] + [d for d in dtypes if d not in DTYPES]
@@ -298,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         for dtype in dtypes:
             entry = measure_config(size, dtype, context=args.context, depths=depths,
                                    decode_tokens=args.decode_tokens, cycles=args.cycles,
-                                   repeats=args.repeats, small_m_kernel=args.small_m_kernel)
+                                   repeats=args.repeats, small_m_kernel=args.small_m_kernel,
+                                   cycle_temperatures=cycle_temperatures)
             report["configs"].append(entry)
             print(_summary_line(entry), flush=True)
             if args.json_out:  # after every config: a run cut short keeps what it measured
