@@ -18,7 +18,8 @@ def real_size_rows(report: dict) -> list[str]:
         d0, d6 = c["decode"]["0.0"], c["decode"]["0.6"]
         fwd = c["forward_over_one_token"]
         kernel = c.get("forward_over_one_token_small_m_kernel")
-        cyc = c["cycles"]["0.0"]["cycle_over_decode_by_depth"]
+        # A lean run (--cycle-temperatures 0.6) times no T=0 cycles: shown as "-".
+        cyc = c["cycles"].get("0.0", {}).get("cycle_over_decode_by_depth", {})
         cyc_s = c["cycles"]["0.6"]["cycle_over_decode_by_depth"]
         proj = c["cycles"]["0.6"]["projected_mtp_over_ar"]
         rows.append(
@@ -27,7 +28,7 @@ def real_size_rows(report: dict) -> list[str]:
             f"| {d6['ours_ms']:.2f} / {d6['mlx_lm_ms']:.2f} "
             f"| {' / '.join(f'{fwd[k]:.2f}' for k in ('2', '3', '4', '5', '6'))} "
             f"| {' / '.join(f'{kernel[k]:.2f}' for k in ('2', '4', '6')) if kernel else '-'} "
-            f"| {' / '.join(f'{v:.2f}' for v in cyc.values())} | {' / '.join(f'{v:.2f}' for v in cyc_s.values())} "
+            f"| {' / '.join(f'{v:.2f}' for v in cyc.values()) or '-'} | {' / '.join(f'{v:.2f}' for v in cyc_s.values())} "
             f"| {' / '.join(f'{v:.2f}' for v in proj.values())} |")
     return rows
 
