@@ -23,17 +23,8 @@ work=/root/cohort-qmm-$PART
 started=$(date +%s)
 mkdir -p "$OUT" "$work"
 
-step() {  # step NAME CAP_SECONDS COMMAND...
-  local name=$1 cap=$2 left
-  shift 2
-  left=$(( BUDGET - ($(date +%s) - started) ))
-  if (( left < 15 )); then echo "== $name: skipped, the budget is spent"; return; fi
-  (( cap > left )) && cap=$left
-  echo "== $name (at most ${cap}s)"
-  timeout --signal=INT --kill-after=10 "$cap" "$@" > "$work/$name.log" 2>&1
-  echo "== $name: exit $? after $(( $(date +%s) - started ))s in all"
-  tail -n 12 "$work/$name.log"
-}
+LOGS="$work"
+source "$(dirname "$0")/budget-steps.sh"
 
 model=mtplxd/models/embedded
 if [ "$PART" = kernels ]; then

@@ -15,17 +15,9 @@ work=/root/real-size-lean
 started=$(date +%s)
 mkdir -p "$OUT" "$work"
 
-step() {  # step NAME CAP_SECONDS COMMAND...
-  local name=$1 cap=$2 left
-  shift 2
-  left=$(( BUDGET - ($(date +%s) - started) ))
-  if (( left < 15 )); then echo "== $name: skipped, the budget is spent"; return; fi
-  (( cap > left )) && cap=$left
-  echo "== $name (at most ${cap}s)"
-  timeout --signal=INT --kill-after=10 "$cap" "$@" > "$work/$name.log" 2>&1
-  echo "== $name: exit $? after $(( $(date +%s) - started ))s in all"
-  tail -n 8 "$work/$name.log"
-}
+LOGS="$work"
+STEP_TAIL=8
+source "$(dirname "$0")/budget-steps.sh"
 
 lean=(--depths 1,3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 --repeats 6)
 step real-size-4b 330 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-4b --dtypes 4bit,8bit,bf16 \

@@ -19,17 +19,9 @@ BUDGET=${BUDGET:-480}
 started=$(date +%s)
 mkdir -p "$OUT"
 
-step() {  # step NAME CAP_SECONDS COMMAND...
-  local name=$1 cap=$2 left
-  shift 2
-  left=$(( BUDGET - ($(date +%s) - started) ))
-  if (( left < 15 )); then echo "== $name: skipped, the budget is spent"; return; fi
-  (( cap > left )) && cap=$left
-  echo "== $name (at most ${cap}s)"
-  timeout --signal=INT --kill-after=10 "$cap" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name: exit $? after $(( $(date +%s) - started ))s in all"
-  tail -n 25 "$OUT/$name.log"
-}
+LOGS="$OUT"
+STEP_TAIL=25
+source "$(dirname "$0")/budget-steps.sh"
 
 python3 -c "import mlx.core as mx; print(mx.__version__, mx.default_device())"
 step small-m 80 python3 -m mtplxd.engine.bench.small_m "$OUT/small-m.json" --repeats 8
