@@ -155,6 +155,11 @@ def test_mtplxctl_bench_streams_runs_every_concurrency_arm_side_by_side(tiny_mod
     assert set(three) == {"serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row",
                           "mtp_cohorts_phased", "mtp_cohorts"}
     assert all(arm["aggregate_tokens_per_second"] > 0 for arm in three.values())
+    # Where the wall time went: rows running together overlap; serial rows never do.
+    for arm in three.values():
+        assert arm["ramp_seconds"] > 0 and arm["tail_seconds"] >= 0
+    assert three["mtp_cohorts"]["all_decoding_seconds"] > 0
+    assert three["serial_mtp"]["all_decoding_seconds"] < 0
     # Three rows at once: the cohort arms ran 3 wide, the others outside cohorts.
     assert three["mtp_cohorts"]["cohort_width_cycles"].get("3", 0) > 0
     assert three["mtp_cohorts_per_row"]["cohort_width_cycles"].get("3", 0) > 0

@@ -29,6 +29,11 @@ With --json-out the report is rewritten after each stream count ("complete": fal
 end), so a run cut short by a time limit keeps what it measured.
 TTFT counts from arrival (queue wait included); aggregate tok/s is all tokens over the wall
 time from arrival to the last result; per-request tok/s is each request's own decode rate.
+That wall time is split three ways (medians over the repeats), to show where an aggregate
+falls short of N times a per-request rate: `ramp_seconds`, arrival to the last first token
+(prefills and queue waits); `tail_seconds`, the first request's end to the last one's (rows
+left decoding alone); and `all_decoding_seconds`, what lies between (negative when the
+first request ends before the last one starts, as in serial MTP).
 The arms alternate within each repeat so the machine's drift hits them alike.
 """
 
@@ -124,12 +129,20 @@ def summarize(runs: list[list[tuple[GenerationResult, float]]], arrived: list[fl
     """Figures of one arm at one stream count over its repeats."""
     ttfts = [r.stats.ttft_seconds for run in runs for r, _ in run]
     per_request = [r.stats.decode_tokens_per_second for run in runs for r, _ in run]
-    aggregate = []
+    aggregate, ramps, tails, overlaps = [], [], [], []
     for run, start in zip(runs, arrived):
         tokens = sum(r.stats.completion_tokens for r, _ in run)
         aggregate.append(tokens / (max(end for _, end in run) - start))
+        last_first_token = start + max(r.stats.ttft_seconds for r, _ in run)
+        first_end, last_end = min(end for _, end in run), max(end for _, end in run)
+        ramps.append(last_first_token - start)
+        tails.append(last_end - first_end)
+        overlaps.append(first_end - last_first_token)
     return {
         "aggregate_tokens_per_second": round(statistics.median(aggregate), 2),
+        "ramp_seconds": round(statistics.median(ramps), 4),
+        "all_decoding_seconds": round(statistics.median(overlaps), 4),
+        "tail_seconds": round(statistics.median(tails), 4),
         "per_request_tokens_per_second_median": round(statistics.median(per_request), 2),
         "per_request_tokens_per_second_min": round(min(per_request), 2),
         "ttft_p50_seconds": round(percentile(ttfts, 50), 4),
