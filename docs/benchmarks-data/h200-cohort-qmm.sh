@@ -10,7 +10,9 @@
 #                 1, 3, 8) timed on the device without the scheduler: 8-bit as served,
 #                 8-bit through the kernel, and unquantized (bench.cycle_kernels --time-cycles)
 #   PART=streams  serial MTP against fused cohorts at 1 and 3 streams through the scheduler,
-#                 8-bit as served and 8-bit through the kernel (bench.concurrency)
+#                 8-bit as served and 8-bit through the kernel (bench.concurrency), MAX_TOKENS
+#                 a stream (default 128; run it after PART=kernels in the same lease, whose
+#                 compiled kernels it then finds in $MTPLX_HOME, when MAX_TOKENS is large)
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-cohort-qmm.sh
 set -u
@@ -48,7 +50,7 @@ else
     flags=()
     [ "$variant" = 8bit-kernel ] && flags=(--small-m-kernel)
     step "streams-$variant" 260 python3 -m mtplxd.engine.bench.concurrency --model $model --depth 6 \
-      --streams 1,3 --arms serial_mtp,mtp_cohorts --max-tokens 128 --repeats 3 "${flags[@]}" \
+      --streams 1,3 --arms serial_mtp,mtp_cohorts --max-tokens "${MAX_TOKENS:-128}" --repeats 3 "${flags[@]}" \
       --json-out "$work/streams-$variant.json"
   done
 fi
