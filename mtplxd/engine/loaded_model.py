@@ -115,7 +115,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                shard: Callable[[Any], None] | None = None,
                kv_bits: int | str = 0,
                text_only: str | None = None,
-               cpu_attention: str | None = None) -> LoadedModel:
+               cpu_attention: str | None = None,
+               small_m_kernel: bool | None = None) -> LoadedModel:
     """Load an HF-format folder for serving (owner thread only).
 
     Registered families with MTP tensors are served MTP at `depth` (default: the checkpoint's
@@ -138,6 +139,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     `cpu_attention` "auto"/"numpy" computes long prefill chunks' attention on the CPU backend
     in numpy, "mlx" keeps MLX's (cpu_attention.py; a process-wide setting); None keeps the
     current one (`MTPLX_CPU_ATTENTION`, else auto).
+    `small_m_kernel` True or False routes quantized layers through small_m_qmm's CUDA kernel
+    or not; None keeps its default (off). `info.kernels` says which runs.
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -169,7 +172,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                           quantized=bool(quantized_at_load or report.quantization))
     if dtype is not None:
         grown = upcast(model, dtype)
-    switched = small_m_qmm.install(model)  # the model's quantized layers, MTP head included
+    # The model's quantized layers, MTP head included.
+    switched = small_m_qmm.install(model, force=small_m_kernel)
     spec = get_family(report.model_type)
     trunk = Trunk(model, spec)
     if decode_loop != "auto":

@@ -46,8 +46,8 @@ import time
 from typing import Any
 
 from mtplxd.engine.bench.harness import (
-    PROMPTS, add_quantize_option, bench_parser, command_line, exit_without_teardown, machine,
-    prompt_ids_for, write_report,
+    PROMPTS, add_quantize_option, add_small_m_kernel_option, bench_parser, command_line,
+    exit_without_teardown, machine, prompt_ids_for, write_report,
 )
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, SamplingParams
 from mtplxd.engine.owner import ModelOwner
@@ -132,9 +132,9 @@ def summarize(runs: list[list[tuple[GenerationResult, float]]], arrived: list[fl
     aggregate, ramps, tails, overlaps = [], [], [], []
     for run, start in zip(runs, arrived):
         tokens = sum(r.stats.completion_tokens for r, _ in run)
-        aggregate.append(tokens / (max(end for _, end in run) - start))
-        last_first_token = start + max(r.stats.ttft_seconds for r, _ in run)
         first_end, last_end = min(end for _, end in run), max(end for _, end in run)
+        aggregate.append(tokens / (last_end - start))
+        last_first_token = start + max(r.stats.ttft_seconds for r, _ in run)
         ramps.append(last_first_token - start)
         tails.append(last_end - first_end)
         overlaps.append(first_end - last_first_token)
@@ -277,20 +277,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth", type=int, default=None, help="MTP depth (default: the model's)")
     parser.add_argument("--numerics", default="throughput", choices=("exact", "throughput"),
                         help="cohort numerics (docs/concurrency.md); default throughput")
-    parser.add_argument("--small-m-kernel", action="store_true",
-                        help="route quantized layers through the small-M kernel (CUDA only)")
     parser.add_argument("--json-out", default=None)
     add_quantize_option(parser)
+    add_small_m_kernel_option(parser)
     args = parser.parse_args(argv)
     from mtplxd.engine.loaded_model import load_model
-    from mtplxd.engine.model import small_m_qmm
 
     def load() -> Any:
-        loaded = load_model(args.model, quantize=args.quantize)
-        if args.small_m_kernel:
-            switched = small_m_qmm.install(loaded.model, force=True)
-            loaded.info.kernels["quantized_matmul"] = small_m_qmm.path_name(switched)
-        return loaded
+        return load_model(args.model, quantize=args.quantize, small_m_kernel=args.small_m_kernel or None)
 
     owner = ModelOwner(scheduler=Scheduler())
     owner.start()

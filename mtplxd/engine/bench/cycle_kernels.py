@@ -33,7 +33,8 @@ import mlx.core as mx
 
 from mtplxd.engine.bench.ar_parity import kernels_in
 from mtplxd.engine.bench.harness import (
-    add_quantize_option, bench_parser, command_line, machine, write_report,
+    add_quantize_option, add_small_m_kernel_option, bench_parser, command_line, machine,
+    write_report,
 )
 from mtplxd.engine.decoding import fused, fused_cohort, row_sampling
 from mtplxd.engine.decoding.fused import _CycleState, _speculative_cycle
@@ -171,21 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-cycles", type=int, default=0,
                         help="also time N cycles of each on the device (0: count only)")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--small-m-kernel", action="store_true",
-                        help="route quantized layers through the small-M kernel (CUDA only)")
     add_quantize_option(parser)
+    add_small_m_kernel_option(parser)
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args(argv)
     from mtplxd.engine.loaded_model import load_model
-    from mtplxd.engine.model import small_m_qmm
 
-    model = load_model(args.model, quantize=args.quantize)
-    switched = small_m_qmm.install(model.model, force=True) if args.small_m_kernel else 0
+    model = load_model(args.model, quantize=args.quantize, small_m_kernel=args.small_m_kernel or None)
     fused.route_static_cache_attention()
     widths = [int(w) for w in args.widths.split(",")]
     report = {"bench": "cycle_kernels", "command": command_line(PROG, argv), "machine": machine(),
               "model": model.info.id, "quantization": model.info.quantization,
-              "quantized_matmul": small_m_qmm.path_name(switched), "depth": args.depth,
+              "quantized_matmul": model.info.kernels["quantized_matmul"], "depth": args.depth,
               "capacity": CAPACITY, "timed_capacity": TIMED_CAPACITY if args.time_cycles else None,
               "modes": measure(model.trunk, model.head, args.depth, widths, args.builds,
                                args.modes.split(","), args.time_cycles)}

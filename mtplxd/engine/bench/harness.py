@@ -120,6 +120,12 @@ def add_quantize_option(parser: argparse.ArgumentParser) -> None:
                         help="quantize the weights as they load (default: what the checkpoint asks for)")
 
 
+def add_small_m_kernel_option(parser: argparse.ArgumentParser) -> None:
+    """--small-m-kernel: load the model with its quantized layers on small_m_qmm's kernel."""
+    parser.add_argument("--small-m-kernel", action="store_true",
+                        help="route quantized layers through the small-M kernel (CUDA only)")
+
+
 def add_decode_options(parser: argparse.ArgumentParser, max_tokens: int = 128) -> None:
     """The options of the benches that decode the prompt set at a depth and temperatures:
     --model, --depth, --max-tokens, --repeats, --temperatures, --decode-loop, --quantize."""
