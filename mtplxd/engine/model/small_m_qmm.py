@@ -23,7 +23,8 @@ with mx.quantized_matmul, which pins the layout the kernel reads). Where the ker
 usable (Metal, CPU, a failed compile, a probe that disagrees) everything stays on
 mx.quantized_matmul, and `path_name()` says which is active (`/health`, `mtplxctl status`).
 It is off by default until the H200 measures it faster (`python -m
-mtplxd.engine.bench.small_m OUT.json`); `install(model, force=True)` turns it on.
+mtplxd.engine.bench.small_m OUT.json`); `load_model(path, small_m_kernel=True)` turns it on
+(the benches' `--small-m-kernel`).
 """
 
 from __future__ import annotations
