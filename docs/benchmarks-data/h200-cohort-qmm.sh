@@ -12,7 +12,8 @@
 #   PART=streams  serial MTP against fused cohorts at 1 and 3 streams through the scheduler,
 #                 8-bit as served and 8-bit through the kernel (bench.concurrency), MAX_TOKENS
 #                 a stream (default 128; run it after PART=kernels in the same lease, whose
-#                 compiled kernels it then finds in $MTPLX_HOME, when MAX_TOKENS is large)
+#                 compiled kernels it then finds in $MTPLX_HOME, when MAX_TOKENS is large);
+#                 VARIANTS="8bit" runs the served weights alone
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-cohort-qmm.sh
 set -u
@@ -46,12 +47,12 @@ if [ "$PART" = kernels ]; then
       --json-out "$work/cycles-$variant.json"
   done
 else
-  for variant in "8bit" "8bit-kernel"; do
+  for variant in ${VARIANTS:-8bit 8bit-kernel}; do
     flags=()
     [ "$variant" = 8bit-kernel ] && flags=(--small-m-kernel)
-    step "streams-$variant" 260 python3 -m mtplxd.engine.bench.concurrency --model $model --depth 6 \
-      --streams 1,3 --arms serial_mtp,mtp_cohorts --max-tokens "${MAX_TOKENS:-128}" --repeats 3 "${flags[@]}" \
-      --json-out "$work/streams-$variant.json"
+    step "streams-$variant-${MAX_TOKENS:-128}" 260 python3 -m mtplxd.engine.bench.concurrency --model $model --depth 6 \
+      --streams 1,3 --arms serial_mtp,mtp_cohorts --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" "${flags[@]}" \
+      --json-out "$work/streams-$variant-${MAX_TOKENS:-128}.json"
   done
 fi
 tar czf "$OUT/h200-cohort-qmm-$PART.tgz" -C "$work" .

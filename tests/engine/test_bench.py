@@ -167,6 +167,11 @@ def test_mtplxctl_bench_streams_runs_every_concurrency_arm_side_by_side(tiny_mod
     assert three["ar_batch"]["cohort_width_cycles"].get("3", 0) > 0
     assert three["serial_mtp"]["cohort_width_cycles"] == {}
     assert report["ratios"]["3"]["mtp_cohorts_over_serial_mtp_aggregate"] > 0
+    # Decoding alone: serial rows decode one at a time, so their decode rate is above their
+    # wall-clock aggregate (the prefills are out); it is a rate, never above the tokens' count.
+    serial = three["serial_mtp"]
+    assert serial["aggregate_decode_tokens_per_second"] > serial["aggregate_tokens_per_second"]
+    assert report["ratios"]["3"]["mtp_cohorts_over_serial_mtp_aggregate_decode"] > 0
     assert report["ratios"]["3"]["mtp_cohorts_over_mtp_cohorts_per_row_aggregate"] > 0
     assert report["ratios"]["3"]["mtp_cohorts_over_mtp_cohorts_phased_aggregate"] > 0
     late = report["late_short_request_beside_two_long"]
@@ -276,3 +281,13 @@ def test_split_cost_bench_compares_the_timed_cycles_on_and_off(tiny_model_factor
     # The "on" side timed a cycle in every request (its first); "off" timed none.
     assert entry["split"]["timed_cycles"] >= 4 and entry["split"]["draft_ms"] > 0
     assert generation.TIME_SAMPLED_CYCLES is True  # the bench leaves the engine as served
+
+
+def test_busy_seconds_is_the_union_of_the_spans():
+    from mtplxd.engine.bench.concurrency import busy_seconds
+
+    assert busy_seconds([]) == 0.0
+    assert busy_seconds([(0.0, 1.0), (2.0, 3.0)]) == 2.0  # one after the other: both count
+    assert busy_seconds([(0.0, 2.0), (1.0, 3.0), (1.5, 2.5)]) == 3.0  # overlapping: once
+    assert busy_seconds([(1.0, 4.0), (0.0, 2.0)]) == 4.0  # any order
+    assert busy_seconds([(0.0, 5.0), (1.0, 2.0)]) == 5.0  # one inside another

@@ -77,9 +77,10 @@ def test_a_hybrid_model_names_its_gdn_verify_path(tiny_model_factory):
 @needs_cuda
 @pytest.mark.parametrize("bits", small_m_qmm.BITS)
 @pytest.mark.parametrize("rows", ROW_COUNTS)
-def test_cuda_kernel_matches_the_float32_truth(bits, rows):
+@pytest.mark.parametrize("layout", small_m_qmm.LAYOUTS)
+def test_cuda_kernel_matches_the_float32_truth(bits, rows, layout):
     for N, K in ((320, 512), (2560, 2560), (999, 1024)):
-        assert small_m_qmm.probe_error(rows, bits, N=N, K=K) < 0.01
+        assert small_m_qmm.probe_error(rows, bits, layout, N=N, K=K) < 0.01
 
 
 @needs_cuda
@@ -100,7 +101,8 @@ def test_installed_layers_route_few_rows_to_the_kernel_and_the_rest_to_mlx(tiny_
     twin (`reference`) stands in for it; prefill-sized inputs must still go to MLX."""
     calls = []
 
-    def kernel_twin(x, w, scales, biases, bits):
+    def kernel_twin(x, w, scales, biases, bits, layout=None):
+        assert layout == "word"  # these small matrices are below LARGE_MATRIX_VALUES
         calls.append(x.size // x.shape[-1])
         return small_m_qmm.reference(x, w, scales, biases, bits)
 
@@ -122,6 +124,41 @@ def test_installed_layers_route_few_rows_to_the_kernel_and_the_rest_to_mlx(tiny_
     assert min(calls) >= small_m_qmm.MIN_ROWS[8]  # and the 1-row decode steps too
     assert len(ids) > small_m_qmm.MAX_ROWS
     assert len(stock) == 24
+
+
+def test_decode_rows_of_large_matrices_take_the_vector_layout(tiny_model_factory, monkeypatch):
+    """A decode step's product (under MIN_ROWS rows) goes to the vector layout only on a
+    matrix of LARGE_MATRIX_VALUES weights or more; here every matrix counts as large, and
+    greedy MTP still equals AR through the plain-ops twin."""
+    layouts = []
+
+    def kernel_twin(x, w, scales, biases, bits, layout=None):
+        layouts.append((x.size // x.shape[-1], layout))
+        return small_m_qmm.reference(x, w, scales, biases, bits)
+
+    monkeypatch.setattr(small_m_qmm, "_usable", True)
+    monkeypatch.setattr(small_m_qmm, "small_m_matmul", kernel_twin)
+    monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 0)
+    model = load_model(tiny_model_factory("qwen3"), quantize="8bit")
+    assert small_m_qmm.install(model.model, force=True) > 0
+    ids = model.tokenizer.encode("def add(a, b):")
+
+    def run(depth):
+        request = GenerationRequest(ids, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), depth=depth)
+        return model.complete(request).token_ids
+
+    assert run(0) == run(3)
+    assert {layout for rows, layout in layouts if rows < small_m_qmm.MIN_ROWS[8]} == {"vector"}
+    assert {layout for rows, layout in layouts if rows >= small_m_qmm.MIN_ROWS[8]} == {"word"}
+
+
+def test_route_keeps_small_matrices_decode_on_mlx():
+
+
+    layer = nn.QuantizedLinear(128, 192, group_size=64, bits=4)
+    assert small_m_qmm.route(mx.zeros((1, 128)), layer) is None  # 1 row of a small matrix: MLX
+    assert small_m_qmm.route(mx.zeros((small_m_qmm.MIN_ROWS[4], 128)), layer) == "word"
+    assert small_m_qmm.route(mx.zeros((small_m_qmm.MAX_ROWS + 1, 128)), layer) is None  # prefill
 
 
 def test_a_kernel_probe_that_fails_or_disagrees_keeps_the_fallback(caplog):
@@ -151,7 +188,7 @@ def test_the_micro_bench_runs_here_and_says_the_kernel_is_not(tmp_path):
     for row in rows:
         assert row["mlx_us"] > 0 and row["weight_bytes"] > 0
         if not ON_CUDA:
-            assert row["kernel_us"] is None and row["reference_error"] < 0.02
+            assert row["kernel_us"] is None and row["vector_us"] is None and row["reference_error"] < 0.02
 
 
 NVCC = __import__("shutil").which("nvcc")
@@ -167,15 +204,21 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
 
     dtype = "__nv_bfloat16"
     kernels = []
-    for rows in (1, small_m_qmm.ROW_CHUNK):  # the kernel's M: rows per block
-        for bits in small_m_qmm.BITS:
-            kernels.append(
-                f"__global__ void k_{rows}_{bits}(const {dtype}* x, const __grid_constant__ Shape x_shape, "
-                f"const uint32_t* w, "
-                f"const __grid_constant__ Shape w_shape, const {dtype}* scales, const {dtype}* biases, "
-                f"{dtype}* out) {{\n  using T = {dtype};\n  constexpr int M = {rows};\n"
-                f"  constexpr int BITS = {bits};\n  constexpr int GS = {small_m_qmm.GROUP_SIZE};\n"
-                f"  constexpr int R = {small_m_qmm.ROWS_PER_WARP};\n{small_m_qmm._SOURCE}\n}}\n")
+    # The kernel's M (rows per block) at both ends of what each layout serves: the word
+    # layout up to ROW_CHUNK, the vector layout decode rows (under MIN_ROWS) only.
+    layouts = {"word": (small_m_qmm._SOURCE, small_m_qmm.ROWS_PER_WARP, (1, small_m_qmm.ROW_CHUNK)),
+               "vector": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS,
+                          (1, max(small_m_qmm.MIN_ROWS.values()) - 1))}
+    for layout, (body, per_block, row_counts) in layouts.items():
+        for rows in row_counts:
+            for bits in small_m_qmm.BITS:
+                kernels.append(
+                    f"__global__ void k_{layout}_{rows}_{bits}(const {dtype}* x, "
+                    f"const __grid_constant__ Shape x_shape, const uint32_t* w, "
+                    f"const __grid_constant__ Shape w_shape, const {dtype}* scales, const {dtype}* biases, "
+                    f"{dtype}* out) {{\n  using T = {dtype};\n  constexpr int M = {rows};\n"
+                    f"  constexpr int BITS = {bits};\n  constexpr int GS = {small_m_qmm.GROUP_SIZE};\n"
+                    f"  constexpr int R = {per_block};\n{body}\n}}\n")
     # MLX's default header gives the body `Shape` and the `cg` alias (mlx/backend/cuda/custom_kernel.cpp).
     source = (small_m_qmm._HEADER + "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n"
               "#include <cooperative_groups.h>\n#include <cuda/std/array>\nnamespace mlx::core::cu {\n"

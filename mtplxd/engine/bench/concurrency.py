@@ -34,6 +34,9 @@ falls short of N times a per-request rate: `ramp_seconds`, arrival to the last f
 (prefills and queue waits); `tail_seconds`, the first request's end to the last one's (rows
 left decoding alone); and `all_decoding_seconds`, what lies between (negative when the
 first request ends before the last one starts, as in serial MTP).
+`aggregate_decode_tokens_per_second` leaves the prefills out on both sides: the tokens after
+each request's first over the time at least one request was decoding (the union of the
+spans from a request's first token to its end; prefill and queue time are TTFT's).
 The arms alternate within each repeat so the machine's drift hits them alike.
 """
 
@@ -129,17 +132,21 @@ def summarize(runs: list[list[tuple[GenerationResult, float]]], arrived: list[fl
     """Figures of one arm at one stream count over its repeats."""
     ttfts = [r.stats.ttft_seconds for run in runs for r, _ in run]
     per_request = [r.stats.decode_tokens_per_second for run in runs for r, _ in run]
-    aggregate, ramps, tails, overlaps = [], [], [], []
+    aggregate, aggregate_decode, ramps, tails, overlaps = [], [], [], [], []
     for run, start in zip(runs, arrived):
         tokens = sum(r.stats.completion_tokens for r, _ in run)
         first_end, last_end = min(end for _, end in run), max(end for _, end in run)
         aggregate.append(tokens / (last_end - start))
+        decoding = [(start + r.stats.ttft_seconds, end) for r, end in run]
+        busy = busy_seconds(decoding)
+        aggregate_decode.append((tokens - len(run)) / busy if busy > 0 else 0.0)
         last_first_token = start + max(r.stats.ttft_seconds for r, _ in run)
         ramps.append(last_first_token - start)
         tails.append(last_end - first_end)
         overlaps.append(first_end - last_first_token)
     return {
         "aggregate_tokens_per_second": round(statistics.median(aggregate), 2),
+        "aggregate_decode_tokens_per_second": round(statistics.median(aggregate_decode), 2),
         "ramp_seconds": round(statistics.median(ramps), 4),
         "all_decoding_seconds": round(statistics.median(overlaps), 4),
         "tail_seconds": round(statistics.median(tails), 4),
@@ -151,6 +158,17 @@ def summarize(runs: list[list[tuple[GenerationResult, float]]], arrived: list[fl
             r.stats.mean_accepted_length for run in runs for r, _ in run), 3),
         "cohort_width_cycles": _width_cycles(runs),
     }
+
+
+def busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) spans: the time at least one of them ran."""
+    total, reach = 0.0, float("-inf")
+    for begin, end in sorted(spans):
+        begin = max(begin, reach)
+        if end > begin:
+            total += end - begin
+            reach = end
+    return total
 
 
 def _width_cycles(runs: list[list[tuple[GenerationResult, float]]]) -> dict[str, int]:
@@ -190,7 +208,8 @@ def bench_streams(owner: ModelOwner, model: Any, arms: list[str], depth: int, st
                 starts[arm].append(arrived)
         out[str(n)] = {arm: summarize(runs[arm], starts[arm]) for arm in here}
         print(f"streams {n}: " + "; ".join(
-            f"{arm} {fig['aggregate_tokens_per_second']} tok/s agg, "
+            f"{arm} {fig['aggregate_tokens_per_second']} tok/s agg "
+            f"({fig['aggregate_decode_tokens_per_second']} decoding), "
             f"{fig['per_request_tokens_per_second_median']} per req, TTFT p50 "
             f"{fig['ttft_p50_seconds']}s p99 {fig['ttft_p99_seconds']}s"
             for arm, fig in out[str(n)].items()), flush=True)
@@ -259,6 +278,10 @@ def ratios(figures: dict[str, Any]) -> dict[str, Any]:
             if cohorts and base in arms and arms[base]["aggregate_tokens_per_second"] > 0:
                 row[f"mtp_cohorts_over_{base}_aggregate"] = round(
                     cohorts["aggregate_tokens_per_second"] / arms[base]["aggregate_tokens_per_second"], 3)
+            if cohorts and base in arms and arms[base].get("aggregate_decode_tokens_per_second"):
+                row[f"mtp_cohorts_over_{base}_aggregate_decode"] = round(
+                    cohorts["aggregate_decode_tokens_per_second"]
+                    / arms[base]["aggregate_decode_tokens_per_second"], 3)
         if cohorts and "ar_batch" in arms and arms["ar_batch"]["per_request_tokens_per_second_median"] > 0:
             row["mtp_cohorts_over_ar_batch_per_request"] = round(
                 cohorts["per_request_tokens_per_second_median"]

@@ -3,7 +3,7 @@
     python -m mtplxd.engine.bench.real_size [--sizes qwen3-4b,qwen3-32b,hybrid-27b]
         [--dtypes bf16,8bit,4bit] [--context 512] [--depths 1,2,3,4,5] [--decode-tokens 48]
         [--cycles 16] [--repeats 10] [--cycle-temperatures 0,0.6] [--small-m-kernel]
-        [--json-out FILE]
+        [--small-m-loops] [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
 quantization in groups of 64 for 8bit/4bit), with a random MTP head, one layer at a time so
@@ -20,7 +20,9 @@ each size and dtype, at `--context` tokens of context:
     at the context; `of_roofline` = roofline_ms / our greedy decode ms;
   * forward of 1..6 tokens (cache trimmed back after each: fixed shapes), and each as a
     multiple of the 1-token forward; with `--small-m-kernel`, again with the small-M
-    quantized kernel installed (small_m_qmm.py; quantized dtypes, CUDA only);
+    quantized kernel installed (small_m_qmm.py; quantized dtypes, CUDA only); with
+    `--small-m-loops` also decode and cycles with it (`small_m_kernel` in the report: its
+    decode steps take the vector layout on matrices of LARGE_MATRIX_VALUES weights or more);
   * a whole speculative cycle at each depth, greedy and sampled: the engine's own loop
     (fused for dense, stepwise for hybrid) run for `--cycles` cycles after warm-up, ms per
     cycle and as a multiple of our decode step;
@@ -190,7 +192,8 @@ def projected_speedups(decode_ms: float, cycle_ms: dict[str, float]) -> dict[str
 
 def measure_config(size: str, dtype: str, *, context: int, depths: list[int], decode_tokens: int,
                    cycles: int, repeats: int, small_m_kernel: bool,
-                   cycle_temperatures: tuple[float, ...] = TEMPERATURES) -> dict[str, Any]:
+                   cycle_temperatures: tuple[float, ...] = TEMPERATURES,
+                   kernel_loops: bool = False) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready."""
     from mtplxd.engine.model import gdn_chunked, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
@@ -232,6 +235,9 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
             with_kernel = measure_forward_costs(trunk, cache, vocab, 0, repeats, token_counts=range(1, 7))
             entry["forward_ms_by_tokens_small_m_kernel"] = with_kernel
             entry["forward_over_one_token_small_m_kernel"] = {k: v / forward["1"] for k, v in with_kernel.items()}
+            if kernel_loops:
+                entry["small_m_kernel"] = _kernel_loops(trunk, model, prompt, decode, depths, cycles,
+                                                        decode_tokens, cycle_temperatures, roofline_ms)
             _uninstall(model)
     del cache
 
@@ -253,6 +259,33 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     gc.collect()
     mx.clear_cache()
     return entry
+
+
+def _kernel_loops(trunk, model: nn.Module, prompt: list[int], decode: dict[str, dict[str, float]],
+                  depths: list[int], cycles: int, decode_tokens: int,
+                  cycle_temperatures: tuple[float, ...], roofline_ms: float) -> dict[str, Any]:
+    """Our decode and cycles again with the small-M kernel installed (routed by
+    small_m_qmm.route). The projection's AR is the faster of our decode with and without the
+    kernel: AR would run the faster one."""
+    from mtplxd.engine.model import small_m_qmm
+
+    out: dict[str, Any] = {"min_rows": dict(small_m_qmm.MIN_ROWS),
+                           "large_matrix_values": small_m_qmm.LARGE_MATRIX_VALUES,
+                           "decode_ms": {}, "cycles": {}}
+    for temperature in TEMPERATURES:
+        ours_decode_ms(trunk, prompt[:64], 4, temperature)  # warm-up: the kernel's graphs
+        out["decode_ms"][str(temperature)] = ours_decode_ms(trunk, prompt, decode_tokens, temperature)
+    for temperature in cycle_temperatures:
+        ar_ms = min(out["decode_ms"][str(temperature)], decode[str(temperature)]["ours_ms"])
+        ms = {str(d): loop_cycle_ms(trunk, model.mtp, prompt, d, temperature, cycles)["ms"] for d in depths}
+        out["cycles"][str(temperature)] = {
+            "cycle_ms_by_depth": ms,
+            "cycle_over_decode_by_depth": {d: v / ar_ms for d, v in ms.items()},
+            "projected_mtp_over_ar": projected_speedups(ar_ms, ms),
+        }
+    greedy = out["decode_ms"].get("0.0")
+    out["of_roofline"] = roofline_ms / greedy if greedy else None
+    return out
 
 
 def _uninstall(model: nn.Module) -> None:
@@ -287,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--small-m-kernel", action="store_true",
                         help="also time the quantized forwards with the small-M CUDA kernel")
+    parser.add_argument("--small-m-loops", action="store_true",
+                        help="with --small-m-kernel: also time decode and cycles with the kernel")
     parser.add_argument("--cycle-temperatures", default="0,0.6",
                         help="temperatures the cycles are timed at (decode runs at 0 and 0.6)")
     parser.add_argument("--json-out", type=Path, default=None)
@@ -309,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
             entry = measure_config(size, dtype, context=args.context, depths=depths,
                                    decode_tokens=args.decode_tokens, cycles=args.cycles,
                                    repeats=args.repeats, small_m_kernel=args.small_m_kernel,
-                                   cycle_temperatures=cycle_temperatures)
+                                   cycle_temperatures=cycle_temperatures,
+                                   kernel_loops=args.small_m_loops)
             report["configs"].append(entry)
             print(_summary_line(entry), flush=True)
             if args.json_out:  # after every config: a run cut short keeps what it measured

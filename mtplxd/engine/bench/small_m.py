@@ -11,7 +11,9 @@ launch plus run time), the weight bytes each call reads over that time (GB/s, an
 fraction of the 4.3 TB/s roofline), and each one's error against the float32 truth
 (mx.quantized_matmul of float32 inputs). `kernel_over_mlx` below 1 means the kernel is
 faster; `kernel_us_by_rows_per_warp` times the kernel built with 1, 2 and 4 output columns
-per warp (the shipped setting is ROWS_PER_WARP). Off CUDA the kernel columns are null (the kernel is CUDA only) and the plain-ops
+per warp (the shipped setting is ROWS_PER_WARP). The `vector_*` fields time the kernel's
+bandwidth layout (16-byte loads, warps splitting K: small_m_qmm._SOURCE_VECTOR) the same way,
+`vector_us_by_columns` at 4, 8 and 16 output columns per block. Off CUDA the kernel columns are null (the kernel is CUDA only) and the plain-ops
 reference's error is reported instead, so the script runs anywhere.
 """
 
@@ -42,6 +44,7 @@ SHAPES: dict[str, list[tuple[str, int, int]]] = {
 }
 CALLS = 16  # calls evaluated together per timed sample
 OTHER_ROWS_PER_WARP = (1, 2)  # variants of the kernel's output columns per warp, timed too
+VECTOR_COLUMNS = (8, 4, 16)  # output columns per block of the vector layout, timed (the shipped one first)
 
 
 def _per_call_us(fn, x, repeats: int) -> float:
@@ -65,8 +68,8 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int) -> l
             return mx.quantized_matmul(x, w, scales, biases, transpose=True,
                                        group_size=small_m_qmm.GROUP_SIZE, bits=bits)
 
-        def kernel(x, per_warp=small_m_qmm.ROWS_PER_WARP):
-            return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, per_warp)
+        def kernel(x, per_warp=small_m_qmm.ROWS_PER_WARP, layout="word"):
+            return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, per_warp, layout)
 
         truth = mx.quantized_matmul(x.astype(mx.float32), w, scales.astype(mx.float32),
                                     biases.astype(mx.float32), transpose=True,
@@ -75,7 +78,8 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int) -> l
         row: dict[str, Any] = {"N": N, "K": K, "bits": bits, "M": M, "weight_bytes": read,
                                "mlx_us": mlx_us, "mlx_of_roofline": read / BANDWIDTH_BYTES_PER_S * 1e6 / mlx_us,
                                "mlx_error": small_m_qmm.relative_error(stock(x), truth),
-                               "kernel_us": None, "kernel_over_mlx": None, "kernel_error": None}
+                               "kernel_us": None, "kernel_over_mlx": None, "kernel_error": None,
+                               "vector_us": None, "vector_over_mlx": None, "vector_error": None}
         if on_cuda:
             # The shipped output columns per warp, then the others the kernel can be built with.
             by_per_warp = {per_warp: _per_call_us(lambda x, p=per_warp: kernel(x, p), x, repeats)
@@ -85,6 +89,15 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int) -> l
                        kernel_us_by_rows_per_warp=by_per_warp,
                        kernel_of_roofline=read / BANDWIDTH_BYTES_PER_S * 1e6 / kernel_us,
                        kernel_error=small_m_qmm.relative_error(kernel(x), truth))
+            # The vector layout: a block per VECTOR_ROWS columns (and the other widths it takes).
+            by_columns = {columns: _per_call_us(lambda x, c=columns: kernel(x, c, "vector"), x, repeats)
+                          for columns in VECTOR_COLUMNS}
+            vector_us = by_columns[small_m_qmm.VECTOR_ROWS]
+            row.update(vector_us=vector_us, vector_over_mlx=vector_us / mlx_us,
+                       vector_us_by_columns=by_columns,
+                       vector_of_roofline=read / BANDWIDTH_BYTES_PER_S * 1e6 / vector_us,
+                       vector_error=small_m_qmm.relative_error(
+                           kernel(x, small_m_qmm.VECTOR_ROWS, "vector"), truth))
         else:
             row["reference_error"] = small_m_qmm.relative_error(
                 small_m_qmm.reference(x, w, scales, biases, bits), truth)
@@ -112,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
                     row.update(size=size, matrix=name)
                     results.append(row)
                     kernel = (f"kernel {row['kernel_us']:8.1f} us ({row['kernel_over_mlx']:.2f}x, "
-                              f"err {row['kernel_error']:.1e})" if row["kernel_us"] is not None else "kernel n/a")
+                              f"err {row['kernel_error']:.1e}) vector {row['vector_us']:8.1f} us "
+                              f"({row['vector_over_mlx']:.2f}x, {row['vector_of_roofline']:.0%} of roofline, "
+                              f"err {row['vector_error']:.1e})"
+                              if row["kernel_us"] is not None else "kernel n/a")
                     print(f"{size:10s} {name:9s} q{bits} M={row['M']}: mlx {row['mlx_us']:8.1f} us "
                           f"({row['mlx_of_roofline']:.0%} of roofline) {kernel}", flush=True)
                 write_report(args.out, report, indent=1)  # as it goes: a cut-short run keeps its rows

@@ -115,33 +115,156 @@ _SOURCE = r"""
     }
 """
 
+# The same product, laid out for bandwidth (a weight matrix bigger than the L2 cache, where
+# the per-word kernel above reads 4 bytes per lane per load): a block owns R output columns and
+# its warps split K between them; each thread loads 16 bytes (VEC words) of every one of its R
+# weight rows at once, so R 16-byte loads are in flight per thread, and the warps' partial sums
+# meet in shared memory. VEC words never straddle a group (a group is 8 words at 4-bit, 16 at
+# 8-bit), so each load has one scale and one bias.
+_SOURCE_VECTOR = r"""
+    constexpr int VALS = 32 / BITS;
+    constexpr int VEC = 4;                       // words per 16-byte load
+    constexpr unsigned MASK = (1u << BITS) - 1u;
+    constexpr int MAX_WARPS = 8;
+    struct alignas(sizeof(T) * VALS) XLoad { T v[VALS]; };  // one word's inputs, one load
+    __shared__ float partial[MAX_WARPS][R][M];
+    auto block = cg::this_thread_block();
+    auto warp = cg::tiled_partition<32>(block);
+    const int lane = warp.thread_rank();
+    const int wid = warp.meta_group_rank();
+    const int nwarps = blockDim.x / 32;
+
+    const int N = w_shape[0];
+    const int words = w_shape[1];
+    const int K = words * VALS;
+    const int groups = K / GS;
+    const int vecs = words / VEC;
+    const int n0 = blockIdx.x * R;
+    const int m0 = blockIdx.y * M;
+    const int rows = x_shape[0] - m0 < M ? x_shape[0] - m0 : M;
+
+    float acc[R][M];
+    #pragma unroll
+    for (int r = 0; r < R; ++r) {
+        #pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+    }
+
+    for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
+        const int k = v * VEC * VALS;
+        const int g = k / GS;
+        uint4 packed[R];
+        float scale[R], bias[R];
+        #pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int n = n0 + r < N ? n0 + r : N - 1;   // past the edge: read a real row, never store it
+            packed[r] = reinterpret_cast<const uint4*>(w + (size_t)n * words)[v];
+            scale[r] = static_cast<float>(scales[(size_t)n * groups + g]);
+            bias[r] = static_cast<float>(biases[(size_t)n * groups + g]);
+        }
+        #pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            float xs[M][VALS];
+            float xsum[M];
+            #pragma unroll
+            for (int m = 0; m < M; ++m) {
+                // One load of the word's VALS inputs (16 bytes at 4-bit, 8 at 8-bit in 16-bit
+                // floats): a load per value made the loads, not the weights, the limit.
+                XLoad raw{};
+                if (m < rows) raw = *reinterpret_cast<const XLoad*>(x + (size_t)(m0 + m) * K + k + j * VALS);
+                const T* vals = reinterpret_cast<const T*>(&raw);
+                float s = 0.f;
+                #pragma unroll
+                for (int i = 0; i < VALS; ++i) {
+                    xs[m][i] = static_cast<float>(vals[i]);
+                    s += xs[m][i];
+                }
+                xsum[m] = s;
+            }
+            #pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const uint32_t word = reinterpret_cast<const uint32_t*>(&packed[r])[j];
+                float q[VALS];
+                #pragma unroll
+                for (int i = 0; i < VALS; ++i) q[i] = static_cast<float>((word >> (i * BITS)) & MASK);
+                #pragma unroll
+                for (int m = 0; m < M; ++m) {
+                    float dot = 0.f;
+                    #pragma unroll
+                    for (int i = 0; i < VALS; ++i) dot += xs[m][i] * q[i];
+                    acc[r][m] += scale[r] * dot + bias[r] * xsum[m];
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int r = 0; r < R; ++r) {
+        #pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const float total = cg::reduce(warp, acc[r][m], cg::plus<float>());
+            if (lane == 0) partial[wid][r][m] = total;
+        }
+    }
+    block.sync();
+    for (int t = threadIdx.x; t < R * M; t += blockDim.x) {
+        const int r = t / M, m = t % M, n = n0 + r;
+        if (n >= N || m >= rows) continue;
+        float total = 0.f;
+        for (int i = 0; i < nwarps; ++i) total += partial[i][r][m];
+        out[(size_t)(m0 + m) * N + n] = static_cast<T>(total);
+    }
+"""
+LAYOUTS = ("word", "vector")
+VECTOR_ROWS = 8  # output columns a block of the vector layout computes together (H200: 8 beat 2 and 4)
+VECTOR_MAX_THREADS = 256
+# Weights (N x K) from which a decode step's product (under MIN_ROWS rows) takes the vector
+# layout: on the H200 it beat MLX's matvec on Qwen3-32B's down/gate/up projections and both
+# lm_heads at 4-bit (0.59-0.80x), and lost on the small ones (k_proj, a 4B layer's matrices).
+LARGE_MATRIX_VALUES = 64 * 2**20
+
 _usable: bool | None = None
 
 
 @functools.cache
-def _small_m_kernel():
-    return mx.fast.cuda_kernel(name="mtplx_small_m_qmm", input_names=["x", "w", "scales", "biases"],
-                               output_names=["out"], source=_SOURCE, header=_HEADER)
+def _small_m_kernel(layout: str = "word"):
+    source = _SOURCE_VECTOR if layout == "vector" else _SOURCE
+    return mx.fast.cuda_kernel(name=f"mtplx_small_m_qmm_{layout}", input_names=["x", "w", "scales", "biases"],
+                               output_names=["out"], source=source, header=_HEADER)
 
 
 def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
-                   rows_per_warp: int = ROWS_PER_WARP) -> mx.array:
+                   rows_per_warp: int | None = None, layout: str | None = None) -> mx.array:
     """x (..., K) times the dequantized W (N, K) transposed: (..., N), as
     mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=64, bits=bits).
     CUDA only (see `usable`); any number of rows, ROW_CHUNK at a time per block.
-    `rows_per_warp`: output columns per warp (the micro-bench tries several)."""
+    `layout`: "word" (a warp per ROWS_PER_WARP columns, a word per lane per load) or
+    "vector" (a block per VECTOR_ROWS columns, 16 bytes per thread per load, warps splitting
+    K); None takes "word". `rows_per_warp`: output columns per warp, or per block in the
+    vector layout (the micro-bench tries several)."""
+    layout = layout or "word"
     lead, K = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, K)
     M, N = rows.shape[0], w.shape[0]
     chunk = min(M, ROW_CHUNK)  # the kernel's M: rows per block
-    warps = -(-N // rows_per_warp)
-    threads = WARPS_PER_BLOCK * 32
-    out = _small_m_kernel()(
+    if layout == "vector":
+        per_block = rows_per_warp or VECTOR_ROWS
+        vecs = w.shape[1] // 4  # 16-byte loads per weight row
+        threads = min(VECTOR_MAX_THREADS, max(32, _ceil_div(vecs, 32) * 32))
+        blocks = _ceil_div(N, per_block)
+    else:
+        per_block = rows_per_warp or ROWS_PER_WARP
+        threads = WARPS_PER_BLOCK * 32
+        blocks = _ceil_div(_ceil_div(N, per_block), WARPS_PER_BLOCK)
+    out = _small_m_kernel(layout)(
         inputs=[rows, w, scales, biases],
-        template=[("T", x.dtype), ("M", chunk), ("BITS", bits), ("GS", GROUP_SIZE), ("R", rows_per_warp)],
-        grid=(-(-warps // WARPS_PER_BLOCK) * threads, -(-M // chunk), 1), threadgroup=(threads, 1, 1),
+        template=[("T", x.dtype), ("M", chunk), ("BITS", bits), ("GS", GROUP_SIZE), ("R", per_block)],
+        grid=(blocks * threads, _ceil_div(M, chunk), 1), threadgroup=(threads, 1, 1),
         output_shapes=[(M, N)], output_dtypes=[x.dtype])[0]
     return out.reshape(*lead, N)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array:
@@ -161,14 +284,28 @@ def reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits
     return out.astype(x.dtype).reshape(*lead, N)
 
 
+def route(x: mx.array, layer: Any) -> str | None:
+    """Which layout of the kernel serves `layer`(x), or None for mx.quantized_matmul: "word"
+    for MIN_ROWS[bits]..MAX_ROWS rows (verify blocks), "vector" for fewer rows (decode steps)
+    on a matrix of at least LARGE_MATRIX_VALUES weights, where its 16-byte loads beat MLX's
+    matvec (H200, docs/benchmarks.md); the rest stays on MLX. Both need affine 4- or 8-bit
+    weights in groups of 64, a floating input and K a whole number of groups."""
+    if not (getattr(layer, "mode", "affine") == "affine" and layer.bits in BITS
+            and layer.group_size == GROUP_SIZE and x.ndim and x.shape[-1] % GROUP_SIZE == 0
+            and x.dtype in (mx.bfloat16, mx.float16, mx.float32)
+            and getattr(layer, "biases", None) is not None):
+        return None
+    rows = x.size // x.shape[-1]
+    if MIN_ROWS[layer.bits] <= rows <= MAX_ROWS:
+        return "word"
+    if 1 <= rows < MIN_ROWS[layer.bits] and layer["weight"].shape[0] * x.shape[-1] >= LARGE_MATRIX_VALUES:
+        return "vector"
+    return None
+
+
 def supported(x: mx.array, layer: Any) -> bool:
-    """The kernel's domain: affine 4- or 8-bit weights in groups of 64, MIN_ROWS[bits] to
-    MAX_ROWS input rows of a floating dtype, and K a whole number of groups."""
-    rows = x.size // x.shape[-1] if x.ndim else 0
-    return (getattr(layer, "mode", "affine") == "affine" and layer.bits in BITS
-            and layer.group_size == GROUP_SIZE and MIN_ROWS[layer.bits] <= rows <= MAX_ROWS
-            and x.shape[-1] % GROUP_SIZE == 0 and x.dtype in (mx.bfloat16, mx.float16, mx.float32)
-            and getattr(layer, "biases", None) is not None)
+    """True when the kernel serves `layer`(x) (see `route`)."""
+    return route(x, layer) is not None
 
 
 class SmallMQuantizedLinear(nn.QuantizedLinear):
@@ -176,9 +313,10 @@ class SmallMQuantizedLinear(nn.QuantizedLinear):
     model's QuantizedLinear modules to this class; parameters and names are unchanged)."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        if not supported(x, self):
+        layout = route(x, self)
+        if layout is None:
             return super().__call__(x)
-        out = small_m_matmul(x, self["weight"], self["scales"], self["biases"], self.bits)
+        out = small_m_matmul(x, self["weight"], self["scales"], self["biases"], self.bits, layout=layout)
         if "bias" in self:
             out = out + self["bias"]
         return out
@@ -245,10 +383,10 @@ def probe_case(M: int, bits: int, N: int = 320, K: int = 512, dtype: mx.Dtype = 
     return x, w, scales, biases, truth
 
 
-def probe_error(M: int, bits: int, **shape: Any) -> float:
+def probe_error(M: int, bits: int, layout: str | None = None, **shape: Any) -> float:
     """The kernel's relative error against the float32 truth (raises where it cannot run)."""
     x, w, scales, biases, truth = probe_case(M, bits, **shape)
-    return relative_error(small_m_matmul(x, w, scales, biases, bits), truth)
+    return relative_error(small_m_matmul(x, w, scales, biases, bits, layout=layout), truth)
 
 
 def _probe() -> bool:

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 22: can a quantized matmul laid out for bandwidth lift the quantized 32B? MLX 0.32's
+# CUDA 4-bit matvec reads a 32B model's weights at about 20% of the H200's bandwidth, and a
+# 6-token verify costs 4-4.4 decode steps (docs/benchmarks.md, "The real-size tables"). The
+# small-M kernel's vector layout (small_m_qmm._SOURCE_VECTOR: 16-byte loads, a block per 4
+# output columns, warps splitting K) is timed against MLX's and the per-word layout at every
+# Qwen3-32B matrix, then installed from 1 row up (decode too) in whole 32B forwards, decode
+# steps and cycles beside stock MLX (bench.real_size --small-m-loops). Reports tarred into $OUT.
+#   PART=kernels  CUDA tests of both layouts; micro-bench at the Qwen3-32B and Qwen3-4B shapes
+#   PART=real     real_size: Qwen3-32B 4-bit and 8-bit with the kernel installed (small_m_qmm.route:
+#                 verify rows on the word layout, decode rows of large matrices on the vector one), then
+#                 the hybrid 27B in bf16 again (its depth-1 cycle read 6.8 decode steps once)
+# Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
+#   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
+set -u
+OUT=${OUT:?set OUT to the folder for the reports}
+PART=${PART:?set PART to kernels or real}
+BUDGET=${BUDGET:-560}
+export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
+export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
+work=/root/vector-qmm-$PART
+started=$(date +%s)
+mkdir -p "$OUT" "$work"
+
+LOGS="$work"
+STEP_TAIL=${STEP_TAIL:-40}
+source "$(dirname "$0")/budget-steps.sh"
+
+if [ "$PART" = kernels ]; then
+  step cuda-tests 170 python3 -m pytest -q -p no:cacheprovider -k "cuda and (vector or mtp)" tests/engine/test_small_m_qmm.py
+  step small-m-32b 200 python3 -m mtplxd.engine.bench.small_m "$work/small-m-32b.json" \
+    --sizes qwen3-32b --bits 4,8 --rows 1,2,4,7 --repeats 6
+  step small-m-4b 150 python3 -m mtplxd.engine.bench.small_m "$work/small-m-4b.json" \
+    --sizes qwen3-4b --bits 4,8 --rows 1,4 --repeats 6
+else
+  lean=(--depths 1,3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 --repeats 6)
+  step real-32b-kernel 400 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b --dtypes 4bit,8bit \
+    "${lean[@]}" --small-m-kernel --small-m-loops --json-out "$work/real-size-32b-kernel.json"
+  step real-hybrid-bf16 150 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes bf16 \
+    --depths 1,3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 16 --repeats 6 \
+    --json-out "$work/real-size-hybrid-bf16.json"
+fi
+tar czf "$OUT/h200-vector-qmm-$PART.tgz" -C "$work" .
+echo "done in $(( $(date +%s) - started ))s"
