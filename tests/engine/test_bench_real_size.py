@@ -85,3 +85,21 @@ def test_ar_reference_runs_ours_before_and_mlx_lm_side_by_side(tiny_model_factor
         assert entry["speed_vs_mlx_lm"] == pytest.approx(
             entry["ms_per_token_median"]["mlx_lm"] / entry["ms_per_token_median"]["ours"])
     assert "ours vs mlx-lm" in capsys.readouterr().out
+
+
+def test_taking_the_kernel_out_drops_the_cycle_graphs_traced_through_it():
+    """mx.compile replays a traced graph: after the kernel's layers are swapped back, a cycle
+    graph traced through them must not be replayed for the stock figures."""
+    import mlx.nn as nn
+
+    from mtplxd.engine.bench import real_size
+    from mtplxd.engine.model import small_m_qmm
+    from mtplxd.engine.model.trunk import Trunk
+
+    model, spec = real_size.build_model("tiny", "4bit")
+    trunk = Trunk(model, spec)
+    layer = next(m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear)
+    layer.__class__ = small_m_qmm.SmallMQuantizedLinear
+    trunk.compiled_graphs[("cycle", 3)] = object()
+    real_size._uninstall(model, trunk)
+    assert type(layer) is nn.QuantizedLinear and trunk.compiled_graphs == {}

@@ -230,6 +230,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     entry["forward_over_one_token"] = {k: v / forward["1"] for k, v in forward.items()}
     if small_m_kernel and DTYPES[dtype] is not None:
         switched = small_m_qmm.install(model, force=True)
+        trunk.compiled_graphs.clear()  # a cycle graph traced before would replay MLX's layers
         entry["small_m_kernel_layers"] = switched
         if switched:
             with_kernel = measure_forward_costs(trunk, cache, vocab, 0, repeats, token_counts=range(1, 7))
@@ -238,7 +239,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
             if kernel_loops:
                 entry["small_m_kernel"] = _kernel_loops(trunk, model, prompt, decode, depths, cycles,
                                                         decode_tokens, cycle_temperatures, roofline_ms)
-            _uninstall(model)
+            _uninstall(model, trunk)
     del cache
 
     cycle: dict[str, dict[str, Any]] = {}
@@ -288,13 +289,16 @@ def _kernel_loops(trunk, model: nn.Module, prompt: list[int], decode: dict[str, 
     return out
 
 
-def _uninstall(model: nn.Module) -> None:
-    """Put the stock QuantizedLinear class back (the figures after this are MLX's own)."""
+def _uninstall(model: nn.Module, trunk) -> None:
+    """Put the stock QuantizedLinear class back (the figures after this are MLX's own), and
+    drop the compiled cycle graphs traced through the kernel: mx.compile replays a traced
+    graph, so a class swap alone would leave the stock cycles on the kernel."""
     from mtplxd.engine.model.small_m_qmm import SmallMQuantizedLinear
 
     for _, module in model.named_modules():
         if isinstance(module, SmallMQuantizedLinear):
             module.__class__ = nn.QuantizedLinear
+    trunk.compiled_graphs.clear()
 
 
 def _summary_line(entry: dict[str, Any]) -> str:
