@@ -150,6 +150,7 @@ class GenParams:
     depth: int | None = None
     repetition_guard: bool | None = None  # None = the server's `repetition_guard` setting
     logprobs: int | None = None  # alternatives per generated token's logprob; None = no logprobs
+    ignore_eos: bool = False  # run to max_tokens through the model's end tokens (vLLM's field)
 
 
 def read_sampling(body: Reader, params: GenParams) -> GenParams:
@@ -167,6 +168,7 @@ def read_sampling(body: Reader, params: GenParams) -> GenParams:
         params.seed %= 2 ** 63
     params.depth = body.int("mtp_depth", low=0, high=MAX_DEPTH)
     params.repetition_guard = body.bool("repetition_guard")
+    params.ignore_eos = body.bool("ignore_eos", False)
     return params
 
 

@@ -254,6 +254,7 @@ class Generations:
             seed=params.seed,
             max_tokens=max_tokens,
             stop=list(params.stop),
+            ignore_eos=params.ignore_eos,
         )
         plan_id = self.flights.next_id(endpoint)
         # Arrival is stamped here, before any queue: TTFT and queue_wait count from it.

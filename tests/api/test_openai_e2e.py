@@ -157,6 +157,24 @@ def test_stop_sequence_ends_the_text_before_it(client):
     assert stop not in cut.choices[0].message.content
 
 
+def test_ignore_eos_decodes_through_the_end_token_to_max_tokens(client):
+    # A seeded reply that ends by itself (the tiny model samples its end within a few hundred
+    # tokens) runs on to max_tokens with `ignore_eos`, the same tokens up to where it ended.
+    base = dict(model=MODEL_ID, messages=USER, max_tokens=600, temperature=1.0)
+    for seed in range(8):
+        ended = client.chat.completions.create(seed=seed, **base)
+        if ended.choices[0].finish_reason == "stop":
+            break
+    else:
+        pytest.fail("eight seeded replies ran to 600 tokens without an end token")
+    on = client.chat.completions.create(seed=seed, extra_body={"ignore_eos": True}, **base)
+    assert on.choices[0].finish_reason == "length" and on.usage.completion_tokens == 600
+    assert on.choices[0].message.content.startswith(ended.choices[0].message.content)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(extra_body={"ignore_eos": "yes"}, **base)
+    assert err.value.body["param"] == "ignore_eos"
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 def test_bad_parameter_is_a_400_naming_it(client):
