@@ -7,7 +7,9 @@ or, after the tool's result, answers "Created NAME.". The loss covers the target
 (trunk next-token CE plus the MTP chain's CE on the same span). Long prompts go through
 long_context's chunked, checkpointed attention. Each agent example is followed by
 `--short-per-long` batches of the from-scratch recipe's short code/chat windows (full loss) so
-the model's general quality holds, as the shipped long-context run did.
+the model's general quality holds, as the shipped long-context run did, and by
+`--drills-per-long` batches of copy drills (agent_tasks.py: the same calls from short requests
+with random names and texts, loss on each row's target), which teach copying the task's words.
 
 Before (unless --skip-baseline) and after, metrics.json gets, per agent, the held-out target
 loss and exact match of greedy decoding from the rendered prompt (held-out: unseen names,
@@ -37,7 +39,7 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from training import export
-from training.agent_tasks import Example, read_split
+from training.agent_tasks import DRILL_TOKENS, Example, read_split
 from training.long_context import DEFAULT_INIT, load_init, long_hidden
 from training.mtp_model import TinyCoder, joint_loss
 from training.train import BatchSampler, TrainConfig, load_data, model_args, run_eval, run_log, train
@@ -47,39 +49,57 @@ AGENT_DATA = Path(__file__).resolve().parent / "agent_data"
 
 # --- batches -----------------------------------------------------------------------------
 
+class Epochs:
+    """Every item once per epoch, in a seeded order (which mixes agents and kinds)."""
+
+    def __init__(self, items: list, seed: int):
+        self.items, self.rng, self.order = items, random.Random(seed), []
+
+    def __call__(self):
+        if not self.order:
+            self.order = list(range(len(self.items)))
+            self.rng.shuffle(self.order)
+        return self.items[self.order.pop()]
+
+
 class AgentBatches:
-    """Step i's batch: one agent example (padded), then `short_per_long` short batches, repeating.
+    """Step i's batch: one agent example (padded), then `short_per_long` short batches, then
+    `drills_per_long` batches of `drill_batch` copy drills, repeating.
 
     An agent example is prompt + target + padding up to a multiple of `pad_to` (+1), so the
     long steps come in a few shapes; padding sits after the target and, attention being
     causal, changes nothing before it. `current` is the (prompt, target) length of the agent
-    example just handed out, None after a short batch: the loss reads it to find the target.
+    example just handed out, None after a short or drill batch: the loss reads it to find the
+    target. After a drill batch `drill_mask` marks each row's target tokens (else None).
     """
 
     def __init__(self, examples: list[Example], arrays: dict, eot: int, cfg: TrainConfig,
-                 short_batch: int, short_per_long: int, pad_to: int, width: int):
-        self.examples, self.eot, self.pad_to, self.width = examples, eot, pad_to, width
+                 short_batch: int, short_per_long: int, pad_to: int, width: int,
+                 drills: list[Example] = (), drills_per_long: int = 0, drill_batch: int = 16,
+                 drill_tokens: int = DRILL_TOKENS):
+        self.eot, self.pad_to, self.width = eot, pad_to, width
         self.depth = len(cfg.mtp_weights)
-        self.rng = random.Random(cfg.seed)
-        self.order: list[int] = []
+        self.examples = Epochs(examples, cfg.seed)
         self.short = BatchSampler(arrays["code_train"], arrays["chat_train"], eot,
                                   cfg.seq_len + 1 + self.depth, cfg.chat_fraction, cfg.seed + 1)
-        self.short_batch, self.period = short_batch, short_per_long + 1
+        self.drills = Epochs(list(drills), cfg.seed + 2)
+        self.short_batch, self.short_per_long = short_batch, short_per_long
+        self.drill_batch, self.drill_tokens = drill_batch, drill_tokens
+        self.period = 1 + short_per_long + (drills_per_long if drills else 0)
         self.current: tuple[int, int] | None = None
-
-    def _next_example(self) -> Example:
-        # Every example once per epoch, in a seeded order that mixes agents and kinds.
-        if not self.order:
-            self.order = list(range(len(self.examples)))
-            self.rng.shuffle(self.order)
-        return self.examples[self.order.pop()]
+        self.drill_mask: np.ndarray | None = None
 
     def __call__(self, step: int) -> np.ndarray:
         """[B, L] int32 windows for `step`."""
-        if step % self.period:
-            self.current = None
+        phase = step % self.period
+        self.current = self.drill_mask = None
+        if phase > self.short_per_long:
+            rows = [self.drills() for _ in range(self.drill_batch)]
+            window, self.drill_mask = drill_windows(rows, self.drill_tokens + 1 + self.depth, self.eot)
+            return window
+        if phase:
             return self.short(self.short_batch)
-        ex = self._next_example()
+        ex = self.examples()
         if len(ex.target_ids) > self.width:
             raise SystemExit(f"a {ex.agent} target has {len(ex.target_ids)} tokens > --target-width {self.width}")
         self.current = (len(ex.prompt_ids), len(ex.target_ids))
@@ -94,7 +114,51 @@ def padded_window(ex: Example, room: int, pad_to: int, pad_id: int) -> np.ndarra
     return np.array(ids + [pad_id] * (length - len(ids)), dtype=np.int32)
 
 
+def drill_windows(drills: list[Example], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Drills as rows of `length` tokens (prompt + target + pad_id) and a mask that is 1 on each
+    row's target tokens."""
+    window = np.full((len(drills), length), pad_id, dtype=np.int32)
+    mask = np.zeros((len(drills), length), dtype=np.float32)
+    for row, ex in enumerate(drills):
+        p, t = len(ex.prompt_ids), len(ex.target_ids)
+        if p + t > length:
+            raise SystemExit(f"a {ex.agent} drill has {p + t} tokens > {length}")
+        window[row, :p + t] = ex.prompt_ids + ex.target_ids
+        mask[row, p:p + t] = 1.0
+    return window, mask
+
+
 # --- loss --------------------------------------------------------------------------------
+
+def masked_joint_loss(model: TinyCoder, window: mx.array, mask: mx.array,
+                      mtp_weights: tuple[float, ...]) -> tuple[mx.array, mx.array]:
+    """joint_loss counting only the tokens `mask` marks (a drill batch: each row's target).
+
+    window, mask: [B, L + 1 + D]. The trunk at input t predicts window[t + 1], MTP step s at
+    anchor t predicts window[t + 2 + s]; each is scored where the token it predicts is masked
+    in (MTP: from anchors whose own next token is too, as target_loss counts), averaged over
+    those. Returns (total, [main, mtp step 1, ...]) like joint_loss."""
+    depth = len(mtp_weights)
+    length = window.shape[1] - 1 - depth
+    h = model.hidden(window[:, :length])
+    ce = nn.losses.cross_entropy
+    anchors = mask[:, 1:length + 1]  # inputs whose next token is a target
+
+    def masked_ce(hidden: mx.array, offset: int) -> mx.array:
+        labels = window[:, offset:length + offset]
+        weights = anchors * mask[:, offset:length + offset]
+        per_token = ce(model.logits_from_hidden(hidden).astype(mx.float32), labels)
+        return (per_token * weights).sum() / mx.maximum(weights.sum(), 1.0)
+
+    losses = [masked_ce(h, 1)]
+    feeds = [window[:, 1 + s:length + 1 + s] for s in range(depth)]
+    for s, g in enumerate(model.mtp_chain(h, feeds) if depth else []):
+        losses.append(masked_ce(g, 2 + s))
+    total = losses[0]
+    for w, part in zip(mtp_weights, losses[1:]):
+        total = total + w * part
+    return total, mx.stack(losses)
+
 
 def target_loss(model: TinyCoder, window: mx.array, prompt_len: int, target_len: int,
                 mtp_weights: tuple[float, ...], chunk: int, width: int) -> tuple[mx.array, mx.array]:
@@ -250,6 +314,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--short-per-long", type=int, default=1, help="short-window batches after each agent example")
     ap.add_argument("--short-batch", type=int, default=32)
     ap.add_argument("--short-seq-len", type=int, default=1024)
+    ap.add_argument("--drills-per-long", type=int, default=1,
+                    help="batches of copy drills (agent_drills.jsonl.xz) after each agent example's short batches")
+    ap.add_argument("--drill-batch", type=int, default=16, help="copy drills per drill batch")
     ap.add_argument("--cache-limit-gb", type=float, default=4.0, help="MLX buffer cache cap (0: MLX default)")
     # Like the long-context runs: a fine-tune of a trained model, so a tenth of the
     # from-scratch peak; Adam moves every weight by about lr in its first steps.
@@ -291,10 +358,15 @@ def main(argv: list[str] | None = None) -> None:
     if a.cache_limit_gb:
         mx.set_cache_limit(int(a.cache_limit_gb * 2**30))
     shipped = json.loads((a.init / "config.json").read_text())
+    drill_file = a.agent_data / "agent_drills.jsonl.xz"
+    drills = _keep(read_split(drill_file), a.agents) if a.drills_per_long and drill_file.exists() else []
+    heldout_drills = [e for e in drills if e.split == "heldout"]
+    drills = [e for e in drills if e.split == "train"]
+    period = 1 + a.short_per_long + (a.drills_per_long if drills else 0)  # steps of one agent example
     cfg = TrainConfig(preset=a.preset, seed=a.seed, steps=a.steps, time_budget=a.time_budget,
                       batch=1, seq_len=a.short_seq_len, lr=a.lr, warmup=a.warmup,
                       rope_theta=shipped["rope_theta"], max_position_embeddings=shipped["max_position_embeddings"],
-                      speed_steps=(1 + 2 * (a.short_per_long + 1), 1 + 5 * (a.short_per_long + 1)),
+                      speed_steps=(1 + 2 * period, 1 + 5 * period),
                       log_every=10, compile=False)
     log = run_log(a.out)
     arrays, meta = load_data(a.data)
@@ -304,13 +376,16 @@ def main(argv: list[str] | None = None) -> None:
     text = ByteLevelText(tokenizer_json) if tokenizer_json.exists() else None
     metrics: dict = {"config": asdict(cfg), "init": str(a.init),
                      "agent_sft": {k: str(v) for k, v in vars(a).items()},
-                     "examples": {"train": len(train_set), "heldout": len(heldout)}}
+                     "examples": {"train": len(train_set), "heldout": len(heldout), "drills": len(drills),
+                                  "heldout_drills": len(heldout_drills)}}
 
     def save_metrics():
         (a.out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str) + "\n")
 
     def evaluate_all(model: TinyCoder) -> dict:
         out = {"agents": evaluate_agents(model, heldout, a.eval_chunk, a.eval_extra, text, a.eval_budget)}
+        if heldout_drills:  # short prompts with unseen random names: does the model copy?
+            out["drills"] = evaluate_agents(model, heldout_drills, a.eval_chunk, a.eval_extra, text, a.eval_budget)
         t = time.perf_counter()
         out.update(run_eval(model, cfg, arrays, a.quick_eval))
         out["short_eval_seconds"] = round(time.perf_counter() - t, 1)
@@ -324,9 +399,12 @@ def main(argv: list[str] | None = None) -> None:
 
     weights = tuple(cfg.mtp_weights)
     batches = AgentBatches(train_set, arrays, meta["special_ids"]["<|endoftext|>"], cfg, a.short_batch,
-                           a.short_per_long, a.pad_to, a.target_width)
+                           a.short_per_long, a.pad_to, a.target_width, drills=drills,
+                           drills_per_long=a.drills_per_long, drill_batch=a.drill_batch)
 
     def loss(m, x):
+        if batches.drill_mask is not None:  # copy drills: each row's target only
+            return masked_joint_loss(m, x, mx.array(batches.drill_mask), weights)
         if batches.current is None:  # a short batch of the from-scratch recipe: full loss
             return joint_loss(m, x, weights)
         prompt_len, target_len = batches.current

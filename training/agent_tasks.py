@@ -65,6 +65,9 @@ HELDOUT_WORDINGS = {
     "contains": ("Create a file named {name} that contains {text}", "Put the line {text} in a file {name}"),
 }
 KINDS = ("py", "sh", "txt")
+DRILLS_PER_AGENT = 2000  # copy drills (below): a 490-step round with 16 a step uses 7,840
+HELDOUT_DRILLS_PER_AGENT = 10
+DRILL_TOKENS = 1024  # a drill's prompt + target at most (the write tool alone fits in every agent)
 USERS = ("alex", "sam", "dev", "kim", "lee", "runner")
 PROJECTS = ("proj", "work", "demo", "repo", "code", "play", "scratch")
 
@@ -332,6 +335,102 @@ def build(model: TemplateModel, per_agent: int, heldout_per_agent: int, seed: in
     return splits
 
 
+# --- copy drills: the same calls from short prompts, with names nobody could memorize -----
+#
+# The fine-tuned model learned each agent's tool-call format but not to copy the task's file
+# name and text into it (training/README.md, "Agent tasks"): 60 tasks per agent drawn from a
+# few dozen names teach names, not copying. A drill is the same call from a short request
+# (a two-line system prompt with the working directory, the agent's write tool and at most two
+# of its other tools, the task), with a name and text made of random syllables as often as of
+# words, so the call can only be right by copying. Short prompts make drills cheap: a training
+# step takes a batch of them beside one long agent example.
+
+SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou") + ("qua", "sho", "chi", "tri", "xen")
+DRILL_WORDS = ("alpha", "beta", "cache", "data", "delta", "entry", "field", "graph", "index", "kernel",
+               "layer", "mesh", "node", "parse", "query", "queue", "route", "stack", "token", "vector",
+               "apple", "brick", "cloud", "dance", "eagle", "flame", "grape", "honey", "ivory", "jolly",
+               "lemon", "maple", "noble", "olive", "pearl", "quick", "robin", "stone", "tiger", "unity",
+               "vivid", "wheat", "young", "zebra", "amber", "cedar", "dusk", "frost", "glow", "haze")
+DRILL_SYSTEMS = ("You are a coding agent. Working directory: {cwd}",
+                 "You help with code in {cwd}. Use the tools to change files.",
+                 "Current directory: {cwd}\nDo what the user asks with your tools.")
+
+
+def _drill_word(rng: random.Random) -> str:
+    """A real word or a pseudo-word of 2-3 random syllables (never "hello")."""
+    if rng.random() < 0.5:
+        return rng.choice(DRILL_WORDS)
+    return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
+
+
+def drill_task(rng: random.Random) -> FileTask:
+    """A file task whose name and text are random words and syllables."""
+    parts = [_drill_word(rng) for _ in range(rng.randint(1, 2))]
+    stem = rng.choice(("_", "-", "")).join(parts) + (str(rng.randrange(10)) if rng.random() < 0.2 else "")
+    name = f"{stem}.{rng.choice(KINDS)}"
+    text = " ".join(_drill_word(rng) for _ in range(rng.randint(1, 3)))
+    verb = "contains" if name.endswith(".txt") else "prints"
+    prompt = rng.choice(TRAIN_WORDINGS[verb]).format(name=name, text=text)
+    return FileTask(prompt, name, text, file_content(name, text), random_cwd(rng))
+
+
+def _tool_name(tool: dict[str, Any]) -> str:
+    return tool.get("name") or tool.get("function", {}).get("name")
+
+
+def drill_body(spec: AgentSpec, task: FileTask, rng: random.Random, others: int) -> dict[str, Any]:
+    """The agent's first request cut short: a two-line system prompt naming the working
+    directory, the agent's write tool among `others` of its other tools, and the task."""
+    body = _load(spec.first, task.cwd)
+    tools = body["tools"]
+    write = next(t for t in tools if _tool_name(t) == spec.tool)
+    body["tools"] = rng.sample([t for t in tools if t is not write], k=min(others, len(tools) - 1)) + [write]
+    rng.shuffle(body["tools"])
+    system = rng.choice(DRILL_SYSTEMS).format(cwd=task.cwd)
+    user = spec.user_text(task)
+    if spec.dialect == "anthropic":
+        body["system"] = [{"type": "text", "text": system}]
+        body["messages"] = [{"role": "user", "content": [{"type": "text", "text": user}]}]
+    elif spec.dialect == "responses":
+        body["input"] = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": system}]},
+                         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}]
+    else:
+        body["messages"] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return body
+
+
+def drill_seed(seed: int, agent: str, index: int, split: str) -> int:
+    """Drill `index` of an agent draws from its own seed, so any one can be rebuilt alone."""
+    return ((seed * 10 + list(AGENTS).index(agent)) * 2 + (split == "heldout")) * 1_000_000 + index
+
+
+def make_drill(model: TemplateModel, spec: AgentSpec, seed: int, index: int, split: str) -> Example:
+    """Drill `index` of `spec` (kind "drill"): a short request and the write tool's call."""
+    rng = random.Random(drill_seed(seed, spec.name, index, split))
+    task = drill_task(rng)
+    while is_holdout(task):
+        task = drill_task(rng)
+    text = target_text(spec, task, "call")
+    target_ids = list(model.tokenizer.encode(text, add_special_tokens=False))
+    # Up to two other tools, fewer where their schemas would pass DRILL_TOKENS (Claude Code's
+    # Agent and Bash descriptions alone are thousands of tokens).
+    for others in range(rng.randint(0, 2), -1, -1):
+        prompt_ids = render_request(model, spec, drill_body(spec, task, random.Random(rng.random()), others))
+        if len(prompt_ids) + len(target_ids) <= DRILL_TOKENS:
+            break
+    return Example(spec.name, "drill", split, asdict(task), prompt_ids, target_ids, text)
+
+
+def build_drills(model: TemplateModel, per_agent: int, heldout_per_agent: int, seed: int,
+                 agents: list[str] | None = None) -> list[Example]:
+    """Train drills, then held-out ones (their own seeds), for every agent."""
+    out = []
+    for split, count in (("train", per_agent), ("heldout", heldout_per_agent)):
+        for name in agents or list(AGENTS):
+            out += [make_drill(model, AGENTS[name], seed, i, split) for i in range(count)]
+    return out
+
+
 def write_split(examples: list[Example], path: Path) -> None:
     """One JSON object a line, xz-compressed (the agents' long prompts repeat: ~50x smaller)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -353,10 +452,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heldout-per-agent", type=int, default=6, help="unseen held-out tasks per agent, plus hello.py")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--agents", default=",".join(AGENTS))
+    ap.add_argument("--drills-per-agent", type=int, default=DRILLS_PER_AGENT,
+                    help="copy drills per agent (agent_drills.jsonl.xz; 0: leave the file alone)")
+    ap.add_argument("--heldout-drills-per-agent", type=int, default=HELDOUT_DRILLS_PER_AGENT)
     a = ap.parse_args(argv)
-    splits = build(TemplateModel(), a.per_agent, a.heldout_per_agent, a.seed, a.agents.split(","))
-    for split, examples in splits.items():
-        path = a.out / f"agent_{split}.jsonl.xz"
+    model, agents = TemplateModel(), a.agents.split(",")
+    outputs = {f"agent_{split}": examples
+               for split, examples in build(model, a.per_agent, a.heldout_per_agent, a.seed, agents).items()}
+    if a.drills_per_agent:
+        outputs["agent_drills"] = build_drills(model, a.drills_per_agent, a.heldout_drills_per_agent,
+                                               a.seed, agents)
+    for stem, examples in outputs.items():
+        path = a.out / f"{stem}.jsonl.xz"
         write_split(examples, path)
         tokens = sum(len(e.prompt_ids) + len(e.target_ids) for e in examples)
         print(f"{path}: {len(examples)} examples, {tokens} tokens, {path.stat().st_size} bytes")

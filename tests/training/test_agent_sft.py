@@ -62,6 +62,21 @@ def test_target_loss_is_the_targets_cross_entropy_whatever_the_padding_and_chunk
     assert total.item() == pytest.approx(expected[0] + sum(w * x for w, x in zip(WEIGHTS, expected[1:])), rel=1e-4)
 
 
+def test_masked_loss_of_a_drill_batch_is_each_rows_target_cross_entropy():
+    model = tiny_model(2)
+    drills = [example(20, 6, seed=5), example(11, 9, seed=6)]
+    window, mask = agent_sft.drill_windows(drills, 40, 0)
+    assert mask.sum() == 6 + 9 and (window[1, 20:] == 0).all()
+    total, parts = agent_sft.masked_joint_loss(model, mx.array(window), mx.array(mask), WEIGHTS)
+    # The padding rows change nothing before it: each row's parts from its own unpadded
+    # forward, pooled over the tokens each part scores.
+    counts = [[len(d.target_ids)] + [len(d.target_ids) - 1 - s for s in range(len(WEIGHTS))] for d in drills]
+    rows = [reference_parts(model, d) for d in drills]
+    pooled = [sum(r[k] * c[k] for r, c in zip(rows, counts)) / sum(c[k] for c in counts) for k in range(len(WEIGHTS) + 1)]
+    assert np.allclose(parts.tolist(), pooled, rtol=1e-4, atol=1e-5)
+    assert total.item() == pytest.approx(pooled[0] + sum(w * x for w, x in zip(WEIGHTS, pooled[1:])), rel=1e-4)
+
+
 def test_score_example_is_greedy_decoding_checked_against_the_target():
     model, ex = tiny_model(1), example(30, 8, seed=3)
     got = agent_sft.score_example(model, ex, chunk=7, extra=5)
@@ -99,6 +114,29 @@ def test_batches_alternate_agent_examples_and_short_windows():
     assert len(set(seen)) == 3  # an epoch visits every example once
 
 
+def test_batches_cycle_agent_example_short_windows_and_copy_drills():
+    from training.train import TrainConfig
+    examples = [example(40, 6, seed=i) for i in range(2)]
+    drills = [example(10 + i, 4 + i, seed=10 + i) for i in range(5)]
+    arrays = {"code_train": np.arange(4000) % 60 + 3, "chat_train": np.zeros(0, dtype=np.int64)}
+    cfg = TrainConfig(seq_len=16, batch=1)
+    batches = agent_sft.AgentBatches(examples, arrays, 0, cfg, short_batch=2, short_per_long=1, pad_to=32,
+                                     width=8, drills=drills, drills_per_long=2, drill_batch=3, drill_tokens=24)
+    kinds, drilled = [], []
+    for step in range(8):
+        x = batches(step)
+        if batches.drill_mask is not None:
+            kinds.append("drill")
+            assert x.shape == (3, 24 + 1 + 3) and batches.current is None
+            for row, count in zip(x, batches.drill_mask.sum(axis=1)):
+                drilled.append(next(d for d in drills if tuple(row[:len(d.prompt_ids)]) == tuple(d.prompt_ids)))
+                assert count == len(drilled[-1].target_ids)
+        else:
+            kinds.append("agent" if batches.current else "short")
+    assert kinds == ["agent", "short", "drill", "drill"] * 2
+    assert {id(d) for d in drilled[:5]} == {id(d) for d in drills}  # an epoch of drills: each once
+
+
 def test_entry_fine_tunes_a_checkpoint_on_agent_examples_and_reports_both_models(tmp_path):
     from training import export
     from training.train import TrainConfig, model_args
@@ -113,7 +151,7 @@ def test_entry_fine_tunes_a_checkpoint_on_agent_examples_and_reports_both_models
     out = tmp_path / "out"
     agent_sft.main(["--data", str(data), "--out", str(out), "--init", str(init), "--preset", "tiny",
                     "--agents", "pi", "--steps", "4", "--warmup", "1", "--short-batch", "2",
-                    "--short-seq-len", "24", "--attn-chunk", "256", "--pad-to", "256",
+                    "--short-seq-len", "24", "--attn-chunk", "256", "--pad-to", "256", "--drill-batch", "2",
                     "--eval-per-agent", "1", "--quick-eval", "--cache-limit-gb", "0"])
     metrics = json.loads((out / "metrics.json").read_text())
     for key in ("eval_init", "eval_new"):
@@ -124,6 +162,10 @@ def test_entry_fine_tunes_a_checkpoint_on_agent_examples_and_reports_both_models
         assert all(isinstance(h["generated"], str) for h in agents["hello_py"])
         assert np.isfinite(metrics[key]["ppl_code_heldout"]) and metrics[key]["acceptance"]
     assert metrics["history"]["steps"] == 4 and metrics["examples"]["train"] == 120
+    # Step 3 of 4 was a batch of copy drills; both models were scored on the held-out ones.
+    assert metrics["examples"]["drills"] == 2000 and metrics["examples"]["heldout_drills"] == 10
+    for key in ("eval_init", "eval_new"):
+        assert metrics[key]["drills"]["by_agent"]["pi/drill"]["examples"] == 10
     dest = tmp_path / "installed"
     export.install(out, dest, base=init)
     assert export.load_checkpoint(dest).args.rope_theta == init_args.rope_theta

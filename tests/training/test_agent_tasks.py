@@ -163,3 +163,45 @@ def test_daemon_answers_the_target_as_the_agents_tool_call(agent, tmp_path):
             calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
                      for c in choice["message"]["tool_calls"]]
     assert calls == [(spec.tool, spec.arguments(task))]
+
+
+# --- copy drills -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def drills() -> list[at.Example]:
+    return at.read_split(DATA / "agent_drills.jsonl.xz")
+
+
+@pytest.mark.parametrize("agent", sorted(at.AGENTS))
+def test_committed_drills_are_todays_rendering_and_fit_their_window(template_model, drills, agent):
+    mine = [e for e in drills if e.agent == agent]
+    train, held = [e for e in mine if e.split == "train"], [e for e in mine if e.split == "heldout"]
+    assert (len(train), len(held)) == (at.DRILLS_PER_AGENT, at.HELDOUT_DRILLS_PER_AGENT)
+    for index, stored in ((0, train[0]), (7, train[7]), (0, held[0])):
+        assert stored == at.make_drill(template_model, at.AGENTS[agent], 0, index, stored.split)
+    assert max(len(e.prompt_ids) + len(e.target_ids) for e in mine) <= at.DRILL_TOKENS
+
+
+@pytest.mark.parametrize("agent", sorted(at.AGENTS))
+def test_a_drill_is_a_short_request_for_the_write_tool_with_the_tasks_own_words(template_model, drills, agent):
+    from mtplxd.api.parsers import parse_text
+
+    spec = at.AGENTS[agent]
+    drill = next(e for e in drills if e.agent == agent)
+    task = at.FileTask(**drill.task)
+    text = template_model.tokenizer.decode(drill.prompt_ids)
+    assert text.endswith(f"{spec.user_text(task)}<|im_end|>\n<|im_start|>assistant\n")
+    assert task.cwd in text and at.RECORDED_CWD not in text and len(drill.prompt_ids) < 1000
+    assert template_model.tokenizer.decode(drill.target_ids) == drill.target_text
+    parsed = parse_text(drill.target_text.removesuffix("<|im_end|>"), parse_tools=True,
+                        tool_schemas={spec.tool: {}})
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [(spec.tool, spec.arguments(task))]
+
+
+def test_drill_names_are_random_and_never_the_held_out_task(drills):
+    train = [e for e in drills if e.split == "train"]
+    names = {e.task["name"] for e in train}
+    assert len(names) > 0.75 * len(train)  # copying, not memorizing, gets most of them right
+    assert not any("hello" in e.task["name"] or "hello" in e.task["text"] for e in drills)
+    held = {(e.task["name"], e.task["text"]) for e in drills if e.split == "heldout"}
+    assert not held & {(e.task["name"], e.task["text"]) for e in train}
