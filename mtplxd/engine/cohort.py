@@ -40,6 +40,7 @@ from mtplxd.engine.decoding.cohort_rows import DraftCall, SettleCall, VerifyCall
 from mtplxd.engine.decoding.speculative import Drafted
 from mtplxd.engine.decoding.split import evaluated_at
 from mtplxd.engine.model.batched import batched_forward, batched_supported, pad_to
+from mtplxd.engine.model.trunk import PREFILL_CHUNK, PrefillChunk
 
 DEFAULT_WIDTHS = (1, 3, 8)
 NUMERICS_CHOICES = ("auto", "exact", "throughput")
@@ -138,6 +139,57 @@ def _forward(calls: list[VerifyCall], width: int,
     hidden, logits = batched_forward(trunk, tokens, [call.cache for call in calls] + [None] * padding,
                                      ragged)
     return [(hidden[i:i + 1, :n], logits[i:i + 1, :n]) for i, n in enumerate(lengths)]
+
+
+def run_prefills(calls: list[PrefillChunk], numerics: str, max_tokens: int | None = None
+                 ) -> tuple[list[tuple[mx.array | None, mx.array]], list[int]]:
+    """Every call's prefill chunk, evaluated: each row's (hidden (1, n, H) or None, logits
+    (1, 1, V)), as `PrefillChunk.run` gives it alone, and the row count of each batched
+    forward run. With "throughput" numerics on a trunk that batches, the chunks of rows
+    prefilling in one turn run as batched forwards (right-padded to the longest; a forward
+    holds at most `max_tokens` padded tokens, by default one solo chunk's worth: the turn's
+    longest chunk or PREFILL_CHUNK, so batching never raises the prefill's peak memory), one
+    host sync each; else (exact numerics, images, a body that does not batch) each runs alone."""
+    trunk = calls[0].trunk
+    if (numerics == "exact" or len(calls) == 1 or not batched_supported(trunk)
+            or any(call.embeddings is not None or call.trunk is not trunk for call in calls)):
+        return [call.run() for call in calls], []
+    answers: list[tuple[mx.array | None, mx.array]] = []
+    batched: list[int] = []
+    if max_tokens is None:
+        max_tokens = max(PREFILL_CHUNK, *(call.length for call in calls))
+    for batch in _packed(calls, max_tokens):
+        if len(batch) == 1:
+            answers.append(batch[0].run())
+        else:
+            answers += _prefill_together(trunk, batch)
+            batched.append(len(batch))
+    return answers, batched
+
+
+def _packed(calls: list[PrefillChunk], max_tokens: int) -> list[list[PrefillChunk]]:
+    """Consecutive calls in batches whose rows, padded to the batch's longest, hold at most
+    `max_tokens` tokens (a call longer than that runs alone)."""
+    batches: list[list[PrefillChunk]] = []
+    for call in calls:
+        if batches:
+            batch = batches[-1]
+            if (len(batch) + 1) * max(call.length, *(c.length for c in batch)) <= max_tokens:
+                batch.append(call)
+                continue
+        batches.append([call])
+    return batches
+
+
+def _prefill_together(trunk: Any, calls: list[PrefillChunk]) -> list[tuple[mx.array, mx.array]]:
+    lengths = [call.length for call in calls]
+    longest = max(lengths)
+    tokens = mx.concatenate([pad_to(call.tokens, longest, axis=1) for call in calls], axis=0)
+    hidden, logits = batched_forward(trunk, tokens, [call.cache for call in calls],
+                                     None if len(set(lengths)) == 1 else lengths, last_logits=True)
+    answers = [(hidden[i:i + 1, :n], logits[i:i + 1]) for i, n in enumerate(lengths)]
+    mx.eval([part for answer in answers for part in answer])
+    return answers
 
 
 def run_drafts(calls: list[DraftCall], width: int, numerics: str,

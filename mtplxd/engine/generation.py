@@ -31,7 +31,7 @@ from mtplxd.engine.interface import (
 from mtplxd.engine.model.mrope import RowPositions
 from mtplxd.engine.model.mrope import attach as attach_positions
 from mtplxd.engine.model.mtp_head import MTPHead
-from mtplxd.engine.model.trunk import PREFILL_CHUNK, Trunk
+from mtplxd.engine.model.trunk import PREFILL_CHUNK, PrefillChunk, Trunk
 from mtplxd.engine.session.bank import SessionBank
 from mtplxd.engine.model.vision import VisionTower, bank_key
 
@@ -276,7 +276,9 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
         stats.cached_tokens = turn.cached
         stats.restored_from = turn.restored_from
         prefill = turn.prefill_steps(chunk, should_stop=should_stop, embeddings=embeddings)
-    prefilled = yield from _counted(prefill, stats)
+    # A cohort row hands its prefill chunks to the scheduler, which may batch them with
+    # other rows' (cohort.run_prefills); any other row runs each chunk itself.
+    prefilled = yield from _counted(prefill, stats, pass_up=bool(cohort))
     if prefilled is None:
         now = time.perf_counter()
         yield _result(finish, stats, "cancelled", start, now, now)
@@ -380,17 +382,23 @@ def _scored(delta: TokenDelta | None, scorer: LogprobScorer | None) -> TokenDelt
     return delta
 
 
-def _counted(steps: Generator[None, None, Any], stats: GenerationStats
-             ) -> Generator[Step, None, Any]:
-    """Pass a prefill's steps on as STEPs, counting its forwards in stats.prefill_chunks."""
-    stats.prefill_chunks = 1
+def _counted(steps: Generator[PrefillChunk | None, Any, Any], stats: GenerationStats, *,
+             pass_up: bool) -> Generator[Step | PrefillChunk, Any, Any]:
+    """Run a prefill one chunk per scheduler step (its step boundaries pass on as STEPs),
+    counting its forwards in stats.prefill_chunks. Each PrefillChunk is answered here alone,
+    or with `pass_up` yielded to the scheduler, which sends back its answer."""
+    stats.prefill_chunks = 0
+    answer = None
     while True:
         try:
-            next(steps)
+            item = steps.send(answer)
         except StopIteration as done:
             return done.value
+        if item is None:
+            answer = yield STEP
+            continue
         stats.prefill_chunks += 1
-        yield STEP
+        answer = (yield item) if pass_up else item.run()
 
 
 def _result(finish: _Finish, stats: GenerationStats, reason: str, start: float,

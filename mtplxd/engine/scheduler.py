@@ -42,12 +42,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from mtplxd.engine.cohort import (
-    DEFAULT_WIDTHS, group, run_cohort, run_drafts, settle_together,
+    DEFAULT_WIDTHS, group, run_cohort, run_drafts, run_prefills, settle_together,
 )
 from mtplxd.engine.decoding.cohort_memory import UNLIMITED, CohortMemory
 from mtplxd.engine.decoding.cohort_rows import CohortCall, DraftCall, SettleCall, VerifyCall
 from mtplxd.engine.decoding.fused_cohort import FusedCohorts, FusedCycleCall
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, QueueFull, TokenDelta
+from mtplxd.engine.model.trunk import PrefillChunk
 
 log = logging.getLogger(__name__)
 
@@ -192,19 +193,28 @@ class Scheduler:
         self.cohort_cycle = cohort_cycle  # fused | phased: cohort.CYCLE_CHOICES
         # The fused cohorts' slots and in-flight cycles; their padding held by cohort_memory.
         self.fused = FusedCohorts(cohort_memory)
+        # Rows prefilling in one turn share their forwards (cohort.run_prefills); off only to
+        # measure what that gains (bench.concurrency's mtp_cohorts_solo_prefill arm).
+        self.batch_prefills = True
         self.cohort_histogram: dict[int, int] = {w: 0 for w in widths}  # width -> cohorts run
         self.wake: Callable[[], None] = lambda: None  # set by the owner: a submission wakes it
         self._lock = threading.Lock()
         self._queue: deque[Row] = deque()
         self._running: list[Row] = []
         self._service_seconds = INITIAL_SERVICE_SECONDS
-        self.counters = {"admitted": 0, "finished": 0, "failed": 0, "refused_queue_full": 0}
+        # prefill_batches: batched prefill forwards (rows prefilling in one turn, run together:
+        # cohort.run_prefills); prefill_batched_chunks: the row chunks they carried.
+        self.counters = {"admitted": 0, "finished": 0, "failed": 0, "refused_queue_full": 0,
+                         "prefill_batches": 0, "prefill_batched_chunks": 0}
 
     def configure(self, max_concurrent: int | None = None, max_queued: int | None = None,
                   widths: tuple[int, ...] | None = None, numerics: str | None = None,
                   cohort_mode: str | None = None, max_backlog: int | None = None,
-                  cohort_drafting: str | None = None, cohort_cycle: str | None = None) -> None:
+                  cohort_drafting: str | None = None, cohort_cycle: str | None = None,
+                  batch_prefills: bool | None = None) -> None:
         """Change the limits (any thread); rows already running keep running."""
+        if batch_prefills is not None:
+            self.batch_prefills = batch_prefills
         if max_concurrent is not None:
             self.max_concurrent = max(1, min(int(max_concurrent), MAX_CONCURRENT_LIMIT))
         if max_queued is not None:
@@ -390,7 +400,9 @@ class Scheduler:
             kind = next(k for k in PHASES if any(isinstance(call, k) for _, call in waiting))
             batch = [(row, call) for row, call in waiting if isinstance(call, kind)]
             waiting = [(row, call) for row, call in waiting if not isinstance(call, kind)]
-            if kind is FusedCycleCall:
+            if kind is PrefillChunk:
+                waiting += self._run_prefills(batch)
+            elif kind is FusedCycleCall:
                 waiting += self._run_fused(batch)
             elif kind is SettleCall:
                 waiting += self._settle([call for _, call in batch], batch)
@@ -420,6 +432,23 @@ class Scheduler:
                 if kind is VerifyCall:
                     row.cohort_widths[width] = row.cohort_widths.get(width, 0) + 1
                 following += self._next_call(row, answer, kind)
+        return following
+
+    def _run_prefills(self, batch: list[tuple[Row, PrefillChunk]]) -> list[tuple[Row, CohortCall]]:
+        """This turn's prefill chunks, batched where the numerics allow (cohort.run_prefills);
+        each row then goes on to its next chunk's boundary or its first token."""
+        calls = [call for _, call in batch]
+        try:
+            answers, batched = run_prefills(calls, self.numerics if self.batch_prefills else "exact")
+        except Exception as exc:  # a shared forward failed: which row's input is unknown
+            for row, _ in batch:
+                self._fail(row, exc)
+            return []
+        self.counters["prefill_batches"] += len(batched)
+        self.counters["prefill_batched_chunks"] += sum(batched)
+        following = []
+        for (row, _), answer in zip(batch, answers):
+            following += self._next_call(row, answer, PrefillChunk)
         return following
 
     def _run_fused(self, batch: list[tuple[Row, CohortCall]]) -> list[tuple[Row, CohortCall]]:
@@ -481,6 +510,8 @@ class Scheduler:
             log.warning("row %s (%s) failed: %s", row.id, row.request.request_id, exc)
             self._fail(row, exc)
             return None
+        if isinstance(item, PrefillChunk):  # a cohort row's prefill chunk: run with the turn's others
+            return item
         if isinstance(item, CohortCall):
             row.phase = "decode"
             return item
@@ -535,8 +566,9 @@ class Scheduler:
             row.cancel()
 
 
-# The order in which a turn answers cohort calls; a row's cycle asks each at most once.
-PHASES = (FusedCycleCall, DraftCall, VerifyCall, SettleCall)
+# The order in which a turn answers rows' calls; a row's step asks each at most once (a
+# prefill chunk's step asks nothing more).
+PHASES = (PrefillChunk, FusedCycleCall, DraftCall, VerifyCall, SettleCall)
 
 
 def _phase(call: CohortCall) -> int:

@@ -151,9 +151,15 @@ def test_mtplxctl_bench_streams_runs_every_concurrency_arm_side_by_side(tiny_mod
     assert report["depth"] == 2 and report["numerics"] == "throughput" and report["complete"]
     one, three = report["streams"]["1"], report["streams"]["3"]
     assert set(one) == {"serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row",
-                        "mtp_cohorts_phased", "mtp_cohorts", "direct_mtp", "direct_ar"}
+                        "mtp_cohorts_phased", "mtp_cohorts_solo_prefill", "mtp_cohorts",
+                        "direct_mtp", "direct_ar"}
     assert set(three) == {"serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row",
-                          "mtp_cohorts_phased", "mtp_cohorts"}
+                          "mtp_cohorts_phased", "mtp_cohorts_solo_prefill", "mtp_cohorts"}
+    # The three requests arrive together: the cohort arms prefill them in one shared forward
+    # (the bench prompts fit one chunk each), the solo-prefill arm and serial MTP never.
+    assert three["mtp_cohorts"]["shared_prefill_forwards"] == [1]
+    assert three["mtp_cohorts_solo_prefill"]["shared_prefill_forwards"] == [0]
+    assert three["serial_mtp"]["shared_prefill_forwards"] == [0]
     assert all(arm["aggregate_tokens_per_second"] > 0 for arm in three.values())
     # Where the wall time went: rows running together overlap; serial rows never do.
     for arm in three.values():
@@ -174,6 +180,7 @@ def test_mtplxctl_bench_streams_runs_every_concurrency_arm_side_by_side(tiny_mod
     assert report["ratios"]["3"]["mtp_cohorts_over_serial_mtp_aggregate_decode"] > 0
     assert report["ratios"]["3"]["mtp_cohorts_over_mtp_cohorts_per_row_aggregate"] > 0
     assert report["ratios"]["3"]["mtp_cohorts_over_mtp_cohorts_phased_aggregate"] > 0
+    assert report["ratios"]["3"]["mtp_cohorts_over_mtp_cohorts_solo_prefill_aggregate"] > 0
     late = report["late_short_request_beside_two_long"]
     assert set(late) == {"cohorts_off", "cohorts_always"}
     assert all(probe["ttft_seconds"] > 0 and probe["budget_seconds"] > 0 for probe in late.values())

@@ -161,6 +161,17 @@ def test_route_keeps_small_matrices_decode_on_mlx():
     assert small_m_qmm.route(mx.zeros((small_m_qmm.MAX_ROWS + 1, 128)), layer) is None  # prefill
 
 
+def test_route_sends_short_verify_blocks_of_large_matrices_to_the_vector_layout(monkeypatch):
+    layer = nn.QuantizedLinear(128, 192, group_size=64, bits=8)
+    monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 128 * 192)  # this matrix counts as large
+    monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 10**9)  # its decode steps do not
+    layouts = {rows: small_m_qmm.route(mx.zeros((rows, 128)), layer) for rows in range(1, 12)}
+    assert layouts == {1: None, 2: None, 3: None, 4: "vector", 5: "vector", 6: "vector", 7: "vector",
+                       8: "word", 9: "word", 10: "word", 11: "word"}
+    four_bit = nn.QuantizedLinear(128, 192, group_size=64, bits=4)
+    assert [small_m_qmm.route(mx.zeros((rows, 128)), four_bit) for rows in (3, 6, 7)] == ["vector", "vector", "word"]
+
+
 def test_a_kernel_probe_that_fails_or_disagrees_keeps_the_fallback(caplog):
     from mtplxd.engine.model import custom_kernels
 
@@ -205,13 +216,14 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
     dtype = "__nv_bfloat16"
     kernels = []
     # The kernel's M (rows per block) at both ends of what each layout serves: the word
-    # layout up to ROW_CHUNK, the vector layout decode rows (under MIN_ROWS) only.
-    layouts = {"word": (small_m_qmm._SOURCE, small_m_qmm.ROWS_PER_WARP, (1, small_m_qmm.ROW_CHUNK)),
+    # layout up to ROW_CHUNK, the vector layout up to VECTOR_MAX_ROWS[bits] (decode steps and
+    # short verify blocks).
+    layouts = {"word": (small_m_qmm._SOURCE, small_m_qmm.ROWS_PER_WARP, lambda bits: (1, small_m_qmm.ROW_CHUNK)),
                "vector": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS,
-                          (1, max(small_m_qmm.MIN_ROWS.values()) - 1))}
+                          lambda bits: (1, small_m_qmm.MIN_ROWS[bits] - 1, small_m_qmm.VECTOR_MAX_ROWS[bits]))}
     for layout, (body, per_block, row_counts) in layouts.items():
-        for rows in row_counts:
-            for bits in small_m_qmm.BITS:
+        for bits in small_m_qmm.BITS:
+            for rows in row_counts(bits):
                 kernels.append(
                     f"__global__ void k_{layout}_{rows}_{bits}(const {dtype}* x, "
                     f"const __grid_constant__ Shape x_shape, const uint32_t* w, "

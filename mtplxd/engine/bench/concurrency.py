@@ -20,6 +20,8 @@ At each stream count N, N greedy requests (the bench prompts in turn, ignore_eos
   one batched forward, and one host sync settles every row);
 - mtp_cohorts_per_row: the phased cohorts with each row drafting alone and a sync per row
   (cohort drafting "per-row": the cohorts as first built, to measure batched drafting by);
+- mtp_cohorts_solo_prefill: mtp_cohorts with each row's prefill forwards its own (the rows
+  arriving together are otherwise prefilled in shared forwards: cohort.run_prefills);
 - direct_mtp and direct_ar (1 stream only): one request run whole by LoadedModel.complete,
   the single-stream speed (solo decode loop, no scheduler), in the same run.
 Then a late short request: two long MTP generations decode, a short one arrives, and its
@@ -29,6 +31,8 @@ With --json-out the report is rewritten after each stream count ("complete": fal
 end), so a run cut short by a time limit keeps what it measured.
 TTFT counts from arrival (queue wait included); aggregate tok/s is all tokens over the wall
 time from arrival to the last result; per-request tok/s is each request's own decode rate.
+`shared_prefill_forwards` counts, per repeat, the prefill forwards that rows arriving together
+shared (cohort.run_prefills; 0 where each row prefills alone).
 That wall time is split three ways (medians over the repeats), to show where an aggregate
 falls short of N times a per-request rate: `ramp_seconds`, arrival to the last first token
 (prefills and queue waits); `tail_seconds`, the first request's end to the last one's (rows
@@ -57,16 +61,18 @@ from mtplxd.engine.owner import ModelOwner
 from mtplxd.engine.scheduler import Row, RowFailure, Scheduler
 
 ARMS = ("serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row", "mtp_cohorts_phased",
-        "mtp_cohorts")
+        "mtp_cohorts_solo_prefill", "mtp_cohorts")
 SINGLE_STREAM_ARMS = ("direct_mtp", "direct_ar")
-# arm -> (MTP or AR, row slots: "one" or "n", cohort mode, cohort drafting, cohort cycle)
+# arm -> (MTP or AR, row slots: "one" or "n", cohort mode, cohort drafting, cohort cycle,
+# prefills of rows arriving together batched)
 ARM_SETUP = {
-    "serial_mtp": ("mtp", "one", "off", "batched", "fused"),
-    "interleaved_mtp": ("mtp", "n", "off", "batched", "fused"),
-    "ar_batch": ("ar", "n", "always", "batched", "fused"),
-    "mtp_cohorts_per_row": ("mtp", "n", "always", "per-row", "phased"),
-    "mtp_cohorts_phased": ("mtp", "n", "always", "batched", "phased"),
-    "mtp_cohorts": ("mtp", "n", "always", "batched", "fused"),
+    "serial_mtp": ("mtp", "one", "off", "batched", "fused", True),
+    "interleaved_mtp": ("mtp", "n", "off", "batched", "fused", True),
+    "ar_batch": ("ar", "n", "always", "batched", "fused", True),
+    "mtp_cohorts_per_row": ("mtp", "n", "always", "per-row", "phased", True),
+    "mtp_cohorts_phased": ("mtp", "n", "always", "batched", "phased", True),
+    "mtp_cohorts_solo_prefill": ("mtp", "n", "always", "batched", "fused", False),
+    "mtp_cohorts": ("mtp", "n", "always", "batched", "fused", True),
 }
 
 
@@ -101,12 +107,14 @@ def run_direct(owner: ModelOwner, model: Any, requests: list[GenerationRequest]
 
 
 def run_rows(owner: ModelOwner, model: Any, requests: list[GenerationRequest], rows: int,
-             cohorts: str = "off", drafting: str = "batched",
-             cycle: str = "fused") -> list[tuple[GenerationResult, float]]:
+             cohorts: str = "off", drafting: str = "batched", cycle: str = "fused",
+             batch_prefills: bool = True) -> list[tuple[GenerationResult, float]]:
     """The requests through the scheduler with `rows` row slots, cohort mode `cohorts`, cohort
-    drafting `drafting` and cohort cycle `cycle`; (result, finish time) each."""
+    drafting `drafting`, cohort cycle `cycle` and prefills batched or not; (result, finish
+    time) each."""
     owner.scheduler.configure(max_concurrent=rows, max_queued=len(requests), cohort_mode=cohorts,
-                              cohort_drafting=drafting, cohort_cycle=cycle)
+                              cohort_drafting=drafting, cohort_cycle=cycle,
+                              batch_prefills=batch_prefills)
     results: list[Any] = [None] * len(requests)
     done = threading.Semaphore(0)
 
@@ -117,9 +125,11 @@ def run_rows(owner: ModelOwner, model: Any, requests: list[GenerationRequest], r
                 done.release()
         return deliver
 
-    for i, request in enumerate(requests):
-        owner.submit_row(Row(request, lambda stop, cohort, r=request: model.generate_steps(
-            r, stop, cohort=cohort), sink(i), cohort_capable=True))
+    rows = [Row(request, lambda stop, cohort, r=request: model.generate_steps(r, stop, cohort=cohort),
+                sink(i), cohort_capable=True) for i, request in enumerate(requests)]
+    # Queued from the owner thread, between two turns: the requests arrive together, as the
+    # bench says, and no turn admits the first before the others are queued.
+    owner.submit(lambda: [owner.scheduler.submit(row) for row in rows]).result()
     for _ in requests:
         done.acquire()
     for item, _ in results:
@@ -187,10 +197,11 @@ def run_arm(owner: ModelOwner, model: Any, arm: str, n: int, depth: int,
     if arm in SINGLE_STREAM_ARMS:
         requests = requests_for(model, 1, depth if arm == "direct_mtp" else 0, max_tokens)
         return run_direct(owner, model, requests), requests[0].arrived_at
-    mode, slots, cohorts, drafting, cycle = ARM_SETUP[arm]
+    mode, slots, cohorts, drafting, cycle, batch_prefills = ARM_SETUP[arm]
     requests = requests_for(model, n, depth if mode == "mtp" else 0, max_tokens)
     rows = 1 if slots == "one" else n
-    return run_rows(owner, model, requests, rows, cohorts, drafting, cycle), requests[0].arrived_at
+    return (run_rows(owner, model, requests, rows, cohorts, drafting, cycle, batch_prefills),
+            requests[0].arrived_at)
 
 
 def bench_streams(owner: ModelOwner, model: Any, arms: list[str], depth: int, streams: list[int],
@@ -201,12 +212,17 @@ def bench_streams(owner: ModelOwner, model: Any, arms: list[str], depth: int, st
         here = arms + (list(SINGLE_STREAM_ARMS) if n == 1 else [])
         runs: dict[str, list] = {arm: [] for arm in here}
         starts: dict[str, list[float]] = {arm: [] for arm in here}
+        shared: dict[str, list[int]] = {arm: [] for arm in here}  # prefill forwards rows shared
+        counters = owner.scheduler.counters
         for _ in range(repeats):
             for arm in here:
+                before = counters["prefill_batches"]
                 results, arrived = run_arm(owner, model, arm, n, depth, max_tokens)
                 runs[arm].append(results)
                 starts[arm].append(arrived)
-        out[str(n)] = {arm: summarize(runs[arm], starts[arm]) for arm in here}
+                shared[arm].append(counters["prefill_batches"] - before)
+        out[str(n)] = {arm: {**summarize(runs[arm], starts[arm]), "shared_prefill_forwards": shared[arm]}
+                       for arm in here}
         print(f"streams {n}: " + "; ".join(
             f"{arm} {fig['aggregate_tokens_per_second']} tok/s agg "
             f"({fig['aggregate_decode_tokens_per_second']} decoding), "
@@ -222,7 +238,7 @@ def late_short_request(owner: ModelOwner, model: Any, depth: int, cohorts: str,
     Its TTFT against its own solo prefill plus two of the long rows' decode cycles (the issue's
     target: first token within that). Cohort mode `cohorts` for all three rows."""
     owner.scheduler.configure(max_concurrent=3, max_queued=3, cohort_mode=cohorts,
-                              cohort_drafting="batched", cohort_cycle="fused")
+                              cohort_drafting="batched", cohort_cycle="fused", batch_prefills=True)
     streamed = [0, 0]
     started = threading.Event()
     finished = threading.Semaphore(0)
@@ -274,7 +290,7 @@ def ratios(figures: dict[str, Any]) -> dict[str, Any]:
         row = {}
         cohorts = arms.get("mtp_cohorts")
         for base in ("serial_mtp", "interleaved_mtp", "ar_batch", "mtp_cohorts_per_row",
-                     "mtp_cohorts_phased"):
+                     "mtp_cohorts_phased", "mtp_cohorts_solo_prefill"):
             if cohorts and base in arms and arms[base]["aggregate_tokens_per_second"] > 0:
                 row[f"mtp_cohorts_over_{base}_aggregate"] = round(
                     cohorts["aggregate_tokens_per_second"] / arms[base]["aggregate_tokens_per_second"], 3)

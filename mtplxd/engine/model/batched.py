@@ -48,12 +48,15 @@ def batched_supported(trunk: Trunk) -> bool:
 
 
 def batched_forward(trunk: Trunk, tokens: mx.array, caches: list[list[Any] | None],
-                    lengths: list[int] | None = None) -> tuple[mx.array, mx.array]:
+                    lengths: list[int] | None = None, *,
+                    last_logits: bool = False) -> tuple[mx.array, mx.array]:
     """Run (W, L) tokens, row i on `caches[i]` (None: a padding row whose output is unused);
     return (post-norm hidden (W, L, H), logits (W, L, V)). Every live row's cache advances by
     L exactly as `trunk.forward` on that row alone would advance it. With `lengths`, row i's
-    tokens are its first lengths[i] (right-padded: rows of different depths in one verify):
-    its cache advances by lengths[i] and only those positions of its output are its own."""
+    tokens are its first lengths[i] (right-padded: rows of different depths in one verify,
+    prefill chunks of different lengths): its cache advances by lengths[i] and only those
+    positions of its output are its own. With `last_logits`, logits are (W, 1, V): each
+    row's last own position only (a prefill never materialises the (L, vocab) rows)."""
     body = trunk.text.model
     h = body.embed_tokens(tokens)
     if _is_dense_body(body):
@@ -68,6 +71,9 @@ def batched_forward(trunk: Trunk, tokens: mx.array, caches: list[list[Any] | Non
             masks = ssm_masks if layer.is_linear else fa_masks
             h = _hybrid_block(layer, h, masks, _layer_caches(caches, index), lengths)
     hidden = body.norm(h)
+    if last_logits:
+        ends = lengths or [hidden.shape[1]] * hidden.shape[0]
+        return hidden, trunk.lm_head(mx.concatenate([hidden[i:i + 1, n - 1:n] for i, n in enumerate(ends)]))
     return hidden, trunk.lm_head(hidden)
 
 

@@ -221,6 +221,15 @@ VECTOR_MAX_THREADS = 256
 # layout: on the H200 it beat MLX's matvec on Qwen3-32B's down/gate/up projections and both
 # lm_heads at 4-bit (0.59-0.80x), and lost on the small ones (k_proj, a 4B layer's matrices).
 LARGE_MATRIX_VALUES = 64 * 2**20
+# Verify blocks (MIN_ROWS..VECTOR_MAX_ROWS rows) take the vector layout from this many weights:
+# on the H200 (docs/benchmarks-data/h200-vector-qmm-2026-12-02/lease2) it beat the word layout
+# at 4 and 7 rows on every Qwen3-32B matrix of 42M weights or more, 4- and 8-bit (4-bit, 7
+# rows: 0.29-0.53x MLX's time against the word layout's 0.48-0.61x), and was level or behind
+# on the 5M k_proj. More rows than VECTOR_MAX_ROWS[bits] keep the word layout: the vector
+# layout holds a row's accumulators in registers, and for sm_90 ptxas spills at 4-bit from 7
+# rows (255 registers; 8 bytes at 7 rows, 16 at 8) and at 8-bit from 9 (checked by a test).
+VERIFY_VECTOR_VALUES = 40 * 2**20
+VECTOR_MAX_ROWS = {4: 6, 8: 7}
 
 _usable: bool | None = None
 
@@ -285,20 +294,23 @@ def reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits
 
 
 def route(x: mx.array, layer: Any) -> str | None:
-    """Which layout of the kernel serves `layer`(x), or None for mx.quantized_matmul: "word"
-    for MIN_ROWS[bits]..MAX_ROWS rows (verify blocks), "vector" for fewer rows (decode steps)
-    on a matrix of at least LARGE_MATRIX_VALUES weights, where its 16-byte loads beat MLX's
-    matvec (H200, docs/benchmarks.md); the rest stays on MLX. Both need affine 4- or 8-bit
-    weights in groups of 64, a floating input and K a whole number of groups."""
+    """Which layout of the kernel serves `layer`(x), or None for mx.quantized_matmul:
+    - MIN_ROWS[bits]..MAX_ROWS rows (verify blocks): "vector" up to VECTOR_MAX_ROWS[bits] rows
+      on a matrix of at least VERIFY_VECTOR_VALUES weights, else "word";
+    - fewer rows (decode steps): "vector" on a matrix of at least LARGE_MATRIX_VALUES
+      weights, where its 16-byte loads beat MLX's matvec (H200, docs/benchmarks.md);
+    the rest stays on MLX. Both need affine 4- or 8-bit weights in groups of 64, a floating
+    input and K a whole number of groups."""
     if not (getattr(layer, "mode", "affine") == "affine" and layer.bits in BITS
             and layer.group_size == GROUP_SIZE and x.ndim and x.shape[-1] % GROUP_SIZE == 0
             and x.dtype in (mx.bfloat16, mx.float16, mx.float32)
             and getattr(layer, "biases", None) is not None):
         return None
     rows = x.size // x.shape[-1]
+    values = layer["weight"].shape[0] * x.shape[-1]
     if MIN_ROWS[layer.bits] <= rows <= MAX_ROWS:
-        return "word"
-    if 1 <= rows < MIN_ROWS[layer.bits] and layer["weight"].shape[0] * x.shape[-1] >= LARGE_MATRIX_VALUES:
+        return "vector" if rows <= VECTOR_MAX_ROWS[layer.bits] and values >= VERIFY_VECTOR_VALUES else "word"
+    if 1 <= rows < MIN_ROWS[layer.bits] and values >= LARGE_MATRIX_VALUES:
         return "vector"
     return None
 

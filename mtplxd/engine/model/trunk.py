@@ -10,6 +10,7 @@ so their numerics match (bitwise on the CPU backend).
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any, Callable, Generator, TypeVar
 
 import mlx.core as mx
@@ -160,10 +161,12 @@ class Trunk:
                       chunk_size: int = PREFILL_CHUNK, *,
                       should_stop: Callable[[], bool] | None = None,
                       embeddings: mx.array | None = None,
-                      ) -> Generator[None, None, tuple[list[mx.array], mx.array] | None]:
-        """`prefill` one chunk per step: yields None after every chunk but the last and
-        returns what `prefill` returns, so a scheduler can run other rows between chunks.
-        `embeddings` (1, len(prompt), H): the prompt's input embeddings (images spliced in)."""
+                      ) -> Generator[PrefillChunk, Any, tuple[list[mx.array], mx.array] | None]:
+        """`prefill` one chunk per step: yields a PrefillChunk for every chunk, which must be
+        sent its answer (`run_steps` runs each alone; the scheduler may batch the chunks of
+        several rows), and None between two chunks (a step boundary: other rows run there);
+        returns what `prefill` returns. `embeddings` (1, len(prompt), H): the prompt's input
+        embeddings (images spliced in)."""
         hiddens: list[mx.array] = []
         logits = None
         for start in range(0, len(prompt_ids), chunk_size):
@@ -173,21 +176,48 @@ class Trunk:
                     return None
             chunk = mx.array(prompt_ids[start:start + chunk_size])[None]
             rows = None if embeddings is None else embeddings[:, start:start + chunk_size]
-            hidden, logits = self.forward(chunk, cache, all_logits=False, embeddings=rows)
+            hidden, logits = yield PrefillChunk(self, chunk, cache, rows)
             if hidden is not None:
                 hiddens.append(hidden)
-            mx.eval(logits, hidden if hidden is not None else logits)
         assert logits is not None, "empty prompt"
         return hiddens, logits[0, -1]
+
+
+@dataclass
+class PrefillChunk:
+    """One prefill forward a prompt's prefill asks for: (1, n) tokens onto a row's cache.
+
+    Whoever drives the prefill answers it with (hidden (1, n, H) or None, logits (1, 1, V)),
+    evaluated: `run()` alone, or the scheduler with other rows' chunks in one batched
+    forward (cohort.run_prefills)."""
+
+    trunk: Trunk
+    tokens: mx.array
+    cache: list[Any]
+    embeddings: mx.array | None = None
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def run(self) -> tuple[mx.array | None, mx.array]:
+        """The chunk's forward on its own, evaluated."""
+        hidden, logits = self.trunk.forward(self.tokens, self.cache, all_logits=False,
+                                            embeddings=self.embeddings)
+        mx.eval(logits, hidden if hidden is not None else logits)
+        return hidden, logits
 
 
 T = TypeVar("T")
 
 
-def run_steps(steps: Generator[None, None, T]) -> T:
-    """Drive a step generator (`prefill_steps` and kin) to its end; return its value."""
+def run_steps(steps: Generator[Any, Any, T]) -> T:
+    """Drive a step generator (`prefill_steps` and kin) to its end, answering each
+    PrefillChunk alone; return its value."""
+    answer = None
     while True:
         try:
-            next(steps)
+            item = steps.send(answer)
         except StopIteration as done:
             return done.value
+        answer = item.run() if isinstance(item, PrefillChunk) else None

@@ -53,7 +53,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
 from mtplxd.engine.model.kv_cache import BucketedKVCache
-from mtplxd.engine.model.trunk import Trunk, run_steps
+from mtplxd.engine.model.trunk import PrefillChunk, Trunk, run_steps
 from mtplxd.engine.session.types import (
     ANONYMOUS, ATTENTION, GDN, KV, QKV, BankEntry, GDNState, RestorePlan, common_prefix, plan_restore,
 )
@@ -256,9 +256,10 @@ class BankTurn:
 
     def prefill_steps(self, chunk_size: int, *, should_stop: Callable[[], bool] | None = None,
                       embeddings: mx.array | None = None,
-                      ) -> Generator[None, None, tuple[list[mx.array], mx.array] | None]:
-        """`prefill` one forward per step (yields None between forwards), for the scheduler.
-        `embeddings`: the whole prompt's input embeddings (images spliced in), or None."""
+                      ) -> Generator[PrefillChunk, Any, tuple[list[mx.array], mx.array] | None]:
+        """`prefill` one forward per step, each a PrefillChunk to be answered, None between
+        two (as Trunk.prefill_steps), for the scheduler. `embeddings`: the whole prompt's
+        input embeddings (images spliced in), or None."""
         rest = self.prompt[self.cached:]
         ends = list(range(chunk_size, len(rest), chunk_size)) + [len(rest)]
         if self.hybrid and len(rest) > 1 and len(rest) - 1 not in ends:
@@ -274,10 +275,9 @@ class BankTurn:
             chunk = mx.array(rest[start:end])[None]
             rows = None if embeddings is None else \
                 embeddings[:, self.cached + start:self.cached + end]
-            hidden, logits = self.trunk.forward(chunk, self.cache, all_logits=False, embeddings=rows)
+            hidden, logits = yield PrefillChunk(self.trunk, chunk, self.cache, rows)
             if hidden is not None:
                 hiddens.append(hidden)
-            mx.eval(logits, hidden if hidden is not None else logits)
             if self.hybrid:
                 self.boundaries[self.cached + end] = gdn_state(self.cache, self.kinds)
             start = end
