@@ -103,6 +103,32 @@ def test_hybrid_rows_prefill_together_with_their_deltanet_state_their_own(tiny_m
     assert scheduler.status()["prefill_batches"] > 0
 
 
+def test_a_failing_shared_prefill_ends_its_rows_only_and_later_rows_prefill_together(tiny_qwen3, monkeypatch):
+    from mtplxd.engine import cohort
+    from mtplxd.engine.scheduler import RowFailure
+
+    model = tiny_qwen3
+    shared = cohort._prefill_together
+    failures = []
+
+    def failing_once(trunk, calls):
+        if not failures:
+            failures.append(len(calls))
+            raise RuntimeError("out of memory")
+        return shared(trunk, calls)
+
+    monkeypatch.setattr(cohort, "_prefill_together", failing_once)
+    requests = [request(model, i, 3) for i in (0, 3)]
+    scheduler, sinks = arriving_together(model, requests)
+    assert failures == [2]
+    assert all(isinstance(s.items[-1], RowFailure) and "out of memory" in str(s.items[-1].error) for s in sinks)
+    assert scheduler.status()["failed"] == 2 and scheduler.status()["running"] == 0
+    later = [request(model, i, 2) for i in (1, 6)]
+    scheduler, sinks = arriving_together(model, later)
+    assert_each_row_equals(sinks, [solo_ar(model, r) for r in later], [2, 2])
+    assert scheduler.status()["prefill_batches"] > 0
+
+
 def test_a_shared_prefill_forward_gives_each_row_its_solo_hidden_logits_and_cache(tiny_qwen3):
     trunk = tiny_qwen3.trunk
     prompts = [tiny_qwen3.tokenizer.encode(PROMPTS[i])[:CHUNK] for i in (0, 2, 6)]
