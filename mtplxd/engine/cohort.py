@@ -141,30 +141,44 @@ def _forward(calls: list[VerifyCall], width: int,
     return [(hidden[i:i + 1, :n], logits[i:i + 1, :n]) for i, n in enumerate(lengths)]
 
 
+PrefillAnswer = tuple[mx.array | None, mx.array] | Exception
+
+
 def run_prefills(calls: list[PrefillChunk], numerics: str, max_tokens: int | None = None
-                 ) -> tuple[list[tuple[mx.array | None, mx.array]], list[int]]:
+                 ) -> tuple[list[PrefillAnswer], list[int]]:
     """Every call's prefill chunk, evaluated: each row's (hidden (1, n, H) or None, logits
-    (1, 1, V)), as `PrefillChunk.run` gives it alone, and the row count of each batched
-    forward run. With "throughput" numerics on a trunk that batches, the chunks of rows
-    prefilling in one turn run as batched forwards (right-padded to the longest; a forward
-    holds at most `max_tokens` padded tokens, by default one solo chunk's worth: the turn's
-    longest chunk or PREFILL_CHUNK, so batching never raises the prefill's peak memory), one
-    host sync each; else (exact numerics, images, a body that does not batch) each runs alone."""
+    (1, 1, V)), as `PrefillChunk.run` gives it alone, or the exception that ended its forward
+    (a shared forward's, for each of its rows); and the row count of each shared forward.
+    With "throughput" numerics on a trunk that batches, the chunks of rows prefilling in one
+    turn run as batched forwards (right-padded to the longest; a forward holds at most
+    `max_tokens` padded tokens, by default one solo chunk's worth: the turn's longest chunk
+    or PREFILL_CHUNK, so batching never raises the prefill's peak memory), one host sync
+    each; else (exact numerics, images, a body that does not batch) each runs alone."""
     trunk = calls[0].trunk
     if (numerics == "exact" or len(calls) == 1 or not batched_supported(trunk)
             or any(call.embeddings is not None or call.trunk is not trunk for call in calls)):
-        return [call.run() for call in calls], []
-    answers: list[tuple[mx.array | None, mx.array]] = []
+        return [_alone(call) for call in calls], []
+    answers: list[PrefillAnswer] = []
     batched: list[int] = []
     if max_tokens is None:
         max_tokens = max(PREFILL_CHUNK, *(call.length for call in calls))
     for batch in _packed(calls, max_tokens):
         if len(batch) == 1:
-            answers.append(batch[0].run())
-        else:
+            answers.append(_alone(batch[0]))
+            continue
+        batched.append(len(batch))
+        try:
             answers += _prefill_together(trunk, batch)
-            batched.append(len(batch))
+        except Exception as exc:  # which row's input broke it is unknown: its rows share it
+            answers += [exc] * len(batch)
     return answers, batched
+
+
+def _alone(call: PrefillChunk) -> PrefillAnswer:
+    try:
+        return call.run()
+    except Exception as exc:
+        return exc
 
 
 def _packed(calls: list[PrefillChunk], max_tokens: int) -> list[list[PrefillChunk]]:

@@ -436,18 +436,18 @@ class Scheduler:
 
     def _run_prefills(self, batch: list[tuple[Row, PrefillChunk]]) -> list[tuple[Row, CohortCall]]:
         """This turn's prefill chunks, batched where the numerics allow (cohort.run_prefills);
-        each row then goes on to its next chunk's boundary or its first token."""
+        each row then goes on to its next chunk's boundary or its first token. A forward that
+        fails ends its rows (all of a shared one's), no others."""
         calls = [call for _, call in batch]
-        try:
-            answers, batched = run_prefills(calls, self.numerics if self.batch_prefills else "exact")
-        except Exception as exc:  # a shared forward failed: which row's input is unknown
-            for row, _ in batch:
-                self._fail(row, exc)
-            return []
+        answers, batched = run_prefills(calls, self.numerics if self.batch_prefills else "exact")
         self.counters["prefill_batches"] += len(batched)
         self.counters["prefill_batched_chunks"] += sum(batched)
         following = []
         for (row, _), answer in zip(batch, answers):
+            if isinstance(answer, Exception):
+                log.warning("row %s (%s): its prefill failed: %s", row.id, row.request.request_id, answer)
+                self._fail(row, answer)
+                continue
             following += self._next_call(row, answer, PrefillChunk)
         return following
 

@@ -129,6 +129,27 @@ def test_a_failing_shared_prefill_ends_its_rows_only_and_later_rows_prefill_toge
     assert scheduler.status()["prefill_batches"] > 0
 
 
+def test_a_prefill_that_fails_alone_ends_its_own_row_only(tiny_qwen3, monkeypatch):
+    from mtplxd.engine.scheduler import RowFailure
+
+    model = tiny_qwen3
+    requests = [request(model, i, 3) for i in (0, 3, 6)]
+    broken = requests[1].prompt_ids[:CHUNK]
+    run = PrefillChunk.run
+
+    def failing_for_one_prompt(self):
+        if self.tokens[0].tolist() == broken:
+            raise RuntimeError("out of memory")
+        return run(self)
+
+    monkeypatch.setattr(PrefillChunk, "run", failing_for_one_prompt)
+    scheduler, sinks = arriving_together(model, requests, numerics="exact", cycle="phased")
+    assert isinstance(sinks[1].items[-1], RowFailure) and "out of memory" in str(sinks[1].items[-1].error)
+    monkeypatch.setattr(PrefillChunk, "run", run)
+    assert_each_row_equals([sinks[0], sinks[2]], [solo_ar(model, requests[i]) for i in (0, 2)], [3, 3])
+    assert scheduler.status()["failed"] == 1
+
+
 def test_a_shared_prefill_forward_gives_each_row_its_solo_hidden_logits_and_cache(tiny_qwen3):
     trunk = tiny_qwen3.trunk
     prompts = [tiny_qwen3.tokenizer.encode(PROMPTS[i])[:CHUNK] for i in (0, 2, 6)]
