@@ -230,7 +230,8 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
                    depth: int, vocab_size: int,
                    should_stop: Callable[[], bool],
                    bank: SessionBank | None = None,
-                   vision: VisionTower | None = None, *, cohort: bool | str = False
+                   vision: VisionTower | None = None, *,
+                   cohort: bool | str | Callable[[], bool | str] = False
                    ) -> Generator[TokenDelta | GenerationResult | Step | CohortCall, Any, None]:
     """`generate`, one unit of work per item: every prefill chunk and every decode cycle
     yields (a TokenDelta when it completed text, else STEP), so the scheduler can step many
@@ -242,7 +243,10 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     runs the calls of many rows together); the item that the last `send` returns is the
     cycle's TokenDelta or STEP (or the result). `cohort="fused"` makes an MTP row of a dense
     model a fused cohort row instead (one FusedCycleCall a cycle: decoding/fused_cohort.py);
-    other rows (hybrid, images, AR) then run phased cohorts."""
+    other rows (hybrid, images, AR) then run phased cohorts. A callable `cohort` is asked
+    when the prefill starts (whether its chunks go to the scheduler) and again when the
+    decoding starts (which loop decodes): a row that started alone can still join rows that
+    arrived during its prefill."""
     params = request.sampling
     prompt = list(request.prompt_ids)
     if not prompt:
@@ -278,7 +282,8 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
         prefill = turn.prefill_steps(chunk, should_stop=should_stop, embeddings=embeddings)
     # A cohort row hands its prefill chunks to the scheduler, which may batch them with
     # other rows' (cohort.run_prefills); any other row runs each chunk itself.
-    prefilled = yield from _counted(prefill, stats, pass_up=bool(cohort))
+    decide = cohort if callable(cohort) else lambda: cohort
+    prefilled = yield from _counted(prefill, stats, pass_up=bool(decide()))
     if prefilled is None:
         now = time.perf_counter()
         yield _result(finish, stats, "cancelled", start, now, now)
@@ -295,6 +300,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     yield delta if delta is not None else STEP
 
     decoder = None
+    cohort = decide()  # asked again now: rows may have arrived during the prefill
     if depth > 0:
         fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache)
         if cohort == "fused" and positions is None and fused_supported(trunk, cache):

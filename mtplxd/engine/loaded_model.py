@@ -81,11 +81,13 @@ class LoadedModel:
 
     def generate_steps(self, request: GenerationRequest,
                        should_stop: Callable[[], bool] = lambda: False, *,
-                       cohort: bool = False
+                       cohort: bool | str | Callable[[], bool | str] = False
                        ) -> Iterator[TokenDelta | GenerationResult | Step | CohortCall]:
         """`generate` one unit of work per item (a prefill chunk or a decode cycle; STEP when
         it has nothing to stream): what the scheduler steps (owner thread only). With
-        `cohort`, decode cycles yield cohort calls for the scheduler's cohorts (cohort.py)."""
+        `cohort`, decode cycles yield cohort calls for the scheduler's cohorts (cohort.py);
+        a callable is asked at the prefill's and the decoding's start
+        (generation.generate_steps)."""
         depth = self.resolve_depth(request.depth)
         return run_generation_steps(self.trunk, self.head, self.tokenizer, request, depth,
                                     self.info.vocab_size, should_stop, self.bank, self.vision,

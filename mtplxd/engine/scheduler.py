@@ -99,7 +99,7 @@ class Row:
         self.deliver = deliver
         self._start = start
         # True when `start` takes `cohort=` (LoadedModel.generate_steps): the scheduler then
-        # decides at admission whether the row decodes in cohorts (cohort_mode).
+        # decides whether the row prefills and decodes in cohorts (cohort_mode, `_decides`).
         self.cohort_capable = cohort_capable
         self.in_cohorts = False
         self._cancelled = threading.Event()
@@ -359,19 +359,26 @@ class Scheduler:
         self.counters["admitted"] += 1
         try:
             if row.cohort_capable:
-                row.in_cohorts = self._wants_cohort(row)
-                row.steps = row._start(lambda: row.cancelled,
-                                       cohort=row.in_cohorts and self._cohort_kind())
+                row.steps = row._start(lambda: row.cancelled, cohort=lambda: self._decides(row))
             else:
                 row.steps = row._start(lambda: row.cancelled)
         except Exception as exc:  # bad depth and the like: this request's error only
             self._fail(row, exc)
 
+    def _decides(self, row: Row) -> str | bool:
+        """What a cohort-capable row runs (generation.generate_steps asks when its prefill
+        starts, and again when its decoding starts): False for its solo loops, else
+        `_cohort_kind()`. Asked at the decoding's start too, so that a row admitted alone
+        joins the rows that arrived while it prefilled (requests an agent sends together
+        reach the daemon milliseconds apart)."""
+        row.in_cohorts = self._wants_cohort(row)
+        return row.in_cohorts and self._cohort_kind()
+
     def _wants_cohort(self, row: Row) -> bool:
-        """Whether a row starting now decodes in cohorts: always, never (off), or (auto) when
-        it does not start alone. A lone request keeps the solo decode loop (fused, pipelined:
-        the single-stream speed); once it runs it stays in its loop, and rows that join it
-        form cohorts among themselves."""
+        """Whether a row decodes in cohorts: always, never (off), or (auto) when it is not
+        alone. A lone request keeps the solo decode loop (fused, pipelined: the single-stream
+        speed); once it decodes it stays in its loop, and rows that join it form cohorts
+        among themselves."""
         if self.cohort_mode != "auto":
             return self.cohort_mode == "always"
         with self._lock:

@@ -338,13 +338,39 @@ def test_auto_mode_keeps_a_lone_row_in_its_solo_loop_and_puts_joiners_in_cohorts
     references = [solo_ar(tiny_qwen3, r).token_ids for r in requests]
     sinks = [Collector(f"r{i}", log) for i in range(3)]
     rows = [add_cohort_row(scheduler, tiny_qwen3, requests[0], sinks[0])]
-    scheduler.turn()  # the first row starts alone
+    scheduler.turn()  # the first row starts alone: its prefill and first token
+    scheduler.turn()  # and its first decode cycle, in its solo loop
     rows += [add_cohort_row(scheduler, tiny_qwen3, r, s) for r, s in zip(requests[1:], sinks[1:])]
     run_until_idle(scheduler)
     assert [row.in_cohorts for row in rows] == [False, True, True]
     assert sinks[0].result.stats.cohort_widths == {}
     assert all(s.result.stats.cohort_widths.get("3", 0) > 0 for s in sinks[1:])
     assert [s.result.token_ids for s in sinks] == references
+
+
+@pytest.mark.parametrize("cycle", ["phased", "fused"])
+def test_auto_mode_puts_a_row_in_cohorts_when_others_arrive_before_it_decodes(tiny_qwen3, cycle):
+    """Requests an agent sends together reach the daemon milliseconds apart: the first is
+    admitted alone, but rows that arrive while it prefills (here: before its first decode
+    cycle) find it in their cohort."""
+    scheduler = Scheduler(max_concurrent=4, cohort_mode="auto", numerics="throughput", cohort_cycle=cycle)
+    log: list = []
+    requests = [request_for(tiny_qwen3, i, depth=2, max_tokens=30, ignore_eos=True) for i in range(3)]
+    references = [solo_ar(tiny_qwen3, r).token_ids for r in requests]
+    sinks = [Collector(f"r{i}", log) for i in range(3)]
+    rows = [add_cohort_row(scheduler, tiny_qwen3, requests[0], sinks[0])]
+    scheduler.turn()  # alone: prefilled, first token out, no decode cycle yet
+    assert not rows[0].in_cohorts
+    rows += [add_cohort_row(scheduler, tiny_qwen3, r, s) for r, s in zip(requests[1:], sinks[1:])]
+    run_until_idle(scheduler)
+    assert [row.in_cohorts for row in rows] == [True, True, True]
+    assert all(s.result.stats.cohort_widths.get("3", 0) > 0 for s in sinks)
+    assert [s.result.token_ids for s in sinks] == references
+    # A row alone from start to end keeps the solo loop.
+    lone = Collector("lone", log)
+    add_cohort_row(scheduler, tiny_qwen3, requests[0], lone)
+    run_until_idle(scheduler)
+    assert lone.result.stats.cohort_widths == {} and lone.result.token_ids == references[0]
 
 
 def test_on_the_owner_thread_a_paused_row_resumes_when_its_reader_catches_up(tiny_qwen3):
