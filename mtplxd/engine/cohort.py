@@ -142,6 +142,11 @@ def _forward(calls: list[VerifyCall], width: int,
 
 
 PrefillAnswer = tuple[mx.array | None, mx.array] | Exception
+# Only chunks that end within this many tokens of their prompt's start share forwards: there a
+# forward is bound by kernel launches and weight reads, which sharing saves (an agent's short
+# request beside another's start). Later chunks of a long prompt are bound by attention over
+# their context, which sharing does not save, and run alone as the memory guard sized them.
+SHARED_PREFILL_SPAN = 4 * PREFILL_CHUNK
 
 
 def run_prefills(calls: list[PrefillChunk], numerics: str, max_tokens: int | None = None
@@ -150,28 +155,30 @@ def run_prefills(calls: list[PrefillChunk], numerics: str, max_tokens: int | Non
     (1, 1, V)), as `PrefillChunk.run` gives it alone, or the exception that ended its forward
     (a shared forward's, for each of its rows); and the row count of each shared forward.
     With "throughput" numerics on a trunk that batches, the chunks of rows prefilling in one
-    turn run as batched forwards (right-padded to the longest; a forward holds at most
-    `max_tokens` padded tokens, by default one solo chunk's worth: the turn's longest chunk
-    or PREFILL_CHUNK, so batching never raises the prefill's peak memory), one host sync
-    each; else (exact numerics, images, a body that does not batch) each runs alone."""
+    turn that end within SHARED_PREFILL_SPAN tokens run as batched forwards (right-padded to
+    the longest; a forward holds at most `max_tokens` padded tokens, by default one solo
+    chunk's worth: the turn's longest chunk or PREFILL_CHUNK, so batching never raises the
+    prefill's peak memory), one host sync each; the rest (and everything under exact
+    numerics, with images, or on a body that does not batch) run alone."""
     trunk = calls[0].trunk
-    if (numerics == "exact" or len(calls) == 1 or not batched_supported(trunk)
+    shareable = [i for i, call in enumerate(calls) if call.position + call.length <= SHARED_PREFILL_SPAN]
+    if (numerics == "exact" or len(shareable) < 2 or not batched_supported(trunk)
             or any(call.embeddings is not None or call.trunk is not trunk for call in calls)):
         return [_alone(call) for call in calls], []
-    answers: list[PrefillAnswer] = []
+    answers: list[PrefillAnswer | None] = [None] * len(calls)
     batched: list[int] = []
     if max_tokens is None:
         max_tokens = max(PREFILL_CHUNK, *(call.length for call in calls))
-    for batch in _packed(calls, max_tokens):
-        if len(batch) == 1:
-            answers.append(_alone(batch[0]))
-            continue
-        batched.append(len(batch))
-        try:
-            answers += _prefill_together(trunk, batch)
-        except Exception as exc:  # which row's input broke it is unknown: its rows share it
-            answers += [exc] * len(batch)
-    return answers, batched
+    for batch in _packed(shareable, [call.length for call in calls], max_tokens):
+        if len(batch) > 1:
+            batched.append(len(batch))
+            try:
+                for i, answer in zip(batch, _prefill_together(trunk, [calls[i] for i in batch])):
+                    answers[i] = answer
+            except Exception as exc:  # which row's input broke it is unknown: its rows share it
+                for i in batch:
+                    answers[i] = exc
+    return [_alone(call) if answer is None else answer for call, answer in zip(calls, answers)], batched
 
 
 def _alone(call: PrefillChunk) -> PrefillAnswer:
@@ -181,17 +188,17 @@ def _alone(call: PrefillChunk) -> PrefillAnswer:
         return exc
 
 
-def _packed(calls: list[PrefillChunk], max_tokens: int) -> list[list[PrefillChunk]]:
-    """Consecutive calls in batches whose rows, padded to the batch's longest, hold at most
-    `max_tokens` tokens (a call longer than that runs alone)."""
-    batches: list[list[PrefillChunk]] = []
-    for call in calls:
+def _packed(indices: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """`indices` in order, in batches whose rows, padded to the batch's longest of `lengths`,
+    hold at most `max_tokens` tokens (one longer than that is a batch of its own)."""
+    batches: list[list[int]] = []
+    for i in indices:
         if batches:
             batch = batches[-1]
-            if (len(batch) + 1) * max(call.length, *(c.length for c in batch)) <= max_tokens:
-                batch.append(call)
+            if (len(batch) + 1) * max(lengths[i], *(lengths[j] for j in batch)) <= max_tokens:
+                batch.append(i)
                 continue
-        batches.append([call])
+        batches.append([i])
     return batches
 
 

@@ -168,15 +168,28 @@ def test_a_shared_prefill_forward_gives_each_row_its_solo_hidden_logits_and_cach
             assert same(k2[..., :len(p), :], k1[..., :len(p), :]) and same(v2[..., :len(p), :], v1[..., :len(p), :])
 
 
-def test_a_shared_forward_holds_at_most_one_solo_chunks_tokens(tiny_qwen3):
+def test_a_shared_forward_holds_at_most_one_solo_chunks_tokens():
+    lengths = [3, 4, 2, 9, 1, 16, 1]
+    batches = [[lengths[i] for i in batch] for batch in _packed(list(range(len(lengths))), lengths, 16)]
+    assert batches == [[3, 4, 2], [9], [1], [16], [1]]
+    assert all(len(batch) * max(batch) <= 16 for batch in batches)
+
+
+def test_only_chunks_near_their_prompts_start_share_a_forward(tiny_qwen3):
+    """Chunks that end past SHARED_PREFILL_SPAN (a long prompt's later chunks, bound by
+    attention over their context) run alone; the others still share, in their order."""
+    from mtplxd.engine.cohort import SHARED_PREFILL_SPAN
+
     trunk = tiny_qwen3.trunk
-
-    def call(n: int) -> PrefillChunk:
-        return PrefillChunk(trunk, mx.zeros((1, n), dtype=mx.int32), [])
-
-    lengths = [[len(c.tokens[0]) for c in batch] for batch in _packed([call(n) for n in (3, 4, 2, 9, 1, 16, 1)], 16)]
-    assert lengths == [[3, 4, 2], [9], [1], [16], [1]]
-    assert all(len(batch) * max(batch) <= 16 for batch in lengths)
+    caches = [trunk.make_cache() for _ in range(3)]
+    far = SHARED_PREFILL_SPAN - 1  # its 2 tokens end one past the span
+    tokens = [mx.array([[5, 6, 7, 8]]), mx.array([[9, 10]]), mx.array([[11, 12, 13]])]
+    calls = [PrefillChunk(trunk, t, c, position=p) for t, c, p in zip(tokens, caches, (0, far, 0))]
+    answers, forwards = run_prefills(calls, "throughput")
+    assert forwards == [2]  # rows 0 and 2 shared one forward; row 1 ran alone
+    for call, (hidden, logits), t in zip(calls, answers, tokens):
+        alone = PrefillChunk(trunk, t, trunk.make_cache()).run()
+        assert hidden.shape == alone[0].shape and same(logits, alone[1])
 
 
 @pytest.mark.skipif(ROWS_ALONE, reason="already on the reference BLAS")

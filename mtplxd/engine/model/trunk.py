@@ -176,7 +176,7 @@ class Trunk:
                     return None
             chunk = mx.array(prompt_ids[start:start + chunk_size])[None]
             rows = None if embeddings is None else embeddings[:, start:start + chunk_size]
-            hidden, logits = yield PrefillChunk(self, chunk, cache, rows)
+            hidden, logits = yield PrefillChunk(self, chunk, cache, rows, position=start)
             if hidden is not None:
                 hiddens.append(hidden)
         assert logits is not None, "empty prompt"
@@ -195,6 +195,7 @@ class PrefillChunk:
     tokens: mx.array
     cache: list[Any]
     embeddings: mx.array | None = None
+    position: int = 0  # the row's tokens before this chunk (its cache's length)
 
     @property
     def length(self) -> int:

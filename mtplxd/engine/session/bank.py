@@ -275,7 +275,8 @@ class BankTurn:
             chunk = mx.array(rest[start:end])[None]
             rows = None if embeddings is None else \
                 embeddings[:, self.cached + start:self.cached + end]
-            hidden, logits = yield PrefillChunk(self.trunk, chunk, self.cache, rows)
+            hidden, logits = yield PrefillChunk(self.trunk, chunk, self.cache, rows,
+                                                position=self.cached + start)
             if hidden is not None:
                 hiddens.append(hidden)
             if self.hybrid:
