@@ -149,20 +149,20 @@ PrefillAnswer = tuple[mx.array | None, mx.array] | Exception
 SHARED_PREFILL_SPAN = 4 * PREFILL_CHUNK
 
 
-def run_prefills(calls: list[PrefillChunk], numerics: str, max_tokens: int | None = None
+def run_prefills(calls: list[PrefillChunk], share: bool, max_tokens: int | None = None
                  ) -> tuple[list[PrefillAnswer], list[int]]:
     """Every call's prefill chunk, evaluated: each row's (hidden (1, n, H) or None, logits
     (1, 1, V)), as `PrefillChunk.run` gives it alone, or the exception that ended its forward
     (a shared forward's, for each of its rows); and the row count of each shared forward.
-    With "throughput" numerics on a trunk that batches, the chunks of rows prefilling in one
-    turn that end within SHARED_PREFILL_SPAN tokens run as batched forwards (right-padded to
-    the longest; a forward holds at most `max_tokens` padded tokens, by default one solo
-    chunk's worth: the turn's longest chunk or PREFILL_CHUNK, so batching never raises the
-    prefill's peak memory), one host sync each; the rest (and everything under exact
-    numerics, with images, or on a body that does not batch) run alone."""
+    With `share` (the caller's: "throughput" numerics) on a trunk that batches, the chunks
+    of rows prefilling in one turn that end within SHARED_PREFILL_SPAN tokens run as batched
+    forwards (right-padded to the longest; a forward holds at most `max_tokens` padded
+    tokens, by default one solo chunk's worth: the turn's longest chunk or PREFILL_CHUNK, so
+    batching never raises the prefill's peak memory), one host sync each; the rest (and
+    everything without `share`, with images, or on a body that does not batch) run alone."""
     trunk = calls[0].trunk
     shareable = [i for i, call in enumerate(calls) if call.position + call.length <= SHARED_PREFILL_SPAN]
-    if (numerics == "exact" or len(shareable) < 2 or not batched_supported(trunk)
+    if (not share or len(shareable) < 2 or not batched_supported(trunk)
             or any(call.embeddings is not None or call.trunk is not trunk for call in calls)):
         return [_alone(call) for call in calls], []
     answers: list[PrefillAnswer | None] = [None] * len(calls)

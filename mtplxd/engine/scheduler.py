@@ -446,7 +446,8 @@ class Scheduler:
         each row then goes on to its next chunk's boundary or its first token. A forward that
         fails ends its rows (all of a shared one's), no others."""
         calls = [call for _, call in batch]
-        answers, batched = run_prefills(calls, self.numerics if self.batch_prefills else "exact")
+        # Shared forwards round rows apart from their solo numbers: never under "exact".
+        answers, batched = run_prefills(calls, share=self.batch_prefills and self.numerics != "exact")
         self.counters["prefill_batches"] += len(batched)
         self.counters["prefill_batched_chunks"] += sum(batched)
         following = []

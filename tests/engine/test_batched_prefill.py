@@ -157,7 +157,7 @@ def test_a_shared_prefill_forward_gives_each_row_its_solo_hidden_logits_and_cach
     for answers, batched in ((solo, False), (together, True)):
         caches = [trunk.make_cache() for _ in prompts]
         calls = [PrefillChunk(trunk, mx.array(p)[None], c) for p, c in zip(prompts, caches)]
-        got, forwards = run_prefills(calls, "throughput") if batched else ([c.run() for c in calls], [])
+        got, forwards = run_prefills(calls, share=True) if batched else ([c.run() for c in calls], [])
         assert forwards == ([3] if batched else [])
         answers += [(hidden, logits, [(layer.keys, layer.values) for layer in cache])
                     for (hidden, logits), cache in zip(got, caches)]
@@ -185,7 +185,7 @@ def test_only_chunks_near_their_prompts_start_share_a_forward(tiny_qwen3):
     far = SHARED_PREFILL_SPAN - 1  # its 2 tokens end one past the span
     tokens = [mx.array([[5, 6, 7, 8]]), mx.array([[9, 10]]), mx.array([[11, 12, 13]])]
     calls = [PrefillChunk(trunk, t, c, position=p) for t, c, p in zip(tokens, caches, (0, far, 0))]
-    answers, forwards = run_prefills(calls, "throughput")
+    answers, forwards = run_prefills(calls, share=True)
     assert forwards == [2]  # rows 0 and 2 shared one forward; row 1 ran alone
     for call, (hidden, logits), t in zip(calls, answers, tokens):
         alone = PrefillChunk(trunk, t, trunk.make_cache()).run()
