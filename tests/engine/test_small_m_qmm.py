@@ -54,6 +54,29 @@ def test_the_kernel_domain_is_few_rows_of_affine_4_and_8_bit_groups_of_64():
     assert not small_m_qmm.supported(mx.zeros((1, 1, 128)), nn.QuantizedLinear(128, 64, group_size=64, bits=3))
 
 
+def _quantized(out_dims: int, in_dims: int, bits: int) -> nn.QuantizedLinear:
+    """A quantized layer of that shape without quantizing a large float matrix on the CPU."""
+    layer = nn.QuantizedLinear(64, 64, bias=False, group_size=64, bits=bits)
+    layer.weight = mx.zeros((out_dims, in_dims * bits // 32), dtype=mx.uint32)
+    return layer
+
+
+def test_the_kernel_is_on_by_default_only_for_large_4_bit_models(tiny_model_factory):
+    """Where whole forwards measured it faster (a 32B at 4-bit), not where it measured slower
+    (the embedded model at 8-bit) or is untimed whole (8-bit, small models)."""
+    def model(*layers):
+        return nn.Sequential(*layers)
+
+    q_proj = (8192, 5120)  # Qwen3-32B: 42M weights, at VERIFY_VECTOR_VALUES
+    k_proj = (1024, 5120)
+    assert small_m_qmm.default_wanted(model(_quantized(*q_proj, 4), _quantized(*k_proj, 4)))
+    assert not small_m_qmm.default_wanted(model(_quantized(*q_proj, 8), _quantized(*k_proj, 8)))
+    assert not small_m_qmm.default_wanted(model(_quantized(*q_proj, 4), _quantized(*k_proj, 8)))
+    assert not small_m_qmm.default_wanted(model(_quantized(2560, 9728, 4)))  # Qwen3-4B's largest
+    assert not small_m_qmm.default_wanted(model(nn.Linear(64, 64)))
+    assert not small_m_qmm.default_wanted(load_model(tiny_model_factory("qwen3", quantize_bits=4)).model)
+
+
 @pytest.mark.skipif(ON_CUDA, reason="the fallback is what runs off CUDA")
 def test_off_cuda_install_changes_nothing_and_says_why(tiny_model_factory):
     assert not small_m_qmm.usable()

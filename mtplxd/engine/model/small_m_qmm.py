@@ -22,9 +22,10 @@ and depth 6) is one launch instead of MLX's tiled qmm, which it switches to at 8
 with mx.quantized_matmul, which pins the layout the kernel reads). Where the kernel is not
 usable (Metal, CPU, a failed compile, a probe that disagrees) everything stays on
 mx.quantized_matmul, and `path_name()` says which is active (`/health`, `mtplxctl status`).
-It is off by default until the H200 measures it faster (`python -m
-mtplxd.engine.bench.small_m OUT.json`); `load_model(path, small_m_kernel=True)` turns it on
-(the benches' `--small-m-kernel`).
+By default it serves only the models where whole forwards measured it faster on the H200:
+4-bit models with matrices of a 27B/32B model's size (`default_wanted`); elsewhere it is off
+(on the embedded model it made decoding slower). `load_model(path, small_m_kernel=True or
+False)` decides instead (the benches' `--small-m-kernel`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ GROUP_SIZE = 64
 BITS = (4, 8)
 ROWS_PER_WARP = 4  # output columns a warp computes together (x slices reused across them)
 WARPS_PER_BLOCK = 8
-ENABLED_BY_DEFAULT = False  # flip once the H200 bench shows the kernel faster at every M
 
 _HEADER = "#include <cooperative_groups/reduce.h>\n"
 
@@ -334,13 +334,27 @@ class SmallMQuantizedLinear(nn.QuantizedLinear):
         return out
 
 
+def default_wanted(model: nn.Module) -> bool:
+    """Whether the kernel serves `model` unless asked otherwise: every quantized linear layer
+    is 4-bit and some hold at least VERIFY_VECTOR_VALUES weights (a 27B/32B model's q/o and
+    MLP projections). That is where whole forwards measured it faster on the H200: a Qwen3-32B
+    4-bit 6-token forward 61 ms against MLX's 117, a decode step 18.4 against 20.2, a depth-3
+    cycle 2.16 decode steps against 4.27 (docs/benchmarks.md, "The small-M kernel in whole
+    32B forwards"). 8-bit and smaller models keep MLX's kernels: on the embedded model (8-bit)
+    the kernel made decoding slower, and the rest is not yet timed whole."""
+    layers = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
+    return (bool(layers) and all(m.bits == 4 for m in layers)
+            and any(m["weight"].shape[0] * m["weight"].shape[1] * 32 // m.bits >= VERIFY_VECTOR_VALUES
+                    for m in layers))
+
+
 def install(model: nn.Module, *, force: bool | None = None) -> int:
     """Route `model`'s quantized linear layers through the kernel where it is usable.
 
-    `force` None follows ENABLED_BY_DEFAULT; True or False decides. Returns how many layers
-    were switched (0 off CUDA, when off, or when the probe fails: the stock ops stay).
+    `force` None follows `default_wanted(model)`; True or False decides. Returns how many
+    layers were switched (0 off CUDA, when off, or when the probe fails: the stock ops stay).
     """
-    wanted = ENABLED_BY_DEFAULT if force is None else force
+    wanted = default_wanted(model) if force is None else force
     if not wanted or not usable():
         return 0
     switched = 0
@@ -359,7 +373,9 @@ def path_name(switched: int) -> str:
                 f"{MIN_ROWS[8]}..{MAX_ROWS} at 8-bit)")
     if not fixed_shapes_wanted():
         return "mlx (the small-M kernel is CUDA only)"
-    return "mlx" if ENABLED_BY_DEFAULT and not usable() else "mlx (small-M kernel off by default)"
+    if _usable is False:  # probed (at install) and failed; an unprobed kernel is not compiled here
+        return "mlx (the small-M kernel failed its probe)"
+    return "mlx (the small-M kernel is on by default for 27B/32B-class 4-bit models only)"
 
 
 def usable() -> bool:
