@@ -232,7 +232,10 @@ def score_example(model: TinyCoder, ex: Example, chunk: int, extra: int) -> dict
     After the prompt's prefill the target is fed in one pass (teacher forcing): its loss, and
     the first position where the greedy choice differs. Greedy decoding follows the target
     exactly up to that position, so the greedy output is the target's first `match` tokens,
-    then (cache trimmed back there) `extra` more greedy tokens to show what the model wrote.
+    then (cache trimmed back there) greedy tokens up to the end token, at most as many as the
+    target had left plus `extra`: enough to finish the same text in other pieces (the model
+    may spell `hello.py` as two tokens where the target has one: `evaluate_agents` then counts
+    it a text match) and to show what the model wrote.
     """
     cache, first = prefill(model, ex.prompt_ids, chunk)
     target = ex.target_ids
@@ -247,7 +250,7 @@ def score_example(model: TinyCoder, ex: Example, chunk: int, extra: int) -> dict
         for c in cache:
             c.trim(len(target) - 1 - match)
         tok = picks[match]
-        for _ in range(extra):
+        for _ in range(len(target) - match + extra):
             generated.append(tok)
             if tok == target[-1]:  # <|im_end|>: the turn ended
                 break
@@ -268,7 +271,9 @@ def evaluation_order(heldout: list[Example]) -> list[Example]:
 
 def evaluate_agents(model: TinyCoder, heldout: list[Example], chunk: int, extra: int,
                     text: ByteLevelText | None, budget_s: float = 0.0) -> dict:
-    """Per agent and kind: mean target loss and greedy exact-match rate; the hello.py cases in full.
+    """Per agent and kind: mean target loss, greedy exact-match rate by tokens and by text (the
+    same text in other token pieces is what the agent receives; it needs `text`), and the
+    hello.py cases in full.
 
     With budget_s > 0 it stops starting examples once that many seconds have passed (the
     device's command limit is hard) and says how many it scored.
@@ -281,14 +286,16 @@ def evaluate_agents(model: TinyCoder, heldout: list[Example], chunk: int, extra:
         if budget_s and time.perf_counter() - t > budget_s:
             break
         r = score_example(model, ex, chunk, extra)
+        r["text_exact"] = r["exact"] or (text is not None and text(r["generated_ids"]) == ex.target_text)
         groups[f"{ex.agent}/{ex.kind}"].append(r)
         if ex.task["name"] == "hello.py" or not r["exact"]:
             cases.append({"agent": ex.agent, "kind": ex.kind, "task": ex.task["prompt"],
-                          "exact": r["exact"], "matched_tokens": r["matched_tokens"],
+                          "exact": r["exact"], "text_exact": r["text_exact"], "matched_tokens": r["matched_tokens"],
                           "target_tokens": r["target_tokens"],
                           "generated": text(r["generated_ids"]) if text else r["generated_ids"]})
     summary = {key: {"examples": len(rs), "target_loss": round(sum(r["loss"] for r in rs) / len(rs), 4),
-                     "exact_match": round(sum(r["exact"] for r in rs) / len(rs), 3)}
+                     "exact_match": round(sum(r["exact"] for r in rs) / len(rs), 3),
+                     "text_exact_match": round(sum(r["text_exact"] for r in rs) / len(rs), 3)}
                for key, rs in sorted(groups.items())}
     hello = [c for c in cases if "hello.py" in c["task"]]
     return {"by_agent": summary, "hello_py": hello,

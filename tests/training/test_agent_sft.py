@@ -89,6 +89,29 @@ def test_score_example_is_greedy_decoding_checked_against_the_target():
     assert agent_sft.score_example(model, own, chunk=7, extra=5)["exact"]
 
 
+def test_the_same_text_in_other_token_pieces_is_a_text_match():
+    """The model may write `hello.py` as two pieces where the target has one: the agent gets
+    the same call, so it counts as a text match (not a token match)."""
+    model, ex = tiny_model(1), example(30, 8, seed=3)
+    extra = 5
+    # The target keeps greedy's first token, then two pieces (ids greedy never writes, the
+    # last one the end token) that spell what greedy writes next: 1 + (3 - 1) + extra tokens.
+    greedy = evaluate.greedy_complete(model, ex.prompt_ids, 1 + 2 + extra, set())
+    a, b = [t for t in range(60) if t not in greedy][:2]
+    pieces = {a: "".join(f"<{i}>" for i in greedy[1:4]), b: "".join(f"<{i}>" for i in greedy[4:])}
+    def text(ids):
+        return "".join(pieces.get(i, f"<{i}>") for i in ids)
+    target = [greedy[0], a, b]
+    assert text(target) == text(greedy)
+    respelled = Example("pi", "call", "heldout", {"name": "x.py", "prompt": "t"}, ex.prompt_ids, target, text(target))
+    got = agent_sft.evaluate_agents(model, [respelled], chunk=7, extra=extra, text=text)
+    assert got["by_agent"]["pi/call"]["exact_match"] == 0
+    assert got["by_agent"]["pi/call"]["text_exact_match"] == 1
+    wrong = Example("pi", "call", "heldout", {"name": "x.py", "prompt": "t"}, ex.prompt_ids, target, text(target) + "!")
+    got = agent_sft.evaluate_agents(model, [wrong], chunk=7, extra=extra, text=text)
+    assert got["by_agent"]["pi/call"]["text_exact_match"] == 0
+
+
 def test_byte_level_text_decodes_the_committed_targets_as_the_tokenizer_does():
     text = agent_sft.ByteLevelText(EMBEDDED / "tokenizer.json")
     held = read_split(agent_sft.AGENT_DATA / "agent_heldout.jsonl.xz")
