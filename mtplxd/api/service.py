@@ -134,8 +134,14 @@ class Outcome:
 class LoopGuard:
     """The runaway-loop guard's settings (config `repetition_*`): which requests get it."""
 
-    mode: str = "auto"  # auto: requests without an output cap; on; off
+    mode: str = "auto"  # auto: requests without an output cap or with an agent's; on; off
     policy: RepetitionPolicy = field(default_factory=RepetitionPolicy)
+
+    # In auto mode a cap this large counts as none: agents send a standing cap with every
+    # request (Claude Code and Hermes 32,768, OpenCode 32,000; Anthropic requires one), and a
+    # loop under it runs for tens of minutes on a small model (seen: OpenCode, 5,800 tokens of
+    # "/main" at 17 tok/s). A client asking for a bounded answer sets a smaller one.
+    AGENT_SIZED_CAP = 8192
 
     @classmethod
     def from_config(cls, config: Any) -> "LoopGuard":
@@ -147,7 +153,8 @@ class LoopGuard:
         """The guard for one request: its own `repetition_guard` wins, else the mode."""
         wanted = params.repetition_guard
         if wanted is None:
-            wanted = self.mode == "on" or (self.mode == "auto" and params.max_tokens is None)
+            uncapped = params.max_tokens is None or params.max_tokens >= self.AGENT_SIZED_CAP
+            wanted = self.mode == "on" or (self.mode == "auto" and uncapped)
         return self.policy if wanted else None
 
 

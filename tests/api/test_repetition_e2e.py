@@ -83,3 +83,7 @@ def test_config_chooses_which_requests_get_the_guard(tmp_path):
     assert on.policy_for(GenParams(max_tokens=10)) is not None
     auto = LoopGuard.from_config(load_config(tmp_path / "absent.toml", environ={}))
     assert auto.policy_for(GenParams()) is not None and auto.policy_for(GenParams(max_tokens=10)) is None
+    # An agent's standing cap (Claude Code, Hermes: 32,768; OpenCode: 32,000) counts as none.
+    assert auto.policy_for(GenParams(max_tokens=32000)) is not None
+    assert auto.policy_for(GenParams(max_tokens=LoopGuard.AGENT_SIZED_CAP - 1)) is None
+    assert auto.policy_for(GenParams(max_tokens=32000, repetition_guard=False)) is None
