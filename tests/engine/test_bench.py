@@ -165,6 +165,11 @@ def test_mtplxctl_bench_streams_runs_every_concurrency_arm_side_by_side(tiny_mod
     for arm in three.values():
         assert arm["ramp_seconds"] > 0 and arm["tail_seconds"] >= 0
     assert three["mtp_cohorts"]["all_decoding_seconds"] > 0
+    # The cohorts' ceiling: the rows' cycles summed over the longest row's, between 1 and 3;
+    # serial MTP's rows are the same greedy rows, so it names the same ceiling.
+    bound = three["mtp_cohorts"]["cycle_bound_over_serial"]
+    assert 1 < bound <= 3 and one["serial_mtp"]["cycle_bound_over_serial"] == 1.0
+    assert three["serial_mtp"]["cycle_bound_over_serial"] == bound
     assert three["serial_mtp"]["all_decoding_seconds"] < 0
     # Three rows at once: the cohort arms ran 3 wide, the others outside cohorts.
     assert three["mtp_cohorts"]["cohort_width_cycles"].get("3", 0) > 0
@@ -186,6 +191,14 @@ def test_mtplxctl_bench_streams_runs_every_concurrency_arm_side_by_side(tiny_mod
     assert all(probe["ttft_seconds"] > 0 and probe["budget_seconds"] > 0 for probe in late.values())
     bad = run_ctl("bench", "--model", str(tiny_model_factory("qwen3")), "--streams", "0,x")
     assert bad.returncode != 0 and "--streams takes stream counts" in bad.stderr
+
+
+def test_the_cycle_bound_is_the_rows_cycles_over_the_longest_row():
+    from mtplxd.engine.bench.concurrency import cycle_bound
+
+    assert cycle_bound([26, 26, 26]) == 3.0  # equal rows: a cohort can triple serial
+    assert cycle_bound([21, 29, 31]) == 81 / 31  # the longest row decides the cohort's time
+    assert cycle_bound([5]) == 1.0 and cycle_bound([]) == 1.0
 
 
 def test_bench_cohort_times_widths_and_measures_the_logit_difference(tmp_path):

@@ -142,8 +142,9 @@ def summarize(runs: list[list[tuple[GenerationResult, float]]], arrived: list[fl
     """Figures of one arm at one stream count over its repeats."""
     ttfts = [r.stats.ttft_seconds for run in runs for r, _ in run]
     per_request = [r.stats.decode_tokens_per_second for run in runs for r, _ in run]
-    aggregate, aggregate_decode, ramps, tails, overlaps = [], [], [], [], []
+    aggregate, aggregate_decode, ramps, tails, overlaps, bounds = [], [], [], [], [], []
     for run, start in zip(runs, arrived):
+        bounds.append(cycle_bound([r.stats.cycles for r, _ in run]))
         tokens = sum(r.stats.completion_tokens for r, _ in run)
         first_end, last_end = min(end for _, end in run), max(end for _, end in run)
         aggregate.append(tokens / (last_end - start))
@@ -167,7 +168,16 @@ def summarize(runs: list[list[tuple[GenerationResult, float]]], arrived: list[fl
         "mean_accepted_length": round(statistics.mean(
             r.stats.mean_accepted_length for run in runs for r, _ in run), 3),
         "cohort_width_cycles": _width_cycles(runs),
+        "cycle_bound_over_serial": round(statistics.median(bounds), 3),
     }
+
+
+def cycle_bound(row_cycles: list[int]) -> float:
+    """The most a cohort of these rows can gain over running them one after another, if a
+    cohort cycle cost a lone one and prefills were free: serial time is the sum of the rows'
+    cycles, the cohort's is the longest row's (the others' slots idle once they finish)."""
+    longest = max(row_cycles, default=0)
+    return sum(row_cycles) / longest if longest else 1.0
 
 
 def busy_seconds(spans: list[tuple[float, float]]) -> float:
