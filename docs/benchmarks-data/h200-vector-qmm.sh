@@ -10,11 +10,13 @@
 #   PART=real     real_size: Qwen3-32B 4-bit and 8-bit with the kernel installed (small_m_qmm.route:
 #                 verify rows on the word layout, decode rows of large matrices on the vector one), then
 #                 the hybrid 27B in bf16 again (its depth-1 cycle read 6.8 decode steps once)
+#   PART=widen    stock against the kernel, depths 1-5 at T=0 and 0.6, where it is off by default:
+#                 Qwen3-32B 8-bit, Qwen3-4B 4-bit, the hybrid 27B 4-bit (not yet run)
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels or real}
+PART=${PART:?set PART to kernels, real or widen}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -32,13 +34,25 @@ if [ "$PART" = kernels ]; then
     --sizes qwen3-32b --bits 4,8 --rows 1,2,4,7 --repeats 6
   step small-m-4b 150 python3 -m mtplxd.engine.bench.small_m "$work/small-m-4b.json" \
     --sizes qwen3-4b --bits 4,8 --rows 1,4 --repeats 6
-else
+elif [ "$PART" = real ]; then
   lean=(--depths 1,3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 --repeats 6)
   step real-32b-kernel 400 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b --dtypes 4bit,8bit \
     "${lean[@]}" --small-m-kernel --small-m-loops --json-out "$work/real-size-32b-kernel.json"
   step real-hybrid-bf16 150 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes bf16 \
     --depths 1,3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 16 --repeats 6 \
     --json-out "$work/real-size-hybrid-bf16.json"
+else
+  # PART=widen: where the kernel is off by default and not yet timed whole (32B 8-bit, the
+  # 4B and the hybrid 27B at 4-bit), stock and kernel side by side, all depths, both
+  # temperatures: what small_m_qmm.default_wanted would need to cover them.
+  wide=(--depths 1,2,3,4,5 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 --repeats 6
+        --small-m-kernel --small-m-loops)
+  step widen-32b-8bit 200 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b --dtypes 8bit \
+    "${wide[@]}" --json-out "$work/widen-32b-8bit.json"
+  step widen-4b-4bit 150 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-4b --dtypes 4bit \
+    "${wide[@]}" --json-out "$work/widen-4b-4bit.json"
+  step widen-hybrid-4bit 200 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
+    "${wide[@]}" --json-out "$work/widen-hybrid-4bit.json"
 fi
 tar czf "$OUT/h200-vector-qmm-$PART.tgz" -C "$work" .
 echo "done in $(( $(date +%s) - started ))s"
