@@ -260,7 +260,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("repetition_guard", "auto", _as_choice("auto", "on", "off"),
                 "Runaway-loop guard: ends a generation caught repeating one span (finish_reason "
                 "length, stats repetition_stop): auto (for requests without an output cap or with "
-                "one of 8,192 tokens or more, as agents send), on (every request) or off. A request's `repetition_guard` true/false overrides it."),
+                "one of 8,192 tokens or more, as agents send), on (every request) or off. A "
+                "request's `repetition_guard` true/false overrides it."),
         Setting("repetition_min_tokens", 128, as_whole_number(16, 1_000_000),
                 "Runaway-loop guard: the fewest tokens a repetition must cover to end the output."),
         Setting("repetition_min_repeats", 6, as_whole_number(2, 10_000),

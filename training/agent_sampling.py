@@ -21,10 +21,11 @@ from pathlib import Path
 
 from mtplxd.engine import GenerationRequest, SamplingParams, load_model
 from mtplxd.engine.session.bank import BankSettings
+from training.agent_sft import AGENT_DATA
 from training.agent_tasks import read_split
 
 REPO = Path(__file__).resolve().parent.parent
-HELDOUT = REPO / "training" / "agent_data" / "agent_heldout.jsonl.xz"
+HELDOUT = AGENT_DATA / "agent_heldout.jsonl.xz"
 
 
 def parse_sampler(text: str) -> tuple[float, float, int]:

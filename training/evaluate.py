@@ -59,11 +59,17 @@ def loss_by_position(model: TinyCoder, tokens: np.ndarray, length: int, windows:
         per_pos.append(ce.mean(axis=0))
         mx.eval(per_pos[-1])
     losses = np.array(mx.concatenate(per_pos))
-    buckets = []
+    return {"length": length, "windows": windows, "starts": starts.tolist(),
+            "buckets": bucket_losses(losses, edges)}
+
+
+def bucket_losses(losses: np.ndarray, edges: list[int]) -> list[dict]:
+    """Mean loss (nats) and perplexity of per-position `losses` over [edges[j], edges[j+1])."""
+    out = []
     for lo, hi in zip(edges, edges[1:]):
         value = float(losses[lo:hi].mean())
-        buckets.append({"from": lo, "to": hi, "loss": round(value, 4), "ppl": round(math.exp(value), 3)})
-    return {"length": length, "windows": windows, "starts": starts.tolist(), "buckets": buckets}
+        out.append({"from": lo, "to": hi, "loss": round(value, 4), "ppl": round(math.exp(value), 3)})
+    return out
 
 
 def _sample(logits: mx.array, temperature: float) -> mx.array:

@@ -15,25 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
 import numpy as np
 
 from mtplxd.engine import load_model
+from training.evaluate import bucket_losses
 from training.long_context import BUCKETS
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def bucket_losses(losses: np.ndarray, edges: list[int]) -> list[dict]:
-    """Mean loss (nats) and perplexity over [edges[j], edges[j+1])."""
-    out = []
-    for lo, hi in zip(edges, edges[1:]):
-        value = float(losses[lo:hi].mean())
-        out.append({"from": lo, "to": hi, "loss": round(value, 4), "ppl": round(math.exp(value), 3)})
-    return out
 
 
 def serving_loss_by_position(model_path: Path, tokens: np.ndarray, length: int, start: int = 0) -> dict:
