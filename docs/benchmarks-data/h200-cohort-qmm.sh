@@ -14,7 +14,8 @@
 #                 8-bit as served and 8-bit through the kernel (bench.concurrency), MAX_TOKENS
 #                 a stream (default 128; run it after PART=kernels in the same lease, whose
 #                 compiled kernels it then finds in $MTPLX_HOME, when MAX_TOKENS is large);
-#                 VARIANTS="8bit" runs the served weights alone
+#                 VARIANTS="8bit" runs the served weights alone; ARMS overrides the arms
+#                 (default serial_mtp,mtp_cohorts_solo_prefill,mtp_cohorts)
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-cohort-qmm.sh
 set -u
@@ -52,7 +53,7 @@ else
     flags=()
     [ "$variant" = 8bit-kernel ] && flags=(--small-m-kernel)
     step "streams-$variant-${MAX_TOKENS:-128}" 260 python3 -m mtplxd.engine.bench.concurrency --model $model --depth 6 \
-      --streams 1,3 --arms serial_mtp,mtp_cohorts_solo_prefill,mtp_cohorts --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" "${flags[@]}" \
+      --streams 1,3 --arms "${ARMS:-serial_mtp,mtp_cohorts_solo_prefill,mtp_cohorts}" --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" "${flags[@]}" \
       --json-out "$work/streams-$variant-${MAX_TOKENS:-128}.json"
   done
 fi

@@ -12,11 +12,17 @@
 #                 the hybrid 27B in bf16 again (its depth-1 cycle read 6.8 decode steps once)
 #   PART=widen    stock against the kernel, depths 1-5 at T=0 and 0.6, where it is off by default:
 #                 Qwen3-32B 8-bit, Qwen3-4B 4-bit, the hybrid 27B 4-bit (not yet run)
+#   PART=unpack   the and-or unpack (small_m_qmm._HEADER: no int-to-float conversion per weight
+#                 value): every CUDA test of the kernel, then the micro-bench at the Qwen3-32B
+#                 and 4B shapes with both unpacks side by side (shipped widths only)
+#   PART=unpack-real  real_size with it: Qwen3-32B at DTYPES (default 4bit), stock and kernel,
+#                 depths 1 and 3 at T=0 and 0.6, and the greedy decode with the vector layout's
+#                 decode threshold at 16M weights (q/o projections too) and 0 (every matrix)
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, real or widen}
+PART=${PART:?set PART to kernels, real, widen, unpack or unpack-real}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -41,6 +47,17 @@ elif [ "$PART" = real ]; then
   step real-hybrid-bf16 150 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes bf16 \
     --depths 1,3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 16 --repeats 6 \
     --json-out "$work/real-size-hybrid-bf16.json"
+elif [ "$PART" = unpack ]; then
+  step cuda-tests 200 python3 -m pytest -q -p no:cacheprovider -k "cuda" tests/engine/test_small_m_qmm.py
+  step small-m-32b 220 python3 -m mtplxd.engine.bench.small_m "$work/small-m-32b.json" \
+    --sizes qwen3-32b --bits 4,8 --rows 1,2,4,6 --repeats 6 --shipped-only
+  step small-m-4b 100 python3 -m mtplxd.engine.bench.small_m "$work/small-m-4b.json" \
+    --sizes qwen3-4b --bits 4,8 --rows 1,4 --repeats 6 --shipped-only
+elif [ "$PART" = unpack-real ]; then
+  step "real-32b-${DTYPES:-4bit}" 540 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b \
+    --dtypes "${DTYPES:-4bit}" --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 \
+    --repeats 6 --small-m-kernel --small-m-loops --decode-vector-values 16777216,0 \
+    --json-out "$work/real-size-32b-${DTYPES:-4bit}.json"
 else
   # PART=widen: where the kernel is off by default and not yet timed whole (32B 8-bit, the
   # 4B and the hybrid 27B at 4-bit), stock and kernel side by side, all depths, both

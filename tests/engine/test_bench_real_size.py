@@ -103,3 +103,18 @@ def test_taking_the_kernel_out_drops_the_cycle_graphs_traced_through_it():
     trunk.compiled_graphs[("cycle", 3)] = object()
     real_size._uninstall(model, trunk)
     assert type(layer) is nn.QuantizedLinear and trunk.compiled_graphs == {}
+
+
+def test_decode_by_vector_values_times_each_threshold_and_puts_the_shipped_one_back():
+    """The decode-routing sweep moves small_m_qmm.LARGE_MATRIX_VALUES for its timings only,
+    and drops the graphs traced under each routing (a traced step keeps what it saw)."""
+    from mtplxd.engine.model import small_m_qmm
+    from mtplxd.engine.model.trunk import Trunk
+
+    model, spec = real_size.build_model("tiny", "4bit")
+    trunk = Trunk(model, spec)
+    trunk.compiled_graphs[("decode",)] = object()
+    prompt = list(range(1, 20))
+    timed = real_size._decode_by_vector_values(trunk, prompt, 3, (2**24, 0))
+    assert list(timed) == [str(2**24), "0"] and all(ms > 0 for ms in timed.values())
+    assert small_m_qmm.LARGE_MATRIX_VALUES == 64 * 2**20 and trunk.compiled_graphs == {}

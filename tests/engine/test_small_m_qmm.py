@@ -107,6 +107,19 @@ def test_cuda_kernel_matches_the_float32_truth(bits, rows, layout):
 
 
 @needs_cuda
+@pytest.mark.parametrize("bits", small_m_qmm.BITS)
+@pytest.mark.parametrize("layout", small_m_qmm.LAYOUTS)
+def test_cuda_and_or_unpack_gives_the_conversions_outputs_bit_for_bit(bits, layout):
+    """The unpack without int-to-float conversions (small_m_qmm._HEADER) yields the same floats,
+    so the kernel's outputs do not move by a bit."""
+    for rows in (1, 3, 6, 9):
+        x, w, scales, biases, _ = small_m_qmm.probe_case(rows, bits, N=999, K=1024)
+        unpacked = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout=layout)
+        converted = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout=layout, convert=True)
+        assert mx.array_equal(unpacked, converted).item()
+
+
+@needs_cuda
 def test_cuda_greedy_mtp_equals_ar_with_the_kernel(tiny_model_factory):
     model = load_model(tiny_model_factory("qwen3", head_dim=64), quantize="4bit")
     assert small_m_qmm.install(model.model, force=True) > 0
@@ -253,7 +266,7 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                     f"const __grid_constant__ Shape w_shape, const {dtype}* scales, const {dtype}* biases, "
                     f"{dtype}* out) {{\n  using T = {dtype};\n  constexpr int M = {rows};\n"
                     f"  constexpr int BITS = {bits};\n  constexpr int GS = {small_m_qmm.GROUP_SIZE};\n"
-                    f"  constexpr int R = {per_block};\n{body}\n}}\n")
+                    f"  constexpr int R = {per_block};\n  constexpr bool CONVERT = false;\n{body}\n}}\n")
     # MLX's default header gives the body `Shape` and the `cg` alias (mlx/backend/cuda/custom_kernel.cpp).
     source = (small_m_qmm._HEADER + "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n"
               "#include <cooperative_groups.h>\n#include <cuda/std/array>\nnamespace mlx::core::cu {\n"

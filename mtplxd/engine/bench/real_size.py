@@ -22,7 +22,9 @@ each size and dtype, at `--context` tokens of context:
     multiple of the 1-token forward; with `--small-m-kernel`, again with the small-M
     quantized kernel installed (small_m_qmm.py; quantized dtypes, CUDA only); with
     `--small-m-loops` also decode and cycles with it (`small_m_kernel` in the report: its
-    decode steps take the vector layout on matrices of LARGE_MATRIX_VALUES weights or more);
+    decode steps take the vector layout on matrices of LARGE_MATRIX_VALUES weights or more;
+    `--decode-vector-values 16777216,0` times the greedy decode again with that threshold
+    moved, `decode_ms_by_vector_values`: which matrices a decode step should route);
   * a whole speculative cycle at each depth, greedy and sampled: the engine's own loop
     (fused for dense, stepwise for hybrid) run for `--cycles` cycles after warm-up, ms per
     cycle and as a multiple of our decode step;
@@ -193,7 +195,7 @@ def projected_speedups(decode_ms: float, cycle_ms: dict[str, float]) -> dict[str
 def measure_config(size: str, dtype: str, *, context: int, depths: list[int], decode_tokens: int,
                    cycles: int, repeats: int, small_m_kernel: bool,
                    cycle_temperatures: tuple[float, ...] = TEMPERATURES,
-                   kernel_loops: bool = False) -> dict[str, Any]:
+                   kernel_loops: bool = False, decode_vector_values: tuple[int, ...] = ()) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready."""
     from mtplxd.engine.model import gdn_chunked, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
@@ -239,6 +241,9 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
             if kernel_loops:
                 entry["small_m_kernel"] = _kernel_loops(trunk, model, prompt, decode, depths, cycles,
                                                         decode_tokens, cycle_temperatures, roofline_ms)
+                if decode_vector_values:
+                    entry["small_m_kernel"]["decode_ms_by_vector_values"] = _decode_by_vector_values(
+                        trunk, prompt, decode_tokens, decode_vector_values)
             _uninstall(model, trunk)
     del cache
 
@@ -289,6 +294,27 @@ def _kernel_loops(trunk, model: nn.Module, prompt: list[int], decode: dict[str, 
     return out
 
 
+def _decode_by_vector_values(trunk, prompt: list[int], decode_tokens: int,
+                             thresholds: tuple[int, ...]) -> dict[str, float]:
+    """Our greedy decode with the kernel, small_m_qmm.LARGE_MATRIX_VALUES set to each threshold
+    in turn (0: every quantized matrix of a decode step on the vector layout), then restored.
+    The compiled graphs are dropped at each change: a traced step keeps the routing it saw."""
+    from mtplxd.engine.model import small_m_qmm
+
+    shipped = small_m_qmm.LARGE_MATRIX_VALUES
+    out: dict[str, float] = {}
+    try:
+        for values in thresholds:
+            small_m_qmm.LARGE_MATRIX_VALUES = values
+            trunk.compiled_graphs.clear()
+            ours_decode_ms(trunk, prompt[:64], 4, 0.0)  # warm-up: this routing's graphs
+            out[str(values)] = ours_decode_ms(trunk, prompt, decode_tokens, 0.0)
+    finally:
+        small_m_qmm.LARGE_MATRIX_VALUES = shipped
+        trunk.compiled_graphs.clear()
+    return out
+
+
 def _uninstall(model: nn.Module, trunk) -> None:
     """Put the stock QuantizedLinear class back (the figures after this are MLX's own), and
     drop the compiled cycle graphs traced through the kernel: mx.compile replays a traced
@@ -326,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time the quantized forwards with the small-M CUDA kernel")
     parser.add_argument("--small-m-loops", action="store_true",
                         help="with --small-m-kernel: also time decode and cycles with the kernel")
+    parser.add_argument("--decode-vector-values", default="",
+                        help="with --small-m-loops: greedy decode again with the vector layout's decode "
+                             "threshold at each of these weight counts (comma-separated)")
     parser.add_argument("--cycle-temperatures", default="0,0.6",
                         help="temperatures the cycles are timed at (decode runs at 0 and 0.6)")
     parser.add_argument("--json-out", type=Path, default=None)
@@ -349,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
                                    decode_tokens=args.decode_tokens, cycles=args.cycles,
                                    repeats=args.repeats, small_m_kernel=args.small_m_kernel,
                                    cycle_temperatures=cycle_temperatures,
-                                   kernel_loops=args.small_m_loops)
+                                   kernel_loops=args.small_m_loops,
+                                   decode_vector_values=tuple(int(v) for v in args.decode_vector_values.split(",") if v))
             report["configs"].append(entry)
             print(_summary_line(entry), flush=True)
             if args.json_out:  # after every config: a run cut short keeps what it measured

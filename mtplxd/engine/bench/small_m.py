@@ -13,8 +13,12 @@ fraction of the 4.3 TB/s roofline), and each one's error against the float32 tru
 faster; `kernel_us_by_rows_per_warp` times the kernel built with 1, 2 and 4 output columns
 per warp (the shipped setting is ROWS_PER_WARP). The `vector_*` fields time the kernel's
 bandwidth layout (16-byte loads, warps splitting K: small_m_qmm._SOURCE_VECTOR) the same way,
-`vector_us_by_columns` at 4, 8 and 16 output columns per block. Off CUDA the kernel columns are null (the kernel is CUDA only) and the plain-ops
-reference's error is reported instead, so the script runs anywhere.
+`vector_us_by_columns` at 4, 8 and 16 output columns per block (`--shipped-only`: only the
+shipped widths, a shorter run). `kernel_convert_us` and `vector_convert_us` time both layouts
+with the int-to-float conversion per weight value that the and-or unpack replaced (same
+outputs; small_m_qmm._HEADER says why). Off CUDA the kernel columns are null (the kernel is
+CUDA only) and the plain-ops reference's error is reported instead, so the script runs
+anywhere.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def _per_call_us(fn, x, repeats: int) -> float:
     return median_ms(lambda: mx.eval([fn(x) for _ in range(CALLS)]), repeats) / CALLS * 1000
 
 
-def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int) -> list[dict[str, Any]]:
+def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
+                  shipped_only: bool = False) -> list[dict[str, Any]]:
     """One weight matrix at every row count: times, bandwidth and errors."""
     weight = (mx.random.normal((N, K), key=mx.random.key(N + K)) * 0.02).astype(mx.bfloat16)
     w, scales, biases = mx.quantize(weight, group_size=small_m_qmm.GROUP_SIZE, bits=bits)
@@ -68,8 +73,8 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int) -> l
             return mx.quantized_matmul(x, w, scales, biases, transpose=True,
                                        group_size=small_m_qmm.GROUP_SIZE, bits=bits)
 
-        def kernel(x, per_warp=small_m_qmm.ROWS_PER_WARP, layout="word"):
-            return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, per_warp, layout)
+        def kernel(x, per_warp=small_m_qmm.ROWS_PER_WARP, layout="word", convert=False):
+            return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, per_warp, layout, convert)
 
         truth = mx.quantized_matmul(x.astype(mx.float32), w, scales.astype(mx.float32),
                                     biases.astype(mx.float32), transpose=True,
@@ -82,8 +87,9 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int) -> l
                                "vector_us": None, "vector_over_mlx": None, "vector_error": None}
         if on_cuda:
             # The shipped output columns per warp, then the others the kernel can be built with.
+            per_warps = (small_m_qmm.ROWS_PER_WARP,) if shipped_only else (small_m_qmm.ROWS_PER_WARP, *OTHER_ROWS_PER_WARP)
             by_per_warp = {per_warp: _per_call_us(lambda x, p=per_warp: kernel(x, p), x, repeats)
-                           for per_warp in (small_m_qmm.ROWS_PER_WARP, *OTHER_ROWS_PER_WARP)}
+                           for per_warp in per_warps}
             kernel_us = by_per_warp[small_m_qmm.ROWS_PER_WARP]
             row.update(kernel_us=kernel_us, kernel_over_mlx=kernel_us / mlx_us,
                        kernel_us_by_rows_per_warp=by_per_warp,
@@ -91,13 +97,23 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int) -> l
                        kernel_error=small_m_qmm.relative_error(kernel(x), truth))
             # The vector layout: a block per VECTOR_ROWS columns (and the other widths it takes).
             by_columns = {columns: _per_call_us(lambda x, c=columns: kernel(x, c, "vector"), x, repeats)
-                          for columns in VECTOR_COLUMNS}
+                          for columns in (VECTOR_COLUMNS[:1] if shipped_only else VECTOR_COLUMNS)}
             vector_us = by_columns[small_m_qmm.VECTOR_ROWS]
             row.update(vector_us=vector_us, vector_over_mlx=vector_us / mlx_us,
                        vector_us_by_columns=by_columns,
                        vector_of_roofline=read / BANDWIDTH_BYTES_PER_S * 1e6 / vector_us,
                        vector_error=small_m_qmm.relative_error(
                            kernel(x, small_m_qmm.VECTOR_ROWS, "vector"), truth))
+            # Both layouts with the conversion per value, side by side with the unpack.
+            kernel_convert_us = _per_call_us(lambda x: kernel(x, convert=True), x, repeats)
+            vector_convert_us = _per_call_us(
+                lambda x: kernel(x, small_m_qmm.VECTOR_ROWS, "vector", True), x, repeats)
+            same = mx.array_equal(kernel(x, small_m_qmm.VECTOR_ROWS, "vector", True),
+                                  kernel(x, small_m_qmm.VECTOR_ROWS, "vector")).item()
+            row.update(kernel_convert_us=kernel_convert_us, vector_convert_us=vector_convert_us,
+                       vector_unpack_over_convert=vector_us / vector_convert_us,
+                       kernel_unpack_over_convert=kernel_us / kernel_convert_us,
+                       unpack_equals_convert=bool(same))
         else:
             row["reference_error"] = small_m_qmm.relative_error(
                 small_m_qmm.reference(x, w, scales, biases, bits), truth)
@@ -113,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="1,2,3,4,5,6")
     parser.add_argument("--bits", default="4,8")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--shipped-only", action="store_true",
+                        help="time only the shipped columns per warp and per block")
     args = parser.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",")]
     results: list[dict[str, Any]] = []
@@ -121,13 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     for size in args.sizes.split(","):
         for name, N, K in SHAPES[size]:
             for bits in (int(b) for b in args.bits.split(",")):
-                for row in measure_shape(N, K, bits, rows, args.repeats):
+                for row in measure_shape(N, K, bits, rows, args.repeats, args.shipped_only):
                     row.update(size=size, matrix=name)
                     results.append(row)
                     kernel = (f"kernel {row['kernel_us']:8.1f} us ({row['kernel_over_mlx']:.2f}x, "
                               f"err {row['kernel_error']:.1e}) vector {row['vector_us']:8.1f} us "
                               f"({row['vector_over_mlx']:.2f}x, {row['vector_of_roofline']:.0%} of roofline, "
-                              f"err {row['vector_error']:.1e})"
+                              f"err {row['vector_error']:.1e}; with conversions {row['vector_convert_us']:.1f} us)"
                               if row["kernel_us"] is not None else "kernel n/a")
                     print(f"{size:10s} {name:9s} q{bits} M={row['M']}: mlx {row['mlx_us']:8.1f} us "
                           f"({row['mlx_of_roofline']:.0%} of roofline) {kernel}", flush=True)

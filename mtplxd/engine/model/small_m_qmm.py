@@ -50,11 +50,42 @@ BITS = (4, 8)
 ROWS_PER_WARP = 4  # output columns a warp computes together (x slices reused across them)
 WARPS_PER_BLOCK = 8
 
-_HEADER = "#include <cooperative_groups/reduce.h>\n"
+# The weights' values as floats without an int-to-float conversion. On sm_90 a conversion
+# runs at a quarter of the rate of an add (16 a clock per SM), and one per weight value made the
+# kernel (and MLX's matvec) bound by instructions, not by bytes: a 4-bit 32B decode step
+# converts 32 G values, 7.7 ms of conversions alone at the H200's rate, against 4.2 ms to read
+# them. Instead each value is masked in place into the mantissa of a float whose exponent
+# gives its lowest bit the weight 1 (one and-or), and that float's leading power of two is
+# subtracted (one add): `((word & 0xF0) | 0x49000000)` is 2^19 + q as a float, exactly, for the
+# second nibble. The result is the same float the conversion gives, so the outputs are
+# bit-for-bit those of the converting kernel. Half a word at a time keeps every value's bits
+# below the exponent.
+_HEADER = r"""#include <cooperative_groups/reduce.h>
+template <int BITS>
+__device__ __forceinline__ void mtplx_unpack_word(uint32_t word, float (&q)[32 / BITS]) {
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const uint32_t h = half ? word >> 16 : word;
+        if constexpr (BITS == 4) {
+            q[4 * half + 0] = __uint_as_float((h & 0x000Fu) | 0x4B000000u) - 8388608.f;  // 2^23
+            q[4 * half + 1] = __uint_as_float((h & 0x00F0u) | 0x49000000u) - 524288.f;   // 2^19
+            q[4 * half + 2] = __uint_as_float((h & 0x0F00u) | 0x47000000u) - 32768.f;    // 2^15
+            q[4 * half + 3] = __uint_as_float((h & 0xF000u) | 0x45000000u) - 2048.f;     // 2^11
+        } else {
+            q[2 * half + 0] = __uint_as_float((h & 0x00FFu) | 0x4B000000u) - 8388608.f;  // 2^23
+            q[2 * half + 1] = __uint_as_float((h & 0xFF00u) | 0x47000000u) - 32768.f;    // 2^15
+        }
+    }
+}
+template <int BITS>
+__device__ __forceinline__ void mtplx_convert_word(uint32_t word, float (&q)[32 / BITS]) {
+    #pragma unroll
+    for (int i = 0; i < 32 / BITS; ++i) q[i] = static_cast<float>((word >> (i * BITS)) & ((1u << BITS) - 1u));
+}
+"""
 
 _SOURCE = r"""
     constexpr int VALS = 32 / BITS;              // values in one uint32 word
-    constexpr unsigned MASK = (1u << BITS) - 1u;
     auto block = cg::this_thread_block();
     auto warp = cg::tiled_partition<32>(block);
     const int lane = warp.thread_rank();
@@ -98,7 +129,7 @@ _SOURCE = r"""
             const float scale = static_cast<float>(scales[(size_t)n * groups + g]);
             const float bias = static_cast<float>(biases[(size_t)n * groups + g]);
             float q[VALS];
-            for (int i = 0; i < VALS; ++i) q[i] = static_cast<float>((packed >> (i * BITS)) & MASK);
+            if constexpr (CONVERT) mtplx_convert_word<BITS>(packed, q); else mtplx_unpack_word<BITS>(packed, q);
             for (int m = 0; m < M; ++m) {
                 float dot = 0.f;
                 for (int i = 0; i < VALS; ++i) dot += xs[m][i] * q[i];
@@ -124,7 +155,6 @@ _SOURCE = r"""
 _SOURCE_VECTOR = r"""
     constexpr int VALS = 32 / BITS;
     constexpr int VEC = 4;                       // words per 16-byte load
-    constexpr unsigned MASK = (1u << BITS) - 1u;
     constexpr int MAX_WARPS = 8;
     struct alignas(sizeof(T) * VALS) XLoad { T v[VALS]; };  // one word's inputs, one load
     __shared__ float partial[MAX_WARPS][R][M];
@@ -185,8 +215,7 @@ _SOURCE_VECTOR = r"""
             for (int r = 0; r < R; ++r) {
                 const uint32_t word = reinterpret_cast<const uint32_t*>(&packed[r])[j];
                 float q[VALS];
-                #pragma unroll
-                for (int i = 0; i < VALS; ++i) q[i] = static_cast<float>((word >> (i * BITS)) & MASK);
+                if constexpr (CONVERT) mtplx_convert_word<BITS>(word, q); else mtplx_unpack_word<BITS>(word, q);
                 #pragma unroll
                 for (int m = 0; m < M; ++m) {
                     float dot = 0.f;
@@ -242,14 +271,17 @@ def _small_m_kernel(layout: str = "word"):
 
 
 def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
-                   rows_per_warp: int | None = None, layout: str | None = None) -> mx.array:
+                   rows_per_warp: int | None = None, layout: str | None = None,
+                   convert: bool = False) -> mx.array:
     """x (..., K) times the dequantized W (N, K) transposed: (..., N), as
     mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=64, bits=bits).
     CUDA only (see `usable`); any number of rows, ROW_CHUNK at a time per block.
     `layout`: "word" (a warp per ROWS_PER_WARP columns, a word per lane per load) or
     "vector" (a block per VECTOR_ROWS columns, 16 bytes per thread per load, warps splitting
     K); None takes "word". `rows_per_warp`: output columns per warp, or per block in the
-    vector layout (the micro-bench tries several)."""
+    vector layout (the micro-bench tries several). `convert`: unpack the weights with an
+    int-to-float conversion per value (the kernel before _HEADER's and-or unpack: the same
+    outputs, kept for the micro-bench's side-by-side)."""
     layout = layout or "word"
     lead, K = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, K)
@@ -266,7 +298,8 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
         blocks = _ceil_div(_ceil_div(N, per_block), WARPS_PER_BLOCK)
     out = _small_m_kernel(layout)(
         inputs=[rows, w, scales, biases],
-        template=[("T", x.dtype), ("M", chunk), ("BITS", bits), ("GS", GROUP_SIZE), ("R", per_block)],
+        template=[("T", x.dtype), ("M", chunk), ("BITS", bits), ("GS", GROUP_SIZE), ("R", per_block),
+                  ("CONVERT", convert)],
         grid=(blocks * threads, _ceil_div(M, chunk), 1), threadgroup=(threads, 1, 1),
         output_shapes=[(M, N)], output_dtypes=[x.dtype])[0]
     return out.reshape(*lead, N)
