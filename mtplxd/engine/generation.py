@@ -246,7 +246,10 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     other rows (hybrid, images, AR) then run phased cohorts. A callable `cohort` is asked
     when the prefill starts (whether its chunks go to the scheduler) and again when the
     decoding starts (which loop decodes): a row that started alone can still join rows that
-    arrived during its prefill."""
+    arrived during its prefill. When the callable also has a `join()` (the scheduler's
+    questions), a row decoding alone in its solo MTP loop asks it at each cycle boundary, and
+    a truthy answer (the cohort kind) moves the row into cohorts from its committed state
+    (`_moved_into_cohorts`)."""
     params = request.sampling
     prompt = list(request.prompt_ids)
     if not prompt:
@@ -283,6 +286,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     # A cohort row hands its prefill chunks to the scheduler, which may batch them with
     # other rows' (cohort.run_prefills); any other row runs each chunk itself.
     decide = cohort if callable(cohort) else lambda: cohort
+    join = getattr(cohort, "join", None)
     prefilled = yield from _counted(prefill, stats, pass_up=bool(decide()))
     if prefilled is None:
         now = time.perf_counter()
@@ -325,10 +329,16 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     unfed = hiddens if turn is not None and decoder is not None and reason is not None else None
     del hiddens
     produced = [first]  # every token the decoder committed (the bank keys the cache by them)
+    if cohort or decoder is None or positions is not None:
+        join = None  # only a solo MTP row moves: cohort, AR and image rows stay where they are
     while reason is None:
         if should_stop():
             reason = "cancelled"
             break
+        # After its first cycle (before it, the decode start's question was the same one).
+        if join is not None and len(produced) > 1 and (kind := join()):
+            decoder, cycles = _moved_into_cohorts(decoder, cycles, kind, prompt + produced[:-1], produced[-1])
+            join = None
         step = next(cycles)
         while isinstance(step, CohortCall):  # a cohort row: the scheduler runs the shared steps
             step = cycles.send((yield step))
@@ -363,6 +373,27 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
                                                         prompt, first, pending_from)
         turn.store(produced, decoder.head_cache if decoder else None,
                    decoder.pending_hidden if decoder else None)
+
+
+def _moved_into_cohorts(decoder: FusedSpeculativeDecoder | SpeculativeDecoder, cycles: Iterator[list[int]],
+                        kind: str | bool, context: list[int], last_token: int
+                        ) -> tuple[FusedCohortRow | CohortSpeculativeDecoder, Iterator[Any]]:
+    """A solo MTP row goes on as a cohort row (a fused one when `kind` is "fused" and the cache
+    allows it, else phased) from the state its loop committed, as a session-bank turn goes on
+    from a restored prefix: closing the loop leaves the trunk cache over `context` (every
+    token committed but the last, `last_token`), the head's cache and the hiddens of the
+    PENDING pairs the head has not been fed; the cohort row feeds those and decodes on. Its
+    stats and cycle split go on counting in the solo loop's objects. A fused loop's cycle in
+    flight is dropped: its tokens were never read back, so nothing of it was committed."""
+    cycles.close()
+    pending = decoder.pending_hidden
+    trunk, cache = decoder.trunk, decoder.cache
+    row_class = FusedCohortRow if kind == "fused" and fused_supported(trunk, cache) else CohortSpeculativeDecoder
+    moved = row_class(trunk, decoder.head, cache, decoder.params, decoder.history, decoder.seed,
+                      decoder.depth, head_cache=decoder.head_cache)
+    moved.stats, moved.split = decoder.stats, decoder.split
+    return moved, moved.cycles([pending], context, last_token,
+                               pending_from=len(context) - pending.shape[1])
 
 
 def _image_inputs(trunk: Trunk, vision: VisionTower | None, request: GenerationRequest

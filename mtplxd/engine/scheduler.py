@@ -204,8 +204,9 @@ class Scheduler:
         self._service_seconds = INITIAL_SERVICE_SECONDS
         # prefill_batches: batched prefill forwards (rows prefilling in one turn, run together:
         # cohort.run_prefills); prefill_batched_chunks: the row chunks they carried.
+        # moved_into_cohorts: rows that started decoding alone and joined cohorts (`_joins`).
         self.counters = {"admitted": 0, "finished": 0, "failed": 0, "refused_queue_full": 0,
-                         "prefill_batches": 0, "prefill_batched_chunks": 0}
+                         "prefill_batches": 0, "prefill_batched_chunks": 0, "moved_into_cohorts": 0}
 
     def configure(self, max_concurrent: int | None = None, max_queued: int | None = None,
                   widths: tuple[int, ...] | None = None, numerics: str | None = None,
@@ -359,7 +360,7 @@ class Scheduler:
         self.counters["admitted"] += 1
         try:
             if row.cohort_capable:
-                row.steps = row._start(lambda: row.cancelled, cohort=lambda: self._decides(row))
+                row.steps = row._start(lambda: row.cancelled, cohort=_CohortQuestions(self, row))
             else:
                 row.steps = row._start(lambda: row.cancelled)
         except Exception as exc:  # bad depth and the like: this request's error only
@@ -374,11 +375,27 @@ class Scheduler:
         row.in_cohorts = self._wants_cohort(row)
         return row.in_cohorts and self._cohort_kind()
 
+    def _joins(self, row: Row) -> str | bool:
+        """Asked at each cycle boundary by a row decoding alone in its solo MTP loop (auto
+        mode): once another row decodes in cohorts, it moves into them (False, or
+        `_cohort_kind()`), so the two verify in one forward instead of taking turns: a long
+        agent turn and the title request or subagent that arrives during it. Only where
+        batching pays ("throughput" numerics): under "exact" a cohort's rows run their own
+        forwards, and the move would only trade the solo loop for a slower one."""
+        if self.cohort_mode != "auto" or self.numerics != "throughput":
+            return False
+        with self._lock:
+            company = any(r is not row and r.in_cohorts and r.phase == "decode" for r in self._running)
+        if not company:
+            return False
+        row.in_cohorts = True
+        self.counters["moved_into_cohorts"] += 1
+        return self._cohort_kind()
+
     def _wants_cohort(self, row: Row) -> bool:
         """Whether a row decodes in cohorts: always, never (off), or (auto) when it is not
         alone. A lone request keeps the solo decode loop (fused, pipelined: the single-stream
-        speed); once it decodes it stays in its loop, and rows that join it form cohorts
-        among themselves."""
+        speed) until another row decodes in cohorts beside it (`_joins`)."""
         if self.cohort_mode != "auto":
             return self.cohort_mode == "always"
         with self._lock:
@@ -572,6 +589,21 @@ class Scheduler:
         except Exception:  # a broken consumer ends its own row, never the scheduler
             log.exception("row %s: delivery failed; cancelling it", row.id)
             row.cancel()
+
+
+class _CohortQuestions:
+    """What a cohort-capable row asks the scheduler (generation.generate_steps): called,
+    whether it prefills and decodes in cohorts (Scheduler._decides); `join()`, at each cycle
+    boundary while it decodes alone, whether it moves into cohorts now (Scheduler._joins)."""
+
+    def __init__(self, scheduler: Scheduler, row: Row) -> None:
+        self._scheduler, self._row = scheduler, row
+
+    def __call__(self) -> str | bool:
+        return self._scheduler._decides(self._row)
+
+    def join(self) -> str | bool:
+        return self._scheduler._joins(self._row)
 
 
 # The order in which a turn answers rows' calls; a row's step asks each at most once (a

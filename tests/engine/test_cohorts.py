@@ -330,22 +330,75 @@ def run_until_idle_consuming(scheduler: Scheduler, row: Row) -> None:
         assert turns < 1000
 
 
-def test_auto_mode_keeps_a_lone_row_in_its_solo_loop_and_puts_joiners_in_cohorts(tiny_qwen3):
-    scheduler = Scheduler(max_concurrent=4, cohort_mode="auto", numerics="throughput",
-                          cohort_cycle="phased")
+@pytest.mark.parametrize("cycle", ["phased", "fused"])
+def test_auto_mode_moves_a_row_decoding_alone_into_the_cohorts_of_rows_that_join_it(model, cycle):
+    """A long turn decodes alone in its solo loop; a second and third request arrive while it
+    decodes. They decode in cohorts, and at its next cycle boundary the first row moves into
+    them from its committed state: every row still equals its solo greedy AR output, and the
+    first row's stats count the cycles of both loops."""
+    scheduler = Scheduler(max_concurrent=4, cohort_mode="auto", numerics="throughput", cohort_cycle=cycle)
     log: list = []
-    requests = [request_for(tiny_qwen3, i, depth=2, max_tokens=30, ignore_eos=True) for i in range(3)]
-    references = [solo_ar(tiny_qwen3, r).token_ids for r in requests]
+    requests = [request_for(model, i, depth=2, max_tokens=(60, 30, 30)[i], ignore_eos=True)
+                for i in range(3)]
+    references = [solo_ar(model, r).token_ids for r in requests]
     sinks = [Collector(f"r{i}", log) for i in range(3)]
-    rows = [add_cohort_row(scheduler, tiny_qwen3, requests[0], sinks[0])]
-    scheduler.turn()  # the first row starts alone: its prefill and first token
-    scheduler.turn()  # and its first decode cycle, in its solo loop
-    rows += [add_cohort_row(scheduler, tiny_qwen3, r, s) for r, s in zip(requests[1:], sinks[1:])]
+    rows = [add_cohort_row(scheduler, model, requests[0], sinks[0])]
+    for _ in range(4):  # the first row starts alone: prefill and first token, then 3 solo cycles
+        scheduler.turn()
+    assert not rows[0].in_cohorts and rows[0].tokens > 1
+    rows += [add_cohort_row(scheduler, model, r, s) for r, s in zip(requests[1:], sinks[1:])]
     run_until_idle(scheduler)
-    assert [row.in_cohorts for row in rows] == [False, True, True]
-    assert sinks[0].result.stats.cohort_widths == {}
-    assert all(s.result.stats.cohort_widths.get("3", 0) > 0 for s in sinks[1:])
+    assert [row.in_cohorts for row in rows] == [True, True, True]
+    assert scheduler.status()["moved_into_cohorts"] == 1
+    assert all(s.result.stats.cohort_widths.get("3", 0) > 0 for s in sinks)
     assert [s.result.token_ids for s in sinks] == references
+    first = sinks[0].result.stats
+    assert first.cycles > sum(first.cohort_widths.values())  # solo cycles, then cohort ones
+    assert first.mean_accepted_length * first.cycles == pytest.approx(len(references[0]) - 1, abs=first.depth)
+
+
+def test_a_seeded_sampled_row_that_moves_into_cohorts_draws_what_it_draws_alone(model):
+    """The move hands over the row's whole state (caches, PENDING pairs, penalty history,
+    seed): a seeded sampled row with a penalty gives its solo output token for token. The
+    stepwise loop is the phased cohort row's solo twin (see the seeded test above)."""
+    first = request_for(model, 0, depth=3, max_tokens=40, ignore_eos=True, temperature=0.9, top_p=0.95,
+                        seed=77, presence_penalty=0.5)
+    second = request_for(model, 1, depth=3, max_tokens=12, ignore_eos=True, temperature=0.7, seed=5)
+    loop, model.trunk.decode_loop = model.trunk.decode_loop, "stepwise"
+    try:
+        reference = model.complete(first).token_ids
+        scheduler = Scheduler(max_concurrent=2, cohort_mode="auto", numerics="throughput",
+                              cohort_cycle="phased")
+        log: list = []
+        sinks = [Collector("first", log), Collector("second", log)]
+        add_cohort_row(scheduler, model, first, sinks[0])
+        for _ in range(3):
+            scheduler.turn()
+        add_cohort_row(scheduler, model, second, sinks[1])
+        run_until_idle(scheduler)
+    finally:
+        model.trunk.decode_loop = loop
+    assert scheduler.status()["moved_into_cohorts"] == 1
+    assert sinks[0].result.stats.cohort_widths and sinks[0].result.token_ids == reference
+
+
+def test_a_row_decoding_alone_stays_there_under_exact_numerics_and_when_cohorts_are_off(tiny_qwen3):
+    """Under "exact" a cohort's rows run their own forwards, so moving would gain nothing;
+    with cohorts "off" rows never batch."""
+    for settings in (dict(cohort_mode="auto", numerics="exact"), dict(cohort_mode="off", numerics="throughput")):
+        scheduler = Scheduler(max_concurrent=4, cohort_cycle="phased", **settings)
+        log: list = []
+        requests = [request_for(tiny_qwen3, i, depth=2, max_tokens=30, ignore_eos=True) for i in range(2)]
+        references = [solo_ar(tiny_qwen3, r).token_ids for r in requests]
+        sinks = [Collector(f"r{i}", log) for i in range(2)]
+        rows = [add_cohort_row(scheduler, tiny_qwen3, requests[0], sinks[0])]
+        scheduler.turn()
+        scheduler.turn()
+        rows.append(add_cohort_row(scheduler, tiny_qwen3, requests[1], sinks[1]))
+        run_until_idle(scheduler)
+        assert rows[0].in_cohorts is False and sinks[0].result.stats.cohort_widths == {}, settings
+        assert scheduler.status()["moved_into_cohorts"] == 0
+        assert [s.result.token_ids for s in sinks] == references
 
 
 @pytest.mark.parametrize("cycle", ["phased", "fused"])

@@ -130,6 +130,37 @@ def test_a_fused_row_hands_the_session_bank_its_committed_caches(tiny_model_fact
     assert stats.cohort_widths  # it ran in a cohort
 
 
+def test_a_row_that_moved_into_a_cohort_hands_the_session_bank_its_committed_caches(tiny_model_factory):
+    """Auto mode: a turn decodes alone, another request joins, the first moves into the fused
+    cohort mid-turn; the bank keeps what it committed, and the follow-up turn restores it and
+    gives the solo answer."""
+    from mtplxd.engine import load_model
+    from mtplxd.engine.session.bank import BankSettings
+
+    model = load_model(tiny_model_factory("qwen3"))
+    model.enable_session_bank(BankSettings())
+    base = model.tokenizer.encode(PROMPTS[6])
+    scheduler = Scheduler(max_concurrent=3, cohort_mode="auto", numerics="throughput", cohort_cycle="fused")
+    log: list = []
+    first = Collector("first", log)
+    add_row(scheduler, model, GenerationRequest(base, SamplingParams(max_tokens=30, ignore_eos=True), depth=2),
+            first)
+    for _ in range(3):
+        scheduler.turn()
+    add_row(scheduler, model, request_for(model, 3, depth=2, max_tokens=40, ignore_eos=True), Collector("n", log))
+    run_until_idle(scheduler)
+    assert scheduler.status()["moved_into_cohorts"] == 1 and first.result.stats.cohort_widths
+    follow = base + first.result.token_ids + model.tokenizer.encode(" pop")
+    reference = load_model(tiny_model_factory("qwen3")).complete(
+        GenerationRequest(follow, SamplingParams(max_tokens=10), depth=0))
+    warm = Collector("warm", log)
+    add_row(scheduler, model, GenerationRequest(follow, SamplingParams(max_tokens=10), depth=2), warm)
+    run_until_idle(scheduler)
+    stats = warm.result.stats
+    assert stats.restored_from == "ram" and stats.cached_tokens > len(base) + 20  # its output too
+    assert warm.result.token_ids == reference.token_ids
+
+
 def test_rows_of_different_sampling_settings_share_one_fused_cohort_and_each_stays_its_solo_self(
         tiny_qwen3):
     """Greedy, penalised and sampled rows (top-p, top-k, min-p, each its own temperature and
