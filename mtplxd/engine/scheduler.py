@@ -196,6 +196,9 @@ class Scheduler:
         # Rows prefilling in one turn share their forwards (cohort.run_prefills); off only to
         # measure what that gains (bench.concurrency's mtp_cohorts_solo_prefill arm).
         self.batch_prefills = True
+        # A row decoding alone moves into cohorts that form beside it (`_joins`); off only to
+        # measure what that gains (bench.concurrency's late long request).
+        self.move_solo_rows = True
         self.cohort_histogram: dict[int, int] = {w: 0 for w in widths}  # width -> cohorts run
         self.wake: Callable[[], None] = lambda: None  # set by the owner: a submission wakes it
         self._lock = threading.Lock()
@@ -382,7 +385,7 @@ class Scheduler:
         agent turn and the title request or subagent that arrives during it. Only where
         batching pays ("throughput" numerics): under "exact" a cohort's rows run their own
         forwards, and the move would only trade the solo loop for a slower one."""
-        if self.cohort_mode != "auto" or self.numerics != "throughput":
+        if self.cohort_mode != "auto" or self.numerics != "throughput" or not self.move_solo_rows:
             return False
         with self._lock:
             company = any(r is not row and r.in_cohorts and r.phase == "decode" for r in self._running)

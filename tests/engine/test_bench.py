@@ -189,6 +189,15 @@ def test_mtplxctl_bench_streams_runs_every_concurrency_arm_side_by_side(tiny_mod
     late = report["late_short_request_beside_two_long"]
     assert set(late) == {"cohorts_off", "cohorts_always"}
     assert all(probe["ttft_seconds"] > 0 and probe["budget_seconds"] > 0 for probe in late.values())
+    # A long request arriving while another decodes alone: the first moves into its cohort
+    # (twice), or with the move off stays in its solo loop (twice).
+    late_long = report["late_long_request"]
+    assert [run["moved"] for run in late_long["moves"]] == [1, 1]
+    assert all(run["first_row_cohort_widths"] for run in late_long["moves"])
+    assert [run["moved"] for run in late_long["stays"]] == [0, 0]
+    assert all(run["first_row_cohort_widths"] == {} for run in late_long["stays"])
+    assert all(run["wall_seconds"] > 0 and min(run["decode_tokens_per_second_by_row"]) > 0
+               for runs in late_long.values() for run in runs)
     bad = run_ctl("bench", "--model", str(tiny_model_factory("qwen3")), "--streams", "0,x")
     assert bad.returncode != 0 and "--streams takes stream counts" in bad.stderr
 

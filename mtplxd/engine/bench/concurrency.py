@@ -26,7 +26,11 @@ At each stream count N, N greedy requests (the bench prompts in turn, ignore_eos
   the single-stream speed (solo decode loop, no scheduler), in the same run.
 Then a late short request: two long MTP generations decode, a short one arrives, and its
 TTFT is set against its own solo prefill plus two of the long rows' decode cycles (cohorts
-off and always).
+off and always). And a late long request (cohorts auto): one long generation decodes alone,
+a second as long arrives after 16 of its tokens (each `--max-tokens` long, at least 64),
+and the first moves into the second's
+cohort (`moves`) or, with the move turned off, stays in its solo loop while the two take
+turns (`stays`): wall time, aggregate tok/s and each row's own decode rate.
 With --json-out the report is rewritten after each stream count ("complete": false until the
 end), so a run cut short by a time limit keeps what it measured.
 TTFT counts from arrival (queue wait included); aggregate tok/s is all tokens over the wall
@@ -292,6 +296,59 @@ def late_short_request(owner: ModelOwner, model: Any, depth: int, cohorts: str,
             "ttft_over_budget": round(ttft / budget, 3) if budget > 0 else None}
 
 
+def late_long_request(owner: ModelOwner, model: Any, depth: int, move: bool,
+                      tokens: int = 256) -> dict[str, Any]:
+    """One long generation decodes alone (cohorts auto); once it has streamed 16 tokens a
+    second as long arrives. With `move` the first moves into the second's cohort
+    (Scheduler._joins), without it stays in its solo loop and the two take turns."""
+    owner.scheduler.configure(max_concurrent=2, max_queued=2, cohort_mode="auto",
+                              cohort_drafting="batched", cohort_cycle="fused", batch_prefills=True)
+    owner.scheduler.move_solo_rows = move
+    moved_before = owner.scheduler.counters["moved_into_cohorts"]
+    streamed = threading.Event()
+    finished = threading.Semaphore(0)
+    results: dict[int, tuple[Any, float]] = {}
+
+    def sink(index: int):
+        count = [0]
+
+        def deliver(item: Any) -> None:
+            if isinstance(item, (GenerationResult, RowFailure)):
+                results[index] = (item, time.perf_counter())
+                finished.release()
+            elif getattr(item, "token_ids", None):
+                count[0] += len(item.token_ids)
+                if index == 0 and count[0] >= 16:
+                    streamed.set()
+        return deliver
+
+    def submit(index: int, request: GenerationRequest) -> None:
+        owner.submit_row(Row(request, lambda stop, cohort: model.generate_steps(
+            request, stop, cohort=cohort), sink(index), cohort_capable=True))
+
+    first, second = requests_for(model, 2, depth, tokens)
+    try:
+        submit(0, first)
+        streamed.wait(300)
+        second.arrived_at = time.perf_counter()
+        submit(1, second)
+        finished.acquire()
+        finished.acquire()
+    finally:
+        owner.scheduler.move_solo_rows = True
+    for item, _ in results.values():
+        if isinstance(item, RowFailure):
+            raise item.error
+    wall = max(at for _, at in results.values()) - first.arrived_at
+    rates = [round(results[i][0].stats.completion_tokens / results[i][0].stats.decode_seconds, 2)
+             if results[i][0].stats.decode_seconds else 0.0 for i in (0, 1)]
+    return {"wall_seconds": round(wall, 4),
+            "aggregate_tokens_per_second": round(2 * tokens / wall, 2),
+            "decode_tokens_per_second_by_row": rates,
+            "first_row_cohort_widths": results[0][0].stats.cohort_widths,
+            "moved": owner.scheduler.counters["moved_into_cohorts"] - moved_before}
+
+
 def ratios(figures: dict[str, Any]) -> dict[str, Any]:
     """Side-by-side ratios per stream count: cohorts' aggregate over serial MTP and over the AR
     batch lane, and cohorts' per-request rate over the AR lane's."""
@@ -358,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_arm(owner, model, arm, n, depth, 16)
         figures: dict[str, Any] = {}
         late: dict[str, Any] = {}
+        late_long: dict[str, Any] = {}
 
         def report_so_far(complete: bool) -> dict[str, Any]:
             return {
@@ -369,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                 "repeats": args.repeats, "depth": depth, "numerics": args.numerics,
                 "cohort_widths": list(owner.scheduler.widths), "arms": arms,
                 "streams": figures, "ratios": ratios(figures),
-                "late_short_request_beside_two_long": late, "complete": complete,
+                "late_short_request_beside_two_long": late, "late_long_request": late_long,
+                "complete": complete,
             }
 
         for n in streams:
@@ -380,6 +439,11 @@ def main(argv: list[str] | None = None) -> int:
             for mode in ("off", "always"):
                 late[f"cohorts_{mode}"] = late_short_request(owner, model, depth, mode)
                 print(f"late short request, cohorts {mode}: {late[f'cohorts_{mode}']}", flush=True)
+            for move in (False, True, False, True):  # twice each, alternating: medians of noisy runs
+                name = "moves" if move else "stays"
+                late_long.setdefault(name, []).append(
+                    late_long_request(owner, model, depth, move, tokens=max(args.max_tokens, 64)))
+                print(f"late long request, the first row {name}: {late_long[name][-1]}", flush=True)
         report = report_so_far(True)
     finally:
         model = None
