@@ -52,7 +52,7 @@ else
   for variant in ${VARIANTS:-8bit 8bit-kernel}; do
     flags=()
     [ "$variant" = 8bit-kernel ] && flags=(--small-m-kernel)
-    step "streams-$variant-${MAX_TOKENS:-128}" 260 python3 -m mtplxd.engine.bench.concurrency --model $model --depth 6 \
+    step "streams-$variant-${MAX_TOKENS:-128}" "${STEP_CAP:-260}" python3 -m mtplxd.engine.bench.concurrency --model $model --depth 6 \
       --streams 1,3 --arms "${ARMS:-serial_mtp,mtp_cohorts_solo_prefill,mtp_cohorts}" --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" "${flags[@]}" \
       --json-out "$work/streams-$variant-${MAX_TOKENS:-128}.json"
   done
