@@ -142,7 +142,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     in numpy, "mlx" keeps MLX's (cpu_attention.py; a process-wide setting); None keeps the
     current one (`MTPLX_CPU_ATTENTION`, else auto).
     `small_m_kernel` True or False routes quantized layers through small_m_qmm's CUDA kernel
-    or not; None keeps its default (`small_m_qmm.default_wanted`: 27B/32B-class 4-bit models).
+    or not; None keeps its default (`small_m_qmm.default_wanted`: dense 27B/32B-class 4- and 8-bit models).
     `info.kernels` says which runs.
     """
     path = Path(path).expanduser().resolve()

@@ -61,17 +61,22 @@ def _quantized(out_dims: int, in_dims: int, bits: int) -> nn.QuantizedLinear:
     return layer
 
 
-def test_the_kernel_is_on_by_default_only_for_large_4_bit_models(tiny_model_factory):
-    """Where whole forwards measured it faster (a 32B at 4-bit), not where it measured slower
-    (the embedded model at 8-bit) or is untimed whole (8-bit, small models)."""
+def test_the_kernel_is_on_by_default_only_for_large_dense_quantized_models(tiny_model_factory):
+    """Where whole forwards measured it faster (a dense 32B at 4- and 8-bit), not where it
+    measured slower (the embedded model at 8-bit, the hybrid 27B's decode) or level (4B)."""
+    from mtplxd.engine.bench import real_size
+
     def model(*layers):
         return nn.Sequential(*layers)
 
     q_proj = (8192, 5120)  # Qwen3-32B: 42M weights, at VERIFY_VECTOR_VALUES
     k_proj = (1024, 5120)
     assert small_m_qmm.default_wanted(model(_quantized(*q_proj, 4), _quantized(*k_proj, 4)))
-    assert not small_m_qmm.default_wanted(model(_quantized(*q_proj, 8), _quantized(*k_proj, 8)))
+    assert small_m_qmm.default_wanted(model(_quantized(*q_proj, 8), _quantized(*k_proj, 8)))
     assert not small_m_qmm.default_wanted(model(_quantized(*q_proj, 4), _quantized(*k_proj, 8)))
+    hybrid, _ = real_size.build_model("tiny-hybrid", "4bit")
+    hybrid.append_big = _quantized(*q_proj, 4)  # a 27B-sized matrix in a model with DeltaNet layers
+    assert not small_m_qmm.default_wanted(hybrid)
     assert not small_m_qmm.default_wanted(model(_quantized(2560, 9728, 4)))  # Qwen3-4B's largest
     assert not small_m_qmm.default_wanted(model(nn.Linear(64, 64)))
     assert not small_m_qmm.default_wanted(load_model(tiny_model_factory("qwen3", quantize_bits=4)).model)

@@ -23,8 +23,9 @@ with mx.quantized_matmul, which pins the layout the kernel reads). Where the ker
 usable (Metal, CPU, a failed compile, a probe that disagrees) everything stays on
 mx.quantized_matmul, and `path_name()` says which is active (`/health`, `mtplxctl status`).
 By default it serves only the models where whole forwards measured it faster on the H200:
-4-bit models with matrices of a 27B/32B model's size (`default_wanted`); elsewhere it is off
-(on the embedded model it made decoding slower). `load_model(path, small_m_kernel=True or
+dense 4- and 8-bit models with matrices of a 27B/32B model's size (`default_wanted`);
+elsewhere it is off (on the embedded model it made decoding slower, on the hybrid 27B its
+decode steps too). `load_model(path, small_m_kernel=True or
 False)` decides instead (the benches' `--small-m-kernel`).
 """
 
@@ -368,15 +369,19 @@ class SmallMQuantizedLinear(nn.QuantizedLinear):
 
 
 def default_wanted(model: nn.Module) -> bool:
-    """Whether the kernel serves `model` unless asked otherwise: every quantized linear layer
-    is 4-bit and some hold at least VERIFY_VECTOR_VALUES weights (a 27B/32B model's q/o and
-    MLP projections). That is where whole forwards measured it faster on the H200: a Qwen3-32B
-    4-bit 6-token forward 61 ms against MLX's 117, a decode step 18.4 against 20.2, a depth-3
-    cycle 2.16 decode steps against 4.27 (docs/benchmarks.md, "The small-M kernel in whole
-    32B forwards"). 8-bit and smaller models keep MLX's kernels: on the embedded model (8-bit)
-    the kernel made decoding slower, and the rest is not yet timed whole."""
+    """Whether the kernel serves `model` unless asked otherwise: a dense model (no Gated
+    DeltaNet layers) whose quantized linear layers are all 4-bit or all 8-bit, some holding at
+    least VERIFY_VECTOR_VALUES weights (a 27B/32B model's q/o and MLP projections). That is
+    where whole forwards measured it faster on the H200 (docs/benchmarks.md, "The small-M
+    kernel in whole 32B forwards" and "Whole models with the kernel, 2026-12-03"): Qwen3-32B
+    4-bit, a depth-3 cycle 2.16-2.29 decode steps against MLX's 3.91-4.28; 8-bit, 3.05-3.16
+    against 3.82-4.24, the decode level. Off elsewhere: on the embedded model (8-bit, small)
+    the kernel made decoding slower, at Qwen3-4B size it was level, and on the hybrid 27B
+    (4-bit) its decode steps took 34-48 ms against MLX's 20-29."""
+    if any("GatedDeltaNet" in type(m).__name__ for _, m in model.named_modules()):
+        return False
     layers = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
-    return (bool(layers) and all(m.bits == 4 for m in layers)
+    return (bool(layers) and len({m.bits for m in layers}) == 1 and layers[0].bits in BITS
             and any(m["weight"].shape[0] * m["weight"].shape[1] * 32 // m.bits >= VERIFY_VECTOR_VALUES
                     for m in layers))
 
@@ -408,7 +413,7 @@ def path_name(switched: int) -> str:
         return "mlx (the small-M kernel is CUDA only)"
     if _usable is False:  # probed (at install) and failed; an unprobed kernel is not compiled here
         return "mlx (the small-M kernel failed its probe)"
-    return "mlx (the small-M kernel is on by default for 27B/32B-class 4-bit models only)"
+    return "mlx (the small-M kernel is on by default for dense 27B/32B-class 4- and 8-bit models only)"
 
 
 def usable() -> bool:
