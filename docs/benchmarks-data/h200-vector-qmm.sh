@@ -18,11 +18,14 @@
 #   PART=unpack-real  real_size with it: Qwen3-32B at DTYPES (default 4bit), stock and kernel,
 #                 depths 1 and 3 at T=0 and 0.6, and the greedy decode with the vector layout's
 #                 decode threshold at 16M weights (q/o projections too) and 0 (every matrix)
+#   PART=divergence  issue 22 point 4: greedy AR against greedy MTP (depth 3) over 2,000 tokens
+#                 through the engine's loops, the kernel as served, at SIZE (qwen3-4b, qwen3-32b or
+#                 hybrid-27b; one a run: the hybrid's stepwise MTP takes ~4 minutes) and DTYPES (4bit)
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, real, widen, unpack or unpack-real}
+PART=${PART:?set PART to kernels, real, widen, unpack, unpack-real or divergence}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -58,6 +61,11 @@ elif [ "$PART" = unpack-real ]; then
     --dtypes "${DTYPES:-4bit}" --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 \
     --repeats 6 --small-m-kernel --small-m-loops --decode-vector-values 16777216,0 \
     --json-out "$work/real-size-32b-${DTYPES:-4bit}.json"
+elif [ "$PART" = divergence ]; then
+  step "divergence-${SIZE:?set SIZE}-${DTYPES:-4bit}" 560 python3 -m mtplxd.engine.bench.real_size \
+    --sizes "$SIZE" --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \
+    --repeats 2 --divergence-tokens "${TOKENS:-2000}" \
+    --json-out "$work/divergence-$SIZE-${DTYPES:-4bit}.json"
 else
   # PART=widen: where the kernel is off by default and not yet timed whole (32B 8-bit, the
   # 4B and the hybrid 27B at 4-bit), stock and kernel side by side, all depths, both

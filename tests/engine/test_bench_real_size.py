@@ -16,7 +16,7 @@ def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("real-size") / "real-size.json"
     assert real_size.main(["--sizes", "tiny,tiny-hybrid", "--dtypes", "bf16,4bit", "--context", "32",
                            "--depths", "1,2", "--decode-tokens", "4", "--cycles", "2", "--repeats", "2",
-                           "--small-m-kernel", "--json-out", str(out)]) == 0
+                           "--small-m-kernel", "--divergence-tokens", "12", "--json-out", str(out)]) == 0
     return json.loads(out.read_text())
 
 
@@ -118,3 +118,41 @@ def test_decode_by_vector_values_times_each_threshold_and_puts_the_shipped_one_b
     timed = real_size._decode_by_vector_values(trunk, prompt, 3, (2**24, 0))
     assert list(timed) == [str(2**24), "0"] and all(ms > 0 for ms in timed.values())
     assert small_m_qmm.LARGE_MATRIX_VALUES == 64 * 2**20 and trunk.compiled_graphs == {}
+
+
+def test_greedy_mtp_follows_greedy_ar_through_the_engines_loops_on_this_cpu(report):
+    """Issue 22 point 4's measure, run where exactness is bitwise: no divergence in 12 tokens,
+    on the dense model (fused loop) and the hybrid (stepwise), the kernel as served (off here)."""
+    for config in report["configs"]:
+        divergence = config["greedy_divergence"]
+        assert divergence["tokens"] == 12 and divergence["depth"] == 3
+        assert divergence["identical"] and divergence["first_divergence"] is None
+        assert divergence["small_m_kernel"] is False
+
+
+def test_a_divergence_is_located_and_its_logit_gaps_measured(monkeypatch):
+    """Where the MTP run differs (made to here at token 5), the report names the position and
+    the AR step's logits there: the AR token is the argmax, so both gaps are at least 0."""
+    from mtplxd.engine.model.trunk import Trunk
+
+    model, spec = real_size.build_model("tiny", "bf16")
+    trunk = Trunk(model, spec)
+    real_loop = real_size.engine_loop
+
+    def altered(trunk, head, prompt, depth, temperature):
+        loop, first, fused = real_loop(trunk, head, prompt, depth, temperature)
+        if depth == 0:
+            return loop, first, fused
+
+        def shifted():
+            produced = 1
+            for tokens in loop:
+                out = [(t + 1) % 512 if produced + i == 5 else t for i, t in enumerate(tokens)]
+                produced += len(tokens)
+                yield out
+        return shifted(), first, fused
+
+    monkeypatch.setattr(real_size, "engine_loop", altered)
+    report = real_size.greedy_divergence(trunk, model.mtp, list(range(1, 30)), 2, 10)
+    assert report["first_divergence"] == 5 and not report["identical"]
+    assert report["ar_top2_gap_at_divergence"] >= 0 and report["mtp_token_logit_gap"] >= 0

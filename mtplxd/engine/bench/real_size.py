@@ -3,7 +3,8 @@
     python -m mtplxd.engine.bench.real_size [--sizes qwen3-4b,qwen3-32b,hybrid-27b]
         [--dtypes bf16,8bit,4bit] [--context 512] [--depths 1,2,3,4,5] [--decode-tokens 48]
         [--cycles 16] [--repeats 10] [--cycle-temperatures 0,0.6] [--small-m-kernel]
-        [--small-m-loops] [--json-out FILE]
+        [--small-m-loops] [--decode-vector-values N,...] [--divergence-tokens N]
+        [--divergence-depth 3] [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
 quantization in groups of 64 for 8bit/4bit), with a random MTP head, one layer at a time so
@@ -25,6 +26,9 @@ each size and dtype, at `--context` tokens of context:
     decode steps take the vector layout on matrices of LARGE_MATRIX_VALUES weights or more;
     `--decode-vector-values 16777216,0` times the greedy decode again with that threshold
     moved, `decode_ms_by_vector_values`: which matrices a decode step should route);
+  * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
+    tokens through the engine's own loops, the kernel as served (`greedy_divergence`): the
+    first position where they differ and the logit gaps there (issue 22, point 4);
   * a whole speculative cycle at each depth, greedy and sampled: the engine's own loop
     (fused for dense, stepwise for hybrid) run for `--cycles` cycles after warm-up, ms per
     cycle and as a multiple of our decode step;
@@ -157,10 +161,12 @@ def sampling(temperature: float) -> SamplingParams:
     return SamplingParams(temperature=temperature, top_p=0.95 if temperature > 0 else 1.0)
 
 
-def loop_cycle_ms(trunk: Any, head: Any, prompt: list[int], depth: int, temperature: float,
-                  cycles: int, warmup: int = 3) -> dict[str, float]:
-    """ms per cycle of the engine's own MTP loop at `depth` (fused where the cache allows it,
-    as generation.py chooses), and the tokens it committed per cycle."""
+def engine_loop(trunk: Any, head: Any, prompt: list[int], depth: int, temperature: float
+                ) -> tuple[Any, int, bool]:
+    """The engine's own decode loop over `prompt` after its prefill: (cycles, first token,
+    fused?). Depth 0 is the AR loop; else the MTP loop generation.py chooses (fused where the
+    cache allows it, else stepwise)."""
+    from mtplxd.engine.decoding.autoregressive import ar_cycles
     from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
     from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
     from mtplxd.engine.decoding.speculative import SpeculativeDecoder
@@ -170,10 +176,47 @@ def loop_cycle_ms(trunk: Any, head: Any, prompt: list[int], depth: int, temperat
     hiddens, logits = trunk.prefill(prompt, cache)
     history = TokenHistory(logits.shape[-1], prompt)
     first = pick_first(logits, params, history, 0, len(prompt))
+    if depth == 0:
+        return ar_cycles(trunk, cache, params, history, 0, first, len(prompt)), first, False
     fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache)
     decoder = (FusedSpeculativeDecoder if fused else SpeculativeDecoder)(
         trunk, head, cache, params, history, 0, depth)
-    loop = decoder.cycles(hiddens, prompt, first)
+    return decoder.cycles(hiddens, prompt, first), first, fused
+
+
+def greedy_divergence(trunk: Any, head: Any, prompt: list[int], depth: int, tokens: int) -> dict[str, Any]:
+    """Greedy AR and greedy MTP at `depth` through the engine's own loops over `tokens` tokens
+    from `prompt`: where they first differ (None: identical), and there the AR step's gap
+    between its two best logits and the MTP token's logit below the AR token's (a near-tie
+    when within the dtype's rounding: what issue 22 accepts)."""
+    def run(loop_depth: int) -> list[int]:
+        loop, first, _ = engine_loop(trunk, head, prompt, loop_depth, 0.0)
+        out = [first]
+        while len(out) < tokens:
+            out += next(loop)
+        loop.close()
+        return out[:tokens]
+
+    started = time.perf_counter()
+    ar, mtp = run(0), run(depth)
+    at = next((i for i, (a, b) in enumerate(zip(ar, mtp)) if a != b), None)
+    report: dict[str, Any] = {"tokens": tokens, "depth": depth, "identical": ar == mtp,
+                              "first_divergence": at}
+    if at is not None:
+        _, logits = trunk.prefill(prompt + ar[:at], trunk.make_cache())
+        logits = logits.reshape(-1).astype(mx.float32)
+        top = mx.sort(logits)[-2:].tolist()
+        report["ar_top2_gap_at_divergence"] = top[1] - top[0]
+        report["mtp_token_logit_gap"] = (logits[ar[at]] - logits[mtp[at]]).item()
+    report["seconds"] = time.perf_counter() - started
+    return report
+
+
+def loop_cycle_ms(trunk: Any, head: Any, prompt: list[int], depth: int, temperature: float,
+                  cycles: int, warmup: int = 3) -> dict[str, float]:
+    """ms per cycle of the engine's own MTP loop at `depth` (fused where the cache allows it,
+    as generation.py chooses), and the tokens it committed per cycle."""
+    loop, _, fused = engine_loop(trunk, head, prompt, depth, temperature)
     for _ in range(warmup):
         next(loop)
     committed = 0
@@ -195,7 +238,8 @@ def projected_speedups(decode_ms: float, cycle_ms: dict[str, float]) -> dict[str
 def measure_config(size: str, dtype: str, *, context: int, depths: list[int], decode_tokens: int,
                    cycles: int, repeats: int, small_m_kernel: bool,
                    cycle_temperatures: tuple[float, ...] = TEMPERATURES,
-                   kernel_loops: bool = False, decode_vector_values: tuple[int, ...] = ()) -> dict[str, Any]:
+                   kernel_loops: bool = False, decode_vector_values: tuple[int, ...] = (),
+                   divergence_tokens: int = 0, divergence_depth: int = 3) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready."""
     from mtplxd.engine.model import gdn_chunked, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
@@ -260,6 +304,14 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
             "projected_mtp_over_ar": projected_speedups(decode_ms, ms),
         }
     entry["cycles"] = cycle
+    if divergence_tokens:
+        # As served: the small-M kernel where small_m_qmm.default_wanted puts it.
+        served_kernel = small_m_qmm.install(model)
+        trunk.compiled_graphs.clear()
+        entry["greedy_divergence"] = {**greedy_divergence(trunk, model.mtp, prompt, divergence_depth,
+                                                          divergence_tokens),
+                                      "small_m_kernel": bool(served_kernel)}
+        _uninstall(model, trunk)
     entry["seconds"] = time.perf_counter() - started
     del model, trunk
     gc.collect()
@@ -355,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-vector-values", default="",
                         help="with --small-m-loops: greedy decode again with the vector layout's decode "
                              "threshold at each of these weight counts (comma-separated)")
+    parser.add_argument("--divergence-tokens", type=int, default=0,
+                        help="also run greedy AR and greedy MTP this many tokens through the engine's "
+                             "loops (the kernel as served) and report the first divergence")
+    parser.add_argument("--divergence-depth", type=int, default=3)
     parser.add_argument("--cycle-temperatures", default="0,0.6",
                         help="temperatures the cycles are timed at (decode runs at 0 and 0.6)")
     parser.add_argument("--json-out", type=Path, default=None)
@@ -379,7 +435,9 @@ def main(argv: list[str] | None = None) -> int:
                                    repeats=args.repeats, small_m_kernel=args.small_m_kernel,
                                    cycle_temperatures=cycle_temperatures,
                                    kernel_loops=args.small_m_loops,
-                                   decode_vector_values=tuple(int(v) for v in args.decode_vector_values.split(",") if v))
+                                   decode_vector_values=tuple(int(v) for v in args.decode_vector_values.split(",") if v),
+                                   divergence_tokens=args.divergence_tokens,
+                                   divergence_depth=args.divergence_depth)
             report["configs"].append(entry)
             print(_summary_line(entry), flush=True)
             if args.json_out:  # after every config: a run cut short keeps what it measured
