@@ -83,6 +83,9 @@ class Metrics:
         paused = Gauge("mtplx_scheduler_paused_rows",
                        "Rows paused because their reader has not taken their output", registry=r)
         paused.set_function(lambda: runtime.scheduler_status().get("paused", 0))
+        moved = Gauge("mtplx_scheduler_rows_moved_into_cohorts",
+                      "Rows that started decoding alone and moved into cohorts since start", registry=r)
+        moved.set_function(lambda: runtime.scheduler_status().get("moved_into_cohorts", 0))
         loaded = Gauge("mtplx_model_loaded", "1 while a model is loaded", registry=r)
         loaded.set_function(lambda: 1 if runtime.state == "loaded" else 0)
         depth = Gauge("mtplx_model_depth", "Default MTP depth of the loaded model (0 = AR)", registry=r)

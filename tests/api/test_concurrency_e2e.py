@@ -226,3 +226,35 @@ def test_cohort_streams_equal_their_solo_output_and_show_in_stats_and_metrics(ti
         assert "mtplx_scheduler_paused_rows 0.0" in metrics
     finally:
         daemon.stop()
+
+
+def test_a_stream_decoding_alone_moves_into_the_cohort_of_one_that_arrives_and_stays_exact(
+        tiny_checkpoint, tmp_path):
+    """The default cohorts "auto": a long stream starts alone in the single-stream loop; a
+    second arrives while it decodes and decodes in a cohort, and the first moves into it. Both
+    streams equal their solo greedy output; status and /metrics count the move."""
+    daemon = start_api_daemon(tmp_path / "home", MTPLX_MODEL=str(tiny_checkpoint),
+                              MTPLX_MAX_CONCURRENT="2", MTPLX_NUMERICS="throughput")
+    try:
+        # The first long enough to be decoding still when the second has come and gone.
+        lengths = [{"max_tokens": 1500, "frequency_penalty": -2.0, "presence_penalty": -2.0},
+                   {"max_tokens": 100, "frequency_penalty": -2.0, "presence_penalty": -2.0}]
+        solo: dict = {}
+        for i, prompt in enumerate(PROMPTS[:2]):
+            _stream_text(daemon, prompt, 2, solo, i, **lengths[i])
+        assert daemon.client.call("daemon.status")["scheduler"]["moved_into_cohorts"] == 0
+        together: dict = {}
+        first = threading.Thread(target=_stream_text, args=(daemon, PROMPTS[0], 2, together, 0),
+                                 kwargs=lengths[0])
+        first.start()
+        _wait(lambda: any(row["phase"] == "decode" and row["completion_tokens"] > 8
+                          for row in daemon.client.call("daemon.status")["scheduler"]["rows"]))
+        _stream_text(daemon, PROMPTS[1], 2, together, 1, **lengths[1])
+        first.join(60)
+        assert together == solo
+        status = daemon.client.call("daemon.status")["scheduler"]
+        assert status["moved_into_cohorts"] == 1
+        metrics = httpx.get(daemon.base_url + "/metrics").text
+        assert "mtplx_scheduler_rows_moved_into_cohorts 1.0" in metrics
+    finally:
+        daemon.stop()
