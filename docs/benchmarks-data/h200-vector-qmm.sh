@@ -14,7 +14,8 @@
 #                 Qwen3-32B 8-bit, Qwen3-4B 4-bit, the hybrid 27B 4-bit (not yet run)
 #   PART=unpack   the and-or unpack (small_m_qmm._HEADER: no int-to-float conversion per weight
 #                 value): every CUDA test of the kernel, then the micro-bench at the Qwen3-32B
-#                 and 4B shapes with both unpacks side by side (shipped widths only)
+#                 and 4B shapes with both unpacks side by side (shipped widths only), and at one
+#                 row the vector layout with 1, 2 and 4 vectors loaded per thread before use
 #   PART=unpack-real  real_size with it: Qwen3-32B at DTYPES (default 4bit), stock and kernel,
 #                 depths 1 and 3 at T=0 and 0.6, and the greedy decode with the vector layout's
 #                 decode threshold at 16M weights (q/o projections too) and 0 (every matrix)

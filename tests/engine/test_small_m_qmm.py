@@ -125,6 +125,16 @@ def test_cuda_and_or_unpack_gives_the_conversions_outputs_bit_for_bit(bits, layo
 
 
 @needs_cuda
+@pytest.mark.parametrize("bits", small_m_qmm.BITS)
+@pytest.mark.parametrize("unroll", [2, 4])
+def test_cuda_unrolled_vector_layout_matches_the_float32_truth_at_one_row(bits, unroll):
+    for N, K in ((320, 512), (2560, 2560), (999, 1024)):
+        x, w, scales, biases, truth = small_m_qmm.probe_case(1, bits, N=N, K=K)
+        got = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector", unroll=unroll)
+        assert small_m_qmm.relative_error(got, truth) < 0.01
+
+
+@needs_cuda
 def test_cuda_greedy_mtp_equals_ar_with_the_kernel(tiny_model_factory):
     model = load_model(tiny_model_factory("qwen3", head_dim=64), quantize="4bit")
     assert small_m_qmm.install(model.model, force=True) > 0
@@ -259,10 +269,15 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
     # The kernel's M (rows per block) at both ends of what each layout serves: the word
     # layout up to ROW_CHUNK, the vector layout up to VECTOR_MAX_ROWS[bits] (decode steps and
     # short verify blocks).
-    layouts = {"word": (small_m_qmm._SOURCE, small_m_qmm.ROWS_PER_WARP, lambda bits: (1, small_m_qmm.ROW_CHUNK)),
+    # The micro-bench's unrolled vector layout at the decode rows it times: 2 vectors a thread
+    # at 1-3 rows, 4 at 1 row (4 spill from 2 rows: 244-255 registers).
+    layouts = {"word": (small_m_qmm._SOURCE, small_m_qmm.ROWS_PER_WARP, lambda bits: (1, small_m_qmm.ROW_CHUNK), 1),
                "vector": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS,
-                          lambda bits: (1, small_m_qmm.MIN_ROWS[bits] - 1, small_m_qmm.VECTOR_MAX_ROWS[bits]))}
-    for layout, (body, per_block, row_counts) in layouts.items():
+                          lambda bits: (1, small_m_qmm.MIN_ROWS[bits] - 1, small_m_qmm.VECTOR_MAX_ROWS[bits]), 1),
+               "vector_u2": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS,
+                             lambda bits: (1, small_m_qmm.MIN_ROWS[bits] - 1), 2),
+               "vector_u4": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS, lambda bits: (1,), 4)}
+    for layout, (body, per_block, row_counts, unroll) in layouts.items():
         for bits in small_m_qmm.BITS:
             for rows in row_counts(bits):
                 kernels.append(
@@ -271,7 +286,8 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                     f"const __grid_constant__ Shape w_shape, const {dtype}* scales, const {dtype}* biases, "
                     f"{dtype}* out) {{\n  using T = {dtype};\n  constexpr int M = {rows};\n"
                     f"  constexpr int BITS = {bits};\n  constexpr int GS = {small_m_qmm.GROUP_SIZE};\n"
-                    f"  constexpr int R = {per_block};\n  constexpr bool CONVERT = false;\n{body}\n}}\n")
+                    f"  constexpr int R = {per_block};\n  constexpr bool CONVERT = false;\n"
+                    f"  constexpr int U = {unroll};\n{body}\n}}\n")
     # MLX's default header gives the body `Shape` and the `cg` alias (mlx/backend/cuda/custom_kernel.cpp).
     source = (small_m_qmm._HEADER + "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n"
               "#include <cooperative_groups.h>\n#include <cuda/std/array>\nnamespace mlx::core::cu {\n"

@@ -16,7 +16,9 @@ bandwidth layout (16-byte loads, warps splitting K: small_m_qmm._SOURCE_VECTOR) 
 `vector_us_by_columns` at 4, 8 and 16 output columns per block (`--shipped-only`: only the
 shipped widths, a shorter run). `kernel_convert_us` and `vector_convert_us` time both layouts
 with the int-to-float conversion per weight value that the and-or unpack replaced (same
-outputs; small_m_qmm._HEADER says why). Off CUDA the kernel columns are null (the kernel is
+outputs; small_m_qmm._HEADER says why). At one row, `vector_us_by_unroll` times the vector
+layout with 1, 2 and 4 vectors of each weight row loaded per thread before use (in a block of
+that many times fewer threads), and `vector_unroll_error` is their worst error. Off CUDA the kernel columns are null (the kernel is
 CUDA only) and the plain-ops reference's error is reported instead, so the script runs
 anywhere.
 """
@@ -49,6 +51,7 @@ SHAPES: dict[str, list[tuple[str, int, int]]] = {
 CALLS = 16  # calls evaluated together per timed sample
 OTHER_ROWS_PER_WARP = (1, 2)  # variants of the kernel's output columns per warp, timed too
 VECTOR_COLUMNS = (8, 4, 16)  # output columns per block of the vector layout, timed (the shipped one first)
+UNROLLS = (2, 4)  # 16-byte vectors a thread loads before using them, timed at one row (shipped: 1)
 
 
 def _per_call_us(fn, x, repeats: int) -> float:
@@ -73,8 +76,8 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
             return mx.quantized_matmul(x, w, scales, biases, transpose=True,
                                        group_size=small_m_qmm.GROUP_SIZE, bits=bits)
 
-        def kernel(x, per_warp=small_m_qmm.ROWS_PER_WARP, layout="word", convert=False):
-            return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, per_warp, layout, convert)
+        def kernel(x, per_warp=small_m_qmm.ROWS_PER_WARP, layout="word", convert=False, unroll=1):
+            return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, per_warp, layout, convert, unroll)
 
         truth = mx.quantized_matmul(x.astype(mx.float32), w, scales.astype(mx.float32),
                                     biases.astype(mx.float32), transpose=True,
@@ -114,6 +117,12 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
                        vector_unpack_over_convert=vector_us / vector_convert_us,
                        kernel_unpack_over_convert=kernel_us / kernel_convert_us,
                        unpack_equals_convert=bool(same))
+            if M == 1:  # decode rows: more vectors in flight per thread, fewer threads
+                by_unroll = {u: _per_call_us(lambda x, u=u: kernel(x, small_m_qmm.VECTOR_ROWS, "vector", unroll=u),
+                                             x, repeats) for u in UNROLLS}
+                row.update(vector_us_by_unroll={1: vector_us, **by_unroll},
+                           vector_unroll_error=max(small_m_qmm.relative_error(
+                               kernel(x, small_m_qmm.VECTOR_ROWS, "vector", unroll=u), truth) for u in UNROLLS))
         else:
             row["reference_error"] = small_m_qmm.relative_error(
                 small_m_qmm.reference(x, w, scales, biases, bits), truth)

@@ -181,48 +181,60 @@ _SOURCE_VECTOR = r"""
         for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
     }
 
-    for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
-        const int k = v * VEC * VALS;
-        const int g = k / GS;
-        uint4 packed[R];
-        float scale[R], bias[R];
+    // U 16-byte vectors of each row per thread per pass, all loaded before any is used (more
+    // bytes in flight per thread); thread t takes vectors t, t + blockDim.x, ... in that order
+    // whatever U is, so U changes no sum's order.
+    for (int base = 0; base < vecs; base += blockDim.x * U) {
+        uint4 packed[U][R];
+        float scale[U][R], bias[U][R];
         #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int n = n0 + r < N ? n0 + r : N - 1;   // past the edge: read a real row, never store it
-            packed[r] = reinterpret_cast<const uint4*>(w + (size_t)n * words)[v];
-            scale[r] = static_cast<float>(scales[(size_t)n * groups + g]);
-            bias[r] = static_cast<float>(biases[(size_t)n * groups + g]);
-        }
-        #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-            float xs[M][VALS];
-            float xsum[M];
-            #pragma unroll
-            for (int m = 0; m < M; ++m) {
-                // One load of the word's VALS inputs (16 bytes at 4-bit, 8 at 8-bit in 16-bit
-                // floats): a load per value made the loads, not the weights, the limit.
-                XLoad raw{};
-                if (m < rows) raw = *reinterpret_cast<const XLoad*>(x + (size_t)(m0 + m) * K + k + j * VALS);
-                const T* vals = reinterpret_cast<const T*>(&raw);
-                float s = 0.f;
-                #pragma unroll
-                for (int i = 0; i < VALS; ++i) {
-                    xs[m][i] = static_cast<float>(vals[i]);
-                    s += xs[m][i];
-                }
-                xsum[m] = s;
-            }
+        for (int u = 0; u < U; ++u) {
+            const int v = min(base + u * (int)blockDim.x + (int)threadIdx.x, vecs - 1);  // past the end: a real vector, never used
+            const int g = v * VEC * VALS / GS;
             #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const uint32_t word = reinterpret_cast<const uint32_t*>(&packed[r])[j];
-                float q[VALS];
-                if constexpr (CONVERT) mtplx_convert_word<BITS>(word, q); else mtplx_unpack_word<BITS>(word, q);
+                const int n = n0 + r < N ? n0 + r : N - 1;   // past the edge: read a real row, never store it
+                packed[u][r] = reinterpret_cast<const uint4*>(w + (size_t)n * words)[v];
+                scale[u][r] = static_cast<float>(scales[(size_t)n * groups + g]);
+                bias[u][r] = static_cast<float>(biases[(size_t)n * groups + g]);
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int v = base + u * (int)blockDim.x + (int)threadIdx.x;
+            if (v >= vecs) break;
+            const int k = v * VEC * VALS;
+            #pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                float xs[M][VALS];
+                float xsum[M];
                 #pragma unroll
                 for (int m = 0; m < M; ++m) {
-                    float dot = 0.f;
+                    // One load of the word's VALS inputs (16 bytes at 4-bit, 8 at 8-bit in 16-bit
+                    // floats): a load per value made the loads, not the weights, the limit.
+                    XLoad raw{};
+                    if (m < rows) raw = *reinterpret_cast<const XLoad*>(x + (size_t)(m0 + m) * K + k + j * VALS);
+                    const T* vals = reinterpret_cast<const T*>(&raw);
+                    float s = 0.f;
                     #pragma unroll
-                    for (int i = 0; i < VALS; ++i) dot += xs[m][i] * q[i];
-                    acc[r][m] += scale[r] * dot + bias[r] * xsum[m];
+                    for (int i = 0; i < VALS; ++i) {
+                        xs[m][i] = static_cast<float>(vals[i]);
+                        s += xs[m][i];
+                    }
+                    xsum[m] = s;
+                }
+                #pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const uint32_t word = reinterpret_cast<const uint32_t*>(&packed[u][r])[j];
+                    float q[VALS];
+                    if constexpr (CONVERT) mtplx_convert_word<BITS>(word, q); else mtplx_unpack_word<BITS>(word, q);
+                    #pragma unroll
+                    for (int m = 0; m < M; ++m) {
+                        float dot = 0.f;
+                        #pragma unroll
+                        for (int i = 0; i < VALS; ++i) dot += xs[m][i] * q[i];
+                        acc[r][m] += scale[u][r] * dot + bias[u][r] * xsum[m];
+                    }
                 }
             }
         }
@@ -273,7 +285,7 @@ def _small_m_kernel(layout: str = "word"):
 
 def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
                    rows_per_warp: int | None = None, layout: str | None = None,
-                   convert: bool = False) -> mx.array:
+                   convert: bool = False, unroll: int = 1) -> mx.array:
     """x (..., K) times the dequantized W (N, K) transposed: (..., N), as
     mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=64, bits=bits).
     CUDA only (see `usable`); any number of rows, ROW_CHUNK at a time per block.
@@ -282,7 +294,10 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     K); None takes "word". `rows_per_warp`: output columns per warp, or per block in the
     vector layout (the micro-bench tries several). `convert`: unpack the weights with an
     int-to-float conversion per value (the kernel before _HEADER's and-or unpack: the same
-    outputs, kept for the micro-bench's side-by-side)."""
+    outputs, kept for the micro-bench's side-by-side). `unroll` (vector layout): 16-byte
+    vectors of each weight row a thread loads before using any, in a block of 1/unroll the
+    threads (the micro-bench's question: do more bytes in flight per thread read faster? The
+    fewer threads split K differently, so outputs round apart from unroll 1's by a little)."""
     layout = layout or "word"
     lead, K = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, K)
@@ -291,7 +306,7 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     if layout == "vector":
         per_block = rows_per_warp or VECTOR_ROWS
         vecs = w.shape[1] // 4  # 16-byte loads per weight row
-        threads = min(VECTOR_MAX_THREADS, max(32, _ceil_div(vecs, 32) * 32))
+        threads = min(VECTOR_MAX_THREADS, max(32, _ceil_div(vecs, 32 * unroll) * 32))
         blocks = _ceil_div(N, per_block)
     else:
         per_block = rows_per_warp or ROWS_PER_WARP
@@ -300,7 +315,7 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     out = _small_m_kernel(layout)(
         inputs=[rows, w, scales, biases],
         template=[("T", x.dtype), ("M", chunk), ("BITS", bits), ("GS", GROUP_SIZE), ("R", per_block),
-                  ("CONVERT", convert)],
+                  ("CONVERT", convert), ("U", unroll)],
         grid=(blocks * threads, _ceil_div(M, chunk), 1), threadgroup=(threads, 1, 1),
         output_shapes=[(M, N)], output_dtypes=[x.dtype])[0]
     return out.reshape(*lead, N)
