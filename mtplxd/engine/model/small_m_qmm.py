@@ -472,5 +472,6 @@ def probe_error(M: int, bits: int, layout: str | None = None, **shape: Any) -> f
 
 def _probe() -> bool:
     return custom_kernels.probe(
-        "small-M quantized matmul", lambda: max(probe_error(M, bits) for M in (1, 3, 6) for bits in BITS),
+        "small-M quantized matmul",
+        lambda: max(probe_error(M, bits, layout) for M in (1, 3, 6) for bits in BITS for layout in LAYOUTS),
         0.01, "mx.quantized_matmul")
