@@ -435,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
                                    repeats=args.repeats, small_m_kernel=args.small_m_kernel,
                                    cycle_temperatures=cycle_temperatures,
                                    kernel_loops=args.small_m_loops,
-                                   decode_vector_values=tuple(int(v) for v in args.decode_vector_values.split(",") if v),
+                                   decode_vector_values=tuple(
+                                       int(v) for v in args.decode_vector_values.split(",") if v),
                                    divergence_tokens=args.divergence_tokens,
                                    divergence_depth=args.divergence_depth)
             report["configs"].append(entry)

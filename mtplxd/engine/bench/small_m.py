@@ -18,9 +18,9 @@ shipped widths, a shorter run). `kernel_convert_us` and `vector_convert_us` time
 with the int-to-float conversion per weight value that the and-or unpack replaced (same
 outputs; small_m_qmm._HEADER says why). At one row, `vector_us_by_unroll` times the vector
 layout with 1, 2 and 4 vectors of each weight row loaded per thread before use (in a block of
-that many times fewer threads), and `vector_unroll_error` is their worst error. Off CUDA the kernel columns are null (the kernel is
-CUDA only) and the plain-ops reference's error is reported instead, so the script runs
-anywhere.
+that many times fewer threads), and `vector_unroll_error` is their worst error. Off CUDA the
+kernel columns are null (the kernel is CUDA only) and the plain-ops reference's error is
+reported instead, so the script runs anywhere.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
                                "vector_us": None, "vector_over_mlx": None, "vector_error": None}
         if on_cuda:
             # The shipped output columns per warp, then the others the kernel can be built with.
-            per_warps = (small_m_qmm.ROWS_PER_WARP,) if shipped_only else (small_m_qmm.ROWS_PER_WARP, *OTHER_ROWS_PER_WARP)
+            per_warps = ((small_m_qmm.ROWS_PER_WARP,) if shipped_only
+                         else (small_m_qmm.ROWS_PER_WARP, *OTHER_ROWS_PER_WARP))
             by_per_warp = {per_warp: _per_call_us(lambda x, p=per_warp: kernel(x, p), x, repeats)
                            for per_warp in per_warps}
             kernel_us = by_per_warp[small_m_qmm.ROWS_PER_WARP]

@@ -189,7 +189,8 @@ _SOURCE_VECTOR = r"""
         float scale[U][R], bias[U][R];
         #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int v = min(base + u * (int)blockDim.x + (int)threadIdx.x, vecs - 1);  // past the end: a real vector, never used
+            // Past the end: a real vector is read, never used.
+            const int v = min(base + u * (int)blockDim.x + (int)threadIdx.x, vecs - 1);
             const int g = v * VEC * VALS / GS;
             #pragma unroll
             for (int r = 0; r < R; ++r) {
