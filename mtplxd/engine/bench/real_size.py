@@ -56,7 +56,7 @@ from mlx.utils import tree_flatten
 
 from mtplxd.engine.bench.ar_reference import mlx_lm_decode_ms, ours_decode_ms
 from mtplxd.engine.bench.harness import bench_parser, command_line, machine, write_report
-from mtplxd.engine.bench.verify import DIMS, measure_forward_costs
+from mtplxd.engine.bench.verify import DIMS, first_divergence, measure_forward_costs
 from mtplxd.engine.interface import SamplingParams
 
 PROG = "python -m mtplxd.engine.bench.real_size"
@@ -186,9 +186,8 @@ def engine_loop(trunk: Any, head: Any, prompt: list[int], depth: int, temperatur
 
 def greedy_divergence(trunk: Any, head: Any, prompt: list[int], depth: int, tokens: int) -> dict[str, Any]:
     """Greedy AR and greedy MTP at `depth` through the engine's own loops over `tokens` tokens
-    from `prompt`: where they first differ (None: identical), and there the AR step's gap
-    between its two best logits and the MTP token's logit below the AR token's (a near-tie
-    when within the dtype's rounding: what issue 22 accepts)."""
+    from `prompt`: where they first differ and the logit gaps there (verify.first_divergence;
+    a near-tie is what issue 22 accepts)."""
     def run(loop_depth: int) -> list[int]:
         loop, first, _ = engine_loop(trunk, head, prompt, loop_depth, 0.0)
         out = [first]
@@ -199,15 +198,8 @@ def greedy_divergence(trunk: Any, head: Any, prompt: list[int], depth: int, toke
 
     started = time.perf_counter()
     ar, mtp = run(0), run(depth)
-    at = next((i for i, (a, b) in enumerate(zip(ar, mtp)) if a != b), None)
     report: dict[str, Any] = {"tokens": tokens, "depth": depth, "identical": ar == mtp,
-                              "first_divergence": at}
-    if at is not None:
-        _, logits = trunk.prefill(prompt + ar[:at], trunk.make_cache())
-        logits = logits.reshape(-1).astype(mx.float32)
-        top = mx.sort(logits)[-2:].tolist()
-        report["ar_top2_gap_at_divergence"] = top[1] - top[0]
-        report["mtp_token_logit_gap"] = (logits[ar[at]] - logits[mtp[at]]).item()
+                              **first_divergence(trunk, prompt, ar, mtp)}
     report["seconds"] = time.perf_counter() - started
     return report
 

@@ -211,14 +211,22 @@ def greedy_agreement(trunk, head, prompt: list[int], vocab: int, depth: int, tok
                               "mtp_tokens_per_cycle": (tokens - 1) / mtp_steps,
                               "decode_tokens_per_second_ar": (tokens - 1) / ar_s,
                               "decode_tokens_per_second_mtp": (tokens - 1) / mtp_s}
+    report.update(first_divergence(trunk, prompt, ar, mtp))
+    return report
+
+
+def first_divergence(trunk, prompt: list[int], ar: list[int], mtp: list[int]) -> dict[str, Any]:
+    """Where greedy MTP's tokens first leave greedy AR's after `prompt` (None: they do not),
+    and there the AR step's gap between its two best logits and the MTP token's logit below
+    the AR token's: a near-tie when within the dtype's rounding."""
     diverged = next((i for i, (a, b) in enumerate(zip(ar, mtp)) if a != b), None)
-    report["first_divergence"] = diverged
+    report: dict[str, Any] = {"first_divergence": diverged}
     if diverged is not None:
-        cache = trunk.make_cache()
-        _, logits = trunk.prefill(prompt + ar[:diverged], cache)
-        top = mx.sort(logits.astype(mx.float32))[-2:].tolist()
+        _, logits = trunk.prefill(prompt + ar[:diverged], trunk.make_cache())
+        logits = logits.reshape(-1).astype(mx.float32)
+        top = mx.sort(logits)[-2:].tolist()
         report["ar_top2_gap_at_divergence"] = top[1] - top[0]
-        report["mtp_token_logit_gap"] = (logits[ar[diverged]] - logits[mtp[diverged]]).astype(mx.float32).item()
+        report["mtp_token_logit_gap"] = (logits[ar[diverged]] - logits[mtp[diverged]]).item()
     return report
 
 

@@ -52,10 +52,11 @@ ROWS_PER_WARP = 4  # output columns a warp computes together (x slices reused ac
 WARPS_PER_BLOCK = 8
 
 # The weights' values as floats without an int-to-float conversion. On sm_90 a conversion
-# runs at a quarter of the rate of an add (16 a clock per SM), and one per weight value made the
-# kernel (and MLX's matvec) bound by instructions, not by bytes: a 4-bit 32B decode step
-# converts 32 G values, 7.7 ms of conversions alone at the H200's rate, against 4.2 ms to read
-# them. Instead each value is masked in place into the mantissa of a float whose exponent
+# runs at a quarter of the rate of an add (16 a clock per SM); a 4-bit 32B decode step converts
+# 32 G values, 7.7 ms of conversions at the H200's rate against 4.2 ms to read them. Taking
+# them out measured level on the H200 (micro-bench median 1.00: the loads, not the
+# instructions, hold the kernel back), and the unpack stays for its fewer instructions.
+# Each value is masked in place into the mantissa of a float whose exponent
 # gives its lowest bit the weight 1 (one and-or), and that float's leading power of two is
 # subtracted (one add): `((word & 0xF0) | 0x49000000)` is 2^19 + q as a float, exactly, for the
 # second nibble. The result is the same float the conversion gives, so the outputs are
@@ -183,7 +184,7 @@ _SOURCE_VECTOR = r"""
 
     // U 16-byte vectors of each row per thread per pass, all loaded before any is used (more
     // bytes in flight per thread); thread t takes vectors t, t + blockDim.x, ... in that order
-    // whatever U is, so U changes no sum's order.
+    // whatever U is, so at one block size U changes no sum's order.
     for (int base = 0; base < vecs; base += blockDim.x * U) {
         uint4 packed[U][R];
         float scale[U][R], bias[U][R];
