@@ -9,7 +9,7 @@
 #                 verify-sized row counts; its CUDA tests; then lone and cohort cycles (widths
 #                 1, 3, 8) timed on the device without the scheduler: 8-bit as served,
 #                 8-bit through the kernel, and unquantized (bench.cycle_kernels --time-cycles)
-#   PART=streams  serial MTP against fused cohorts (their prefills shared, and each row's
+#   PART=streams  (STREAMS=1,3 by default) serial MTP against fused cohorts (their prefills shared, and each row's
 #                 alone: mtp_cohorts_solo_prefill) at 1 and 3 streams through the scheduler,
 #                 8-bit as served and 8-bit through the kernel (bench.concurrency), MAX_TOKENS
 #                 a stream (default 128; run it after PART=kernels in the same lease, whose
@@ -53,7 +53,7 @@ else
     flags=()
     [ "$variant" = 8bit-kernel ] && flags=(--small-m-kernel)
     step "streams-$variant-${MAX_TOKENS:-128}" "${STEP_CAP:-260}" python3 -m mtplxd.engine.bench.concurrency --model $model --depth 6 \
-      --streams 1,3 --arms "${ARMS:-serial_mtp,mtp_cohorts_solo_prefill,mtp_cohorts}" --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" "${flags[@]}" \
+      --streams "${STREAMS:-1,3}" --arms "${ARMS:-serial_mtp,mtp_cohorts_solo_prefill,mtp_cohorts}" --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" "${flags[@]}" \
       --json-out "$work/streams-$variant-${MAX_TOKENS:-128}.json"
   done
 fi
