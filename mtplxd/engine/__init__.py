@@ -1,8 +1,9 @@
 """The MLX engine: load a model, generate with exact MTP speculative decoding or plain AR.
 
 Imports mlx, mlx-lm and numpy only (no trio, no HTTP, nothing else of mtplxd but `mtplxd.blas`,
-which picks the CPU's BLAS before MLX loads, and `mtplxd.kernel_cache`, which keeps CUDA's
-compiled kernels under MTPLX_HOME), so it runs alone on any machine. Its rooms, each importing only the ones below it:
+which picks the CPU's BLAS before MLX loads, `mtplxd.kernel_cache`, which keeps CUDA's
+compiled kernels under MTPLX_HOME, and `mtplxd.matmul_precision`, which keeps float32 matmuls
+out of TF32), so it runs alone on any machine. Its rooms, each importing only the ones below it:
 
 - `interface`: the types every room shares (requests, results, stats, model info).
 - `model/`: loader, families, trunk, MTP head, hybrid layers, KV and rollback caches.
@@ -16,13 +17,16 @@ compiled kernels under MTPLX_HOME), so it runs alone on any machine. Its rooms, 
 """
 
 # Every way into the engine (daemon, benchmarks, tests, scripts) passes here before the first
-# `import mlx`: the BLAS MLX's CPU backend binds to must be loaded first (see mtplxd.blas), and
-# on CUDA its compiled kernels must be kept where a reboot does not wipe them (kernel_cache).
+# `import mlx`: the BLAS MLX's CPU backend binds to must be loaded first (see mtplxd.blas), on
+# CUDA its compiled kernels must be kept where a reboot does not wipe them (kernel_cache), and
+# float32 matmuls must stay float32 rather than TF32 (matmul_precision).
 from mtplxd import blas as _blas
 from mtplxd import kernel_cache as _kernel_cache
+from mtplxd import matmul_precision as _matmul_precision
 
 _blas.activate()
 _kernel_cache.activate()
+_matmul_precision.activate()
 
 from mtplxd.engine.interface import (
     CheckpointReport,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from mtplxd import matmul_precision
 from mtplxd.engine.decoding import buffer_attention
 from mtplxd.engine.decoding.cohort_rows import CohortCall
 from mtplxd.engine.decoding.fused import fused_supported
@@ -230,8 +231,9 @@ def _mx():
 
 def kernel_paths(quantized_layers_switched: int, *, hybrid: bool) -> dict[str, str]:
     """Which implementation each fast path runs on this machine (`ModelInfo.kernels`):
-    quantized matmuls, attention over the fused loop's cache buffer, and for hybrid models
-    the Gated DeltaNet verify. Off CUDA every entry names MLX's own ops."""
+    quantized matmuls, attention over the fused loop's cache buffer, for hybrid models the
+    Gated DeltaNet verify, and the precision of float32 matmuls. Off CUDA every kernel entry
+    names MLX's own ops."""
     paths = {
         "quantized_matmul": small_m_qmm.path_name(quantized_layers_switched),
         "cache_attention": ("buffer CUDA kernel" if buffer_attention.usable()
@@ -240,6 +242,8 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool) -> dict[str, s
     }
     if hybrid:
         paths["gdn_verify"] = gdn_chunked.path_name()
+    mx = _mx()
+    paths["float32_matmul"] = matmul_precision.path_name(on_gpu=mx.default_device() == mx.gpu)
     return paths
 
 

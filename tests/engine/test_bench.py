@@ -183,6 +183,15 @@ def test_mtplxctl_bench_streams_runs_every_concurrency_arm_side_by_side(tiny_mod
     serial = three["serial_mtp"]
     assert serial["aggregate_decode_tokens_per_second"] > serial["aggregate_tokens_per_second"]
     assert report["ratios"]["3"]["mtp_cohorts_over_serial_mtp_aggregate_decode"] > 0
+    # Time per cycle: the decode time over the cycles on its critical path, every row's cycles
+    # one after another for serial rows, the longest row's for cohort rows. So the tokens a
+    # critical-path cycle adds (decode rate times cycle time) are one to three for serial rows
+    # (depth 2), and for three cohort rows up to three times that and more than serial's.
+    per_cycle = {name: three[name]["aggregate_decode_tokens_per_second"]
+                 * three[name]["decode_ms_per_cycle"] / 1e3 for name in ("serial_mtp", "mtp_cohorts")}
+    assert 1 <= per_cycle["serial_mtp"] <= 3 and per_cycle["serial_mtp"] < per_cycle["mtp_cohorts"] <= 9
+    assert len(three["mtp_cohorts"]["aggregate_decode_by_repeat"]) == 1
+    assert report["ratios"]["3"]["mtp_cohorts_cycle_over_serial_mtp_cycle"] > 0
     assert report["ratios"]["3"]["mtp_cohorts_over_mtp_cohorts_per_row_aggregate"] > 0
     assert report["ratios"]["3"]["mtp_cohorts_over_mtp_cohorts_phased_aggregate"] > 0
     assert report["ratios"]["3"]["mtp_cohorts_over_mtp_cohorts_solo_prefill_aggregate"] > 0

@@ -142,19 +142,26 @@ def run_rows(owner: ModelOwner, model: Any, requests: list[GenerationRequest], r
     return results
 
 
-def summarize(runs: list[list[tuple[GenerationResult, float]]], arrived: list[float]) -> dict[str, Any]:
-    """Figures of one arm at one stream count over its repeats."""
+def summarize(runs: list[list[tuple[GenerationResult, float]]], arrived: list[float],
+              one_at_a_time: bool = False) -> dict[str, Any]:
+    """Figures of one arm at one stream count over its repeats. `one_at_a_time`: the arm runs
+    its requests one after another (serial MTP, the direct arms), so its cycles add up where a
+    batched arm's overlap."""
     ttfts = [r.stats.ttft_seconds for run in runs for r, _ in run]
     per_request = [r.stats.decode_tokens_per_second for run in runs for r, _ in run]
     aggregate, aggregate_decode, ramps, tails, overlaps, bounds = [], [], [], [], [], []
+    cycle_ms = []
     for run, start in zip(runs, arrived):
-        bounds.append(cycle_bound([r.stats.cycles for r, _ in run]))
+        row_cycles = [r.stats.cycles for r, _ in run]
+        bounds.append(cycle_bound(row_cycles))
         tokens = sum(r.stats.completion_tokens for r, _ in run)
         first_end, last_end = min(end for _, end in run), max(end for _, end in run)
         aggregate.append(tokens / (last_end - start))
         decoding = [(start + r.stats.ttft_seconds, end) for r, end in run]
         busy = busy_seconds(decoding)
         aggregate_decode.append((tokens - len(run)) / busy if busy > 0 else 0.0)
+        critical = sum(row_cycles) if one_at_a_time else max(row_cycles, default=0)
+        cycle_ms.append(1e3 * busy / critical if critical else 0.0)
         last_first_token = start + max(r.stats.ttft_seconds for r, _ in run)
         ramps.append(last_first_token - start)
         tails.append(last_end - first_end)
@@ -162,6 +169,8 @@ def summarize(runs: list[list[tuple[GenerationResult, float]]], arrived: list[fl
     return {
         "aggregate_tokens_per_second": round(statistics.median(aggregate), 2),
         "aggregate_decode_tokens_per_second": round(statistics.median(aggregate_decode), 2),
+        "aggregate_decode_by_repeat": [round(value, 1) for value in aggregate_decode],
+        "decode_ms_per_cycle": round(statistics.median(cycle_ms), 3),
         "ramp_seconds": round(statistics.median(ramps), 4),
         "all_decoding_seconds": round(statistics.median(overlaps), 4),
         "tail_seconds": round(statistics.median(tails), 4),
@@ -218,6 +227,10 @@ def run_arm(owner: ModelOwner, model: Any, arm: str, n: int, depth: int,
             requests[0].arrived_at)
 
 
+def _one_at_a_time(arm: str) -> bool:
+    return arm in SINGLE_STREAM_ARMS or ARM_SETUP[arm][1] == "one"
+
+
 def bench_streams(owner: ModelOwner, model: Any, arms: list[str], depth: int, streams: list[int],
                   max_tokens: int, repeats: int) -> dict[str, Any]:
     """Every arm at every stream count (the single-stream arms at 1 stream only)."""
@@ -235,7 +248,8 @@ def bench_streams(owner: ModelOwner, model: Any, arms: list[str], depth: int, st
                 runs[arm].append(results)
                 starts[arm].append(arrived)
                 shared[arm].append(counters["prefill_batches"] - before)
-        out[str(n)] = {arm: {**summarize(runs[arm], starts[arm]), "shared_prefill_forwards": shared[arm]}
+        out[str(n)] = {arm: {**summarize(runs[arm], starts[arm], one_at_a_time=_one_at_a_time(arm)),
+                             "shared_prefill_forwards": shared[arm]}
                        for arm in here}
         print(f"streams {n}: " + "; ".join(
             f"{arm} {fig['aggregate_tokens_per_second']} tok/s agg "
@@ -365,6 +379,12 @@ def ratios(figures: dict[str, Any]) -> dict[str, Any]:
                 row[f"mtp_cohorts_over_{base}_aggregate_decode"] = round(
                     cohorts["aggregate_decode_tokens_per_second"]
                     / arms[base]["aggregate_decode_tokens_per_second"], 3)
+        if cohorts and arms.get("serial_mtp", {}).get("decode_ms_per_cycle"):
+            # What a cohort cycle costs in lone cycles of the same run: the part of the
+            # aggregate ratio that the scheduler and the kernels decide (the rows' lengths in
+            # cycles decide the rest, cycle_bound_over_serial).
+            row["mtp_cohorts_cycle_over_serial_mtp_cycle"] = round(
+                cohorts["decode_ms_per_cycle"] / arms["serial_mtp"]["decode_ms_per_cycle"], 3)
         if cohorts and "ar_batch" in arms and arms["ar_batch"]["per_request_tokens_per_second_median"] > 0:
             row["mtp_cohorts_over_ar_batch_per_request"] = round(
                 cohorts["per_request_tokens_per_second_median"]

@@ -163,12 +163,14 @@ def device_name() -> str:
 
 
 def machine() -> dict[str, str]:
-    """The device, BLAS, MLX version and platform a report's figures come from."""
+    """The device, BLAS, MLX version, float32 matmul precision and platform a report's figures
+    come from."""
     import mlx.core as mx
 
-    from mtplxd import blas
+    from mtplxd import blas, matmul_precision
 
     return {"device": device_name(), "blas": blas.snapshot(), "mlx_version": mx.__version__,
+            "float32_matmul": matmul_precision.path_name(on_gpu=mx.default_device() == mx.gpu),
             "platform": platform.platform()}
 
 

@@ -20,7 +20,9 @@ Rollback needs no replay: the state after the first `keep` tokens is
     S_keep = Gamma_keep S_0 + sum_{j<keep} (Gamma_keep / Gamma_j) u_j k_j^T,
 and u_j does not depend on later tokens, so `state_after` rebuilds it from the captured U.
 Everything runs in float32, as the recurrence's state does; results equal the per-token
-recurrence to float rounding (not bitwise: the sums run in another order).
+recurrence to float rounding (not bitwise: the sums run in another order). Float32 means
+float32 only with MLX's TF32 off, which the engine sees to (mtplxd.matmul_precision): with it
+on, CUDA runs these products with 10-bit mantissas.
 """
 
 from __future__ import annotations
