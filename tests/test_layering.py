@@ -148,10 +148,14 @@ def test_no_import_cycle_among_our_modules():
 
 
 BLAS = "mtplxd.blas"
+MATMUL_PRECISION = "mtplxd.matmul_precision"
+# Stdlib-only leaves the engine imports before MLX loads (and reads again to report them).
+ENGINE_LEAVES = (BLAS, MATMUL_PRECISION)
 
 
-def test_the_blas_chooser_is_a_leaf_the_engine_can_import_first():
-    assert not [t for t in GRAPH[BLAS] if t.startswith("mtplxd")]
+def test_the_blas_chooser_and_the_matmul_precision_are_leaves_the_engine_can_import_first():
+    for leaf in ENGINE_LEAVES:
+        assert not [t for t in GRAPH[leaf] if t.startswith("mtplxd")]
 
 
 def test_each_engine_room_imports_only_the_rooms_below_it():
@@ -166,8 +170,8 @@ def test_each_engine_room_imports_only_the_rooms_below_it():
                 target_room = ""  # the package's public names: loaded_model and interface
             if target_room is not None and target_room != room and target_room not in ALLOWED[room]:
                 wrong.append(f"{module} -> {target}")
-            # mtplxd.blas, a stdlib-only leaf, picks the CPU's BLAS before MLX loads.
-            if target_room is None and target.startswith("mtplxd") and target not in (ENGINE, BLAS):
+            # mtplxd.blas and mtplxd.matmul_precision, stdlib-only leaves, set MLX up before it loads.
+            if target_room is None and target.startswith("mtplxd") and target not in (ENGINE, *ENGINE_LEAVES):
                 wrong.append(f"{module} -> {target} (the engine imports nothing else of mtplxd)")
     assert wrong == []
 
