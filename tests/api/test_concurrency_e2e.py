@@ -40,9 +40,9 @@ def _client(daemon: ApiDaemon) -> openai.OpenAI:
 
 def _stream_text(daemon: ApiDaemon, prompt: str, depth: int, out: dict, key: int,
                  **sampling) -> None:
-    sampling = {"max_tokens": 24, **sampling}
+    sampling = {"max_tokens": 24, "temperature": 0, **sampling}
     stream = _client(daemon).chat.completions.create(
-        model=MODEL_ID, messages=[{"role": "user", "content": prompt}], temperature=0,
+        model=MODEL_ID, messages=[{"role": "user", "content": prompt}],
         stream=True, extra_body={"mtp_depth": depth}, **sampling)
     out[key] = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
 
@@ -256,5 +256,80 @@ def test_a_stream_decoding_alone_moves_into_the_cohort_of_one_that_arrives_and_s
         assert status["moved_into_cohorts"] == 1
         metrics = httpx.get(daemon.base_url + "/metrics").text
         assert "mtplx_scheduler_rows_moved_into_cohorts 1.0" in metrics
+    finally:
+        daemon.stop()
+
+
+def _anthropic_text(daemon: ApiDaemon, prompt: str, depth: int, out: dict, key, **sampling) -> None:
+    client = anthropic.Anthropic(base_url=daemon.base_url, api_key="none", max_retries=0)
+    with client.messages.stream(model=MODEL_ID, max_tokens=sampling.pop("max_tokens"),
+                                messages=[{"role": "user", "content": prompt}],
+                                extra_body={"mtp_depth": depth, "temperature": 0, **sampling}) as stream:
+        out[key] = "".join(stream.text_stream)
+
+
+def _leave_mid_stream(daemon: ApiDaemon, prompt: str, chunks: int, out: dict, key) -> None:
+    """Read `chunks` content chunks of a long stream, then hang up."""
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": prompt}], "stream": True,
+            "mtp_depth": 2, "temperature": 0, "max_tokens": 2000, "frequency_penalty": -2.0,
+            "presence_penalty": -2.0}
+    with httpx.Client(base_url=daemon.base_url, timeout=60) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            seen = 0
+            for line in response.iter_lines():
+                seen += '"content":"' in line
+                if seen >= chunks:
+                    break
+    out[key] = seen
+
+
+def test_a_mixed_crowd_of_requests_stays_exact_while_some_clients_hang_up(tiny_checkpoint, tmp_path):
+    """What agents send at once, against one daemon with the default cohorts ("auto"): greedy
+    MTP streams at depths 2 and 3 (OpenAI and Anthropic clients), a plain AR stream, a seeded
+    sampled stream, a stream with a stop string, a 1-token turn, and two clients that hang up
+    mid-stream. Every finished request equals its solo output, the hung-up rows leave, and the
+    daemon serves the next request."""
+    daemon = start_api_daemon(tmp_path / "home", MTPLX_MODEL=str(tiny_checkpoint),
+                              MTPLX_MAX_CONCURRENT="8", MTPLX_NUMERICS="throughput")
+    long = {"max_tokens": 120, "frequency_penalty": -2.0, "presence_penalty": -2.0}
+    # (function, args, kwargs): each writes its text under its index
+    work = [
+        (_stream_text, (PROMPTS[0], 2), long),
+        (_stream_text, (PROMPTS[1], 2), long),
+        (_stream_text, (PROMPTS[2], 2), {**long, "max_tokens": 60}),
+        (_anthropic_text, (PROMPTS[3], 3), dict(long)),
+        (_stream_text, (PROMPTS[0], 0), {**long, "max_tokens": 40}),
+        (_stream_text, (PROMPTS[1], 2), {**long, "temperature": 0.8, "top_p": 0.9, "seed": 7}),
+        (_stream_text, (PROMPTS[2], 2), {**long, "stop": ["e"]}),
+        (_stream_text, (PROMPTS[3], 2), {"max_tokens": 1}),
+    ]
+    try:
+        solo: dict = {}
+        for i, (run, args, kwargs) in enumerate(work):
+            run(daemon, *args, solo, i, **dict(kwargs))
+        assert solo[7] and len(solo) == 8
+        together: dict = {}
+        threads = [threading.Thread(target=run, args=(daemon, *args, together, i), kwargs=dict(kwargs))
+                   for i, (run, args, kwargs) in enumerate(work)]
+        threads += [threading.Thread(target=_leave_mid_stream, args=(daemon, PROMPTS[i], 3 + 5 * i,
+                                                                     together, f"left-{i}"))
+                    for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not any(thread.is_alive() for thread in threads)
+        assert {i: together[i] for i in range(len(work))} == solo
+        assert together["left-0"] == 3 and together["left-1"] == 8
+        _wait(lambda: daemon.client.call("daemon.status")["scheduler"]["running"] == 0)
+        status = daemon.client.call("daemon.status")["scheduler"]
+        assert status["queued"] == 0 and status["rows"] == []
+        # They really ran together (in 3- and 8-wide cohorts here), and no row failed.
+        assert status["cohorts_by_width"].get("3", 0) + status["cohorts_by_width"].get("8", 0) > 0
+        assert status["failed"] == 0
+        after: dict = {}
+        _stream_text(daemon, PROMPTS[0], 2, after, 0, **long)
+        assert after[0] == solo[0]
+        assert "Traceback" not in daemon.log()
     finally:
         daemon.stop()
