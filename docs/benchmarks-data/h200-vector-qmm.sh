@@ -22,11 +22,14 @@
 #   PART=divergence  issue 22 point 4: greedy AR against greedy MTP (depth 3) over 2,000 tokens
 #                 through the engine's loops, the kernel as served, at SIZE (qwen3-4b, qwen3-32b or
 #                 hybrid-27b; one a run: the hybrid's stepwise MTP takes ~4 minutes) and DTYPES (4bit)
+#   PART=ncu      Nsight Compute on the kernel's layouts and MLX's quantized matmul at Qwen3-32B
+#                 4-bit gate_proj (1 and 6 rows), down_proj and k_proj (1 row): speed of light,
+#                 occupancy, warp stalls, memory (bench.small_m_ncu; issue 22, point 6)
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, real, widen, unpack, unpack-real or divergence}
+PART=${PART:?set PART to kernels, real, widen, unpack, unpack-real, divergence or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -67,6 +70,15 @@ elif [ "$PART" = divergence ]; then
     --sizes "$SIZE" --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \
     --repeats 2 --divergence-tokens "${TOKENS:-2000}" \
     --json-out "$work/divergence-$SIZE-${DTYPES:-4bit}.json"
+elif [ "$PART" = ncu ]; then
+  command -v ncu >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | tail -1)
+  sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+            --section MemoryWorkloadAnalysis --section SchedulerStats)
+  for shape in "gate_proj 1,6" "down_proj 1" "k_proj 1"; do
+    set -- $shape
+    step "ncu-$1" 150 ncu --clock-control none -k regex:'small_m|qmv|qmm|gemv|affine' "${sections[@]}" \
+      python3 -m mtplxd.engine.bench.small_m_ncu --size qwen3-32b --matrix "$1" --bits 4 --rows "$2" --calls 2
+  done
 else
   # PART=widen: where the kernel is off by default and not yet timed whole (32B 8-bit, the
   # 4B and the hybrid 27B at 4-bit), stock and kernel side by side, all depths, both

@@ -329,3 +329,12 @@ def test_busy_seconds_is_the_union_of_the_spans():
     assert busy_seconds([(0.0, 2.0), (1.0, 3.0), (1.5, 2.5)]) == 3.0  # overlapping: once
     assert busy_seconds([(1.0, 4.0), (0.0, 2.0)]) == 4.0  # any order
     assert busy_seconds([(0.0, 5.0), (1.0, 2.0)]) == 5.0  # one inside another
+
+
+def test_the_profile_driver_runs_each_product_it_names(capsys):
+    from mtplxd.engine.bench.small_m_ncu import main as ncu_main
+
+    assert ncu_main(["--size", "tiny", "--matrix", "proj", "--rows", "1,3", "--calls", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # Off CUDA only MLX's product runs; on CUDA the kernel's layouts follow it.
+    assert lines == ["tiny proj q4 M=1 mlx: 1 calls", "tiny proj q4 M=3 mlx: 1 calls"]

@@ -1,0 +1,68 @@
+"""Each quantized product of one weight matrix, called a fixed number of times, for Nsight
+Compute (`ncu`) to profile: what limits the small-M kernel (issue 22, point 6: measured with
+a profile, not guessed).
+
+    ncu --clock-control none -k regex:'small_m|qmv|qmm|gemv' --section SpeedOfLight \\
+        --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \\
+        python -m mtplxd.engine.bench.small_m_ncu [--size qwen3-32b] [--matrix gate_proj] \\
+        [--bits 4] [--rows 1,6] [--calls 2]
+
+For each row count, in this order: MLX's `quantized_matmul`, the kernel's vector layout (where
+`small_m_qmm.route` would give it one: up to VECTOR_MAX_ROWS rows) and its word layout, each
+`--calls` times with an evaluation after each call, so every call is its own launch in the
+profile, in the order it prints. Off CUDA only MLX's product runs (the kernel is CUDA only),
+so the script runs anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import mlx.core as mx
+
+from mtplxd.engine.bench.small_m import SHAPES
+from mtplxd.engine.model import small_m_qmm
+
+
+def products(w: mx.array, scales: mx.array, biases: mx.array, bits: int, rows: int) -> dict:
+    """name -> the product of an (rows, K) input, as it would be served."""
+    def mlx_product(x):
+        return mx.quantized_matmul(x, w, scales, biases, transpose=True,
+                                   group_size=small_m_qmm.GROUP_SIZE, bits=bits)
+
+    out = {"mlx": mlx_product}
+    if small_m_qmm.usable():
+        if rows <= small_m_qmm.VECTOR_MAX_ROWS[bits]:
+            out["vector"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector")
+        out["word"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="word")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench.small_m_ncu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="qwen3-32b", choices=sorted(SHAPES))
+    parser.add_argument("--matrix", default="gate_proj")
+    parser.add_argument("--bits", type=int, default=4, choices=(4, 8))
+    parser.add_argument("--rows", default="1,6")
+    parser.add_argument("--calls", type=int, default=2)
+    args = parser.parse_args(argv)
+    shapes = {name: (N, K) for name, N, K in SHAPES[args.size]}
+    if args.matrix not in shapes:
+        parser.error(f"no matrix {args.matrix} in {args.size}: {', '.join(shapes)}")
+    N, K = shapes[args.matrix]
+    weight = (mx.random.normal((N, K), key=mx.random.key(0)) * 0.02).astype(mx.bfloat16)
+    w, scales, biases = mx.quantize(weight, group_size=small_m_qmm.GROUP_SIZE, bits=args.bits)
+    mx.eval(w, scales, biases)
+    for rows in (int(r) for r in args.rows.split(",")):
+        x = mx.random.normal((rows, K), key=mx.random.key(rows)).astype(mx.bfloat16)
+        mx.eval(x)
+        for name, product in products(w, scales, biases, args.bits, rows).items():
+            for _ in range(args.calls):
+                mx.eval(product(x))
+            print(f"{args.size} {args.matrix} q{args.bits} M={rows} {name}: {args.calls} calls", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
