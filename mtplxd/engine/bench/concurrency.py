@@ -44,7 +44,11 @@ left decoding alone); and `all_decoding_seconds`, what lies between (negative wh
 first request ends before the last one starts, as in serial MTP).
 `aggregate_decode_tokens_per_second` leaves the prefills out on both sides: the tokens after
 each request's first over the time at least one request was decoding (the union of the
-spans from a request's first token to its end; prefill and queue time are TTFT's).
+spans from a request's first token to its end; prefill and queue time are TTFT's);
+`aggregate_decode_by_repeat` lists it per repeat (the spread), and `decode_ms_per_cycle` is
+that decode time over the cycles on the critical path (every row's cycles for serial MTP and
+the direct arms, the longest row's for the others), so `mtp_cohorts_cycle_over_serial_mtp_cycle`
+in the ratios is what a cohort cycle costs in serial MTP cycles of the same run.
 The arms alternate within each repeat so the machine's drift hits them alike.
 """
 
