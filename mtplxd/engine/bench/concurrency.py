@@ -432,11 +432,14 @@ def main(argv: list[str] | None = None) -> int:
         depth = model.info.depth if args.depth is None else args.depth
         owner.scheduler.configure(numerics=args.numerics)
         # Warm-up: compiled graphs (on CUDA seconds each, per shape: every cohort width the
-        # stream counts reach, and the narrower ones rows fall back to as they leave) and
-        # first-call costs stay out of the figures.
+        # stream counts reach, the narrower ones rows fall back to as they leave, and every
+        # capacity step the caches grow through on the way to --max-tokens) and first-call
+        # costs stay out of the figures. A 16-token warm-up left the capacity steps to the
+        # first timed repeat (a likely cause of the H200 runs' slowest repeats, about half
+        # their arm's median).
         for n in sorted(set(streams) | {3}):
             for arm in arms:
-                run_arm(owner, model, arm, n, depth, 16)
+                run_arm(owner, model, arm, n, depth, args.max_tokens)
         figures: dict[str, Any] = {}
         late: dict[str, Any] = {}
         late_long: dict[str, Any] = {}
