@@ -451,9 +451,10 @@ def relative_error(got: mx.array, want: mx.array) -> float:
 def probe_case(M: int, bits: int, N: int = 320, K: int = 512, dtype: mx.Dtype = mx.bfloat16):
     """(x, w, scales, biases, float32 truth) on random data: the truth is mx.quantized_matmul
     with everything in float32 (MLX's own low-precision matmuls round more than the kernel),
-    computed on the CPU: on CUDA, MLX's float32 matmuls of two or more rows round further than
-    1e-5 relative from the CPU's (the reference test failed there for M >= 2 only), which is
-    no truth for a kernel or its plain-ops reference."""
+    computed on the CPU: on CUDA, MLX's float32 matmuls of two or more rows rounded further
+    than 1e-5 relative from the CPU's (the reference test failed there for M >= 2 only: cuBLAS
+    ran them in TF32, MLX's default, which the engine now turns off: mtplxd.matmul_precision),
+    which is no truth for a kernel or its plain-ops reference."""
     keys = mx.random.split(mx.random.key(M * 10 + bits), 2)
     weight = mx.random.normal((N, K), key=keys[0]) * 0.05
     w, scales, biases = mx.quantize(weight.astype(dtype), group_size=GROUP_SIZE, bits=bits)
