@@ -22,6 +22,9 @@
 #   PART=divergence  issue 22 point 4: greedy AR against greedy MTP (depth 3) over 2,000 tokens
 #                 through the engine's loops, the kernel as served, at SIZE (qwen3-4b, qwen3-32b or
 #                 hybrid-27b; one a run: the hybrid's stepwise MTP takes ~4 minutes) and DTYPES (4bit)
+#   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
+#                 on MLX's matvec: real_size --kernel-decode-from never), stock beside it, depths
+#                 1 and 3 at T=0 and 0.6 (its decode ran 2.5x slower through the vector layout)
 #   PART=ncu      Nsight Compute on the kernel's layouts and MLX's quantized matmul at Qwen3-32B
 #                 4-bit gate_proj (1 and 6 rows), down_proj and k_proj (1 row): speed of light,
 #                 occupancy, warp stalls, memory (bench.small_m_ncu; issue 22, point 6)
@@ -29,7 +32,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, real, widen, unpack, unpack-real, divergence or ncu}
+PART=${PART:?set PART to kernels, real, widen, unpack, unpack-real, divergence, hybrid-verify or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -70,6 +73,10 @@ elif [ "$PART" = divergence ]; then
     --sizes "$SIZE" --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \
     --repeats 2 --divergence-tokens "${TOKENS:-2000}" \
     --json-out "$work/divergence-$SIZE-${DTYPES:-4bit}.json"
+elif [ "$PART" = hybrid-verify ]; then
+  step hybrid-verify-only 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
+    --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 --repeats 6 \
+    --small-m-kernel --small-m-loops --kernel-decode-from never --json-out "$work/hybrid-verify-only.json"
 elif [ "$PART" = ncu ]; then
   command -v ncu >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | tail -1)
   sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats

@@ -156,3 +156,26 @@ def test_a_divergence_is_located_and_its_logit_gaps_measured(monkeypatch):
     report = real_size.greedy_divergence(trunk, model.mtp, list(range(1, 30)), 2, 10)
     assert report["first_divergence"] == 5 and not report["identical"]
     assert report["ar_top2_gap_at_divergence"] >= 0 and report["mtp_token_logit_gap"] >= 0
+
+
+@pytest.mark.parametrize("given, in_force", [("never", "maxsize"), ("1024", 1024)])
+def test_kernel_decode_from_holds_for_the_whole_run_and_the_shipped_threshold_comes_back(
+        monkeypatch, tmp_path, given, in_force):
+    """`--kernel-decode-from never` keeps decode steps off the kernel for every figure of the
+    run (the hybrid's decode ran slower through it); the report says so."""
+    import sys
+
+    from mtplxd.engine.model import small_m_qmm
+
+    seen = []
+    def measure_all(args, sizes, dtypes, depths, temperatures, report):
+        seen.append(small_m_qmm.LARGE_MATRIX_VALUES)
+        real_size.write_report(args.json_out, report)
+
+    monkeypatch.setattr(real_size, "_measure_all", measure_all)
+    out = tmp_path / "r.json"
+    assert real_size.main(["--sizes", "tiny", "--dtypes", "4bit", "--kernel-decode-from", given,
+                           "--json-out", str(out)]) == 0
+    assert seen == [sys.maxsize if in_force == "maxsize" else in_force]
+    assert small_m_qmm.LARGE_MATRIX_VALUES == 64 * 2**20
+    assert json.loads(out.read_text())["kernel_decode_from"] == given

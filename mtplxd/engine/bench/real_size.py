@@ -3,8 +3,8 @@
     python -m mtplxd.engine.bench.real_size [--sizes qwen3-4b,qwen3-32b,hybrid-27b]
         [--dtypes bf16,8bit,4bit] [--context 512] [--depths 1,2,3,4,5] [--decode-tokens 48]
         [--cycles 16] [--repeats 10] [--cycle-temperatures 0,0.6] [--small-m-kernel]
-        [--small-m-loops] [--decode-vector-values N,...] [--divergence-tokens N]
-        [--divergence-depth 3] [--json-out FILE]
+        [--small-m-loops] [--decode-vector-values N,...] [--kernel-decode-from N|never]
+        [--divergence-tokens N] [--divergence-depth 3] [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
 quantization in groups of 64 for 8bit/4bit), with a random MTP head, one layer at a time so
@@ -26,6 +26,8 @@ each size and dtype, at `--context` tokens of context:
     decode steps take the vector layout on matrices of LARGE_MATRIX_VALUES weights or more;
     `--decode-vector-values 16777216,0` times the greedy decode again with that threshold
     moved, `decode_ms_by_vector_values`: which matrices a decode step should route);
+    `--kernel-decode-from never` keeps decode steps on MLX's matvec for the whole run (the
+    kernel on verify rows only: the hybrid 27B's decode ran slower through it);
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): the
     first position where they differ and the logit gaps there (issue 22, point 4);
@@ -399,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-vector-values", default="",
                         help="with --small-m-loops: greedy decode again with the vector layout's decode "
                              "threshold at each of these weight counts (comma-separated)")
+    parser.add_argument("--kernel-decode-from", default=None,
+                        help="with --small-m-kernel: decode steps take the vector layout from this many "
+                             "weights a matrix for the whole run, or `never` (verify rows only)")
     parser.add_argument("--divergence-tokens", type=int, default=0,
                         help="also run greedy AR and greedy MTP this many tokens through the engine's "
                              "loops (the kernel as served) and report the first divergence")
@@ -419,7 +424,26 @@ def main(argv: list[str] | None = None) -> int:
     depths = [int(d) for d in args.depths.split(",") if d]
     report: dict[str, Any] = {"configs": [], **machine(), "context": args.context,
                               "profile": list(PROFILE), "bandwidth_bytes_per_s": BANDWIDTH_BYTES_PER_S,
-                              "command": command_line(PROG, argv)}
+                              "command": command_line(PROG, argv),
+                              "kernel_decode_from": args.kernel_decode_from}
+    from mtplxd.engine.model import small_m_qmm
+
+    shipped_threshold = small_m_qmm.LARGE_MATRIX_VALUES
+    if args.kernel_decode_from is not None:
+        small_m_qmm.LARGE_MATRIX_VALUES = (sys.maxsize if args.kernel_decode_from == "never"
+                                           else int(args.kernel_decode_from))
+    try:
+        _measure_all(args, sizes, dtypes, depths, cycle_temperatures, report)
+    finally:
+        small_m_qmm.LARGE_MATRIX_VALUES = shipped_threshold
+    if args.json_out:
+        print(f"saved {args.json_out}")
+    return 0
+
+
+def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[int],
+                 cycle_temperatures: tuple[float, ...], report: dict[str, Any]) -> None:
+    """Every size and dtype in turn, the report rewritten after each."""
     for size in sizes:
         for dtype in dtypes:
             entry = measure_config(size, dtype, context=args.context, depths=depths,
@@ -435,9 +459,6 @@ def main(argv: list[str] | None = None) -> int:
             print(_summary_line(entry), flush=True)
             if args.json_out:  # after every config: a run cut short keeps what it measured
                 write_report(args.json_out, report)
-    if args.json_out:
-        print(f"saved {args.json_out}")
-    return 0
 
 
 if __name__ == "__main__":
