@@ -49,8 +49,9 @@ from __future__ import annotations
 import gc
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -345,20 +346,31 @@ def _decode_by_vector_values(trunk, prompt: list[int], decode_tokens: int,
     """Our greedy decode with the kernel, small_m_qmm.LARGE_MATRIX_VALUES set to each threshold
     in turn (0: every quantized matrix of a decode step on the vector layout), then restored.
     The compiled graphs are dropped at each change: a traced step keeps the routing it saw."""
-    from mtplxd.engine.model import small_m_qmm
-
-    shipped = small_m_qmm.LARGE_MATRIX_VALUES
     out: dict[str, float] = {}
     try:
         for values in thresholds:
-            small_m_qmm.LARGE_MATRIX_VALUES = values
-            trunk.compiled_graphs.clear()
-            ours_decode_ms(trunk, prompt[:64], 4, 0.0)  # warm-up: this routing's graphs
-            out[str(values)] = ours_decode_ms(trunk, prompt, decode_tokens, 0.0)
+            with decode_vector_threshold(values):
+                trunk.compiled_graphs.clear()
+                ours_decode_ms(trunk, prompt[:64], 4, 0.0)  # warm-up: this routing's graphs
+                out[str(values)] = ours_decode_ms(trunk, prompt, decode_tokens, 0.0)
     finally:
-        small_m_qmm.LARGE_MATRIX_VALUES = shipped
         trunk.compiled_graphs.clear()
     return out
+
+
+@contextmanager
+def decode_vector_threshold(values: int | None) -> Iterator[None]:
+    """small_m_qmm.LARGE_MATRIX_VALUES (the weights from which a decode step's product takes
+    the vector layout) at `values` inside, the previous value back after; None leaves it."""
+    from mtplxd.engine.model import small_m_qmm
+
+    before = small_m_qmm.LARGE_MATRIX_VALUES
+    if values is not None:
+        small_m_qmm.LARGE_MATRIX_VALUES = values
+    try:
+        yield
+    finally:
+        small_m_qmm.LARGE_MATRIX_VALUES = before
 
 
 def _uninstall(model: nn.Module, trunk) -> None:
@@ -426,16 +438,11 @@ def main(argv: list[str] | None = None) -> int:
                               "profile": list(PROFILE), "bandwidth_bytes_per_s": BANDWIDTH_BYTES_PER_S,
                               "command": command_line(PROG, argv),
                               "kernel_decode_from": args.kernel_decode_from}
-    from mtplxd.engine.model import small_m_qmm
-
-    shipped_threshold = small_m_qmm.LARGE_MATRIX_VALUES
+    threshold = None  # the shipped one
     if args.kernel_decode_from is not None:
-        small_m_qmm.LARGE_MATRIX_VALUES = (sys.maxsize if args.kernel_decode_from == "never"
-                                           else int(args.kernel_decode_from))
-    try:
+        threshold = sys.maxsize if args.kernel_decode_from == "never" else int(args.kernel_decode_from)
+    with decode_vector_threshold(threshold):
         _measure_all(args, sizes, dtypes, depths, cycle_temperatures, report)
-    finally:
-        small_m_qmm.LARGE_MATRIX_VALUES = shipped_threshold
     if args.json_out:
         print(f"saved {args.json_out}")
     return 0
