@@ -6,7 +6,8 @@ from mtplxd.engine.bench.decode import main
 from mtplxd.engine.bench.harness import paired_speedups
 
 
-def test_bench_writes_report_with_speeds_ratio_and_acceptance(tiny_model_factory, tmp_path, capsys):
+def test_bench_writes_report_with_speeds_ratio_and_acceptance(tiny_model_factory, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MLX_MAX_OPS_PER_BUFFER", "200")
     out = tmp_path / "bench.json"
     status = main(["--model", str(tiny_model_factory("qwen3")), "--repeats", "1", "--max-tokens", "12",
                    "--depth", "2", "--json-out", str(out)])
@@ -25,6 +26,8 @@ def test_bench_writes_report_with_speeds_ratio_and_acceptance(tiny_model_factory
     per_run = greedy["mtp"]["mean_accepted_length_all"]
     assert len(per_run) == 4 and all(1 <= x <= 3 for x in per_run)  # depth 2: 1 to 3 per cycle
     assert report["depth"] == 2 and report["model"]["family"] == "qwen3"
+    # The MLX settings a run had are in its report (CUDA graph limits change the figures).
+    assert report["mlx_environment"]["MLX_MAX_OPS_PER_BUFFER"] == "200"
     printed = capsys.readouterr().out
     assert "depth 2" in printed and "saved" in printed and "back-to-back pairs median" in printed
 

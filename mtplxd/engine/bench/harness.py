@@ -162,16 +162,22 @@ def device_name() -> str:
     return str(mx.default_device())
 
 
-def machine() -> dict[str, str]:
-    """The device, BLAS, MLX version, float32 matmul precision and platform a report's figures
-    come from."""
+def machine() -> dict[str, Any]:
+    """The device, BLAS, MLX version, float32 matmul precision, MLX settings from the
+    environment and platform a report's figures come from."""
     import mlx.core as mx
 
     from mtplxd import blas, matmul_precision
 
     return {"device": device_name(), "blas": blas.snapshot(), "mlx_version": mx.__version__,
             "float32_matmul": matmul_precision.path_name(on_gpu=mx.default_device() == mx.gpu),
-            "platform": platform.platform()}
+            "mlx_environment": mlx_environment(), "platform": platform.platform()}
+
+
+def mlx_environment() -> dict[str, str]:
+    """The MLX_* variables set in this process (MLX reads e.g. MLX_MAX_OPS_PER_BUFFER once, at
+    start; a run under other CUDA graph limits is another run)."""
+    return {name: value for name, value in sorted(os.environ.items()) if name.startswith("MLX_")}
 
 
 def write_report(path: str | Path, report: dict[str, Any], *, indent: int = 2, announce: bool = False) -> None:
