@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Re-split the MLX CUDA wheels of ../shared/gpu/prepare-mlx-cuda.sh (.gpu-a + .gpu-b) into four
-# git-ignored folders .gpu-1 .. .gpu-4 of ~23 MB each. Needed since the repository itself carries
-# the 35 MB embedded model: tracked files + a 46 MB part no longer fit one 64 MiB transfer.
+# Re-split the MLX CUDA wheels of ../shared/gpu/prepare-mlx-cuda.sh (.gpu-a + .gpu-b) into five
+# git-ignored folders .gpu-1 .. .gpu-5 of ~18 MB each. Needed since the repository itself carries
+# the 35 MB embedded model: tracked files (44 MB on 2026-12-03) + a part must fit one 64 MiB
+# transfer, and four parts (22.4 MB, 23.8 with the small wheels) no longer did.
 # Device runs, one right after the other (the machine keeps /root while it stays warm):
-#   carry [".gpu-1"]: bash .gpu-1/stage.sh      ... likewise .gpu-2, .gpu-3
-#   carry [".gpu-4", ...]: bash .gpu-4/stage.sh && bash .gpu-4/install.sh && export PYTHONPATH=$PWD:/root/site
+#   carry [".gpu-1"]: bash .gpu-1/stage.sh      ... likewise .gpu-2, .gpu-3, .gpu-4
+#   carry [".gpu-5", ...]: bash .gpu-5/stage.sh && bash .gpu-5/install.sh && export PYTHONPATH=$PWD:/root/site
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -12,8 +13,11 @@ test -f .gpu-a/cuda.part.aa -a -f .gpu-b/cuda.part.ab || { echo "run ../shared/g
 tmp=$(mktemp -d)
 cat .gpu-a/cuda.part.aa .gpu-b/cuda.part.ab > "$tmp/cuda.whl"
 echo "$(cat .gpu-b/cuda.sha256)  $tmp/cuda.whl" | sha256sum -c - >/dev/null
-split -n 4 -d "$tmp/cuda.whl" "$tmp/part."
-for i in 1 2 3 4; do
+parts=5
+last=".gpu-$parts"
+rm -rf .gpu-[0-9]
+split -n $parts -d "$tmp/cuda.whl" "$tmp/part."
+for i in $(seq 1 $parts); do
   d=".gpu-$i"
   grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude
   rm -rf "$d" && mkdir -p "$d"
@@ -21,22 +25,22 @@ for i in 1 2 3 4; do
   printf '#!/usr/bin/env bash\nset -e; mkdir -p /root/mlx-stage; cp %s/part.* /root/mlx-stage/; ls /root/mlx-stage\n' "$d" > "$d/stage.sh"
 done
 cp .gpu-a/mlx-*.whl .gpu-a/mlx_lm-*.whl .gpu-1/
-cp .gpu-b/cuda.name .gpu-b/cuda.sha256 .gpu-4/
-cat > .gpu-4/install.sh <<'EOS'
+cp .gpu-b/cuda.name .gpu-b/cuda.sha256 "$last/"
+cat > "$last/install.sh" <<EOS
 #!/usr/bin/env bash
 set -e
 if python3 -c 'import sys; sys.path.insert(0, "/root/site"); import mlx.core as mx; mx.eval(mx.ones(1, stream=mx.gpu))' 2>/dev/null; then
   echo "mlx-cuda already installed in /root/site"; exit 0; fi
 cp .gpu-1/*.whl /root/mlx-stage/ 2>/dev/null || true
-name=$(cat .gpu-4/cuda.name)
-cat /root/mlx-stage/part.00 /root/mlx-stage/part.01 /root/mlx-stage/part.02 /root/mlx-stage/part.03 > "/root/mlx-stage/$name"
-echo "$(cat .gpu-4/cuda.sha256)  /root/mlx-stage/$name" | sha256sum -c -
+name=\$(cat $last/cuda.name)
+cat /root/mlx-stage/part.0[0-$((parts - 1))] > "/root/mlx-stage/\$name"
+echo "\$(cat $last/cuda.sha256)  /root/mlx-stage/\$name" | sha256sum -c -
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site \
-  "/root/mlx-stage/$name" /root/mlx-stage/mlx-*.whl /root/mlx-stage/mlx_lm-*.whl
+  "/root/mlx-stage/\$name" /root/mlx-stage/mlx-*.whl /root/mlx-stage/mlx_lm-*.whl
 python3 -c 'import sys; sys.path.insert(0, "/root/site"); import mlx.core as mx; print("mlx", mx.__version__, mx.default_device())'
 EOS
-chmod +x .gpu-*/stage.sh .gpu-4/install.sh
+chmod +x .gpu-*/stage.sh "$last/install.sh"
 # The small mlx wheels travel with part 1 and are staged with it.
 sed -i 's#cp .gpu-1/part.\* /root/mlx-stage/#cp .gpu-1/part.* .gpu-1/*.whl /root/mlx-stage/#' .gpu-1/stage.sh
 rm -rf "$tmp"
-du -sh .gpu-1 .gpu-2 .gpu-3 .gpu-4
+du -sh .gpu-[0-9]

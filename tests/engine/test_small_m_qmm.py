@@ -113,7 +113,7 @@ def test_cuda_kernel_matches_the_float32_truth(bits, rows, layout):
 
 @needs_cuda
 @pytest.mark.parametrize("bits", small_m_qmm.BITS)
-@pytest.mark.parametrize("layout", small_m_qmm.LAYOUTS)
+@pytest.mark.parametrize("layout", ["word", "vector"])  # the mma layout converts nothing
 def test_cuda_and_or_unpack_gives_the_conversions_outputs_bit_for_bit(bits, layout):
     """The unpack without int-to-float conversions (small_m_qmm._HEADER) yields the same floats,
     so the kernel's outputs do not move by a bit."""
@@ -132,6 +132,31 @@ def test_cuda_unrolled_vector_layout_matches_the_float32_truth_at_one_row(bits, 
         x, w, scales, biases, truth = small_m_qmm.probe_case(1, bits, N=N, K=K)
         got = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector", unroll=unroll)
         assert small_m_qmm.relative_error(got, truth) < 0.01
+
+
+@needs_cuda
+@pytest.mark.parametrize("bits", small_m_qmm.BITS)
+def test_cuda_mma_layout_matches_the_float32_truth_in_float16_and_at_every_block_shape(bits):
+    """The tensor-core layout's other input type (its offset is 1024 there, not 128) and the
+    block shapes the micro-bench times: warps splitting K, groups loaded before use, and rows
+    past one block's 32 (grid y)."""
+    for N, K in ((320, 512), (999, 1024)):
+        for rows in (1, 7, 8, 9, 33):
+            x, w, scales, biases, truth = small_m_qmm.probe_case(rows, bits, N=N, K=K, dtype=mx.float16)
+            got = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma")
+            assert got.dtype == mx.float16 and small_m_qmm.relative_error(got, truth) < 0.01
+        x, w, scales, biases, truth = small_m_qmm.probe_case(6, bits, N=N, K=K)
+        for warps in (1, 4, 16):
+            for groups_per_load in (1, 3):
+                got = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma", warps=warps,
+                                                 unroll=groups_per_load)
+                assert small_m_qmm.relative_error(got, truth) < 0.01
+
+
+def test_the_mma_layout_takes_16_bit_inputs_only():
+    x, w, scales, biases, _ = small_m_qmm.probe_case(2, 4, N=64, K=128, dtype=mx.float32)
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        small_m_qmm.small_m_matmul(x, w, scales, biases, 4, layout="mma")
 
 
 @needs_cuda
@@ -212,14 +237,18 @@ def test_route_keeps_small_matrices_decode_on_mlx():
     assert small_m_qmm.route(mx.zeros((small_m_qmm.MAX_ROWS + 1, 128)), layer) is None  # prefill
 
 
-def test_route_sends_short_verify_blocks_of_large_matrices_to_the_vector_layout(monkeypatch):
+def test_route_sends_short_verify_blocks_of_large_matrices_to_the_tensor_cores(monkeypatch):
+    """16-bit inputs (every served model's) take the mma layout there, float32 inputs the
+    vector layout; longer blocks the word layout, decode steps of this matrix MLX."""
     layer = nn.QuantizedLinear(128, 192, group_size=64, bits=8)
     monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 128 * 192)  # this matrix counts as large
     monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 10**9)  # its decode steps do not
-    layouts = {rows: small_m_qmm.route(mx.zeros((rows, 128)), layer) for rows in range(1, 12)}
-    assert layouts == {1: None, 2: None, 3: None, 4: "vector", 5: "vector", 6: "vector", 7: "vector",
-                       8: "word", 9: "word", 10: "word", 11: "word"}
+    for dtype, short in ((mx.bfloat16, "mma"), (mx.float16, "mma"), (mx.float32, "vector")):
+        layouts = {rows: small_m_qmm.route(mx.zeros((rows, 128), dtype), layer) for rows in range(1, 12)}
+        assert layouts == {1: None, 2: None, 3: None, 4: short, 5: short, 6: short, 7: short,
+                           8: "word", 9: "word", 10: "word", 11: "word"}
     four_bit = nn.QuantizedLinear(128, 192, group_size=64, bits=4)
+    assert [small_m_qmm.route(mx.zeros((rows, 128), mx.bfloat16), four_bit) for rows in (3, 6, 7)] == ["mma", "mma", "word"]
     assert [small_m_qmm.route(mx.zeros((rows, 128)), four_bit) for rows in (3, 6, 7)] == ["vector", "vector", "word"]
 
 
@@ -277,6 +306,19 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                "vector_u2": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS,
                              lambda bits: (1, small_m_qmm.MIN_ROWS[bits] - 1), 2),
                "vector_u4": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS, lambda bits: (1,), 4)}
+    # The tensor-core layout: both input types, one tile and the most a block takes.
+    for bits in small_m_qmm.BITS:
+        for mma_dtype, bf16 in ((dtype, "true"), ("__half", "false")):
+            for tiles in (1, small_m_qmm.MMA_MAX_TILES):
+                kernels.append(
+                    f"__global__ void k_mma_{bf16}_{tiles}_{bits}(const {mma_dtype}* x, "
+                    f"const __grid_constant__ Shape x_shape, const uint32_t* w, "
+                    f"const __grid_constant__ Shape w_shape, const {mma_dtype}* scales, "
+                    f"const {mma_dtype}* biases, {mma_dtype}* out) {{\n  using T = {mma_dtype};\n"
+                    f"  constexpr bool BF16 = {bf16};\n  constexpr int BITS = {bits};\n"
+                    f"  constexpr int GS = {small_m_qmm.GROUP_SIZE};\n  constexpr int MT = {tiles};\n"
+                    f"  constexpr int KW = {small_m_qmm.MMA_WARPS};\n"
+                    f"  constexpr int U = {small_m_qmm.MMA_GROUPS_PER_LOAD[bits]};\n{small_m_qmm._SOURCE_MMA}\n}}\n")
     for layout, (body, per_block, row_counts, unroll) in layouts.items():
         for bits in small_m_qmm.BITS:
             for rows in row_counts(bits):

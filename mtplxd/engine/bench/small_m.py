@@ -18,7 +18,9 @@ shipped widths, a shorter run). `kernel_convert_us` and `vector_convert_us` time
 with the int-to-float conversion per weight value that the and-or unpack replaced (same
 outputs; small_m_qmm._HEADER says why). At one row, `vector_us_by_unroll` times the vector
 layout with 1, 2 and 4 vectors of each weight row loaded per thread before use (in a block of
-that many times fewer threads), and `vector_unroll_error` is their worst error. Off CUDA the
+that many times fewer threads), and `vector_unroll_error` is their worst error. The `mma_*`
+fields time the tensor-core layout (small_m_qmm._SOURCE_MMA: short verify blocks of large
+matrices), `mma_us_by_warps` with 4, 8 and 16 warps a block splitting K. Off CUDA the
 kernel columns are null (the kernel is CUDA only) and the plain-ops reference's error is
 reported instead, so the script runs anywhere.
 """
@@ -52,6 +54,7 @@ CALLS = 16  # calls evaluated together per timed sample
 OTHER_ROWS_PER_WARP = (1, 2)  # variants of the kernel's output columns per warp, timed too
 VECTOR_COLUMNS = (8, 4, 16)  # output columns per block of the vector layout, timed (the shipped one first)
 UNROLLS = (2, 4)  # 16-byte vectors a thread loads before using them, timed at one row (shipped: 1)
+MMA_WARPS = (8, 4, 16)  # warps a block of the mma layout, timed (the default first)
 
 
 def _per_call_us(fn, x, repeats: int) -> float:
@@ -87,7 +90,8 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
                                "mlx_us": mlx_us, "mlx_of_roofline": read / BANDWIDTH_BYTES_PER_S * 1e6 / mlx_us,
                                "mlx_error": small_m_qmm.relative_error(stock(x), truth),
                                "kernel_us": None, "kernel_over_mlx": None, "kernel_error": None,
-                               "vector_us": None, "vector_over_mlx": None, "vector_error": None}
+                               "vector_us": None, "vector_over_mlx": None, "vector_error": None,
+                               "mma_us": None, "mma_over_mlx": None, "mma_error": None}
         if on_cuda:
             # The shipped output columns per warp, then the others the kernel can be built with.
             per_warps = ((small_m_qmm.ROWS_PER_WARP,) if shipped_only
@@ -118,6 +122,16 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
                        vector_unpack_over_convert=vector_us / vector_convert_us,
                        kernel_unpack_over_convert=kernel_us / kernel_convert_us,
                        unpack_equals_convert=bool(same))
+            # The tensor-core layout, at its default and other block widths.
+            def mma(x, warps=small_m_qmm.MMA_WARPS):
+                return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma", warps=warps)
+
+            by_warps = {warps: _per_call_us(lambda x, k=warps: mma(x, k), x, repeats)
+                        for warps in (MMA_WARPS[:1] if shipped_only else MMA_WARPS)}
+            mma_us = by_warps[small_m_qmm.MMA_WARPS]
+            row.update(mma_us=mma_us, mma_over_mlx=mma_us / mlx_us, mma_us_by_warps=by_warps,
+                       mma_of_roofline=read / BANDWIDTH_BYTES_PER_S * 1e6 / mma_us,
+                       mma_error=small_m_qmm.relative_error(mma(x), truth))
             if M == 1:  # decode rows: more vectors in flight per thread, fewer threads
                 by_unroll = {u: _per_call_us(lambda x, u=u: kernel(x, small_m_qmm.VECTOR_ROWS, "vector", unroll=u),
                                              x, repeats) for u in UNROLLS}
@@ -155,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                     kernel = (f"kernel {row['kernel_us']:8.1f} us ({row['kernel_over_mlx']:.2f}x, "
                               f"err {row['kernel_error']:.1e}) vector {row['vector_us']:8.1f} us "
                               f"({row['vector_over_mlx']:.2f}x, {row['vector_of_roofline']:.0%} of roofline, "
-                              f"err {row['vector_error']:.1e}; with conversions {row['vector_convert_us']:.1f} us)"
+                              f"err {row['vector_error']:.1e}; with conversions {row['vector_convert_us']:.1f} us) "
+                              f"mma {row['mma_us']:8.1f} us ({row['mma_over_mlx']:.2f}x, "
+                              f"{row['mma_of_roofline']:.0%} of roofline, err {row['mma_error']:.1e})"
                               if row["kernel_us"] is not None else "kernel n/a")
                     print(f"{size:10s} {name:9s} q{bits} M={row['M']}: mlx {row['mlx_us']:8.1f} us "
                           f"({row['mlx_of_roofline']:.0%} of roofline) {kernel}", flush=True)

@@ -8,7 +8,8 @@ a profile, not guessed).
         [--bits 4] [--rows 1,6] [--calls 2]
 
 For each row count, in this order: MLX's `quantized_matmul`, the kernel's vector layout (where
-`small_m_qmm.route` would give it one: up to VECTOR_MAX_ROWS rows) and its word layout, each
+`small_m_qmm.route` would give it one: up to VECTOR_MAX_ROWS rows), its word layout and its
+tensor-core layout ("mma"), each
 `--calls` times with an evaluation after each call, so every call is its own launch in the
 profile, in the order it prints. Off CUDA only MLX's product runs (the kernel is CUDA only),
 so the script runs anywhere.
@@ -35,6 +36,7 @@ def products(w: mx.array, scales: mx.array, biases: mx.array, bits: int, rows: i
         if rows <= small_m_qmm.VECTOR_MAX_ROWS[bits]:
             out["vector"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector")
         out["word"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="word")
+        out["mma"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma")
     return out
 
 

@@ -17,6 +17,9 @@ scale * sum(x q) + bias * sum(x) (the sum of x is shared by the columns). The wa
 sums are reduced at the end. More rows than ROW_CHUNK take a second row of blocks (grid y),
 which reads the weights again: a fused cohort's verify (W rows of K+1 tokens: 21 at width 3
 and depth 6) is one launch instead of MLX's tiled qmm, which it switches to at 8 rows.
+Two more layouts of the same product: "vector" (16-byte loads, for decode steps of large
+matrices, _SOURCE_VECTOR) and "mma" (the tensor cores, for short verify blocks of large
+matrices, _SOURCE_MMA); `route` picks one per product.
 
 `reference` spells the same arithmetic in plain MLX ops (the CPU runs it; a test compares it
 with mx.quantized_matmul, which pins the layout the kernel reads). Where the kernel is not
@@ -83,6 +86,23 @@ template <int BITS>
 __device__ __forceinline__ void mtplx_convert_word(uint32_t word, float (&q)[32 / BITS]) {
     #pragma unroll
     for (int i = 0; i < 32 / BITS; ++i) q[i] = static_cast<float>((word >> (i * BITS)) & ((1u << BITS) - 1u));
+}
+// d += A (16 x 16) * B (16 x 8) on the tensor cores, 16-bit inputs, float32 sums (sm_80 on).
+// Per lane (g = lane / 4, t = lane % 4): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1],
+// a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g];
+// d = D[g][2t, 2t+1], D[g+8][2t, 2t+1] (PTX ISA, mma.m16n8k16).
+template <bool BF16>
+__device__ __forceinline__ void mtplx_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+    if constexpr (BF16) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
 }
 """
 
@@ -258,7 +278,148 @@ _SOURCE_VECTOR = r"""
         out[(size_t)(m0 + m) * N + n] = static_cast<T>(total);
     }
 """
-LAYOUTS = ("word", "vector")
+# The same product on the tensor cores, for 1 to 32 rows a read of the weights. The vector
+# layout's multiply-adds run on the CUDA cores, 6 a weight at 6 rows, with every row's sums in
+# registers (248 a thread at 6 rows, 7.8% occupancy): Nsight Compute found its 6-row product
+# issue-bound at 4.7x its 1-row time (docs/benchmarks.md, "a profile of the quantized
+# matmuls"). Here a warp computes a 16-column x 8-row tile per mma.sync (m16n8k16): the
+# weights are A (16 output columns x 16 k), the input rows B (16 k x 8 rows), so 1..8 rows cost
+# one mma and up to MT tiles of 8 rows share each dequantized A.
+#
+# No dequantization arithmetic: a 4-bit value q is masked into the mantissa of a 16-bit float
+# whose lowest bit weighs 1, which is OFFSET + q exactly (bf16 0x4300 | q = 128 + q, half
+# 0x6400 | q = 1024 + q); an 8-bit value is two such nibble planes (q = lo + 16 hi). Per group
+# of 64 k (one scale and bias per output column), with S = sum of x over the group (the same
+# mma with A all ones):
+#   sum_k x (s q + b) = s (D - OFFSET_SUM S) + b S,   D = sum_p 16^p sum_k x (OFFSET + q_p)
+# in float32 (each mma's products are exact, its sums float32); the subtraction loses about
+# log2(OFFSET_SUM) bits of D's 24, well under the bf16 output's 8.
+#
+# A mma's 16 k must share a group, so lane t (of the 4 in a row's quad) takes 16 values of
+# each group, at t*16 (4-bit: 8 bytes, 8-bit: 16 bytes of the row). Pairs of values are taken
+# as the mask gives them: 4-bit (i, i+4) of a word (shift 4i, mask 0x000F000F), 8-bit (i, i+2);
+# the input pairs are permuted to match (one byte_perm each). Which slot of the mma a value
+# takes does not matter so long as its weight and its input take the same one.
+# KW warps split the groups of K (U groups loaded before any is used) and meet in shared memory.
+_SOURCE_MMA = r"""
+    constexpr int VALS = 32 / BITS;                     // values in a word
+    constexpr int TW = GS / VALS / 4;                   // words of a group per lane: 2 (4-bit), 4 (8-bit)
+    constexpr int ROWS = 8 * MT;
+    constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;  // 128 / 1024 in both halves
+    constexpr uint32_t ONES = BF16 ? 0x3F803F80u : 0x3C003C00u;   // 1.0 in both halves
+    constexpr float OFFSET_SUM = (BF16 ? 128.f : 1024.f) * (BITS == 8 ? 17.f : 1.f);
+    struct alignas(4 * TW) WLoad { uint32_t v[TW]; };  // a lane's words of one group, one load
+    __shared__ float partial[KW][MT][16][8];
+
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int N = w_shape[0];
+    const int words = w_shape[1];
+    const int K = words * VALS;
+    const int groups = K / GS;
+    const int n0 = blockIdx.x * 16;
+    const int m0 = blockIdx.y * ROWS;
+    const int rows = x_shape[0] - m0 < ROWS ? x_shape[0] - m0 : ROWS;
+    const int na = min(n0 + g, N - 1), nb = min(n0 + g + 8, N - 1);  // past the edge: read a real row, never store it
+
+    float acc[MT][4];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][i] = 0.f;
+    }
+
+    for (int base = wid * U; base < groups; base += KW * U) {
+        WLoad qa[U], qb[U];
+        float sa[U], sb[U], ba[U], bb[U];
+        #pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int gi = min(base + u, groups - 1);
+            qa[u] = *reinterpret_cast<const WLoad*>(w + (size_t)na * words + gi * (GS / VALS) + t * TW);
+            qb[u] = *reinterpret_cast<const WLoad*>(w + (size_t)nb * words + gi * (GS / VALS) + t * TW);
+            sa[u] = static_cast<float>(scales[(size_t)na * groups + gi]);
+            sb[u] = static_cast<float>(scales[(size_t)nb * groups + gi]);
+            ba[u] = static_cast<float>(biases[(size_t)na * groups + gi]);
+            bb[u] = static_cast<float>(biases[(size_t)nb * groups + gi]);
+        }
+        #pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int gi = base + u;
+            if (gi >= groups) break;                    // the same for the whole warp
+            const int k0 = gi * GS + t * (GS / 4);
+            const uint32_t* wa = qa[u].v;
+            const uint32_t* wb = qb[u].v;
+            #pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const int m = mt * 8 + g;
+                uint4 xv[2] = {};                       // the lane's 16 inputs of row m in this group
+                if (m < rows) {
+                    const uint4* src = reinterpret_cast<const uint4*>(x + (size_t)(m0 + m) * K + k0);
+                    xv[0] = src[0];
+                    xv[1] = src[1];
+                }
+                const uint32_t* xw = reinterpret_cast<const uint32_t*>(xv);  // 8 pairs of inputs
+                float d[4] = {0.f, 0.f, 0.f, 0.f}, dh[4] = {0.f, 0.f, 0.f, 0.f}, s[4] = {0.f, 0.f, 0.f, 0.f};
+                #pragma unroll
+                for (int j = 0; j < TW; ++j) {
+                    if constexpr (BITS == 4) {
+                        // word j: values 8j..8j+7; steps take the pairs (0,4), (1,5) and (2,6), (3,7)
+                        #pragma unroll
+                        for (int step = 0; step < 2; ++step) {
+                            const uint32_t lo = xw[4 * j + step], hi = xw[4 * j + step + 2];
+                            const uint32_t b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
+                            const int sh = 8 * step;
+                            mtplx_mma<BF16>(d, ((wa[j] >> sh) & 0x000F000Fu) | MAGIC, ((wb[j] >> sh) & 0x000F000Fu) | MAGIC,
+                                            ((wa[j] >> (sh + 4)) & 0x000F000Fu) | MAGIC,
+                                            ((wb[j] >> (sh + 4)) & 0x000F000Fu) | MAGIC, b0, b1);
+                            mtplx_mma<BF16>(s, ONES, ONES, ONES, ONES, b0, b1);
+                        }
+                    } else {
+                        // word j: values 4j..4j+3, pairs (0,2), (1,3); low nibbles, then high
+                        const uint32_t lo = xw[2 * j], hi = xw[2 * j + 1];
+                        const uint32_t b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
+                        mtplx_mma<BF16>(d, (wa[j] & 0x000F000Fu) | MAGIC, (wb[j] & 0x000F000Fu) | MAGIC,
+                                        ((wa[j] >> 8) & 0x000F000Fu) | MAGIC, ((wb[j] >> 8) & 0x000F000Fu) | MAGIC,
+                                        b0, b1);
+                        mtplx_mma<BF16>(dh, ((wa[j] >> 4) & 0x000F000Fu) | MAGIC, ((wb[j] >> 4) & 0x000F000Fu) | MAGIC,
+                                        ((wa[j] >> 12) & 0x000F000Fu) | MAGIC,
+                                        ((wb[j] >> 12) & 0x000F000Fu) | MAGIC, b0, b1);
+                        mtplx_mma<BF16>(s, ONES, ONES, ONES, ONES, b0, b1);
+                    }
+                }
+                // d[0], d[1]: column n0+g (row a), rows 2t, 2t+1 of the tile; d[2], d[3]: column n0+g+8 (row b)
+                #pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float sc = i < 2 ? sa[u] : sb[u];
+                    const float bi = i < 2 ? ba[u] : bb[u];
+                    const float D = BITS == 8 ? d[i] + 16.f * dh[i] : d[i];
+                    acc[mt][i] += sc * (D - OFFSET_SUM * s[i]) + bi * s[i];
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) partial[wid][mt][g + (i >> 1) * 8][2 * t + (i & 1)] = acc[mt][i];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < MT * 16 * 8; e += blockDim.x) {
+        const int c = e % 16, r = (e / 16) % 8, mt = e / 128;    // consecutive threads: consecutive columns
+        const int n = n0 + c, m = mt * 8 + r;
+        if (n >= N || m >= rows) continue;
+        float total = 0.f;
+        #pragma unroll
+        for (int i = 0; i < KW; ++i) total += partial[i][mt][c][r];
+        out[(size_t)(m0 + m) * N + n] = static_cast<T>(total);
+    }
+"""
+
+LAYOUTS = ("word", "vector", "mma")
+MMA_WARPS = 8  # warps of a block of the mma layout, splitting the groups of K between them
+MMA_MAX_TILES = 4  # 8-row tiles a block takes (32 rows a read of the weights); more take grid y
+MMA_GROUPS_PER_LOAD = {4: 4, 8: 2}  # groups a lane loads before using any (32 bytes of each row)
+MMA_DTYPES = (mx.bfloat16, mx.float16)
 VECTOR_ROWS = 8  # output columns a block of the vector layout computes together (H200: 8 beat 2 and 4)
 VECTOR_MAX_THREADS = 256
 # Weights (N x K) from which a decode step's product (under MIN_ROWS rows) takes the vector
@@ -274,20 +435,24 @@ LARGE_MATRIX_VALUES = 64 * 2**20
 # rows (255 registers; 8 bytes at 7 rows, 16 at 8) and at 8-bit from 9 (checked by a test).
 VERIFY_VECTOR_VALUES = 40 * 2**20
 VECTOR_MAX_ROWS = {4: 6, 8: 7}
+# Those verify blocks take the mma layout instead when their inputs are 16-bit floats (every
+# served model's): on the H200 a 6-row product of Qwen3-32B's gate_proj took 82 us through it
+# against 208 for the vector layout and 444 for MLX at 4-bit (106, 241 and 339 at 8-bit), and
+# 1.05x its own 1-row time (docs/benchmarks.md, "The tensor-core layout").
 
 _usable: bool | None = None
 
 
 @functools.cache
 def _small_m_kernel(layout: str = "word"):
-    source = _SOURCE_VECTOR if layout == "vector" else _SOURCE
+    source = {"vector": _SOURCE_VECTOR, "mma": _SOURCE_MMA}.get(layout, _SOURCE)
     return mx.fast.cuda_kernel(name=f"mtplx_small_m_qmm_{layout}", input_names=["x", "w", "scales", "biases"],
                                output_names=["out"], source=source, header=_HEADER)
 
 
 def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
                    rows_per_warp: int | None = None, layout: str | None = None,
-                   convert: bool = False, unroll: int = 1) -> mx.array:
+                   convert: bool = False, unroll: int | None = None, warps: int | None = None) -> mx.array:
     """x (..., K) times the dequantized W (N, K) transposed: (..., N), as
     mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=64, bits=bits).
     CUDA only (see `usable`); any number of rows, ROW_CHUNK at a time per block.
@@ -299,11 +464,18 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     outputs, kept for the micro-bench's side-by-side). `unroll` (vector layout): 16-byte
     vectors of each weight row a thread loads before using any, in a block of 1/unroll the
     threads (the micro-bench's question: do more bytes in flight per thread read faster? The
-    fewer threads split K differently, so outputs round apart from unroll 1's by a little)."""
+    fewer threads split K differently, so outputs round apart from unroll 1's by a little);
+    None is 1.
+    "mma" (bfloat16/float16 inputs: the tensor cores, a block per 16 columns and up to
+    32 rows, see _SOURCE_MMA) takes `warps` (MMA_WARPS) warps a block and `unroll` groups a
+    lane loads before using any (MMA_GROUPS_PER_LOAD)."""
     layout = layout or "word"
     lead, K = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, K)
     M, N = rows.shape[0], w.shape[0]
+    if layout == "mma":
+        return _mma_matmul(rows, w, scales, biases, bits, warps, unroll).reshape(*lead, N)
+    unroll = unroll or 1
     chunk = min(M, ROW_CHUNK)  # the kernel's M: rows per block
     if layout == "vector":
         per_block = rows_per_warp or VECTOR_ROWS
@@ -321,6 +493,24 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
         grid=(blocks * threads, _ceil_div(M, chunk), 1), threadgroup=(threads, 1, 1),
         output_shapes=[(M, N)], output_dtypes=[x.dtype])[0]
     return out.reshape(*lead, N)
+
+
+def _mma_matmul(rows: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
+                warps: int | None, groups_per_load: int | None) -> mx.array:
+    """The mma layout on (M, K) rows: a block per 16 output columns and up to MMA_MAX_TILES
+    tiles of 8 rows, `warps` (MMA_WARPS) warps splitting K's groups, each loading
+    `groups_per_load` groups before using any."""
+    if rows.dtype not in MMA_DTYPES:
+        raise ValueError(f"the mma layout takes bfloat16 or float16 inputs, not {rows.dtype}")
+    M, N = rows.shape[0], w.shape[0]
+    tiles = min(MMA_MAX_TILES, _ceil_div(M, 8))
+    threads = 32 * (warps or MMA_WARPS)
+    return _small_m_kernel("mma")(
+        inputs=[rows, w, scales, biases],
+        template=[("T", rows.dtype), ("BF16", rows.dtype == mx.bfloat16), ("BITS", bits), ("GS", GROUP_SIZE),
+                  ("MT", tiles), ("KW", threads // 32), ("U", groups_per_load or MMA_GROUPS_PER_LOAD[bits])],
+        grid=(_ceil_div(N, 16) * threads, _ceil_div(M, 8 * tiles), 1), threadgroup=(threads, 1, 1),
+        output_shapes=[(M, N)], output_dtypes=[rows.dtype])[0]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -346,8 +536,9 @@ def reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits
 
 def route(x: mx.array, layer: Any) -> str | None:
     """Which layout of the kernel serves `layer`(x), or None for mx.quantized_matmul:
-    - MIN_ROWS[bits]..MAX_ROWS rows (verify blocks): "vector" up to VECTOR_MAX_ROWS[bits] rows
-      on a matrix of at least VERIFY_VECTOR_VALUES weights, else "word";
+    - MIN_ROWS[bits]..MAX_ROWS rows (verify blocks): up to VECTOR_MAX_ROWS[bits] rows on a
+      matrix of at least VERIFY_VECTOR_VALUES weights "mma" (bf16/float16 inputs) or "vector"
+      (float32), else "word";
     - fewer rows (decode steps): "vector" on a matrix of at least LARGE_MATRIX_VALUES
       weights, where its 16-byte loads beat MLX's matvec (H200, docs/benchmarks.md);
     the rest stays on MLX. Both need affine 4- or 8-bit weights in groups of 64, a floating
@@ -360,7 +551,9 @@ def route(x: mx.array, layer: Any) -> str | None:
     rows = x.size // x.shape[-1]
     values = layer["weight"].shape[0] * x.shape[-1]
     if MIN_ROWS[layer.bits] <= rows <= MAX_ROWS:
-        return "vector" if rows <= VECTOR_MAX_ROWS[layer.bits] and values >= VERIFY_VECTOR_VALUES else "word"
+        if rows <= VECTOR_MAX_ROWS[layer.bits] and values >= VERIFY_VECTOR_VALUES:
+            return "mma" if x.dtype in MMA_DTYPES else "vector"
+        return "word"
     if 1 <= rows < MIN_ROWS[layer.bits] and values >= LARGE_MATRIX_VALUES:
         return "vector"
     return None
