@@ -143,7 +143,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     in numpy, "mlx" keeps MLX's (cpu_attention.py; a process-wide setting); None keeps the
     current one (`MTPLX_CPU_ATTENTION`, else auto).
     `small_m_kernel` True or False routes quantized layers through small_m_qmm's CUDA kernel
-    or not; None keeps its default (`small_m_qmm.default_wanted`: dense 27B/32B-class 4- and 8-bit models).
+    or not; None keeps its default (`small_m_qmm.default_wanted`: 27B/32B-class 4- and 8-bit
+    models, a hybrid's verify blocks only).
     `info.kernels` says which runs.
     """
     path = Path(path).expanduser().resolve()
@@ -235,7 +236,7 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool) -> dict[str, s
     Gated DeltaNet verify, and the precision of float32 matmuls. Off CUDA every kernel entry
     names MLX's own ops."""
     paths = {
-        "quantized_matmul": small_m_qmm.path_name(quantized_layers_switched),
+        "quantized_matmul": small_m_qmm.path_name(quantized_layers_switched, decode=not hybrid),
         "cache_attention": ("buffer CUDA kernel" if buffer_attention.usable()
                             else "mlx scaled_dot_product_attention"),
         "prefill_attention": cpu_attention_path.path_name(),

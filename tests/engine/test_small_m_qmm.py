@@ -61,9 +61,10 @@ def _quantized(out_dims: int, in_dims: int, bits: int) -> nn.QuantizedLinear:
     return layer
 
 
-def test_the_kernel_is_on_by_default_only_for_large_dense_quantized_models(tiny_model_factory):
-    """Where whole forwards measured it faster (a dense 32B at 4- and 8-bit), not where it
-    measured slower (the embedded model at 8-bit, the hybrid 27B's decode) or level (4B)."""
+def test_the_kernel_is_on_by_default_only_for_large_quantized_models(tiny_model_factory):
+    """Where whole forwards measured it faster (a dense 32B at 4- and 8-bit, the hybrid 27B's
+    verify blocks), not where it measured slower (the embedded model at 8-bit, the hybrid
+    27B's decode steps) or level (4B)."""
     from mtplxd.engine.bench import real_size
 
     def model(*layers):
@@ -76,7 +77,8 @@ def test_the_kernel_is_on_by_default_only_for_large_dense_quantized_models(tiny_
     assert not small_m_qmm.default_wanted(model(_quantized(*q_proj, 4), _quantized(*k_proj, 8)))
     hybrid, _ = real_size.build_model("tiny-hybrid", "4bit")
     hybrid.append_big = _quantized(*q_proj, 4)  # a 27B-sized matrix in a model with DeltaNet layers
-    assert not small_m_qmm.default_wanted(hybrid)
+    assert small_m_qmm.default_wanted(hybrid) and not small_m_qmm.decode_wanted(hybrid)
+    assert small_m_qmm.decode_wanted(model(_quantized(*q_proj, 4)))
     assert not small_m_qmm.default_wanted(model(_quantized(2560, 9728, 4)))  # Qwen3-4B's largest
     assert not small_m_qmm.default_wanted(model(nn.Linear(64, 64)))
     assert not small_m_qmm.default_wanted(load_model(tiny_model_factory("qwen3", quantize_bits=4)).model)
@@ -226,6 +228,60 @@ def test_decode_rows_of_large_matrices_take_the_vector_layout(tiny_model_factory
     assert run(0) == run(3)
     assert {layout for rows, layout in layouts if rows < small_m_qmm.MIN_ROWS[8]} == {"vector"}
     assert {layout for rows, layout in layouts if rows >= small_m_qmm.MIN_ROWS[8]} == {"word"}
+
+
+def test_a_hybrid_models_layers_keep_decode_steps_on_mlx(monkeypatch):
+    """install marks a hybrid model's layers so that their decode steps stay on MLX's matvec
+    while their verify blocks take the kernel; `decode` decides otherwise."""
+    from mtplxd.engine.bench import real_size
+
+    monkeypatch.setattr(small_m_qmm, "_usable", True)
+    monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 0)  # every matrix counts as large
+    monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 0)
+    hybrid, _ = real_size.build_model("tiny-hybrid", "4bit")
+    assert small_m_qmm.install(hybrid, force=True) > 0
+    layer = next(m for _, m in hybrid.named_modules() if isinstance(m, small_m_qmm.SmallMQuantizedLinear))
+    K = layer["weight"].shape[1] * 32 // layer.bits
+    assert small_m_qmm.route(mx.zeros((1, K), mx.bfloat16), layer) is None
+    assert small_m_qmm.route(mx.zeros((4, K), mx.bfloat16), layer) == "mma"
+    dense = nn.Sequential(_quantized(8192, 5120, 4))
+    assert small_m_qmm.install(dense) == 1
+    assert small_m_qmm.route(mx.zeros((1, 5120), mx.bfloat16), dense.layers[0]) == "vector"
+    again, _ = real_size.build_model("tiny-hybrid", "4bit")
+    small_m_qmm.install(again, force=True, decode=True)
+    layer = next(m for _, m in again.named_modules() if isinstance(m, small_m_qmm.SmallMQuantizedLinear))
+    assert small_m_qmm.route(mx.zeros((1, K), mx.bfloat16), layer) == "vector"
+
+
+def test_a_hybrid_models_verify_blocks_take_the_kernel_and_its_decode_steps_do_not(tiny_model_factory, monkeypatch):
+    """As served on CUDA (default routing, every matrix counted as large): the hybrid's verify
+    blocks go through the kernel, its 1-row steps through MLX, and greedy MTP still equals AR
+    through the plain-ops twin."""
+    calls = []
+
+    def kernel_twin(x, w, scales, biases, bits, layout=None):
+        calls.append((x.size // x.shape[-1], layout, x.dtype))
+        return small_m_qmm.reference(x, w, scales, biases, bits)
+
+    monkeypatch.setattr(small_m_qmm, "_usable", True)
+    monkeypatch.setattr(small_m_qmm, "small_m_matmul", kernel_twin)
+    monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 0)
+    monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 0)
+    model = load_model(tiny_model_factory("qwen3_5"), quantize="4bit")  # installs it by default here
+    assert model.info.kernels["quantized_matmul"].startswith("small-M CUDA kernel")
+    assert model.info.kernels["quantized_matmul"].endswith("decode steps on mlx)")
+    assert any(isinstance(m, small_m_qmm.SmallMQuantizedLinear) for _, m in model.model.named_modules())
+    ids = model.tokenizer.encode("def add(a, b):")
+
+    def run(depth):
+        request = GenerationRequest(ids, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), depth=depth)
+        return model.complete(request).token_ids
+
+    assert run(0) == run(3)
+    assert calls and min(rows for rows, _, _ in calls) >= small_m_qmm.MIN_ROWS[4]
+    # 16-bit activations (a GPU's) take the tensor cores, float32 ones (this CPU's) the vector layout.
+    assert all(layout == ("mma" if dtype in small_m_qmm.MMA_DTYPES else "vector")
+               for rows, layout, dtype in calls if rows <= small_m_qmm.VECTOR_MAX_ROWS[4])
 
 
 def test_route_keeps_small_matrices_decode_on_mlx():

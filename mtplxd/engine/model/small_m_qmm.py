@@ -26,10 +26,11 @@ with mx.quantized_matmul, which pins the layout the kernel reads). Where the ker
 usable (Metal, CPU, a failed compile, a probe that disagrees) everything stays on
 mx.quantized_matmul, and `path_name()` says which is active (`/health`, `mtplxctl status`).
 By default it serves only the models where whole forwards measured it faster on the H200:
-dense 4- and 8-bit models with matrices of a 27B/32B model's size (`default_wanted`);
-elsewhere it is off (on the embedded model it made decoding slower, on the hybrid 27B its
-decode steps too). `load_model(path, small_m_kernel=True or
-False)` decides instead (the benches' `--small-m-kernel`).
+4- and 8-bit models with matrices of a 27B/32B model's size (`default_wanted`), in a hybrid
+model (Gated DeltaNet) for its verify blocks only (`decode_wanted`: its decode steps ran
+slower through it); elsewhere it is off (on the embedded model it made decoding slower).
+`load_model(path, small_m_kernel=True or False)` decides instead (the benches'
+`--small-m-kernel`).
 """
 
 from __future__ import annotations
@@ -540,7 +541,8 @@ def route(x: mx.array, layer: Any) -> str | None:
       matrix of at least VERIFY_VECTOR_VALUES weights "mma" (bf16/float16 inputs) or "vector"
       (float32), else "word";
     - fewer rows (decode steps): "vector" on a matrix of at least LARGE_MATRIX_VALUES
-      weights, where its 16-byte loads beat MLX's matvec (H200, docs/benchmarks.md);
+      weights, where its 16-byte loads beat MLX's matvec (H200, docs/benchmarks.md), unless
+      the layer's `kernel_decode` is False (`install` sets it: a hybrid model's);
     the rest stays on MLX. Both need affine 4- or 8-bit weights in groups of 64, a floating
     input and K a whole number of groups."""
     if not (getattr(layer, "mode", "affine") == "affine" and layer.bits in BITS
@@ -554,7 +556,7 @@ def route(x: mx.array, layer: Any) -> str | None:
         if rows <= VECTOR_MAX_ROWS[layer.bits] and values >= VERIFY_VECTOR_VALUES:
             return "mma" if x.dtype in MMA_DTYPES else "vector"
         return "word"
-    if 1 <= rows < MIN_ROWS[layer.bits] and values >= LARGE_MATRIX_VALUES:
+    if 1 <= rows < MIN_ROWS[layer.bits] and values >= LARGE_MATRIX_VALUES and getattr(layer, "kernel_decode", True):
         return "vector"
     return None
 
@@ -579,51 +581,64 @@ class SmallMQuantizedLinear(nn.QuantizedLinear):
 
 
 def default_wanted(model: nn.Module) -> bool:
-    """Whether the kernel serves `model` unless asked otherwise: a dense model (no Gated
-    DeltaNet layers) whose quantized linear layers are all 4-bit or all 8-bit, some holding at
-    least VERIFY_VECTOR_VALUES weights (a 27B/32B model's q/o and MLP projections). That is
-    where whole forwards measured it faster on the H200 (docs/benchmarks.md, "The small-M
-    kernel in whole 32B forwards" and "Whole models with the kernel, 2026-12-03"): Qwen3-32B
-    4-bit, a depth-3 cycle 2.16-2.29 decode steps against MLX's 3.91-4.28; 8-bit, 3.05-3.16
-    against 3.82-4.24, the decode level. Off elsewhere: on the embedded model (8-bit, small)
-    the kernel made decoding slower, at Qwen3-4B size it was level, and on the hybrid 27B
-    (4-bit) its decode steps took 34-48 ms against MLX's 20-29."""
-    if any("GatedDeltaNet" in type(m).__name__ for _, m in model.named_modules()):
-        return False
+    """Whether the kernel serves `model` unless asked otherwise: a model whose quantized
+    linear layers are all 4-bit or all 8-bit, some holding at least VERIFY_VECTOR_VALUES
+    weights (a 27B/32B model's q/o and MLP projections). That is where whole forwards
+    measured it faster on the H200 (docs/benchmarks.md, "The small-M kernel in whole 32B
+    forwards", "Whole models with the kernel, 2026-12-03" and "The hybrid's verify with the
+    kernel, decode steps on MLX"): Qwen3-32B 4-bit, a depth-3 cycle 2.16-2.29 decode steps against MLX's
+    3.91-4.28; 8-bit, 3.05-3.16 against 3.82-4.24, the decode level; the hybrid 27B 4-bit
+    with its decode steps left on MLX (`decode_wanted`), a depth-3 cycle 54 ms against 79.
+    Off elsewhere: on the embedded model (8-bit, small) the kernel made decoding slower, at
+    Qwen3-4B size it was level."""
     layers = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
     return (bool(layers) and len({m.bits for m in layers}) == 1 and layers[0].bits in BITS
             and any(m["weight"].shape[0] * m["weight"].shape[1] * 32 // m.bits >= VERIFY_VECTOR_VALUES
                     for m in layers))
 
 
-def install(model: nn.Module, *, force: bool | None = None) -> int:
+def decode_wanted(model: nn.Module) -> bool:
+    """Whether a decode step's products take the kernel (the vector layout, on matrices of
+    LARGE_MATRIX_VALUES weights) in `model`: not in a hybrid model (Gated DeltaNet layers),
+    whose decode steps took 34-48 ms through it on the H200 against MLX's 20-29 (its verify
+    blocks gain: `default_wanted`)."""
+    return not any("GatedDeltaNet" in type(m).__name__ for _, m in model.named_modules())
+
+
+def install(model: nn.Module, *, force: bool | None = None, decode: bool | None = None) -> int:
     """Route `model`'s quantized linear layers through the kernel where it is usable.
 
-    `force` None follows `default_wanted(model)`; True or False decides. Returns how many
-    layers were switched (0 off CUDA, when off, or when the probe fails: the stock ops stay).
+    `force` None follows `default_wanted(model)`; True or False decides. `decode` None
+    follows `decode_wanted(model)` for the decode steps' products; True or False decides.
+    Returns how many layers were switched (0 off CUDA, when off, or when the probe fails: the
+    stock ops stay).
     """
     wanted = default_wanted(model) if force is None else force
     if not wanted or not usable():
         return 0
+    kernel_decode = decode_wanted(model) if decode is None else decode
     switched = 0
     for _, module in model.named_modules():
         if type(module) is nn.QuantizedLinear:
             module.__class__ = SmallMQuantizedLinear
+            module.kernel_decode = kernel_decode
             switched += 1
     return switched
 
 
-def path_name(switched: int) -> str:
+def path_name(switched: int, *, decode: bool = True) -> str:
     """What /health and status say about a model's quantized matmuls, given what `install`
-    returned for it: the kernel, or MLX's own (and why)."""
+    returned for it (and whether its decode steps take the kernel: `decode_wanted`): the
+    kernel, or MLX's own (and why)."""
     if switched:
-        return (f"small-M CUDA kernel ({MIN_ROWS[4]}..{MAX_ROWS} rows at 4-bit, "
-                f"{MIN_ROWS[8]}..{MAX_ROWS} at 8-bit)")
+        steps = "decode steps of large matrices too" if decode else "decode steps on mlx"
+        return (f"small-M CUDA kernel (verify blocks of {MIN_ROWS[4]}..{MAX_ROWS} rows at 4-bit, "
+                f"{MIN_ROWS[8]}..{MAX_ROWS} at 8-bit; {steps})")
     if not fixed_shapes_wanted():
         return "mlx (the small-M kernel is CUDA only)"
     if _usable is False:  # probed (at install) and failed; an unprobed kernel is not compiled here
         return "mlx (the small-M kernel failed its probe)"
-    return "mlx (the small-M kernel is on by default for dense 27B/32B-class 4- and 8-bit models only)"
+    return "mlx (the small-M kernel is on by default for 27B/32B-class 4- and 8-bit models only)"
 
 
 def usable() -> bool:
