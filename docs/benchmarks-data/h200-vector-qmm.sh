@@ -25,6 +25,9 @@
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
 #                 on MLX's matvec: real_size --kernel-decode-from never), stock beside it, depths
 #                 1 and 3 at T=0 and 0.6 (its decode ran 2.5x slower through the vector layout)
+#   PART=mma      the tensor-core layout (small_m_qmm._SOURCE_MMA): its CUDA tests, then the
+#                 micro-bench's mma columns (4, 8 and 16 warps a block) beside MLX and the other
+#                 layouts at Qwen3-32B and 4B shapes, 1 to 21 rows
 #   PART=ncu      Nsight Compute on the kernel's layouts and MLX's quantized matmul at Qwen3-32B
 #                 4-bit gate_proj (1 and 6 rows), down_proj and k_proj (1 row): speed of light,
 #                 occupancy, warp stalls, memory (bench.small_m_ncu; issue 22, point 6)
@@ -32,7 +35,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, real, widen, unpack, unpack-real, divergence, hybrid-verify or ncu}
+PART=${PART:?set PART to kernels, mma, real, widen, unpack, unpack-real, divergence, hybrid-verify or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -50,6 +53,12 @@ if [ "$PART" = kernels ]; then
     --sizes qwen3-32b --bits 4,8 --rows 1,2,4,7 --repeats 6
   step small-m-4b 150 python3 -m mtplxd.engine.bench.small_m "$work/small-m-4b.json" \
     --sizes qwen3-4b --bits 4,8 --rows 1,4 --repeats 6
+elif [ "$PART" = mma ]; then
+  step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "cuda and (mma or greedy)" tests/engine/test_small_m_qmm.py
+  step small-m-32b 240 python3 -m mtplxd.engine.bench.small_m "$work/small-m-32b.json" \
+    --sizes qwen3-32b --bits 4,8 --rows 1,2,3,6,8,16,21 --repeats 6 --shipped-only
+  step small-m-4b 120 python3 -m mtplxd.engine.bench.small_m "$work/small-m-4b.json" \
+    --sizes qwen3-4b --bits 4 --rows 1,2,4,6 --repeats 6 --shipped-only
 elif [ "$PART" = real ]; then
   lean=(--depths 1,3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 --repeats 6)
   step real-32b-kernel 400 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b --dtypes 4bit,8bit \
