@@ -185,6 +185,7 @@ def test_installed_layers_route_few_rows_to_the_kernel_and_the_rest_to_mlx(tiny_
         return small_m_qmm.reference(x, w, scales, biases, bits)
 
     monkeypatch.setattr(small_m_qmm, "_usable", True)
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", None)  # install probes it; put back after
     monkeypatch.setattr(small_m_qmm, "small_m_matmul", kernel_twin)
     model = load_model(tiny_model_factory("qwen3"), quantize="8bit")  # groups of 64 where they fit
     ids = model.tokenizer.encode("def add(a, b):\n    return a" + " + b" * 40)
@@ -215,6 +216,7 @@ def test_decode_rows_of_large_matrices_take_the_vector_layout(tiny_model_factory
         return small_m_qmm.reference(x, w, scales, biases, bits)
 
     monkeypatch.setattr(small_m_qmm, "_usable", True)
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", None)  # install probes it; put back after
     monkeypatch.setattr(small_m_qmm, "small_m_matmul", kernel_twin)
     monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 0)
     model = load_model(tiny_model_factory("qwen3"), quantize="8bit")
@@ -236,6 +238,7 @@ def test_a_hybrid_models_layers_keep_decode_steps_on_mlx(monkeypatch):
     from mtplxd.engine.bench import real_size
 
     monkeypatch.setattr(small_m_qmm, "_usable", True)
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
     monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 0)  # every matrix counts as large
     monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 0)
     hybrid, _ = real_size.build_model("tiny-hybrid", "4bit")
@@ -264,6 +267,7 @@ def test_a_hybrid_models_verify_blocks_take_the_kernel_and_its_decode_steps_do_n
         return small_m_qmm.reference(x, w, scales, biases, bits)
 
     monkeypatch.setattr(small_m_qmm, "_usable", True)
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
     monkeypatch.setattr(small_m_qmm, "small_m_matmul", kernel_twin)
     monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 0)
     monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 0)
@@ -297,6 +301,7 @@ def test_route_sends_short_verify_blocks_of_large_matrices_to_the_tensor_cores(m
     """16-bit inputs (every served model's) take the mma layout there, float32 inputs the
     vector layout; longer blocks the word layout, decode steps of this matrix MLX."""
     layer = nn.QuantizedLinear(128, 192, group_size=64, bits=8)
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
     monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 128 * 192)  # this matrix counts as large
     monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 10**9)  # its decode steps do not
     for dtype, short in ((mx.bfloat16, "mma"), (mx.float16, "mma"), (mx.float32, "vector")):
@@ -306,6 +311,9 @@ def test_route_sends_short_verify_blocks_of_large_matrices_to_the_tensor_cores(m
     four_bit = nn.QuantizedLinear(128, 192, group_size=64, bits=4)
     assert [small_m_qmm.route(mx.zeros((rows, 128), mx.bfloat16), four_bit) for rows in (3, 6, 7)] == ["mma", "mma", "word"]
     assert [small_m_qmm.route(mx.zeros((rows, 128)), four_bit) for rows in (3, 6, 7)] == ["vector", "vector", "word"]
+    # A GPU where the tensor-core layout failed its probe keeps the vector layout there.
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", False)
+    assert small_m_qmm.route(mx.zeros((4, 128), mx.bfloat16), layer) == "vector"
 
 
 def test_a_kernel_probe_that_fails_or_disagrees_keeps_the_fallback(caplog):

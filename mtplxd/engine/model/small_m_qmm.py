@@ -442,6 +442,7 @@ VECTOR_MAX_ROWS = {4: 6, 8: 7}
 # 1.05x its own 1-row time (docs/benchmarks.md, "The tensor-core layout").
 
 _usable: bool | None = None
+_mma_usable: bool | None = None  # probed apart: a GPU without bf16 mma.sync keeps the other layouts
 
 
 @functools.cache
@@ -554,7 +555,7 @@ def route(x: mx.array, layer: Any) -> str | None:
     values = layer["weight"].shape[0] * x.shape[-1]
     if MIN_ROWS[layer.bits] <= rows <= MAX_ROWS:
         if rows <= VECTOR_MAX_ROWS[layer.bits] and values >= VERIFY_VECTOR_VALUES:
-            return "mma" if x.dtype in MMA_DTYPES else "vector"
+            return "mma" if x.dtype in MMA_DTYPES and _mma_usable is not False else "vector"
         return "word"
     if 1 <= rows < MIN_ROWS[layer.bits] and values >= LARGE_MATRIX_VALUES and getattr(layer, "kernel_decode", True):
         return "vector"
@@ -616,6 +617,7 @@ def install(model: nn.Module, *, force: bool | None = None, decode: bool | None 
     wanted = default_wanted(model) if force is None else force
     if not wanted or not usable():
         return 0
+    mma_usable()  # probed here, outside any traced graph; `route` reads the outcome
     kernel_decode = decode_wanted(model) if decode is None else decode
     switched = 0
     for _, module in model.named_modules():
@@ -648,6 +650,19 @@ def usable() -> bool:
     if _usable is None:
         _usable = fixed_shapes_wanted() and _probe()
     return _usable
+
+
+def mma_usable() -> bool:
+    """True on CUDA once the mma layout compiled and matched the float32 truth on a probe
+    (it needs bf16 mma.sync: sm_80 and later). Where it does not, its verify blocks take the
+    vector layout. Checked once per process."""
+    global _mma_usable
+    if _mma_usable is None:
+        _mma_usable = fixed_shapes_wanted() and custom_kernels.probe(
+            "small-M quantized matmul, tensor-core layout",
+            lambda: max(probe_error(M, bits, "mma") for M in (1, 3, 6) for bits in BITS),
+            0.01, "the vector layout")
+    return _mma_usable
 
 
 def relative_error(got: mx.array, want: mx.array) -> float:
@@ -684,5 +699,5 @@ def probe_error(M: int, bits: int, layout: str | None = None, **shape: Any) -> f
 def _probe() -> bool:
     return custom_kernels.probe(
         "small-M quantized matmul",
-        lambda: max(probe_error(M, bits, layout) for M in (1, 3, 6) for bits in BITS for layout in LAYOUTS),
+        lambda: max(probe_error(M, bits, layout) for M in (1, 3, 6) for bits in BITS for layout in ("word", "vector")),
         0.01, "mx.quantized_matmul")
