@@ -282,9 +282,11 @@ def test_a_hybrid_models_verify_blocks_take_the_kernel_and_its_decode_steps_do_n
         return model.complete(request).token_ids
 
     assert run(0) == run(3)
-    assert calls and min(rows for rows, _, _ in calls) >= small_m_qmm.MIN_ROWS[4]
-    # 16-bit activations (a GPU's) take the tensor cores, float32 ones (this CPU's) the vector layout.
-    assert all(layout == ("mma" if dtype in small_m_qmm.MMA_DTYPES else "vector")
+    # No 1-row step; 16-bit activations (a GPU's) take the tensor cores from 2 rows, float32
+    # ones (this CPU's) the vector layout from MIN_ROWS.
+    assert calls and min(rows for rows, _, _ in calls) >= 2
+    assert all(layout == "mma" if dtype in small_m_qmm.MMA_DTYPES
+               else layout == "vector" and rows >= small_m_qmm.MIN_ROWS[4]
                for rows, layout, dtype in calls if rows <= small_m_qmm.VECTOR_MAX_ROWS[4])
 
 
@@ -304,16 +306,21 @@ def test_route_sends_short_verify_blocks_of_large_matrices_to_the_tensor_cores(m
     monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
     monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 128 * 192)  # this matrix counts as large
     monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 10**9)  # its decode steps do not
-    for dtype, short in ((mx.bfloat16, "mma"), (mx.float16, "mma"), (mx.float32, "vector")):
+    for dtype in (mx.bfloat16, mx.float16):  # from 2 rows, where MLX's matvec already costs 2x
         layouts = {rows: small_m_qmm.route(mx.zeros((rows, 128), dtype), layer) for rows in range(1, 12)}
-        assert layouts == {1: None, 2: None, 3: None, 4: short, 5: short, 6: short, 7: short,
+        assert layouts == {1: None, 2: "mma", 3: "mma", 4: "mma", 5: "mma", 6: "mma", 7: "mma",
                            8: "word", 9: "word", 10: "word", 11: "word"}
+    layouts = {rows: small_m_qmm.route(mx.zeros((rows, 128), mx.float32), layer) for rows in range(1, 12)}
+    assert layouts == {1: None, 2: None, 3: None, 4: "vector", 5: "vector", 6: "vector", 7: "vector",
+                       8: "word", 9: "word", 10: "word", 11: "word"}
     four_bit = nn.QuantizedLinear(128, 192, group_size=64, bits=4)
-    assert [small_m_qmm.route(mx.zeros((rows, 128), mx.bfloat16), four_bit) for rows in (3, 6, 7)] == ["mma", "mma", "word"]
+    assert [small_m_qmm.route(mx.zeros((rows, 128), mx.bfloat16), four_bit) for rows in (2, 3, 6, 7)] == [
+        "mma", "mma", "mma", "word"]
     assert [small_m_qmm.route(mx.zeros((rows, 128)), four_bit) for rows in (3, 6, 7)] == ["vector", "vector", "word"]
     # A GPU where the tensor-core layout failed its probe keeps the vector layout there.
     monkeypatch.setattr(small_m_qmm, "_mma_usable", False)
     assert small_m_qmm.route(mx.zeros((4, 128), mx.bfloat16), layer) == "vector"
+    assert small_m_qmm.route(mx.zeros((2, 128), mx.bfloat16), layer) is None
 
 
 def test_a_kernel_probe_that_fails_or_disagrees_keeps_the_fallback(caplog):

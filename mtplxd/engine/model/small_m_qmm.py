@@ -436,10 +436,12 @@ LARGE_MATRIX_VALUES = 64 * 2**20
 # rows (255 registers; 8 bytes at 7 rows, 16 at 8) and at 8-bit from 9 (checked by a test).
 VERIFY_VECTOR_VALUES = 40 * 2**20
 VECTOR_MAX_ROWS = {4: 6, 8: 7}
-# Those verify blocks take the mma layout instead when their inputs are 16-bit floats (every
-# served model's): on the H200 a 6-row product of Qwen3-32B's gate_proj took 82 us through it
-# against 208 for the vector layout and 444 for MLX at 4-bit (106, 241 and 339 at 8-bit), and
-# 1.05x its own 1-row time (docs/benchmarks.md, "The tensor-core layout").
+# Those verify blocks, and 2-row blocks of those matrices, take the mma layout instead when
+# their inputs are 16-bit floats (every served model's): on the H200 a 6-row product of
+# Qwen3-32B's gate_proj took 82 us through it against 208 for the vector layout and 444 for
+# MLX at 4-bit (106, 241 and 339 at 8-bit), and 1.05x its own 1-row time (1.17x at 8-bit),
+# while MLX's matvec costs about rows x one row (docs/benchmarks.md, "The tensor-core layout";
+# 2 and 3 rows are read off the 1- and 6-row figures, not yet timed).
 
 _usable: bool | None = None
 _mma_usable: bool | None = None  # probed apart: a GPU without bf16 mma.sync keeps the other layouts
@@ -538,9 +540,11 @@ def reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits
 
 def route(x: mx.array, layer: Any) -> str | None:
     """Which layout of the kernel serves `layer`(x), or None for mx.quantized_matmul:
-    - MIN_ROWS[bits]..MAX_ROWS rows (verify blocks): up to VECTOR_MAX_ROWS[bits] rows on a
-      matrix of at least VERIFY_VECTOR_VALUES weights "mma" (bf16/float16 inputs) or "vector"
-      (float32), else "word";
+    - 2..VECTOR_MAX_ROWS[bits] rows of bf16/float16 inputs on a matrix of at least
+      VERIFY_VECTOR_VALUES weights: "mma" (the tensor cores: 6 rows cost 1.05-1.17x one row,
+      where MLX's matvec costs about rows x one row, so from 2 rows on);
+    - MIN_ROWS[bits]..MAX_ROWS rows (verify blocks) otherwise: up to VECTOR_MAX_ROWS[bits]
+      rows on such a matrix "vector" (float32 inputs, or no mma), else "word";
     - fewer rows (decode steps): "vector" on a matrix of at least LARGE_MATRIX_VALUES
       weights, where its 16-byte loads beat MLX's matvec (H200, docs/benchmarks.md), unless
       the layer's `kernel_decode` is False (`install` sets it: a hybrid model's);
@@ -553,10 +557,11 @@ def route(x: mx.array, layer: Any) -> str | None:
         return None
     rows = x.size // x.shape[-1]
     values = layer["weight"].shape[0] * x.shape[-1]
+    short_block_of_large = 2 <= rows <= VECTOR_MAX_ROWS[layer.bits] and values >= VERIFY_VECTOR_VALUES
+    if short_block_of_large and x.dtype in MMA_DTYPES and _mma_usable is not False:
+        return "mma"
     if MIN_ROWS[layer.bits] <= rows <= MAX_ROWS:
-        if rows <= VECTOR_MAX_ROWS[layer.bits] and values >= VERIFY_VECTOR_VALUES:
-            return "mma" if x.dtype in MMA_DTYPES and _mma_usable is not False else "vector"
-        return "word"
+        return "vector" if short_block_of_large else "word"
     if 1 <= rows < MIN_ROWS[layer.bits] and values >= LARGE_MATRIX_VALUES and getattr(layer, "kernel_decode", True):
         return "vector"
     return None
