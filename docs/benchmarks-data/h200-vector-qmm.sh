@@ -23,8 +23,9 @@
 #                 through the engine's loops, the kernel as served, at SIZE (qwen3-4b, qwen3-32b or
 #                 hybrid-27b; one a run: the hybrid's stepwise MTP takes ~4 minutes) and DTYPES (4bit)
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
-#                 on MLX's matvec: real_size --kernel-decode-from never), stock beside it, depths
-#                 1 and 3 at T=0 and 0.6 (its decode ran 2.5x slower through the vector layout)
+#                 on MLX's matvec: real_size --kernel-decode-from never; since 2026-12-03 the
+#                 default for hybrid models), stock beside it, depths 1 and 3 at T=0 and 0.6
+#                 (its decode ran 2.5x slower through the vector layout)
 #   PART=mma      the tensor-core layout (small_m_qmm._SOURCE_MMA): its CUDA tests, then the
 #                 micro-bench's mma columns (4, 8 and 16 warps a block) beside MLX and the other
 #                 layouts at Qwen3-32B and 4B shapes, 1 to 21 rows

@@ -27,7 +27,8 @@ each size and dtype, at `--context` tokens of context:
     `--decode-vector-values 16777216,0` times the greedy decode again with that threshold
     moved, `decode_ms_by_vector_values`: which matrices a decode step should route);
     `--kernel-decode-from never` keeps decode steps on MLX's matvec for the whole run (the
-    kernel on verify rows only: the hybrid 27B's decode ran slower through it);
+    kernel on verify rows only, which is what a hybrid model gets whatever the threshold:
+    small_m_qmm.decode_wanted, since the hybrid 27B's decode ran slower through it);
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): the
     first position where they differ and the logit gaps there (issue 22, point 4);
