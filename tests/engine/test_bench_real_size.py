@@ -38,6 +38,17 @@ def test_decode_is_beside_mlx_lm_and_against_the_roofline(report):
         assert config["of_roofline"] == pytest.approx(config["roofline_ms"] / config["decode"]["0.0"]["ours_ms"])
 
 
+def test_the_decode_step_is_split_into_host_and_device_wait(report):
+    for config in report["configs"]:
+        split = config["decode_host_split"]
+        assert split["host_ms"] > 0 and split["wait_ms"] >= 0
+        assert split["wall_ms"] >= split["host_ms"]
+        assert split["primitives"] == sum(split["by_primitive"].values()) > 0
+    # The quantized model's step multiplies through QuantizedMatmul, the bf16 one through Matmul.
+    by_dtype = {c["dtype"]: c["decode_host_split"]["by_primitive"] for c in report["configs"] if c["size"] == "tiny"}
+    assert "QuantizedMatmul" in by_dtype["4bit"] and "QuantizedMatmul" not in by_dtype["bf16"]
+
+
 def test_bytes_read_count_the_embedding_only_when_it_is_the_lm_head(report):
     tiny_bf16, tiny_q4, hybrid_bf16, _ = report["configs"]
     # tiny is tied: its table is read whole as the lm_head; tiny-hybrid's only gives a row.

@@ -56,12 +56,12 @@ def _summary(host: list[float], wait: list[float], counts: dict[str, int]) -> di
             "primitives": sum(counts.values()), "by_primitive": counts}
 
 
-def measure_ar(model, ids: list[int], params: SamplingParams, steps: int) -> dict[str, Any]:
-    """The AR loop's step: host, wait and wall ms, and its primitives."""
-    trunk = model.trunk
+def measure_ar(trunk, vocab_size: int, ids: list[int], params: SamplingParams, steps: int) -> dict[str, Any]:
+    """The AR loop's step on `trunk` after prefilling `ids`: host, wait and wall ms, and its
+    primitives (bench.real_size takes it for its random real-size models too)."""
     cache = trunk.make_cache()
     _, logits = trunk.prefill(ids, cache)
-    history = TokenHistory(model.info.vocab_size, ids)
+    history = TokenHistory(vocab_size, ids)
     first = pick_first(logits, params, history, 0, len(ids))
     step = ar_step(trunk, cache, params, history, seed=0)
     current, following = step(mx.array([first], mx.uint32), mx.array([len(ids) + 1], mx.uint32))
@@ -132,9 +132,9 @@ def run(model, depth: int, tokens: int) -> dict[str, Any]:
     ids = prompt_ids_for(model.tokenizer, PROMPTS[0])
     report: dict[str, Any] = {}
     for name, params in SETTINGS.items():
-        measure_ar(model, ids, params, SKIPPED + 4)  # warm-up: first-call costs
+        measure_ar(model.trunk, model.info.vocab_size, ids, params, SKIPPED + 4)  # warm-up: first-call costs
         measure_mtp(model, ids, params, depth, 16)
-        report[name] = {"ar": measure_ar(model, ids, params, tokens),
+        report[name] = {"ar": measure_ar(model.trunk, model.info.vocab_size, ids, params, tokens),
                         "mtp": measure_mtp(model, ids, params, depth, tokens)}
     return report
 

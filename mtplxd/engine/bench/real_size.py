@@ -19,6 +19,10 @@ each size and dtype, at `--context` tokens of context:
     per decode step / 4.3 TB/s (the H200's copy bandwidth), where the bytes are every trunk
     weight (the embedding table counts only when it is also the lm_head) plus the KV cache
     at the context; `of_roofline` = roofline_ms / our greedy decode ms;
+  * `decode_host_split`: the greedy decode step's host time (building and submitting the
+    next step) against its wait for the device, and its primitives (bench.host): near-zero
+    wait means the step is host-bound, and fewer primitives, not faster kernels, make it
+    faster (on a CPU the arithmetic itself runs on the host: the split says nothing there);
   * forward of 1..6 tokens (cache trimmed back after each: fixed shapes), and each as a
     multiple of the 1-token forward; with `--small-m-kernel`, again with the small-M
     quantized kernel installed (small_m_qmm.py; quantized dtypes, CUDA only); with
@@ -208,6 +212,18 @@ def greedy_divergence(trunk: Any, head: Any, prompt: list[int], depth: int, toke
     return report
 
 
+def decode_host_split(trunk: Any, vocab: int, prompt: list[int], steps: int) -> dict[str, Any]:
+    """Is the greedy decode step bound by the host or the device (issue 22, point 6)? Per
+    step, the time to build and submit the next step (`host_ms`) against the time then spent
+    waiting for the device (`wait_ms`), and the primitives a step hands the device
+    (bench.host.measure_ar; at least 8 steps skipped as warm-up)."""
+    from mtplxd.engine.bench.host import SKIPPED, measure_ar
+
+    greedy = sampling(0.0)
+    measure_ar(trunk, vocab, prompt[:64], greedy, 4)  # warm-up at a short context
+    return measure_ar(trunk, vocab, prompt, greedy, SKIPPED + max(steps, 4))
+
+
 def loop_cycle_ms(trunk: Any, head: Any, prompt: list[int], depth: int, temperature: float,
                   cycles: int, warmup: int = 3) -> dict[str, float]:
     """ms per cycle of the engine's own MTP loop at `depth` (fused where the cache allows it,
@@ -263,6 +279,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     greedy_decode = decode["0.0"]["ours_ms"]
     entry["decode"] = decode
     entry["of_roofline"] = roofline_ms / greedy_decode if greedy_decode else 0.0
+    entry["decode_host_split"] = decode_host_split(trunk, vocab, prompt, decode_tokens)
     entry["mlx_lm_of_roofline"] = roofline_ms / decode["0.0"]["mlx_lm_ms"]
 
     cache = trunk.make_cache()
