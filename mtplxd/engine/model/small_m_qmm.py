@@ -293,8 +293,10 @@ _SOURCE_VECTOR = r"""
 # of 64 k (one scale and bias per output column), with S = sum of x over the group (the same
 # mma with A all ones):
 #   sum_k x (s q + b) = s (D - OFFSET_SUM S) + b S,   D = sum_p 16^p sum_k x (OFFSET + q_p)
-# in float32 (each mma's products are exact, its sums float32); the subtraction loses about
-# log2(OFFSET_SUM) bits of D's 24, well under the bf16 output's 8.
+# in float32 (each mma's products are exact, its sums float32). The subtraction cancels up to
+# log2(OFFSET_SUM) of D's 24 bits (7 for 4-bit bf16, 14 for 8-bit float16), which leaves more
+# than the 16-bit output keeps; the probe and the tests hold the outputs to the float32 truth
+# within that output's rounding.
 #
 # A mma's 16 k must share a group, so lane t (of the 4 in a row's quad) takes 16 values of
 # each group, at t*16 (4-bit: 8 bytes, 8-bit: 16 bytes of the row). Pairs of values are taken
