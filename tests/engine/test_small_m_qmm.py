@@ -350,7 +350,8 @@ def test_the_micro_bench_runs_here_and_says_the_kernel_is_not(tmp_path):
     for row in rows:
         assert row["mlx_us"] > 0 and row["weight_bytes"] > 0
         if not ON_CUDA:
-            assert row["kernel_us"] is None and row["vector_us"] is None and row["reference_error"] < 0.02
+            assert row["kernel_us"] is None and row["vector_us"] is None and row["mma_us"] is None
+            assert row["reference_error"] < 0.02
 
 
 NVCC = __import__("shutil").which("nvcc")
@@ -377,19 +378,21 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                "vector_u2": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS,
                              lambda bits: (1, small_m_qmm.MIN_ROWS[bits] - 1), 2),
                "vector_u4": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS, lambda bits: (1,), 4)}
-    # The tensor-core layout: both input types, one tile and the most a block takes.
+    # The tensor-core layout: both input types, one tile and the most a block takes, and the
+    # micro-bench's most groups loaded before use.
     for bits in small_m_qmm.BITS:
         for mma_dtype, bf16 in ((dtype, "true"), ("__half", "false")):
-            for tiles in (1, small_m_qmm.MMA_MAX_TILES):
+            default = small_m_qmm.MMA_GROUPS_PER_LOAD[bits]
+            for tiles, loads in ((1, default), (small_m_qmm.MMA_MAX_TILES, default), (1, 8)):
                 kernels.append(
-                    f"__global__ void k_mma_{bf16}_{tiles}_{bits}(const {mma_dtype}* x, "
+                    f"__global__ void k_mma_{bf16}_{tiles}_{loads}_{bits}(const {mma_dtype}* x, "
                     f"const __grid_constant__ Shape x_shape, const uint32_t* w, "
                     f"const __grid_constant__ Shape w_shape, const {mma_dtype}* scales, "
                     f"const {mma_dtype}* biases, {mma_dtype}* out) {{\n  using T = {mma_dtype};\n"
                     f"  constexpr bool BF16 = {bf16};\n  constexpr int BITS = {bits};\n"
                     f"  constexpr int GS = {small_m_qmm.GROUP_SIZE};\n  constexpr int MT = {tiles};\n"
                     f"  constexpr int KW = {small_m_qmm.MMA_WARPS};\n"
-                    f"  constexpr int U = {small_m_qmm.MMA_GROUPS_PER_LOAD[bits]};\n{small_m_qmm._SOURCE_MMA}\n}}\n")
+                    f"  constexpr int U = {loads};\n{small_m_qmm._SOURCE_MMA}\n}}\n")
     for layout, (body, per_block, row_counts, unroll) in layouts.items():
         for bits in small_m_qmm.BITS:
             for rows in row_counts(bits):

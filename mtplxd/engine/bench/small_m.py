@@ -20,7 +20,8 @@ outputs; small_m_qmm._HEADER says why). At one row, `vector_us_by_unroll` times 
 layout with 1, 2 and 4 vectors of each weight row loaded per thread before use (in a block of
 that many times fewer threads), and `vector_unroll_error` is their worst error. The `mma_*`
 fields time the tensor-core layout (small_m_qmm._SOURCE_MMA: short verify blocks of large
-matrices), `mma_us_by_warps` with 4, 8 and 16 warps a block splitting K. Off CUDA the
+matrices), `mma_us_by_warps` with 4, 8 and 16 warps a block splitting K, and at 1 and 6 rows
+`mma_us_by_groups_per_load` with 2, 4 and 8 groups a lane loads before using any. Off CUDA the
 kernel columns are null (the kernel is CUDA only) and the plain-ops reference's error is
 reported instead, so the script runs anywhere.
 """
@@ -55,6 +56,7 @@ OTHER_ROWS_PER_WARP = (1, 2)  # variants of the kernel's output columns per warp
 VECTOR_COLUMNS = (8, 4, 16)  # output columns per block of the vector layout, timed (the shipped one first)
 UNROLLS = (2, 4)  # 16-byte vectors a thread loads before using them, timed at one row (shipped: 1)
 MMA_WARPS = (8, 4, 16)  # warps a block of the mma layout, timed (the default first)
+MMA_LOADS = (2, 4, 8)  # groups a lane of the mma layout loads before using any, timed at 1 and 6 rows
 
 
 def _per_call_us(fn, x, repeats: int) -> float:
@@ -132,6 +134,10 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
             row.update(mma_us=mma_us, mma_over_mlx=mma_us / mlx_us, mma_us_by_warps=by_warps,
                        mma_of_roofline=read / BANDWIDTH_BYTES_PER_S * 1e6 / mma_us,
                        mma_error=small_m_qmm.relative_error(mma(x), truth))
+            if M in (1, 6) and not shipped_only:  # bytes in flight against registers
+                row["mma_us_by_groups_per_load"] = {
+                    loads: _per_call_us(lambda x, u=loads: small_m_qmm.small_m_matmul(
+                        x, w, scales, biases, bits, layout="mma", unroll=u), x, repeats) for loads in MMA_LOADS}
             if M == 1:  # decode rows: more vectors in flight per thread, fewer threads
                 by_unroll = {u: _per_call_us(lambda x, u=u: kernel(x, small_m_qmm.VECTOR_ROWS, "vector", unroll=u),
                                              x, repeats) for u in UNROLLS}
