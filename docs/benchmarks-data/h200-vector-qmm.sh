@@ -57,7 +57,7 @@ if [ "$PART" = kernels ]; then
 elif [ "$PART" = mma ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "cuda and (mma or greedy)" tests/engine/test_small_m_qmm.py
   step small-m-32b 240 python3 -m mtplxd.engine.bench.small_m "$work/small-m-32b.json" \
-    --sizes qwen3-32b --bits 4,8 --rows 1,2,3,6,8,16,21 --repeats 6 --shipped-only
+    --sizes qwen3-32b --bits 4,8 --rows 1,2,3,6,8,16,21 --repeats 6 --shipped-only --mma-variants
   step small-m-4b 120 python3 -m mtplxd.engine.bench.small_m "$work/small-m-4b.json" \
     --sizes qwen3-4b --bits 4 --rows 1,2,4,6 --repeats 6 --shipped-only
 elif [ "$PART" = real ]; then

@@ -2,7 +2,7 @@
 
     python -m mtplxd.engine.bench.small_m OUT.json [--sizes qwen3-4b,qwen3-32b,embedded]
         [--rows 1,2,3,4,5,6]
-        [--bits 4,8] [--repeats 20]
+        [--bits 4,8] [--repeats 20] [--shipped-only] [--mma-variants]
 
 For every weight matrix of a Qwen3-4B and a Qwen3-32B layer (and the lm_head), 4- and 8-bit
 (groups of 64), and M = 1..6 input rows (bf16): microseconds per call of
@@ -20,8 +20,9 @@ outputs; small_m_qmm._HEADER says why). At one row, `vector_us_by_unroll` times 
 layout with 1, 2 and 4 vectors of each weight row loaded per thread before use (in a block of
 that many times fewer threads), and `vector_unroll_error` is their worst error. The `mma_*`
 fields time the tensor-core layout (small_m_qmm._SOURCE_MMA: short verify blocks of large
-matrices), `mma_us_by_warps` with 4, 8 and 16 warps a block splitting K, and at 1 and 6 rows
-`mma_us_by_groups_per_load` with 2, 4 and 8 groups a lane loads before using any. Off CUDA the
+matrices); with `--mma-variants`, `mma_us_by_warps` with 4, 8 and 16 warps a block splitting K,
+and at 1 and 6 rows `mma_us_by_groups_per_load` with 2, 4 and 8 groups a lane loads before
+using any. Off CUDA the
 kernel columns are null (the kernel is CUDA only) and the plain-ops reference's error is
 reported instead, so the script runs anywhere.
 """
@@ -64,7 +65,7 @@ def _per_call_us(fn, x, repeats: int) -> float:
 
 
 def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
-                  shipped_only: bool = False) -> list[dict[str, Any]]:
+                  shipped_only: bool = False, mma_variants: bool = False) -> list[dict[str, Any]]:
     """One weight matrix at every row count: times, bandwidth and errors."""
     weight = (mx.random.normal((N, K), key=mx.random.key(N + K)) * 0.02).astype(mx.bfloat16)
     w, scales, biases = mx.quantize(weight, group_size=small_m_qmm.GROUP_SIZE, bits=bits)
@@ -129,12 +130,12 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
                 return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma", warps=warps)
 
             by_warps = {warps: _per_call_us(lambda x, k=warps: mma(x, k), x, repeats)
-                        for warps in (MMA_WARPS[:1] if shipped_only else MMA_WARPS)}
+                        for warps in (MMA_WARPS if mma_variants else MMA_WARPS[:1])}
             mma_us = by_warps[small_m_qmm.MMA_WARPS]
             row.update(mma_us=mma_us, mma_over_mlx=mma_us / mlx_us, mma_us_by_warps=by_warps,
                        mma_of_roofline=read / BANDWIDTH_BYTES_PER_S * 1e6 / mma_us,
                        mma_error=small_m_qmm.relative_error(mma(x), truth))
-            if M in (1, 6) and not shipped_only:  # bytes in flight against registers
+            if M in (1, 6) and mma_variants:  # bytes in flight against registers
                 row["mma_us_by_groups_per_load"] = {
                     loads: _per_call_us(lambda x, u=loads: small_m_qmm.small_m_matmul(
                         x, w, scales, biases, bits, layout="mma", unroll=u), x, repeats) for loads in MMA_LOADS}
@@ -161,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--shipped-only", action="store_true",
                         help="time only the shipped columns per warp and per block")
+    parser.add_argument("--mma-variants", action="store_true",
+                        help="time the mma layout at 4, 8 and 16 warps a block and, at 1 and 6 rows, "
+                             "at 2, 4 and 8 groups loaded before use")
     args = parser.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",")]
     results: list[dict[str, Any]] = []
@@ -169,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     for size in args.sizes.split(","):
         for name, N, K in SHAPES[size]:
             for bits in (int(b) for b in args.bits.split(",")):
-                for row in measure_shape(N, K, bits, rows, args.repeats, args.shipped_only):
+                for row in measure_shape(N, K, bits, rows, args.repeats, args.shipped_only, args.mma_variants):
                     row.update(size=size, matrix=name)
                     results.append(row)
                     kernel = (f"kernel {row['kernel_us']:8.1f} us ({row['kernel_over_mlx']:.2f}x, "
