@@ -199,7 +199,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         vocab_size=int(config.get("vocab_size") or text_config.get("vocab_size")),
         weights_bytes=report.weights_bytes + grown,  # what is resident after any upcast
         dtype=model_dtype(model),
-        kernels=kernel_paths(switched, hybrid=report.model_type in HYBRID_MODEL_TYPES),
+        kernels=kernel_paths(switched, hybrid=report.model_type in HYBRID_MODEL_TYPES,
+                             kernel_decode=small_m_qmm.decode_wanted(model)),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache()) else "stepwise"),
         vision=report.vision and text_only is None,
@@ -230,13 +231,14 @@ def _mx():
     return mx
 
 
-def kernel_paths(quantized_layers_switched: int, *, hybrid: bool) -> dict[str, str]:
+def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode: bool = True) -> dict[str, str]:
     """Which implementation each fast path runs on this machine (`ModelInfo.kernels`):
-    quantized matmuls, attention over the fused loop's cache buffer, for hybrid models the
-    Gated DeltaNet verify, and the precision of float32 matmuls. Off CUDA every kernel entry
-    names MLX's own ops."""
+    quantized matmuls (`kernel_decode`: whether decode steps take the small-M kernel, the rule
+    `small_m_qmm.install` applied), attention over the fused loop's cache buffer, for hybrid
+    models the Gated DeltaNet verify, and the precision of float32 matmuls. Off CUDA every
+    kernel entry names MLX's own ops."""
     paths = {
-        "quantized_matmul": small_m_qmm.path_name(quantized_layers_switched, decode=not hybrid),
+        "quantized_matmul": small_m_qmm.path_name(quantized_layers_switched, decode=kernel_decode),
         "cache_attention": ("buffer CUDA kernel" if buffer_attention.usable()
                             else "mlx scaled_dot_product_attention"),
         "prefill_attention": cpu_attention_path.path_name(),

@@ -365,6 +365,14 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
     spilling registers."""
     import subprocess
 
+    def kernel(name: str, dtype: str, constants: dict, body: str) -> str:
+        """`body` in the signature mx.fast.cuda_kernel generates, with its template constants."""
+        lines = "".join(f"  constexpr {'bool' if isinstance(v, bool) else 'int'} {k} = {str(v).lower()};\n"
+                        for k, v in constants.items())
+        return (f"__global__ void {name}(const {dtype}* x, const __grid_constant__ Shape x_shape, "
+                f"const uint32_t* w, const __grid_constant__ Shape w_shape, const {dtype}* scales, "
+                f"const {dtype}* biases, {dtype}* out) {{\n  using T = {dtype};\n{lines}{body}\n}}\n")
+
     dtype = "__nv_bfloat16"
     kernels = []
     # The kernel's M (rows per block) at both ends of what each layout serves: the word
@@ -381,29 +389,20 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
     # The tensor-core layout: both input types, one tile and the most a block takes, and the
     # micro-bench's most groups loaded before use.
     for bits in small_m_qmm.BITS:
-        for mma_dtype, bf16 in ((dtype, "true"), ("__half", "false")):
+        for mma_dtype, bf16 in ((dtype, True), ("__half", False)):
             default = small_m_qmm.MMA_GROUPS_PER_LOAD[bits]
             for tiles, loads in ((1, default), (small_m_qmm.MMA_MAX_TILES, default), (1, 8)):
-                kernels.append(
-                    f"__global__ void k_mma_{bf16}_{tiles}_{loads}_{bits}(const {mma_dtype}* x, "
-                    f"const __grid_constant__ Shape x_shape, const uint32_t* w, "
-                    f"const __grid_constant__ Shape w_shape, const {mma_dtype}* scales, "
-                    f"const {mma_dtype}* biases, {mma_dtype}* out) {{\n  using T = {mma_dtype};\n"
-                    f"  constexpr bool BF16 = {bf16};\n  constexpr int BITS = {bits};\n"
-                    f"  constexpr int GS = {small_m_qmm.GROUP_SIZE};\n  constexpr int MT = {tiles};\n"
-                    f"  constexpr int KW = {small_m_qmm.MMA_WARPS};\n"
-                    f"  constexpr int U = {loads};\n{small_m_qmm._SOURCE_MMA}\n}}\n")
+                kernels.append(kernel(
+                    f"k_mma_{bf16}_{tiles}_{loads}_{bits}", mma_dtype,
+                    {"BF16": bf16, "BITS": bits, "GS": small_m_qmm.GROUP_SIZE, "MT": tiles,
+                     "KW": small_m_qmm.MMA_WARPS, "U": loads}, small_m_qmm._SOURCE_MMA))
     for layout, (body, per_block, row_counts, unroll) in layouts.items():
         for bits in small_m_qmm.BITS:
             for rows in row_counts(bits):
-                kernels.append(
-                    f"__global__ void k_{layout}_{rows}_{bits}(const {dtype}* x, "
-                    f"const __grid_constant__ Shape x_shape, const uint32_t* w, "
-                    f"const __grid_constant__ Shape w_shape, const {dtype}* scales, const {dtype}* biases, "
-                    f"{dtype}* out) {{\n  using T = {dtype};\n  constexpr int M = {rows};\n"
-                    f"  constexpr int BITS = {bits};\n  constexpr int GS = {small_m_qmm.GROUP_SIZE};\n"
-                    f"  constexpr int R = {per_block};\n  constexpr bool CONVERT = false;\n"
-                    f"  constexpr int U = {unroll};\n{body}\n}}\n")
+                kernels.append(kernel(
+                    f"k_{layout}_{rows}_{bits}", dtype,
+                    {"M": rows, "BITS": bits, "GS": small_m_qmm.GROUP_SIZE, "R": per_block, "CONVERT": False,
+                     "U": unroll}, body))
     # MLX's default header gives the body `Shape` and the `cg` alias (mlx/backend/cuda/custom_kernel.cpp).
     source = (small_m_qmm._HEADER + "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n"
               "#include <cooperative_groups.h>\n#include <cuda/std/array>\nnamespace mlx::core::cu {\n"

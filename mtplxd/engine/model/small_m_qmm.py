@@ -666,8 +666,7 @@ def mma_usable() -> bool:
     global _mma_usable
     if _mma_usable is None:
         _mma_usable = fixed_shapes_wanted() and custom_kernels.probe(
-            "small-M quantized matmul, tensor-core layout",
-            lambda: max(probe_error(M, bits, "mma") for M in (1, 3, 6) for bits in BITS),
+            "small-M quantized matmul, tensor-core layout", lambda: _worst_probe_error(("mma",)),
             0.01, "the vector layout")
     return _mma_usable
 
@@ -703,8 +702,12 @@ def probe_error(M: int, bits: int, layout: str | None = None, **shape: Any) -> f
     return relative_error(small_m_matmul(x, w, scales, biases, bits, layout=layout), truth)
 
 
+def _worst_probe_error(layouts: tuple[str, ...]) -> float:
+    """The largest probe_error of `layouts` at 1, 3 and 6 rows, both bit widths."""
+    return max(probe_error(M, bits, layout) for M in (1, 3, 6) for bits in BITS for layout in layouts)
+
+
 def _probe() -> bool:
     return custom_kernels.probe(
-        "small-M quantized matmul",
-        lambda: max(probe_error(M, bits, layout) for M in (1, 3, 6) for bits in BITS for layout in ("word", "vector")),
+        "small-M quantized matmul", lambda: _worst_probe_error(("word", "vector")),
         0.01, "mx.quantized_matmul")
