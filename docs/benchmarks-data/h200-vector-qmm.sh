@@ -7,9 +7,9 @@
 # Qwen3-32B matrix, then installed from 1 row up (decode too) in whole 32B forwards, decode
 # steps and cycles beside stock MLX (bench.real_size --small-m-loops). Reports tarred into $OUT.
 #   PART=kernels  CUDA tests of both layouts; micro-bench at the Qwen3-32B and Qwen3-4B shapes
-#   PART=real     real_size: Qwen3-32B 4-bit and 8-bit with the kernel installed (small_m_qmm.route:
-#                 verify rows on the word layout, decode rows of large matrices on the vector one), then
-#                 the hybrid 27B in bf16 again (its depth-1 cycle read 6.8 decode steps once)
+#   PART=real     real_size: Qwen3-32B 4-bit and 8-bit, stock and with the kernel installed as
+#                 small_m_qmm.route serves it (verify blocks on the mma layout, decode rows of large
+#                 matrices on the vector one), with both decode steps' host split
 #   PART=widen    stock against the kernel, depths 1-5 at T=0 and 0.6, where it is off by default:
 #                 Qwen3-32B 8-bit, Qwen3-4B 4-bit, the hybrid 27B 4-bit (not yet run)
 #   PART=unpack   the and-or unpack (small_m_qmm._HEADER: no int-to-float conversion per weight
@@ -29,6 +29,10 @@
 #   PART=mma      the tensor-core layout (small_m_qmm._SOURCE_MMA): its CUDA tests, then the
 #                 micro-bench's mma columns (4, 8 and 16 warps a block) beside MLX and the other
 #                 layouts at Qwen3-32B and 4B shapes, 1 to 21 rows
+#   PART=timeline  why the vector layout's 1-row gate_proj took 37 us in ncu but 66 us a call in
+#                 the micro-bench: the products 16 calls evaluated at once (small_m_ncu --together:
+#                 host build and wall per call), then the same under Nsight Systems where the
+#                 machine has it (the kernels' durations inside MLX's CUDA graphs)
 #   PART=ncu      Nsight Compute on the kernel's layouts and MLX's quantized matmul at Qwen3-32B
 #                 4-bit gate_proj (1 and 6 rows), down_proj and k_proj (1 row): speed of light,
 #                 occupancy, warp stalls, memory (bench.small_m_ncu; issue 22, point 6)
@@ -36,7 +40,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, real, widen, unpack, unpack-real, divergence, hybrid-verify or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, widen, unpack, unpack-real, divergence, hybrid-verify or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -64,9 +68,6 @@ elif [ "$PART" = real ]; then
   lean=(--depths 1,3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 --repeats 6)
   step real-32b-kernel 400 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b --dtypes 4bit,8bit \
     "${lean[@]}" --small-m-kernel --small-m-loops --json-out "$work/real-size-32b-kernel.json"
-  step real-hybrid-bf16 150 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes bf16 \
-    --depths 1,3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 16 --repeats 6 \
-    --json-out "$work/real-size-hybrid-bf16.json"
 elif [ "$PART" = unpack ]; then
   step cuda-tests 200 python3 -m pytest -q -p no:cacheprovider -k "cuda" tests/engine/test_small_m_qmm.py
   step small-m-32b 220 python3 -m mtplxd.engine.bench.small_m "$work/small-m-32b.json" \
@@ -87,6 +88,17 @@ elif [ "$PART" = hybrid-verify ]; then
   step hybrid-verify-only 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
     --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 --repeats 6 \
     --small-m-kernel --small-m-loops --kernel-decode-from never --json-out "$work/hybrid-verify-only.json"
+elif [ "$PART" = timeline ]; then
+  together=(python3 -m mtplxd.engine.bench.small_m_ncu --size qwen3-32b --matrix gate_proj --bits 4
+            --rows 1,6 --calls 5 --together 16)
+  step together 90 "${together[@]}"
+  command -v nsys >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-systems/*/bin 2>/dev/null | tail -1)
+  if command -v nsys >/dev/null; then
+    step nsys 150 nsys profile --cuda-graph-trace=node --stats=true --force-overwrite true \
+      -o /root/nsys-together "${together[@]}"  # the report stays there: it can pass 16 MiB
+  else
+    echo "no nsys on this machine: $(ls /opt/nvidia 2>/dev/null | tr '\n' ' ')"
+  fi
 elif [ "$PART" = ncu ]; then
   command -v ncu >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | tail -1)
   sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats

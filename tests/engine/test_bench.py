@@ -1,6 +1,7 @@
 """The bench runs AR and MTP interleaved and writes its JSON report."""
 
 import json
+import re
 
 from mtplxd.engine.bench.decode import main
 from mtplxd.engine.bench.harness import paired_speedups
@@ -341,3 +342,16 @@ def test_the_profile_driver_runs_each_product_it_names(capsys):
     lines = capsys.readouterr().out.splitlines()
     # Off CUDA only MLX's product runs; on CUDA the kernel's layouts follow it.
     assert lines == ["tiny proj q4 M=1 mlx: 1 calls", "tiny proj q4 M=3 mlx: 1 calls"]
+
+
+def test_the_profile_driver_times_calls_evaluated_together(capsys):
+    from mtplxd.engine.bench.small_m_ncu import main as ncu_main
+
+    assert ncu_main(["--size", "tiny", "--matrix", "proj", "--rows", "2", "--calls", "3",
+                     "--together", "4"]) == 0
+    line, = capsys.readouterr().out.splitlines()
+    match = re.fullmatch(r"tiny proj q4 M=2 mlx: 3 calls of 4 together, per call: "
+                         r"host build ([\d.]+) us, wall ([\d.]+) us \(medians\)", line)
+    assert match, line
+    build, wall = float(match[1]), float(match[2])
+    assert 0 < build <= wall  # the evaluation's wall time includes building the calls

@@ -5,7 +5,7 @@ a profile, not guessed).
     ncu --clock-control none -k regex:'small_m|qmv|qmm|gemv' --section SpeedOfLight \\
         --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \\
         python -m mtplxd.engine.bench.small_m_ncu [--size qwen3-32b] [--matrix gate_proj] \\
-        [--bits 4] [--rows 1,6] [--calls 2]
+        [--bits 4] [--rows 1,6] [--calls 2] [--together 1]
 
 For each row count, in this order: MLX's `quantized_matmul`, the kernel's vector layout (where
 `small_m_qmm.route` would give it one: up to VECTOR_MAX_ROWS rows), its word layout and its
@@ -13,11 +13,18 @@ tensor-core layout ("mma"), each
 `--calls` times with an evaluation after each call, so every call is its own launch in the
 profile, in the order it prints. Off CUDA only MLX's product runs (the kernel is CUDA only),
 so the script runs anywhere.
+
+`--together N` evaluates N calls at once instead, as the micro-bench (bench.small_m) times
+them, and prints per call the host's time to build them and the wall time of the evaluation:
+under Nsight Systems (`nsys profile --cuda-graph-trace=node --stats=true`) the kernels' own
+durations in MLX's CUDA graphs then sit beside the micro-bench's per-call figure (the vector
+layout's 1-row gate_proj took 37 us in ncu but 66 us a call in the micro-bench).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import mlx.core as mx
 
@@ -40,6 +47,16 @@ def products(w: mx.array, scales: mx.array, biases: mx.array, bits: int, rows: i
     return out
 
 
+def run_together(product, x: mx.array, together: int) -> tuple[float, float]:
+    """Evaluate `together` calls at once: (host build, wall) in us per call."""
+    start = time.perf_counter()
+    outs = [product(x) for _ in range(together)]
+    built = time.perf_counter()
+    mx.eval(outs)
+    done = time.perf_counter()
+    return (built - start) * 1e6 / together, (done - start) * 1e6 / together
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench.small_m_ncu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bits", type=int, default=4, choices=(4, 8))
     parser.add_argument("--rows", default="1,6")
     parser.add_argument("--calls", type=int, default=2)
+    parser.add_argument("--together", type=int, default=1,
+                        help="calls evaluated at once (the micro-bench's way: 16)")
     args = parser.parse_args(argv)
     shapes = {name: (N, K) for name, N, K in SHAPES[args.size]}
     if args.matrix not in shapes:
@@ -60,9 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         x = mx.random.normal((rows, K), key=mx.random.key(rows)).astype(mx.bfloat16)
         mx.eval(x)
         for name, product in products(w, scales, biases, args.bits, rows).items():
-            for _ in range(args.calls):
-                mx.eval(product(x))
-            print(f"{args.size} {args.matrix} q{args.bits} M={rows} {name}: {args.calls} calls", flush=True)
+            timings = [run_together(product, x, args.together) for _ in range(args.calls)]
+            line = f"{args.size} {args.matrix} q{args.bits} M={rows} {name}: {args.calls} calls"
+            if args.together > 1:
+                build, wall = (sorted(t[i] for t in timings)[len(timings) // 2] for i in (0, 1))
+                line += (f" of {args.together} together, per call: host build {build:.1f} us, "
+                         f"wall {wall:.1f} us (medians)")
+            print(line, flush=True)
     return 0
 
 
