@@ -31,7 +31,7 @@
 #                 layouts at Qwen3-32B and 4B shapes, 1 to 21 rows
 #   PART=timeline  why the vector layout's 1-row gate_proj took 37 us in ncu but 66 us a call in
 #                 the micro-bench: the products 16 calls evaluated at once (small_m_ncu --together:
-#                 host build and wall per call), then the same under Nsight Systems where the
+#                 host build and wall per call; again with MLX's CUDA graphs off), then the same under Nsight Systems where the
 #                 machine has it (the kernels' durations inside MLX's CUDA graphs)
 #   PART=ncu      Nsight Compute on the kernel's layouts and MLX's quantized matmul at Qwen3-32B
 #                 4-bit gate_proj (1 and 6 rows), down_proj and k_proj (1 row): speed of light,
@@ -92,6 +92,7 @@ elif [ "$PART" = timeline ]; then
   together=(python3 -m mtplxd.engine.bench.small_m_ncu --size qwen3-32b --matrix gate_proj --bits 4
             --rows 1,6 --calls 5 --together 16)
   step together 90 "${together[@]}"
+  step together-no-graphs 90 env MLX_USE_CUDA_GRAPHS=0 "${together[@]}"  # each kernel its own launch
   command -v nsys >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-systems/*/bin 2>/dev/null | tail -1)
   if command -v nsys >/dev/null; then
     step nsys 150 nsys profile --cuda-graph-trace=node --stats=true --force-overwrite true \
