@@ -10,6 +10,12 @@
 #   PART=real     real_size: Qwen3-32B 4-bit and 8-bit, stock and with the kernel installed as
 #                 small_m_qmm.route serves it (verify blocks on the mma layout, decode rows of large
 #                 matrices on the vector one), with both decode steps' host split
+#   PART=real-graphs  the 32B's decode host split read near-zero wait because MLX's async_eval
+#                 blocks past 10 command buffers in flight and a 32B step commits ~15 graphs at
+#                 the H200's default limits (100 kernels, 1000 M elements): Qwen3-32B 4-bit,
+#                 the kernel as served, depth 3 at T=0.6, once at MLX's default graph limits and
+#                 once at MLX_MAX_OPS_PER_BUFFER=4000 MLX_MAX_MB_PER_BUFFER=100000 (a step a few
+#                 graphs: the split reads true, and bigger graphs may decode faster)
 #   PART=widen    stock against the kernel, depths 1-5 at T=0 and 0.6, where it is off by default:
 #                 Qwen3-32B 8-bit, Qwen3-4B 4-bit, the hybrid 27B 4-bit (not yet run)
 #   PART=unpack   the and-or unpack (small_m_qmm._HEADER: no int-to-float conversion per weight
@@ -40,7 +46,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, widen, unpack, unpack-real, divergence, hybrid-verify or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, widen, unpack, unpack-real, divergence, hybrid-verify or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -79,6 +85,13 @@ elif [ "$PART" = unpack-real ]; then
     --dtypes "${DTYPES:-4bit}" --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 \
     --repeats 6 --small-m-kernel --small-m-loops --decode-vector-values 16777216,0 \
     --json-out "$work/real-size-32b-${DTYPES:-4bit}.json"
+elif [ "$PART" = real-graphs ]; then
+  for limits in default 4000/100000; do
+    if [ "$limits" = default ]; then env=(); else env=(MLX_MAX_OPS_PER_BUFFER=${limits%/*} MLX_MAX_MB_PER_BUFFER=${limits#*/}); fi
+    step "real-32b-graphs-${limits%/*}" 270 env "${env[@]}" python3 -m mtplxd.engine.bench.real_size \
+      --sizes qwen3-32b --dtypes 4bit --depths 3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 \
+      --repeats 4 --small-m-kernel --small-m-loops --json-out "$work/real-32b-graphs-${limits%/*}.json"
+  done
 elif [ "$PART" = divergence ]; then
   step "divergence-${SIZE:?set SIZE}-${DTYPES:-4bit}" 560 python3 -m mtplxd.engine.bench.real_size \
     --sizes "$SIZE" --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \

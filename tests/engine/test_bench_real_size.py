@@ -190,3 +190,20 @@ def test_kernel_decode_from_holds_for_the_whole_run_and_the_shipped_threshold_co
     assert seen == [sys.maxsize if in_force == "maxsize" else in_force]
     assert small_m_qmm.LARGE_MATRIX_VALUES == 64 * 2**20
     assert json.loads(out.read_text())["kernel_decode_from"] == given
+
+
+@pytest.mark.parametrize("given, decode", [(None, None), ("never", False), ("0", True)])
+def test_kernel_decode_from_decides_the_kernels_decode_steps_for_every_model(monkeypatch, given, decode):
+    """A weight count puts decode steps on the kernel even where small_m_qmm.decode_wanted
+    would leave them on MLX (an 8-bit model); `never` keeps them off; no flag follows the rule."""
+    asked = []
+
+    def measure_config(size, dtype, **kwargs):
+        asked.append(kwargs["kernel_decode"])
+        raise SystemExit(0)  # what was asked is all this test needs
+
+    monkeypatch.setattr(real_size, "measure_config", measure_config)
+    flags = [] if given is None else ["--kernel-decode-from", given]
+    with pytest.raises(SystemExit):
+        real_size.main(["--sizes", "tiny", "--dtypes", "8bit", "--small-m-kernel", *flags])
+    assert asked == [decode]

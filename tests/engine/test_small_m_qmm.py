@@ -18,8 +18,9 @@ needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="the kernel is CUDA only; th
 
 
 # Row counts to check: every verify of one row (1..8), more rows than one block keeps
-# (ROW_CHUNK), a 3-wide cohort at depth 6 (21), and the most the kernel takes.
-ROW_COUNTS = (*range(1, 9), 9, 16, 21, 56, small_m_qmm.MAX_ROWS)
+# (ROW_CHUNK), a 3-wide cohort at depth 6 (21) and more: the kernel takes any row count,
+# though `route` gives it at most MAX_ROWS.
+ROW_COUNTS = (*range(1, 9), 9, 16, 21, 56, 64)
 
 
 @pytest.mark.parametrize("bits", small_m_qmm.BITS)
@@ -47,7 +48,9 @@ def test_the_kernel_domain_is_few_rows_of_affine_4_and_8_bit_groups_of_64():
     eight = nn.QuantizedLinear(128, 64, bias=False, group_size=64, bits=8)
     assert not small_m_qmm.supported(mx.zeros((1, 3, 128)), eight)
     assert small_m_qmm.supported(mx.zeros((1, 4, 128)), eight)
-    assert small_m_qmm.supported(mx.zeros((3, 7, 128)), layer)  # a cohort's verify: 21 rows
+    assert small_m_qmm.supported(mx.zeros((1, small_m_qmm.MAX_ROWS, 128)), layer)
+    assert not small_m_qmm.supported(mx.zeros((1, small_m_qmm.MLX_TILED_ROWS, 128)), layer)  # MLX's tiled qmm
+    assert not small_m_qmm.supported(mx.zeros((3, 7, 128)), layer)  # a cohort's verify: 21 rows, MLX's
     assert not small_m_qmm.supported(mx.zeros((1, small_m_qmm.MAX_ROWS + 1, 128)), layer)  # prefill: MLX's
     assert not small_m_qmm.supported(mx.zeros((1, 1, 128), mx.int32), layer)
     assert not small_m_qmm.supported(mx.zeros((1, 1, 128)), nn.QuantizedLinear(128, 64, group_size=32, bits=4))
@@ -79,6 +82,10 @@ def test_the_kernel_is_on_by_default_only_for_large_quantized_models(tiny_model_
     hybrid.append_big = _quantized(*q_proj, 4)  # a 27B-sized matrix in a model with DeltaNet layers
     assert small_m_qmm.default_wanted(hybrid) and not small_m_qmm.decode_wanted(hybrid)
     assert small_m_qmm.decode_wanted(model(_quantized(*q_proj, 4)))
+    assert not small_m_qmm.decode_wanted(model(_quantized(*q_proj, 8)))  # 8-bit: MLX's matvec was faster
+    installed = model(_quantized(*q_proj, 4))
+    installed.layers[0].__class__ = small_m_qmm.SmallMQuantizedLinear  # as /health asks it, after install
+    assert small_m_qmm.decode_wanted(installed)
     assert not small_m_qmm.default_wanted(model(_quantized(2560, 9728, 4)))  # Qwen3-4B's largest
     assert not small_m_qmm.default_wanted(model(nn.Linear(64, 64)))
     assert not small_m_qmm.default_wanted(load_model(tiny_model_factory("qwen3", quantize_bits=4)).model)
@@ -206,9 +213,9 @@ def test_installed_layers_route_few_rows_to_the_kernel_and_the_rest_to_mlx(tiny_
 
 
 def test_decode_rows_of_large_matrices_take_the_vector_layout(tiny_model_factory, monkeypatch):
-    """A decode step's product (under MIN_ROWS rows) goes to the vector layout only on a
-    matrix of LARGE_MATRIX_VALUES weights or more; here every matrix counts as large, and
-    greedy MTP still equals AR through the plain-ops twin."""
+    """A decode step's product (under MIN_ROWS rows) of a 4-bit model goes to the vector layout
+    only on a matrix of LARGE_MATRIX_VALUES weights or more; here every matrix counts as large,
+    and greedy MTP still equals AR through the plain-ops twin. An 8-bit model's stay on MLX."""
     layouts = []
 
     def kernel_twin(x, w, scales, biases, bits, layout=None):
@@ -219,7 +226,11 @@ def test_decode_rows_of_large_matrices_take_the_vector_layout(tiny_model_factory
     monkeypatch.setattr(small_m_qmm, "_mma_usable", None)  # install probes it; put back after
     monkeypatch.setattr(small_m_qmm, "small_m_matmul", kernel_twin)
     monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 0)
-    model = load_model(tiny_model_factory("qwen3"), quantize="8bit")
+    eight_bit = load_model(tiny_model_factory("qwen3"), quantize="8bit")
+    assert small_m_qmm.install(eight_bit.model, force=True) > 0
+    assert not any(getattr(m, "kernel_decode", True) for _, m in eight_bit.model.named_modules()
+                   if isinstance(m, small_m_qmm.SmallMQuantizedLinear))
+    model = load_model(tiny_model_factory("qwen3"), quantize="4bit")
     assert small_m_qmm.install(model.model, force=True) > 0
     ids = model.tokenizer.encode("def add(a, b):")
 
@@ -228,8 +239,8 @@ def test_decode_rows_of_large_matrices_take_the_vector_layout(tiny_model_factory
         return model.complete(request).token_ids
 
     assert run(0) == run(3)
-    assert {layout for rows, layout in layouts if rows < small_m_qmm.MIN_ROWS[8]} == {"vector"}
-    assert {layout for rows, layout in layouts if rows >= small_m_qmm.MIN_ROWS[8]} == {"word"}
+    assert {layout for rows, layout in layouts if rows < small_m_qmm.MIN_ROWS[4]} == {"vector"}
+    assert {layout for rows, layout in layouts if rows >= small_m_qmm.MIN_ROWS[4]} == {"word"}
 
 
 def test_a_hybrid_models_layers_keep_decode_steps_on_mlx(monkeypatch):
@@ -301,7 +312,8 @@ def test_route_keeps_small_matrices_decode_on_mlx():
 
 def test_route_sends_short_verify_blocks_of_large_matrices_to_the_tensor_cores(monkeypatch):
     """16-bit inputs (every served model's) take the mma layout there, float32 inputs the
-    vector layout; longer blocks the word layout, decode steps of this matrix MLX."""
+    vector layout up to VECTOR_MAX_ROWS; from MLX_TILED_ROWS rows MLX's tiled qmm, decode
+    steps of this matrix MLX."""
     layer = nn.QuantizedLinear(128, 192, group_size=64, bits=8)
     monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
     monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 128 * 192)  # this matrix counts as large
@@ -309,13 +321,13 @@ def test_route_sends_short_verify_blocks_of_large_matrices_to_the_tensor_cores(m
     for dtype in (mx.bfloat16, mx.float16):  # from 2 rows, where MLX's matvec already costs 2x
         layouts = {rows: small_m_qmm.route(mx.zeros((rows, 128), dtype), layer) for rows in range(1, 12)}
         assert layouts == {1: None, 2: "mma", 3: "mma", 4: "mma", 5: "mma", 6: "mma", 7: "mma",
-                           8: "word", 9: "word", 10: "word", 11: "word"}
+                           8: None, 9: None, 10: None, 11: None}
     layouts = {rows: small_m_qmm.route(mx.zeros((rows, 128), mx.float32), layer) for rows in range(1, 12)}
     assert layouts == {1: None, 2: None, 3: None, 4: "vector", 5: "vector", 6: "vector", 7: "vector",
-                       8: "word", 9: "word", 10: "word", 11: "word"}
+                       8: None, 9: None, 10: None, 11: None}
     four_bit = nn.QuantizedLinear(128, 192, group_size=64, bits=4)
-    assert [small_m_qmm.route(mx.zeros((rows, 128), mx.bfloat16), four_bit) for rows in (2, 3, 6, 7)] == [
-        "mma", "mma", "mma", "word"]
+    assert [small_m_qmm.route(mx.zeros((rows, 128), mx.bfloat16), four_bit) for rows in (2, 3, 6, 7, 8)] == [
+        "mma", "mma", "mma", "mma", None]
     assert [small_m_qmm.route(mx.zeros((rows, 128)), four_bit) for rows in (3, 6, 7)] == ["vector", "vector", "word"]
     # A GPU where the tensor-core layout failed its probe keeps the vector layout there.
     monkeypatch.setattr(small_m_qmm, "_mma_usable", False)

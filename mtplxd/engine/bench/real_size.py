@@ -31,8 +31,9 @@ each size and dtype, at `--context` tokens of context:
     `--decode-vector-values 16777216,0` times the greedy decode again with that threshold
     moved, `decode_ms_by_vector_values`: which matrices a decode step should route);
     `--kernel-decode-from never` keeps decode steps on MLX's matvec for the whole run (the
-    kernel on verify rows only, which is what a hybrid model gets whatever the threshold:
-    small_m_qmm.decode_wanted, since the hybrid 27B's decode ran slower through it);
+    kernel on verify rows only, which is what a hybrid or 8-bit model gets by default:
+    small_m_qmm.decode_wanted, since their decode ran slower through it), `--kernel-decode-from
+    N` puts them on the vector layout from N weights a matrix, whatever the model;
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): the
     first position where they differ and the logit gaps there (issue 22, point 4);
@@ -251,8 +252,11 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                    cycles: int, repeats: int, small_m_kernel: bool,
                    cycle_temperatures: tuple[float, ...] = TEMPERATURES,
                    kernel_loops: bool = False, decode_vector_values: tuple[int, ...] = (),
-                   divergence_tokens: int = 0, divergence_depth: int = 3) -> dict[str, Any]:
-    """Every figure of one size and dtype (see the module docstring), JSON-ready."""
+                   divergence_tokens: int = 0, divergence_depth: int = 3,
+                   kernel_decode: bool | None = None) -> dict[str, Any]:
+    """Every figure of one size and dtype (see the module docstring), JSON-ready.
+    `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
+    `decode`); None follows small_m_qmm.decode_wanted."""
     from mtplxd.engine.model import gdn_chunked, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
 
@@ -288,7 +292,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     entry["forward_ms_by_tokens"] = forward
     entry["forward_over_one_token"] = {k: v / forward["1"] for k, v in forward.items()}
     if small_m_kernel and DTYPES[dtype] is not None:
-        switched = small_m_qmm.install(model, force=True)
+        switched = small_m_qmm.install(model, force=True, decode=kernel_decode)
         trunk.compiled_graphs.clear()  # a cycle graph traced before would replay MLX's layers
         entry["small_m_kernel_layers"] = switched
         if switched:
@@ -482,7 +486,11 @@ def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[in
                                    decode_vector_values=tuple(
                                        int(v) for v in args.decode_vector_values.split(",") if v),
                                    divergence_tokens=args.divergence_tokens,
-                                   divergence_depth=args.divergence_depth)
+                                   divergence_depth=args.divergence_depth,
+                                   # A weight count asks for decode steps on the kernel, even
+                                   # where decode_wanted would leave them on MLX (8-bit).
+                                   kernel_decode=(None if args.kernel_decode_from is None
+                                                  else args.kernel_decode_from != "never"))
             report["configs"].append(entry)
             print(_summary_line(entry), flush=True)
             if args.json_out:  # after every config: a run cut short keeps what it measured

@@ -1,4 +1,4 @@
-"""Quantized matmuls of a few rows (M = 3..64) in one CUDA kernel that reads the weights once
+"""Quantized matmuls of a few rows (M = 2..7) in one CUDA kernel that reads the weights once
 per ROW_CHUNK rows.
 
 Why: a verify of K+1 tokens multiplies K+1 rows by every weight matrix. Such a product is
@@ -15,8 +15,9 @@ each lane takes one word of each at a time, the matching slice of the block's in
 most ROW_CHUNK of them) stays in its registers for all of them, and per word it adds
 scale * sum(x q) + bias * sum(x) (the sum of x is shared by the columns). The warp's partial
 sums are reduced at the end. More rows than ROW_CHUNK take a second row of blocks (grid y),
-which reads the weights again: a fused cohort's verify (W rows of K+1 tokens: 21 at width 3
-and depth 6) is one launch instead of MLX's tiled qmm, which it switches to at 8 rows.
+which reads the weights again. The kernel takes any row count, but from MLX_TILED_ROWS rows
+(a fused cohort's verify: W rows of K+1 tokens) MLX's own tiled qmm serves the product: on
+the H200 it was faster there than every layout of the kernel.
 Two more layouts of the same product: "vector" (16-byte loads, for decode steps of large
 matrices, _SOURCE_VECTOR) and "mma" (the tensor cores, for short verify blocks of large
 matrices, _SOURCE_MMA); `route` picks one per product.
@@ -44,7 +45,14 @@ import mlx.nn as nn
 from mtplxd.engine.model import custom_kernels
 from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 
-MAX_ROWS = 64  # verify shapes up to a cohort of 8 rows at depth 7; longer inputs (prefill) keep MLX's kernels
+# MLX 0.32 serves 8 rows and more with its tiled qmm (fewer with its matvec, about rows x one
+# row). On the H200 the tiled qmm beat every layout of the kernel from there, on every
+# Qwen3-32B 4-bit matrix: 8 and 16 rows of gate_proj 75 and 71 us against the mma layout's 78
+# and 103 and the word layout's 354 and 671; k_proj 19 and 18 against 28 and 27 (mma) and 43
+# and 51 (word) (docs/benchmarks.md, "The 32B with the tensor-core layout"). So the kernel
+# serves verify blocks of up to MAX_ROWS rows, and cohorts' wider verifies and prefill go to MLX.
+MLX_TILED_ROWS = 8
+MAX_ROWS = MLX_TILED_ROWS - 1
 ROW_CHUNK = 8  # input rows one block keeps in registers; more take more blocks along y
 # Fewest rows the kernel takes, per bit width: below them MLX's own matvec is faster (H200,
 # docs/benchmarks.md: the kernel wins at 4-bit from 3 rows, at 8-bit from 4), so decode
@@ -438,12 +446,14 @@ LARGE_MATRIX_VALUES = 64 * 2**20
 # rows (255 registers; 8 bytes at 7 rows, 16 at 8) and at 8-bit from 9 (checked by a test).
 VERIFY_VECTOR_VALUES = 40 * 2**20
 VECTOR_MAX_ROWS = {4: 6, 8: 7}
-# Those verify blocks, and 2-row blocks of those matrices, take the mma layout instead when
-# their inputs are 16-bit floats (every served model's): on the H200 a 6-row product of
-# Qwen3-32B's gate_proj took 82 us through it against 208 for the vector layout and 444 for
-# MLX at 4-bit (106, 241 and 339 at 8-bit), and 1.05x its own 1-row time (1.17x at 8-bit),
-# while MLX's matvec costs about rows x one row (docs/benchmarks.md, "The tensor-core layout";
-# 2 and 3 rows are read off the 1- and 6-row figures, not yet timed).
+# Blocks of 2 to MAX_ROWS rows of those matrices take the mma layout instead when their
+# inputs are 16-bit floats (every served model's): on the H200 a 6-row product of Qwen3-32B's
+# gate_proj took 82 us through it against 208 for the vector layout and 444 for MLX at 4-bit
+# (106, 241 and 339 at 8-bit), 1.05x its own 1-row time (1.17x at 8-bit), while MLX's matvec
+# costs about rows x one row (docs/benchmarks.md, "The tensor-core layout"). At 2 and 3 rows
+# (4-bit) it led every layout on the 32B's matrices from 40M weights (gate_proj 71 and 86 us
+# against MLX's 163 and 231, the vector layout's 89 and 115); 7 rows sit between its 6-row
+# and 8-row times (82 and 78 us), where MLX's matvec costs 7 of its 1-row products.
 
 _usable: bool | None = None
 _mma_usable: bool | None = None  # probed apart: a GPU without bf16 mma.sync keeps the other layouts
@@ -542,9 +552,10 @@ def reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits
 
 def route(x: mx.array, layer: Any) -> str | None:
     """Which layout of the kernel serves `layer`(x), or None for mx.quantized_matmul:
-    - 2..VECTOR_MAX_ROWS[bits] rows of bf16/float16 inputs on a matrix of at least
-      VERIFY_VECTOR_VALUES weights: "mma" (the tensor cores: 6 rows cost 1.05-1.17x one row,
-      where MLX's matvec costs about rows x one row, so from 2 rows on);
+    - MLX_TILED_ROWS rows or more (a cohort's verify, prefill): MLX's tiled qmm;
+    - 2..MAX_ROWS rows of bf16/float16 inputs on a matrix of at least VERIFY_VECTOR_VALUES
+      weights: "mma" (the tensor cores: 6 rows cost 1.05-1.17x one row, where MLX's matvec
+      costs about rows x one row, so from 2 rows on);
     - MIN_ROWS[bits]..MAX_ROWS rows (verify blocks) otherwise: up to VECTOR_MAX_ROWS[bits]
       rows on such a matrix "vector" (float32 inputs, or no mma), else "word";
     - fewer rows (decode steps): "vector" on a matrix of at least LARGE_MATRIX_VALUES
@@ -558,12 +569,14 @@ def route(x: mx.array, layer: Any) -> str | None:
             and getattr(layer, "biases", None) is not None):
         return None
     rows = x.size // x.shape[-1]
+    if rows > MAX_ROWS:
+        return None
     values = layer["weight"].shape[0] * x.shape[-1]
-    short_block_of_large = 2 <= rows <= VECTOR_MAX_ROWS[layer.bits] and values >= VERIFY_VECTOR_VALUES
-    if short_block_of_large and x.dtype in MMA_DTYPES and _mma_usable is not False:
+    large = values >= VERIFY_VECTOR_VALUES
+    if rows >= 2 and large and x.dtype in MMA_DTYPES and _mma_usable is not False:
         return "mma"
-    if MIN_ROWS[layer.bits] <= rows <= MAX_ROWS:
-        return "vector" if short_block_of_large else "word"
+    if rows >= MIN_ROWS[layer.bits]:
+        return "vector" if large and rows <= VECTOR_MAX_ROWS[layer.bits] else "word"
     if 1 <= rows < MIN_ROWS[layer.bits] and values >= LARGE_MATRIX_VALUES and getattr(layer, "kernel_decode", True):
         return "vector"
     return None
@@ -607,10 +620,14 @@ def default_wanted(model: nn.Module) -> bool:
 
 def decode_wanted(model: nn.Module) -> bool:
     """Whether a decode step's products take the kernel (the vector layout, on matrices of
-    LARGE_MATRIX_VALUES weights) in `model`: not in a hybrid model (Gated DeltaNet layers),
-    whose decode steps took 34-48 ms through it on the H200 against MLX's 20-29 (its verify
-    blocks gain: `default_wanted`)."""
-    return not any("GatedDeltaNet" in type(m).__name__ for _, m in model.named_modules())
+    LARGE_MATRIX_VALUES weights) in `model`: in a dense 4-bit model only. Not in a hybrid model
+    (Gated DeltaNet layers), whose decode steps took 34-48 ms through it on the H200 against
+    MLX's 20-29; not at 8-bit, where a 1-row product of the 32B's gate_proj took 83 us through
+    it against MLX's 74, and the 32B's 1-token forward 29.5 ms against 26.5 (its verify blocks
+    gain in both: `default_wanted`)."""
+    if any("GatedDeltaNet" in type(m).__name__ for _, m in model.named_modules()):
+        return False
+    return {m.bits for _, m in model.named_modules() if isinstance(m, nn.QuantizedLinear)} == {4}
 
 
 def install(model: nn.Module, *, force: bool | None = None, decode: bool | None = None) -> int:
