@@ -129,6 +129,7 @@ def test_bench_host_splits_each_step_into_host_and_wait_and_counts_primitives(ti
             assert row["host_ms"] > 0 and row["wait_ms"] >= 0
             assert row["wall_ms"] >= row["host_ms"] * 0.99
             assert row["primitives"] == sum(row["by_primitive"].values()) > 0
+        assert 0 < setting["ar"]["build_ms"] <= setting["ar"]["host_ms"]  # AR's Python half of it
         assert 1 <= setting["mtp"]["tokens_per_cycle"] <= 3  # depth 2: one to three per cycle
         # a cycle holds a K+1-row verify and the head's steps: more than one AR step
         assert setting["mtp"]["primitives"] > setting["ar"]["primitives"]

@@ -43,6 +43,7 @@ def test_the_decode_step_is_split_into_host_and_device_wait(report):
         split = config["decode_host_split"]
         assert split["host_ms"] > 0 and split["wait_ms"] >= 0
         assert split["wall_ms"] >= split["host_ms"]
+        assert 0 < split["build_ms"] <= split["host_ms"]  # building the graph is part of the host's time
         assert split["primitives"] == sum(split["by_primitive"].values()) > 0
     # The quantized model's step multiplies through QuantizedMatmul, the bf16 one through Matmul.
     by_dtype = {c["dtype"]: c["decode_host_split"]["by_primitive"] for c in report["configs"] if c["size"] == "tiny"}

@@ -7,7 +7,13 @@ step, and the primitives in each step's graph, for the AR loop and the fused MTP
 Both loops build step t+1 and hand it to the device before they read step t. `host_ms` is
 the time to build and submit one step (AR: Python builds the graph op by op; MTP: a compiled
 cycle is replayed), `wait_ms` the time then spent waiting for the device to finish the step
-before it, `wall_ms` the wall time per step. When `wait_ms` is near 0 the device idles for
+before it, `wall_ms` the wall time per step; for AR, `build_ms` is the part of `host_ms`
+spent building the graph in Python, before MLX encodes it. A caveat on a GPU: MLX's
+`async_eval` itself waits for the device once more than 10 of its command buffers are in
+flight (mlx/transforms.cpp, MAX_ACTIVE_TASKS; MLX commits a CUDA graph every
+MLX_MAX_OPS_PER_BUFFER kernels), so for a model whose step commits more than 10 (a 32B
+model at the H200's default of 100 kernels a graph) `host_ms` includes device time and only
+`build_ms` is the host's alone. When `wait_ms` is near 0 the device idles for
 the host, and a step costs what its primitives cost the host to encode: fewer primitives
 per committed token is then what makes decoding faster, not fewer FLOPs. The counts are
 primitives of one step's graph as handed to the device (views included; compiled graphs
@@ -48,12 +54,16 @@ def primitives(arrays: list[mx.array]) -> dict[str, int]:
     return dict(collections.Counter(labels).most_common())
 
 
-def _summary(host: list[float], wait: list[float], counts: dict[str, int]) -> dict[str, Any]:
+def _summary(host: list[float], wait: list[float], counts: dict[str, int],
+             build: list[float] | None = None) -> dict[str, Any]:
     skipped = min(SKIPPED, len(host) - 1)  # a short warm-up run keeps its last step
     host, wait = host[skipped:], wait[skipped:]
-    return {"host_ms": 1e3 * median(host), "wait_ms": 1e3 * median(wait),
-            "wall_ms": 1e3 * median([h + w for h, w in zip(host, wait)]),
-            "primitives": sum(counts.values()), "by_primitive": counts}
+    out = {"host_ms": 1e3 * median(host), "wait_ms": 1e3 * median(wait),
+           "wall_ms": 1e3 * median([h + w for h, w in zip(host, wait)]),
+           "primitives": sum(counts.values()), "by_primitive": counts}
+    if build is not None:
+        out["build_ms"] = 1e3 * median(build[skipped:])
+    return out
 
 
 def measure_ar(trunk, vocab_size: int, ids: list[int], params: SamplingParams, steps: int) -> dict[str, Any]:
@@ -69,16 +79,18 @@ def measure_ar(trunk, vocab_size: int, ids: list[int], params: SamplingParams, s
     mx.eval(current, following)
     pending, following = step(current, following)
     mx.async_eval(pending)
-    host, wait = [], []
+    host, wait, build = [], [], []
     for _ in range(steps):
         current, started = pending, time.perf_counter()
         pending, following = step(current, following)
+        built = time.perf_counter()
         mx.async_eval(pending)
         submitted = time.perf_counter()
         current.item()
+        build.append(built - started)
         host.append(submitted - started)
         wait.append(time.perf_counter() - submitted)
-    return _summary(host, wait, counts)
+    return _summary(host, wait, counts, build)
 
 
 class _TimedDecoder(FusedSpeculativeDecoder):

@@ -22,7 +22,10 @@ each size and dtype, at `--context` tokens of context:
   * `decode_host_split`: the greedy decode step's host time (building and submitting the
     next step) against its wait for the device, and its primitives (bench.host): near-zero
     wait means the step is host-bound, and fewer primitives, not faster kernels, make it
-    faster (on a CPU the arithmetic itself runs on the host: the split says nothing there);
+    faster (on a CPU the arithmetic itself runs on the host: the split says nothing there;
+    on a GPU, a step that commits more than MLX's 10 command buffers in flight makes the
+    host wait inside `async_eval`, and only `build_ms`, Python building the graph, is the
+    host's alone: bench.host's docstring);
   * forward of 1..6 tokens (cache trimmed back after each: fixed shapes), and each as a
     multiple of the 1-token forward; with `--small-m-kernel`, again with the small-M
     quantized kernel installed (small_m_qmm.py; quantized dtypes, CUDA only); with
