@@ -44,6 +44,8 @@ def test_the_decode_step_is_split_into_host_and_device_wait(report):
         assert split["host_ms"] > 0 and split["wait_ms"] >= 0
         assert split["wall_ms"] >= split["host_ms"]
         assert 0 < split["build_ms"] <= split["host_ms"]  # building the graph is part of the host's time
+        compiled = config["decode_compiled_greedy_ms"]  # dense models only: the fused loops' cache
+        assert (compiled > 0) if config["family"] == "qwen3" else compiled is None
         assert split["primitives"] == sum(split["by_primitive"].values()) > 0
     # The quantized model's step multiplies through QuantizedMatmul, the bf16 one through Matmul.
     by_dtype = {c["dtype"]: c["decode_host_split"]["by_primitive"] for c in report["configs"] if c["size"] == "tiny"}
@@ -208,3 +210,20 @@ def test_kernel_decode_from_decides_the_kernels_decode_steps_for_every_model(mon
     with pytest.raises(SystemExit):
         real_size.main(["--sizes", "tiny", "--dtypes", "8bit", "--small-m-kernel", *flags])
     assert asked == [decode]
+
+
+@pytest.mark.parametrize("quantize", ["none", "4bit"])
+def test_the_compiled_ar_arm_decodes_our_ar_loops_greedy_tokens(tiny_model_factory, quantize):
+    """The bench's compiled AR step (fixed buffers, one traced graph) must be the same
+    computation as the served AR loop: its greedy tokens equal the loop's, on this CPU."""
+    from mtplxd.engine.bench.compiled_ar import compiled_greedy_decode
+    from mtplxd.engine.interface import GenerationRequest, SamplingParams
+    from mtplxd.engine.loaded_model import load_model
+
+    model = load_model(tiny_model_factory("qwen3"), quantize=quantize)
+    ids = model.tokenizer.encode("def add(a, b):\n    return a")
+    served = model.complete(GenerationRequest(
+        ids, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True), depth=0)).token_ids
+    tokens, ms = compiled_greedy_decode(model.trunk, ids, 20)
+    assert tokens == served
+    assert ms > 0

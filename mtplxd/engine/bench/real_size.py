@@ -19,6 +19,9 @@ each size and dtype, at `--context` tokens of context:
     per decode step / 4.3 TB/s (the H200's copy bandwidth), where the bytes are every trunk
     weight (the embedding table counts only when it is also the lm_head) plus the KV cache
     at the context; `of_roofline` = roofline_ms / our greedy decode ms;
+  * `decode_compiled_greedy_ms` (dense models): the greedy decode step again as one
+    compiled graph over fixed KV buffers (bench.compiled_ar): far below our decode, the AR
+    loop is bound by building its graph;
   * `decode_host_split`: the greedy decode step's host time (building and submitting the
     next step) against its wait for the device, and its primitives (bench.host): near-zero
     wait means the step is host-bound, and fewer primitives, not faster kernels, make it
@@ -228,6 +231,17 @@ def decode_host_split(trunk: Any, vocab: int, prompt: list[int], steps: int) -> 
     return measure_ar(trunk, vocab, prompt, greedy, SKIPPED + max(steps, 4))
 
 
+def compiled_decode_ms(trunk: Any, prompt: list[int], tokens: int) -> float | None:
+    """ms per greedy token of the compiled fixed-buffer AR step (bench.compiled_ar), for
+    models whose cache the fused loops take (dense); None for the others."""
+    from mtplxd.engine.bench.compiled_ar import compiled_greedy_decode
+    from mtplxd.engine.decoding.fused import fused_supported
+
+    if not fused_supported(trunk, trunk.make_cache()):
+        return None
+    return compiled_greedy_decode(trunk, prompt, max(tokens, 8))[1]
+
+
 def loop_cycle_ms(trunk: Any, head: Any, prompt: list[int], depth: int, temperature: float,
                   cycles: int, warmup: int = 3) -> dict[str, float]:
     """ms per cycle of the engine's own MTP loop at `depth` (fused where the cache allows it,
@@ -287,6 +301,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     entry["decode"] = decode
     entry["of_roofline"] = roofline_ms / greedy_decode if greedy_decode else 0.0
     entry["decode_host_split"] = decode_host_split(trunk, vocab, prompt, decode_tokens)
+    entry["decode_compiled_greedy_ms"] = compiled_decode_ms(trunk, prompt, decode_tokens)
     entry["mlx_lm_of_roofline"] = roofline_ms / decode["0.0"]["mlx_lm_ms"]
 
     cache = trunk.make_cache()
@@ -366,6 +381,7 @@ def _kernel_loops(trunk, model: nn.Module, prompt: list[int], decode: dict[str, 
     # The kernel's decode beside stock's split: a faster product that leaves a step no faster
     # points at the host (the 32B 4-bit's decode stayed at 20.1 ms against 20.2).
     out["decode_host_split"] = decode_host_split(trunk, trunk.text.args.vocab_size, prompt, decode_tokens)
+    out["decode_compiled_greedy_ms"] = compiled_decode_ms(trunk, prompt, decode_tokens)
     return out
 
 
