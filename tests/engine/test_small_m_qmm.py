@@ -329,10 +329,12 @@ def test_route_sends_short_verify_blocks_of_large_matrices_to_the_tensor_cores(m
     assert [small_m_qmm.route(mx.zeros((rows, 128), mx.bfloat16), four_bit) for rows in (2, 3, 6, 7, 8)] == [
         "mma", "mma", "mma", "mma", None]
     assert [small_m_qmm.route(mx.zeros((rows, 128)), four_bit) for rows in (3, 6, 7)] == ["vector", "vector", "word"]
+    assert "2..7 on the tensor cores" in small_m_qmm.path_name(1)  # what /health says
     # A GPU where the tensor-core layout failed its probe keeps the vector layout there.
     monkeypatch.setattr(small_m_qmm, "_mma_usable", False)
     assert small_m_qmm.route(mx.zeros((4, 128), mx.bfloat16), layer) == "vector"
     assert small_m_qmm.route(mx.zeros((2, 128), mx.bfloat16), layer) is None
+    assert "tensor cores" not in small_m_qmm.path_name(1)
 
 
 def test_a_kernel_probe_that_fails_or_disagrees_keeps_the_fallback(caplog):

@@ -658,8 +658,9 @@ def path_name(switched: int, *, decode: bool = True) -> str:
     kernel, or MLX's own (and why)."""
     if switched:
         steps = "decode steps of large matrices too" if decode else "decode steps on mlx"
+        tensor_cores = "" if _mma_usable is False else f", 2..{MAX_ROWS} on the tensor cores for large matrices"
         return (f"small-M CUDA kernel (verify blocks of {MIN_ROWS[4]}..{MAX_ROWS} rows at 4-bit, "
-                f"{MIN_ROWS[8]}..{MAX_ROWS} at 8-bit; {steps})")
+                f"{MIN_ROWS[8]}..{MAX_ROWS} at 8-bit{tensor_cores}; {steps})")
     if not fixed_shapes_wanted():
         return "mlx (the small-M kernel is CUDA only)"
     if _usable is False:  # probed (at install) and failed; an unprobed kernel is not compiled here
