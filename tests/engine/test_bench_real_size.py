@@ -44,6 +44,10 @@ def test_the_decode_step_is_split_into_host_and_device_wait(report):
         assert split["host_ms"] > 0 and split["wait_ms"] >= 0
         assert split["wall_ms"] >= split["host_ms"]
         assert 0 < split["build_ms"] <= split["host_ms"]  # building the graph is part of the host's time
+        pipelined = config["forward_pipelined_ms_by_tokens"]
+        assert list(pipelined) == [str(t) for t in range(1, 7)] and all(ms > 0 for ms in pipelined.values())
+        assert config["forward_pipelined_over_decode"]["6"] == pytest.approx(
+            pipelined["6"] / config["decode"]["0.0"]["ours_ms"])
         compiled = config["decode_compiled_greedy_ms"]  # dense models only: the fused loops' cache
         assert (compiled > 0) if config["family"] == "qwen3" else compiled is None
         assert split["primitives"] == sum(split["by_primitive"].values()) > 0
@@ -227,3 +231,18 @@ def test_the_compiled_ar_arm_decodes_our_ar_loops_greedy_tokens(tiny_model_facto
     tokens, ms = compiled_greedy_decode(model.trunk, ids, 20)
     assert tokens == served
     assert ms > 0
+
+
+def test_pipelined_forwards_leave_the_cache_where_they_found_it(tiny_model_factory):
+    """Back-to-back forwards trim the cache lazily after each: the context they run at stays
+    the prompt's, and the next prefill-free call sees the same cache."""
+    from mtplxd.engine.bench.verify import measure_pipelined_forward_costs
+    from mtplxd.engine.loaded_model import load_model
+
+    model = load_model(tiny_model_factory("qwen3"), quantize="none")
+    cache = model.trunk.make_cache()
+    ids = model.tokenizer.encode("def add(a, b):")
+    model.trunk.prefill(ids, cache)
+    ms = measure_pipelined_forward_costs(model.trunk, cache, model.info.vocab_size, (1, 4), steps=5)
+    assert set(ms) == {"1", "4"} and all(v > 0 for v in ms.values())
+    assert {entry.offset for entry in cache} == {len(ids)}

@@ -30,7 +30,9 @@ each size and dtype, at `--context` tokens of context:
     host wait inside `async_eval`, and only `build_ms`, Python building the graph, is the
     host's alone: bench.host's docstring);
   * forward of 1..6 tokens (cache trimmed back after each: fixed shapes), and each as a
-    multiple of the 1-token forward; with `--small-m-kernel`, again with the small-M
+    multiple of the 1-token forward; the same forwards run back to back, each handed to the
+    device before the last finishes (`forward_pipelined_ms_by_tokens`), and each as a
+    multiple of our decode step (`forward_pipelined_over_decode`: issue 22's verify target); with `--small-m-kernel`, again with the small-M
     quantized kernel installed (small_m_qmm.py; quantized dtypes, CUDA only); with
     `--small-m-loops` also decode and cycles with it (`small_m_kernel` in the report: its
     decode steps take the vector layout on matrices of LARGE_MATRIX_VALUES weights or more;
@@ -71,7 +73,9 @@ from mlx.utils import tree_flatten
 
 from mtplxd.engine.bench.ar_reference import mlx_lm_decode_ms, ours_decode_ms
 from mtplxd.engine.bench.harness import bench_parser, command_line, machine, write_report
-from mtplxd.engine.bench.verify import DIMS, first_divergence, measure_forward_costs
+from mtplxd.engine.bench.verify import (
+    DIMS, first_divergence, measure_forward_costs, measure_pipelined_forward_costs,
+)
 from mtplxd.engine.interface import SamplingParams
 
 PROG = "python -m mtplxd.engine.bench.real_size"
@@ -231,6 +235,15 @@ def decode_host_split(trunk: Any, vocab: int, prompt: list[int], steps: int) -> 
     return measure_ar(trunk, vocab, prompt, greedy, SKIPPED + max(steps, 4))
 
 
+def _pipelined_forwards(trunk, cache, vocab: int, repeats: int, decode_ms: float) -> dict[str, Any]:
+    """Forwards of 1..6 tokens run back to back (bench.verify.measure_pipelined_forward_costs),
+    and each as a multiple of our greedy decode step, which is pipelined the same way: the
+    verify's cost in decode steps, without the synchronous forward's host time on top."""
+    ms = measure_pipelined_forward_costs(trunk, cache, vocab, range(1, 7), steps=max(2 * repeats, 8))
+    return {"forward_pipelined_ms_by_tokens": ms,
+            "forward_pipelined_over_decode": {k: v / decode_ms for k, v in ms.items()} if decode_ms else {}}
+
+
 def compiled_decode_ms(trunk: Any, prompt: list[int], tokens: int) -> float | None:
     """ms per greedy token of the compiled fixed-buffer AR step (bench.compiled_ar), for
     models whose cache the fused loops take (dense); None for the others."""
@@ -309,6 +322,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     forward = measure_forward_costs(trunk, cache, vocab, 0, repeats, token_counts=range(1, 7))
     entry["forward_ms_by_tokens"] = forward
     entry["forward_over_one_token"] = {k: v / forward["1"] for k, v in forward.items()}
+    entry.update(_pipelined_forwards(trunk, cache, vocab, repeats, greedy_decode))
     if small_m_kernel and DTYPES[dtype] is not None:
         switched = small_m_qmm.install(model, force=True, decode=kernel_decode)
         trunk.compiled_graphs.clear()  # a cycle graph traced before would replay MLX's layers
@@ -317,6 +331,8 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
             with_kernel = measure_forward_costs(trunk, cache, vocab, 0, repeats, token_counts=range(1, 7))
             entry["forward_ms_by_tokens_small_m_kernel"] = with_kernel
             entry["forward_over_one_token_small_m_kernel"] = {k: v / forward["1"] for k, v in with_kernel.items()}
+            entry.update({f"{key}_small_m_kernel": value for key, value in
+                          _pipelined_forwards(trunk, cache, vocab, repeats, greedy_decode).items()})
             if kernel_loops:
                 entry["small_m_kernel"] = _kernel_loops(trunk, model, prompt, decode, depths, cycles,
                                                         decode_tokens, cycle_temperatures, roofline_ms)

@@ -77,6 +77,34 @@ def measure_forward_costs(trunk, cache, vocab: int, max_depth: int, repeats: int
     return costs
 
 
+def measure_pipelined_forward_costs(trunk, cache, vocab: int, token_counts: Iterable[int],
+                                    steps: int, warmup: int = 3) -> dict[str, float]:
+    """ms per trunk forward of T tokens when forwards run back to back as the decode loops
+    run theirs: each is built and handed to the device before the one before it finishes
+    (the cache trimmed back after each, lazily), so the host's graph building overlaps the
+    device. A decode step is pipelined so; `measure_forward_costs`' synchronous forwards are
+    not, and on a host-bound GPU step they count the host's time on top of the device's."""
+    costs = {}
+    for tokens in token_counts:
+        block = mx.random.randint(0, vocab, (1, tokens))
+
+        def launch(block=block, tokens=tokens) -> mx.array:
+            _, logits = trunk.forward(block, cache, all_logits=True)
+            for entry in cache:
+                entry.trim(tokens)
+            mx.async_eval(logits)
+            return logits
+
+        for _ in range(warmup):
+            mx.eval(launch())
+        start = time.perf_counter()
+        for _ in range(steps):
+            last = launch()
+        mx.eval(last)
+        costs[str(tokens)] = (time.perf_counter() - start) * 1000 / steps
+    return costs
+
+
 def measure_ar_step(trunk, cache, params, repeats: int) -> float:
     """Median ms of one AR step (1-token forward + picking the token) at a fixed context."""
     from mtplxd.engine.decoding.sampling import TARGET, pick, position_key
