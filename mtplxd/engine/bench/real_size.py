@@ -235,6 +235,14 @@ def decode_host_split(trunk: Any, vocab: int, prompt: list[int], steps: int) -> 
     return measure_ar(trunk, vocab, prompt, greedy, SKIPPED + max(steps, 4))
 
 
+def _phases(config: str, started: float):
+    """phase(name): a line on stderr as each phase of a config starts, with the seconds so
+    far, so a run cut by its time cap says where it was."""
+    def phase(name: str) -> None:
+        print(f"[{config}] {time.perf_counter() - started:.0f} s: {name}", file=sys.stderr, flush=True)
+    return phase
+
+
 def _pipelined_forwards(trunk, cache, vocab: int, repeats: int, decode_ms: float) -> dict[str, Any]:
     """Forwards of 1..6 tokens run back to back (bench.verify.measure_pipelined_forward_costs),
     and each as a multiple of our greedy decode step, which is pipelined the same way: the
@@ -291,6 +299,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     from mtplxd.engine.model.trunk import Trunk
 
     started = time.perf_counter()
+    phase = _phases(f"{size} {dtype}", started)
     model, spec = build_model(size, dtype)
     build_seconds = time.perf_counter() - started
     trunk = Trunk(model, spec)
@@ -303,6 +312,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                              "gdn_verify": gdn_chunked.path_name() if spec.model_type != "qwen3" else None}
 
     decode: dict[str, dict[str, float]] = {}
+    phase("decode: ours, mlx-lm's, the host split, the compiled step")
     for temperature in TEMPERATURES:
         ours_decode_ms(trunk, prompt[:64], 4, temperature)  # warm-up: this setting's graphs
         mlx_lm_decode_ms(model, prompt[:64], 4, temperature)
@@ -317,6 +327,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     entry["decode_compiled_greedy_ms"] = compiled_decode_ms(trunk, prompt, decode_tokens)
     entry["mlx_lm_of_roofline"] = roofline_ms / decode["0.0"]["mlx_lm_ms"]
 
+    phase("forwards")
     cache = trunk.make_cache()
     trunk.prefill(prompt, cache)
     forward = measure_forward_costs(trunk, cache, vocab, 0, repeats, token_counts=range(1, 7))
@@ -324,6 +335,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     entry["forward_over_one_token"] = {k: v / forward["1"] for k, v in forward.items()}
     entry.update(_pipelined_forwards(trunk, cache, vocab, repeats, greedy_decode))
     if small_m_kernel and DTYPES[dtype] is not None:
+        phase("the small-M kernel: forwards, decode and cycles")
         switched = small_m_qmm.install(model, force=True, decode=kernel_decode)
         trunk.compiled_graphs.clear()  # a cycle graph traced before would replay MLX's layers
         entry["small_m_kernel_layers"] = switched
@@ -343,6 +355,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     del cache
 
     cycle: dict[str, dict[str, Any]] = {}
+    phase("cycles")
     for temperature in cycle_temperatures:
         by_depth = {str(d): loop_cycle_ms(trunk, model.mtp, prompt, d, temperature, cycles) for d in depths}
         decode_ms = decode[str(temperature)]["ours_ms"]
@@ -356,6 +369,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
         }
     entry["cycles"] = cycle
     if divergence_tokens:
+        phase("greedy divergence")
         # As served: the small-M kernel where small_m_qmm.default_wanted puts it.
         served_kernel = small_m_qmm.install(model)
         trunk.compiled_graphs.clear()
