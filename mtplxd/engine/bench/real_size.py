@@ -32,9 +32,10 @@ each size and dtype, at `--context` tokens of context:
   * forward of 1..6 tokens (cache trimmed back after each: fixed shapes), and each as a
     multiple of the 1-token forward; the same forwards run back to back, each handed to the
     device before the last finishes (`forward_pipelined_ms_by_tokens`), and each as a
-    multiple of our decode step (`forward_pipelined_over_decode`: issue 22's verify target); with `--small-m-kernel`, again with the small-M
-    quantized kernel installed (small_m_qmm.py; quantized dtypes, CUDA only); with
-    `--small-m-loops` also decode and cycles with it (`small_m_kernel` in the report: its
+    multiple of our decode step (`forward_pipelined_over_decode`: issue 22's verify
+    target); with `--small-m-kernel`, again with the small-M quantized kernel installed
+    (small_m_qmm.py; quantized dtypes, CUDA only); with `--small-m-loops` also decode (with
+    its host split) and cycles with it (`small_m_kernel` in the report: its
     decode steps take the vector layout on matrices of LARGE_MATRIX_VALUES weights or more;
     `--decode-vector-values 16777216,0` times the greedy decode again with that threshold
     moved, `decode_ms_by_vector_values`: which matrices a decode step should route);
@@ -65,7 +66,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -235,7 +236,7 @@ def decode_host_split(trunk: Any, vocab: int, prompt: list[int], steps: int) -> 
     return measure_ar(trunk, vocab, prompt, greedy, SKIPPED + max(steps, 4))
 
 
-def _phases(config: str, started: float):
+def _phases(config: str, started: float) -> Callable[[str], None]:
     """phase(name): a line on stderr as each phase of a config starts, with the seconds so
     far, so a run cut by its time cap says where it was."""
     def phase(name: str) -> None:

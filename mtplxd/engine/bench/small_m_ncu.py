@@ -28,6 +28,7 @@ import time
 
 import mlx.core as mx
 
+from mtplxd.engine.bench.harness import median
 from mtplxd.engine.bench.small_m import SHAPES
 from mtplxd.engine.model import small_m_qmm
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             timings = [run_together(product, x, args.together) for _ in range(args.calls)]
             line = f"{args.size} {args.matrix} q{args.bits} M={rows} {name}: {args.calls} calls"
             if args.together > 1:
-                build, wall = (sorted(t[i] for t in timings)[len(timings) // 2] for i in (0, 1))
+                build, wall = (median([t[i] for t in timings]) for i in (0, 1))
                 line += (f" of {args.together} together, per call: host build {build:.1f} us, "
                          f"wall {wall:.1f} us (medians)")
             print(line, flush=True)
