@@ -23,7 +23,7 @@ from typing import Any
 import mlx.core as mx
 
 from mtplxd.engine.decoding.fused import (
-    capacity_for, route_static_cache_attention, static_caches, to_buffers,
+    buffers_of, capacity_for, route_static_cache_attention, static_caches, to_buffers,
 )
 
 
@@ -33,7 +33,7 @@ def _step(trunk: Any):
         caches = static_caches(list(buffers), n)
         hidden = trunk.text.model(token.reshape(1, 1), caches)
         chosen = mx.argmax(trunk.lm_head(hidden)[0, -1], axis=-1).astype(mx.uint32).reshape(1)
-        return (chosen, n + 1, *[array for entry in caches for array in (entry.keys, entry.values)])
+        return (chosen, n + 1, *buffers_of(caches))
 
     return step
 

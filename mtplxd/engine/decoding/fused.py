@@ -249,7 +249,8 @@ def static_caches(buffers: list[mx.array], offset: mx.array) -> list[StaticKVCac
     return [StaticKVCache(buffers[i], buffers[i + 1], offset) for i in range(0, len(buffers), 2)]
 
 
-def _buffers_of(caches: list[StaticKVCache]) -> list[mx.array]:
+def buffers_of(caches: list[StaticKVCache] | list[RowsKVCache]) -> list[mx.array]:
+    """[k0, v0, k1, v1, ...] of the caches' buffers (the inverse of `static_caches`)."""
     return [array for entry in caches for array in (entry.keys, entry.values)]
 
 
@@ -440,7 +441,7 @@ def _speculative_cycle(trunk: Trunk, head: MTPHead, params: SamplingParams,
         noise = None if params.greedy else _cycle_noise(seed, s, K, s.counts.shape[0])
         head_cache, drafts, q_weights = _draft(trunk, head, params, K, s,
                                                None if noise is None else noise.drafts)
-        return _verify(trunk, params, K, s, noise, drafts, q_weights, _buffers_of(head_cache))
+        return _verify(trunk, params, K, s, noise, drafts, q_weights, buffers_of(head_cache))
 
     return cycle
 
@@ -466,7 +467,7 @@ def _cycle_halves(trunk: Trunk, head: MTPHead, params: SamplingParams,
         noise = noise_of(seed, s)
         head_cache, drafts, q_weights = _draft(trunk, head, params, K, s,
                                                None if noise is None else noise.drafts)
-        return (drafts, *([] if q_weights is None else [q_weights]), *_buffers_of(head_cache))
+        return (drafts, *([] if q_weights is None else [q_weights]), *buffers_of(head_cache))
 
     def verify(seed: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
         drafted, s = arrays[:drafted_count], _state_of(arrays[drafted_count:])
@@ -497,7 +498,7 @@ def _verify(trunk: Trunk, params: SamplingParams, K: int, s: _CycleState,
     nxt = _CycleState(
         n=s.n + count, head_n=s.head_n + s.count, token=correction, pending_h=hidden,
         pending_tokens=committed, count=count, counts=counts, seen=seen,
-        trunk_kv=_buffers_of(caches), head_kv=head_kv)
+        trunk_kv=buffers_of(caches), head_kv=head_kv)
     return (committed, count, *nxt.flat())
 
 

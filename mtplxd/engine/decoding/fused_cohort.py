@@ -46,7 +46,7 @@ from mtplxd.engine.decoding.cohort_memory import UNLIMITED, CohortMemory, slot_b
 from mtplxd.engine.decoding.cohort_rows import CohortCall, width_for
 from mtplxd.engine.decoding.fused import (
     FusedSpeculativeDecoder, RowsKVCache, _compiled, _CycleNoise, _CycleState,
-    _state_of, grow_buffers, grown_capacity, reach_for,
+    _state_of, buffers_of, grow_buffers, grown_capacity, reach_for,
 )
 from mtplxd.engine.decoding.row_sampling import Features, features_of, settings_table
 from mtplxd.engine.decoding.sampling import CYCLE, device_position_keys, seed_words
@@ -64,10 +64,6 @@ def rows_caches(buffers: list[mx.array], offset: mx.array) -> list[RowsKVCache]:
     shared: dict = {}
     return [RowsKVCache(buffers[i], buffers[i + 1], offset, shared)
             for i in range(0, len(buffers), 2)]
-
-
-def _buffers_of(caches: list[RowsKVCache]) -> list[mx.array]:
-    return [array for entry in caches for array in (entry.keys, entry.values)]
 
 
 # --- the compiled cycle ----------------------------------------------------------------------
@@ -88,7 +84,7 @@ def cohort_cycle(trunk: Trunk, head: MTPHead, features: Features, K: int) -> Cal
         head_cache, drafts, q_weights = _draft_rows(trunk, head, rows, K, s,
                                                     None if noise is None else noise.drafts)
         return _verify_rows(trunk, rows, K, s, active, noise, drafts, q_weights,
-                            _buffers_of(head_cache))
+                            buffers_of(head_cache))
 
     return cycle
 
@@ -111,7 +107,7 @@ def cohort_cycle_halves(trunk: Trunk, head: MTPHead, features: Features,
         noise = noise_of(seeds, s)
         head_cache, drafts, q_weights = _draft_rows(trunk, head, _Rows(features, table), K, s,
                                                     None if noise is None else noise.drafts)
-        return (drafts, *([] if q_weights is None else [q_weights]), *_buffers_of(head_cache))
+        return (drafts, *([] if q_weights is None else [q_weights]), *buffers_of(head_cache))
 
     def verify(seeds: mx.array, active: mx.array, table: mx.array,
                *arrays: mx.array) -> tuple[mx.array, ...]:
@@ -219,7 +215,7 @@ def _verify_rows(trunk: Trunk, rows: _Rows, K: int, s: _CycleState, active: mx.a
         pending_h=mx.where(active[:, None, None], hidden, s.pending_h),
         pending_tokens=mx.where(active[:, None], committed, s.pending_tokens),
         count=mx.where(active, count, s.count), counts=counts, seen=seen,
-        trunk_kv=_buffers_of(caches), head_kv=head_kv)
+        trunk_kv=buffers_of(caches), head_kv=head_kv)
     return (committed, count, *nxt.flat())
 
 

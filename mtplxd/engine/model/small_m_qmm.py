@@ -1,4 +1,4 @@
-"""Quantized matmuls of a few rows (M = 2..7) in one CUDA kernel that reads the weights once
+"""Quantized matmuls of a few rows (M = 1..7) in one CUDA kernel that reads the weights once
 per ROW_CHUNK rows.
 
 Why: a verify of K+1 tokens multiplies K+1 rows by every weight matrix. Such a product is
@@ -577,7 +577,7 @@ def route(x: mx.array, layer: Any) -> str | None:
         return "mma"
     if rows >= MIN_ROWS[layer.bits]:
         return "vector" if large and rows <= VECTOR_MAX_ROWS[layer.bits] else "word"
-    if 1 <= rows < MIN_ROWS[layer.bits] and values >= LARGE_MATRIX_VALUES and getattr(layer, "kernel_decode", True):
+    if rows >= 1 and values >= LARGE_MATRIX_VALUES and getattr(layer, "kernel_decode", True):
         return "vector"
     return None
 
