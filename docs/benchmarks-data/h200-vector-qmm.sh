@@ -16,6 +16,8 @@
 #                 the kernel as served, depth 3 at T=0.6, once at MLX's default graph limits and
 #                 once at MLX_MAX_OPS_PER_BUFFER=4000 MLX_MAX_MB_PER_BUFFER=100000 (a step a few
 #                 graphs: the split reads true, and bigger graphs may decode faster)
+#   PART=decode-graphs  the decode figures alone (real_size --decode-only), Qwen3-32B at DTYPES
+#                 (4bit), stock and with the kernel, at MLX's defaults and with CUDA graphs off
 #   PART=widen    stock against the kernel, depths 1-5 at T=0 and 0.6, where it is off by default:
 #                 Qwen3-32B 8-bit, Qwen3-4B 4-bit, the hybrid 27B 4-bit (not yet run)
 #   PART=unpack   the and-or unpack (small_m_qmm._HEADER: no int-to-float conversion per weight
@@ -47,7 +49,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, widen, unpack, unpack-real, divergence, hybrid-verify or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, widen, unpack, unpack-real, divergence, hybrid-verify or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -94,6 +96,18 @@ elif [ "$PART" = real-graphs ]; then
     step "real-32b-graphs-${limits%/*}" 270 env "${env[@]}" python3 -m mtplxd.engine.bench.real_size \
       --sizes qwen3-32b --dtypes 4bit --depths 3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 \
       --repeats 4 --small-m-kernel --small-m-loops --json-out "$work/real-32b-graphs-${limits%/*}.json"
+  done
+elif [ "$PART" = decode-graphs ]; then
+  # Where the 32B's decode time goes: at 4000 ops a graph the host split still read host 21.3
+  # ms against a wait of 0.02 ms with only 6.2 ms of it Python building the step, and both
+  # decodes got slower (ours 23.8 ms, mlx-lm's 29.8): the rest is MLX encoding the step into
+  # CUDA graphs. The decode figures alone (real_size --decode-only), stock and with the
+  # kernel, at MLX's defaults and with CUDA graphs off (each kernel launched as it is encoded).
+  for setting in default no-graphs; do
+    if [ "$setting" = default ]; then env=(); else env=(MLX_USE_CUDA_GRAPHS=0); fi
+    step "decode-32b-${DTYPES:-4bit}-$setting" $([ "$setting" = default ] && echo 200 || echo 170) env "${env[@]}" python3 -m mtplxd.engine.bench.real_size \
+      --sizes qwen3-32b --dtypes "${DTYPES:-4bit}" --decode-only --decode-tokens 32 --repeats 4 \
+      --small-m-kernel --json-out "$work/decode-32b-${DTYPES:-4bit}-$setting.json"
   done
 elif [ "$PART" = divergence ]; then
   step "divergence-${SIZE:?set SIZE}-${DTYPES:-4bit}" 560 python3 -m mtplxd.engine.bench.real_size \

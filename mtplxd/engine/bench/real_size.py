@@ -4,7 +4,7 @@
         [--dtypes bf16,8bit,4bit] [--context 512] [--depths 1,2,3,4,5] [--decode-tokens 48]
         [--cycles 16] [--repeats 10] [--cycle-temperatures 0,0.6] [--small-m-kernel]
         [--small-m-loops] [--decode-vector-values N,...] [--kernel-decode-from N|never]
-        [--divergence-tokens N] [--divergence-depth 3] [--json-out FILE]
+        [--divergence-tokens N] [--divergence-depth 3] [--decode-only] [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
 quantization in groups of 64 for 8bit/4bit), with a random MTP head, one layer at a time so
@@ -43,6 +43,9 @@ each size and dtype, at `--context` tokens of context:
     kernel on verify rows only, which is what a hybrid or 8-bit model gets by default:
     small_m_qmm.decode_wanted, since their decode ran slower through it), `--kernel-decode-from
     N` puts them on the vector layout from N weights a matrix, whatever the model;
+  * `--decode-only`: the decode figures above alone (and the kernel's, with
+    `--small-m-kernel`), no forwards, cycles or divergence: for comparing MLX settings
+    that only a fresh process takes (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER);
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): the
     first position where they differ and the logit gaps there (issue 22, point 4);
@@ -292,10 +295,11 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                    cycle_temperatures: tuple[float, ...] = TEMPERATURES,
                    kernel_loops: bool = False, decode_vector_values: tuple[int, ...] = (),
                    divergence_tokens: int = 0, divergence_depth: int = 3,
-                   kernel_decode: bool | None = None) -> dict[str, Any]:
+                   kernel_decode: bool | None = None, decode_only: bool = False) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready.
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
-    `decode`); None follows small_m_qmm.decode_wanted."""
+    `decode`); None follows small_m_qmm.decode_wanted. `decode_only`: the
+    decode figures alone (with the kernel's where `small_m_kernel`), no forwards or cycles."""
     from mtplxd.engine.model import gdn_chunked, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
 
@@ -324,9 +328,20 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     greedy_decode = decode["0.0"]["ours_ms"]
     entry["decode"] = decode
     entry["of_roofline"] = roofline_ms / greedy_decode if greedy_decode else 0.0
-    entry["decode_host_split"] = decode_host_split(trunk, vocab, prompt, decode_tokens)
-    entry["decode_compiled_greedy_ms"] = compiled_decode_ms(trunk, prompt, decode_tokens)
     entry["mlx_lm_of_roofline"] = roofline_ms / decode["0.0"]["mlx_lm_ms"]
+    entry.update(_decode_step_figures(trunk, prompt, decode_tokens, phase))
+    if decode_only:
+        if small_m_kernel and DTYPES[dtype] is not None:
+            phase("the small-M kernel: decode")
+            entry["small_m_kernel_layers"] = small_m_qmm.install(model, force=True, decode=kernel_decode)
+            trunk.compiled_graphs.clear()
+            entry["small_m_kernel"] = _kernel_decode(trunk, prompt, decode_tokens, roofline_ms, phase)
+            _uninstall(model, trunk)
+        entry["seconds"] = time.perf_counter() - started
+        del model, trunk
+        gc.collect()
+        mx.clear_cache()
+        return entry
 
     phase("forwards")
     cache = trunk.make_cache()
@@ -396,9 +411,7 @@ def _kernel_loops(trunk, model: nn.Module, prompt: list[int], decode: dict[str, 
     out: dict[str, Any] = {"min_rows": dict(small_m_qmm.MIN_ROWS),
                            "large_matrix_values": small_m_qmm.LARGE_MATRIX_VALUES,
                            "decode_ms": {}, "cycles": {}}
-    for temperature in TEMPERATURES:
-        ours_decode_ms(trunk, prompt[:64], 4, temperature)  # warm-up: the kernel's graphs
-        out["decode_ms"][str(temperature)] = ours_decode_ms(trunk, prompt, decode_tokens, temperature)
+    out.update(_kernel_decode(trunk, prompt, decode_tokens, roofline_ms))
     for temperature in cycle_temperatures:
         ar_ms = min(out["decode_ms"][str(temperature)], decode[str(temperature)]["ours_ms"])
         ms = {str(d): loop_cycle_ms(trunk, model.mtp, prompt, d, temperature, cycles)["ms"] for d in depths}
@@ -407,13 +420,42 @@ def _kernel_loops(trunk, model: nn.Module, prompt: list[int], decode: dict[str, 
             "cycle_over_decode_by_depth": {d: v / ar_ms for d, v in ms.items()},
             "projected_mtp_over_ar": projected_speedups(ar_ms, ms),
         }
+    return out
+
+
+def _kernel_decode(trunk, prompt: list[int], decode_tokens: int, roofline_ms: float,
+                   phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Our decode with the small-M kernel installed, greedy and sampled, its fraction of the
+    roofline, and its host split and compiled step (_decode_step_figures)."""
+    out: dict[str, Any] = {"decode_ms": {}}
+    for temperature in TEMPERATURES:
+        ours_decode_ms(trunk, prompt[:64], 4, temperature)  # warm-up: the kernel's graphs
+        out["decode_ms"][str(temperature)] = ours_decode_ms(trunk, prompt, decode_tokens, temperature)
     greedy = out["decode_ms"].get("0.0")
     out["of_roofline"] = roofline_ms / greedy if greedy else None
     # The kernel's decode beside stock's split: a faster product that leaves a step no faster
     # points at the host (the 32B 4-bit's decode stayed at 20.1 ms against 20.2).
-    out["decode_host_split"] = decode_host_split(trunk, trunk.text.args.vocab_size, prompt, decode_tokens)
-    out["decode_compiled_greedy_ms"] = compiled_decode_ms(trunk, prompt, decode_tokens)
+    out.update(_decode_step_figures(trunk, prompt, decode_tokens, phase))
     return out
+
+
+def _decode_step_figures(trunk, prompt: list[int], decode_tokens: int,
+                         phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The greedy decode step's host split and its compiled twin, with the seconds each took
+    to measure (`decode_figure_seconds`: a 32B run at MLX's default graph limits once spent
+    190 s in its decode phase and did not say where)."""
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    if phase:
+        phase("decode host split")
+    split = decode_host_split(trunk, trunk.text.args.vocab_size, prompt, decode_tokens)
+    seconds["host_split"] = time.perf_counter() - started
+    if phase:
+        phase("compiled decode step")
+    compiled = compiled_decode_ms(trunk, prompt, decode_tokens)
+    seconds["compiled"] = time.perf_counter() - started - seconds["host_split"]
+    return {"decode_host_split": split, "decode_compiled_greedy_ms": compiled,
+            "decode_figure_seconds": seconds}
 
 
 def _decode_by_vector_values(trunk, prompt: list[int], decode_tokens: int,
@@ -461,14 +503,16 @@ def _uninstall(model: nn.Module, trunk) -> None:
 
 
 def _summary_line(entry: dict[str, Any]) -> str:
-    forward = entry["forward_over_one_token"]
-    temperature, timed = next(iter(entry["cycles"].items()))
-    cycles = timed["cycle_over_decode_by_depth"]
-    return (f"{entry['size']} {entry['dtype']}: decode {entry['decode']['0.0']['ours_ms']:.2f} ms "
-            f"(mlx-lm {entry['decode']['0.0']['mlx_lm_ms']:.2f}), {entry['of_roofline']:.0%} of roofline; "
-            f"forward 2/4/6 = {forward['2']:.2f}/{forward['4']:.2f}/{forward['6']:.2f}x; "
-            f"cycle/decode at T={temperature} by depth {', '.join(f'{d}:{v:.2f}' for d, v in cycles.items())}; "
-            f"{entry['seconds']:.0f} s")
+    line = (f"{entry['size']} {entry['dtype']}: decode {entry['decode']['0.0']['ours_ms']:.2f} ms "
+            f"(mlx-lm {entry['decode']['0.0']['mlx_lm_ms']:.2f}), {entry['of_roofline']:.0%} of roofline; ")
+    if "forward_over_one_token" in entry:  # not with --decode-only
+        forward = entry["forward_over_one_token"]
+        temperature, timed = next(iter(entry["cycles"].items()))
+        cycles = timed["cycle_over_decode_by_depth"]
+        line += (f"forward 2/4/6 = {forward['2']:.2f}/{forward['4']:.2f}/{forward['6']:.2f}x; "
+                 f"cycle/decode at T={temperature} by depth "
+                 f"{', '.join(f'{d}:{v:.2f}' for d, v in cycles.items())}; ")
+    return line + f"{entry['seconds']:.0f} s"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -495,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run greedy AR and greedy MTP this many tokens through the engine's "
                              "loops (the kernel as served) and report the first divergence")
     parser.add_argument("--divergence-depth", type=int, default=3)
+    parser.add_argument("--decode-only", action="store_true",
+                        help="the decode figures alone: no forwards, cycles or divergence")
     parser.add_argument("--cycle-temperatures", default="0,0.6",
                         help="temperatures the cycles are timed at (decode runs at 0 and 0.6)")
     parser.add_argument("--json-out", type=Path, default=None)
@@ -540,7 +586,8 @@ def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[in
                                    # A weight count asks for decode steps on the kernel, even
                                    # where decode_wanted would leave them on MLX (8-bit).
                                    kernel_decode=(None if args.kernel_decode_from is None
-                                                  else args.kernel_decode_from != "never"))
+                                                  else args.kernel_decode_from != "never"),
+                                   decode_only=args.decode_only)
             report["configs"].append(entry)
             print(_summary_line(entry), flush=True)
             if args.json_out:  # after every config: a run cut short keeps what it measured
