@@ -18,6 +18,9 @@
 #                 graphs: the split reads true, and bigger graphs may decode faster)
 #   PART=decode-graphs  the decode figures alone (real_size --decode-only), Qwen3-32B at DTYPES
 #                 (4bit), stock and with the kernel, at MLX's defaults and with CUDA graphs off
+#   PART=step-profile  the device's own time per step (bench.step_profile under Nsight Compute):
+#                 SIZE (qwen3-32b) at DTYPES (4bit), AR stock and with the kernel, the depth-3
+#                 cycle with the kernel, each beside its unprofiled wall time
 #   PART=widen    stock against the kernel, depths 1-5 at T=0 and 0.6, where it is off by default:
 #                 Qwen3-32B 8-bit, Qwen3-4B 4-bit, the hybrid 27B 4-bit (not yet run)
 #   PART=unpack   the and-or unpack (small_m_qmm._HEADER: no int-to-float conversion per weight
@@ -49,7 +52,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, widen, unpack, unpack-real, divergence, hybrid-verify or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-verify or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -109,6 +112,27 @@ elif [ "$PART" = decode-graphs ]; then
       --sizes qwen3-32b --dtypes "${DTYPES:-4bit}" --decode-only --decode-tokens 32 --repeats 4 \
       --small-m-kernel --json-out "$work/decode-32b-${DTYPES:-4bit}-$setting.json"
   done
+elif [ "$PART" = step-profile ]; then
+  # The device's own time for a step (bench.step_profile): each run's steps profiled by
+  # Nsight Compute, one workload per CUDA graph (graph mode) or per kernel (node mode), then
+  # summed per step beside the same steps' unprofiled wall time. Reserve ~150 s on a fresh
+  # machine: the first process compiles MLX's kernels. SIZE (qwen3-32b) at DTYPES (4bit).
+  command -v ncu >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | tail -1)
+  sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-32b}" --dtype "${DTYPES:-4bit}")
+  profile() {  # NAME MODE STEPS ARGS...: ncu over the steps, then the summary
+    local name=$1 mode=$2 steps=$3; shift 3
+    step "$name" 150 ncu --profile-from-start off --graph-profiling "$mode" --metrics gpu__time_duration.sum \
+      --csv "${sp[@]}" --steps "$steps" --profiled "$@"
+    python3 -m mtplxd.engine.bench.step_profile --summarize "$work/$name.log" --steps "$steps" \
+      --json-out "$work/$name.json" || true
+  }
+  step wall-ar 150 "${sp[@]}" --steps 16 --json-out "$work/wall-ar.json"
+  step wall-ar-kernel 100 "${sp[@]}" --steps 16 --small-m-kernel --json-out "$work/wall-ar-kernel.json"
+  step wall-cycle3-kernel 100 "${sp[@]}" --steps 16 --depth 3 --small-m-kernel --json-out "$work/wall-cycle3-kernel.json"
+  profile ncu-ar-graphs graph 4
+  profile ncu-ar-kernel-graphs graph 4 --small-m-kernel
+  profile ncu-cycle3-kernel-graphs graph 4 --depth 3 --small-m-kernel
+  profile ncu-ar-nodes node 1
 elif [ "$PART" = divergence ]; then
   step "divergence-${SIZE:?set SIZE}-${DTYPES:-4bit}" 560 python3 -m mtplxd.engine.bench.real_size \
     --sizes "$SIZE" --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \

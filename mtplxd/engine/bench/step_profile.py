@@ -1,0 +1,183 @@
+"""The device's own time for one decode step or one speculative cycle, read from Nsight
+Compute: is a real-size step bound by the device or by the host? (issue 22, point 6: what
+limits each figure, measured with a profile rather than guessed.)
+
+    python -m mtplxd.engine.bench.step_profile [--size qwen3-32b] [--dtype 4bit] \\
+        [--depth 0] [--steps 4] [--context 512] [--small-m-kernel] --json-out step.json
+    ncu --profile-from-start off --graph-profiling graph --metrics gpu__time_duration.sum \\
+        --csv --log-file ncu.csv python -m mtplxd.engine.bench.step_profile ... --profiled
+    python -m mtplxd.engine.bench.step_profile --summarize ncu.csv --steps 4 [--json-out FILE]
+
+Why a profiler: on CUDA MLX's `async_eval` blocks once more than 10 command buffers are in
+flight, so a host split timed in Python (bench.host) reads "host-bound" whatever the device
+does (docs/benchmarks.md, "Where the 32B's decode time goes"). Nsight Compute times each
+workload on the device alone. With `--graph-profiling graph` a workload is one of MLX's CUDA
+graphs (a 32B decode step is ~15-25 of them) or a kernel launched outside one; their
+durations summed over the profiled steps, per step, are the device's busy time. A step whose
+wall time is well above that waits on the host (building the graph in Python, MLX encoding
+it); one near it is device-bound. `--graph-profiling node` instead gives every kernel's
+duration, for a breakdown by kernel (`top_workloads`).
+
+The model is built as bench.real_size builds it (random weights, `--context` tokens);
+`--depth 0` profiles the engine's AR loop, `--depth K` its MTP loop at depth K (fused for
+dense models, stepwise for hybrid), greedy. Without `--profiled` the script times the same
+steps unprofiled (`wall_ms_per_step`) and stops. With it, the steps run between
+cuProfilerStart and cuProfilerStop (the CUDA driver's, which `--profile-from-start off`
+obeys), after a warm-up outside the range. `--summarize` reads ncu's CSV afterwards (on any
+machine: no MLX needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import io
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+from mtplxd.engine.bench.harness import bench_parser, command_line, machine, write_report
+
+PROG = "python -m mtplxd.engine.bench.step_profile"
+DURATION_METRIC = "gpu__time_duration.sum"
+# ncu writes durations in the unit it finds readable unless told otherwise.
+UNIT_TO_MS = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0,
+              "ms": 1.0, "second": 1e3, "s": 1e3}
+
+
+def summarize_ncu_csv(text: str, steps: int, top: int = 12) -> dict[str, Any]:
+    """Device ms per step from ncu's `--csv` output of DURATION_METRIC: the workloads'
+    durations summed over all profiled steps, divided by `steps`; the largest workloads by
+    name. Lines before ncu's header row (its ==PROF== log) are skipped."""
+    rows = list(_metric_rows(text))
+    if not rows:
+        raise ValueError(f"no {DURATION_METRIC} rows in the ncu output")
+    total_ms = 0.0
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        ms = _ms(row["Metric Value"], row["Metric Unit"])
+        total_ms += ms
+        by_name[row.get("Kernel Name") or "?"].append(ms)
+    ranked = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:top]
+    return {
+        "steps": steps,
+        "workloads": len(rows),
+        "workloads_per_step": len(rows) / steps,
+        "device_ms_total": total_ms,
+        "device_ms_per_step": total_ms / steps,
+        "top_workloads": [{"name": name, "count": len(values), "ms_per_step": sum(values) / steps}
+                          for name, values in ranked],
+    }
+
+
+def _metric_rows(text: str) -> Iterable[dict[str, str]]:
+    """ncu's CSV rows of DURATION_METRIC, from the header row on."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        return
+    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        if row.get("Metric Name") == DURATION_METRIC:
+            yield row
+
+
+def _ms(value: str, unit: str) -> float:
+    """A duration cell (ncu may print thousands separators) in milliseconds."""
+    if unit not in UNIT_TO_MS:
+        raise ValueError(f"unknown duration unit {unit!r}")
+    return float(value.replace(",", "")) * UNIT_TO_MS[unit]
+
+
+class DriverProfiler:
+    """cuProfilerStart / cuProfilerStop of the CUDA driver (libcuda), which every CUDA
+    runtime in the process shares: the range `ncu --profile-from-start off` profiles."""
+
+    def __init__(self) -> None:
+        self.driver = ctypes.CDLL("libcuda.so.1")
+
+    def start(self) -> None:
+        self._check(self.driver.cuProfilerStart(), "cuProfilerStart")
+
+    def stop(self) -> None:
+        self._check(self.driver.cuProfilerStop(), "cuProfilerStop")
+
+    @staticmethod
+    def _check(status: int, call: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{call} returned CUDA error {status}")
+
+
+def run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: bool,
+              profiled: bool, context: int = 512, warmup: int = 8) -> dict[str, Any]:
+    """Build the model, run `warmup` steps, then time `steps` more (the profiled range when
+    `profiled`): wall ms per step (one cycle at depth > 0) and tokens per step."""
+    import mlx.core as mx
+
+    from mtplxd.engine.bench.real_size import build_model, engine_loop
+    from mtplxd.engine.model import small_m_qmm
+    from mtplxd.engine.model.trunk import Trunk
+
+    model, spec = build_model(size, dtype)
+    trunk = Trunk(model, spec)
+    if small_m_kernel:
+        small_m_qmm.install(model, force=True)
+    vocab = trunk.text.args.vocab_size
+    prompt = mx.random.randint(0, vocab, (context,), key=mx.random.key(1)).tolist()
+    loop, _, fused = engine_loop(trunk, model.mtp, prompt, depth, 0.0)
+    for _ in range(warmup):
+        next(loop)
+    mx.synchronize()
+    profiler = DriverProfiler() if profiled else None
+    if profiler:
+        profiler.start()
+    start = time.perf_counter()
+    tokens = sum(len(next(loop)) for _ in range(steps))
+    mx.synchronize()
+    elapsed = time.perf_counter() - start
+    if profiler:
+        profiler.stop()
+    loop.close()
+    return {"size": size, "dtype": dtype, "depth": depth, "steps": steps, "context": context,
+            "loop": "ar" if depth == 0 else ("fused" if fused else "stepwise"),
+            "small_m_kernel": small_m_kernel, "profiled": profiled,
+            "wall_ms_per_step": elapsed * 1000 / steps, "tokens_per_step": tokens / steps}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = bench_parser(PROG, __doc__)
+    parser.add_argument("--size", default="qwen3-32b")
+    parser.add_argument("--dtype", default="4bit")
+    parser.add_argument("--depth", type=int, default=0, help="0: the AR loop; K: the MTP loop at depth K")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--small-m-kernel", action="store_true",
+                        help="install the small-M kernel as served (small_m_qmm.install)")
+    parser.add_argument("--profiled", action="store_true",
+                        help="run the timed steps between cuProfilerStart and cuProfilerStop (under ncu)")
+    parser.add_argument("--summarize", type=Path, default=None, metavar="NCU_CSV",
+                        help="read ncu's CSV and print the device ms per step instead")
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    if args.summarize:
+        report = summarize_ncu_csv(args.summarize.read_text(errors="replace"), args.steps)
+        print(f"{report['workloads_per_step']:.1f} workloads, {report['device_ms_per_step']:.2f} "
+              f"device ms per step")
+    else:
+        report = {**machine(), "command": command_line(PROG, argv),
+                  **run_steps(args.size, args.dtype, args.depth, args.steps, args.small_m_kernel,
+                              args.profiled, args.context)}
+        print(f"{args.size} {args.dtype} depth {args.depth}: {report['wall_ms_per_step']:.2f} ms "
+              f"a step, {report['tokens_per_step']:.2f} tokens", flush=True)
+    if args.json_out:
+        write_report(args.json_out, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
