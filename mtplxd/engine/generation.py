@@ -306,7 +306,8 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     decoder = None
     cohort = decide()  # asked again now: rows may have arrived during the prefill
     if depth > 0:
-        fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache)
+        # A hybrid row decodes fused too, bar an image prompt's (its positions are mrope's).
+        fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache, hybrid=positions is None)
         if cohort == "fused" and positions is None and fused_supported(trunk, cache):
             decoder_class = FusedCohortRow
         elif cohort:

@@ -202,7 +202,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         kernels=kernel_paths(switched, hybrid=report.model_type in HYBRID_MODEL_TYPES,
                              kernel_decode=small_m_qmm.decode_wanted(model)),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
-                     and fused_supported(trunk, trunk.make_cache()) else "stepwise"),
+                     and fused_supported(trunk, trunk.make_cache(), hybrid=True) else "stepwise"),
         vision=report.vision and text_only is None,
         vision_reason=text_only if report.vision and text_only else report.vision_reason,
         kv_bits=trunk.kv_bits,

@@ -48,7 +48,7 @@ def test_summarize_reads_a_file_and_writes_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("size, depth, loop", [("tiny", 0, "ar"), ("tiny", 2, "fused"),
-                                               ("tiny-hybrid", 2, "stepwise")])
+                                               ("tiny-hybrid", 2, "fused")])
 def test_unprofiled_steps_run_the_engines_loops(tmp_path, size, depth, loop):
     out = tmp_path / "steps.json"
     assert step_profile.main(["--size", size, "--dtype", "bf16", "--depth", str(depth), "--steps", "3",

@@ -50,7 +50,7 @@ each size and dtype, at `--context` tokens of context:
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): the
     first position where they differ and the logit gaps there (issue 22, point 4);
   * a whole speculative cycle at each depth, greedy and sampled: the engine's own loop
-    (fused for dense, stepwise for hybrid) run for `--cycles` cycles after warm-up, ms per
+    (fused where the decode_loop setting allows, as served) run for `--cycles` cycles after warm-up, ms per
     cycle and as a multiple of our decode step;
   * projected MTP/AR at MTPLX's published acceptance profile (97.6 / 95.2 / 88.1 / 75.6% of
     cycles accept depth 1 / 2 / 3 / 4): (1 + sum of the first K rates) * decode_ms / cycle_ms(K),
@@ -188,7 +188,7 @@ def engine_loop(trunk: Any, head: Any, prompt: list[int], depth: int, temperatur
                 ) -> tuple[Any, int, bool]:
     """The engine's own decode loop over `prompt` after its prefill: (cycles, first token,
     fused?). Depth 0 is the AR loop; else the MTP loop generation.py chooses (fused where the
-    cache allows it, else stepwise)."""
+    cache allows it, hybrid models' included, else stepwise)."""
     from mtplxd.engine.decoding.autoregressive import ar_cycles
     from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
     from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
@@ -201,7 +201,7 @@ def engine_loop(trunk: Any, head: Any, prompt: list[int], depth: int, temperatur
     first = pick_first(logits, params, history, 0, len(prompt))
     if depth == 0:
         return ar_cycles(trunk, cache, params, history, 0, first, len(prompt)), first, False
-    fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache)
+    fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache, hybrid=True)  # as served
     decoder = (FusedSpeculativeDecoder if fused else SpeculativeDecoder)(
         trunk, head, cache, params, history, 0, depth)
     return decoder.cycles(hiddens, prompt, first), first, fused

@@ -29,7 +29,6 @@ machine: no MLX needed).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import ctypes
 import io

@@ -19,18 +19,21 @@ draw, keyed on the device by the (lazy) absolute position (`_cycle_noise`), and 
 Gumbel-max with them, so a seeded sampled request gives other (equally distributed) tokens
 than the stepwise loop.
 
-Only for models whose whole trunk cache is attention KV (dense qwen3); hybrid models keep
-the stepwise loop, whose rollback caches replay recurrent state on the host.
+Dense models (every trunk cache entry attention KV) and, for a request's own decode, hybrid
+ones: a Gated DeltaNet layer's conv and recurrent state ride in the cycle's state too, and
+the cycle rolls them back to the accepted rows on the device (fused_gdn.py). Cohorts of
+hybrid rows keep the stepwise loops (fused_supported's `hybrid`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import mlx.core as mx
 import mlx_lm.models.qwen3 as mlx_lm_qwen3
+import mlx_lm.models.qwen3_next as mlx_lm_qwen3_next
 from mlx_lm.models.cache import KVCache
 
 from mtplxd.engine.decoding import buffer_attention
@@ -42,10 +45,12 @@ from mtplxd.engine.decoding.speculative import (
     AcceptanceStats, acceptance_probability, feed_pending_pairs, log_weights,
     residual_distribution,
 )
+from mtplxd.engine.decoding.fused_gdn import FusedGDNCache
 from mtplxd.engine.decoding.split import CycleSplit, evaluated_at
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model import cpu_attention
 from mtplxd.engine.model.mtp_head import MTPHead
+from mtplxd.engine.model.rollback import RollbackArraysCache
 from mtplxd.engine.model.trunk import Trunk
 
 CAPACITY_STEP = 256  # cache buffers grow this many slots at a time (one retrace each)
@@ -170,7 +175,8 @@ def static_cache_attention(queries: mx.array, keys: mx.array, values: mx.array, 
 
 
 def route_static_cache_attention() -> None:
-    """Make mlx-lm's qwen3 layers (trunk and MTP layer) call `static_cache_attention`.
+    """Make mlx-lm's qwen3 layers and qwen3_next's attention (which qwen3_5 hybrids share;
+trunk and MTP layer) call `static_cache_attention`.
 
     mlx-lm's Attention calls its module's `scaled_dot_product_attention` and offers no other
     hook. The replacement behaves as the original for every cache but a StaticKVCache, which
@@ -181,11 +187,22 @@ def route_static_cache_attention() -> None:
     buffer_attention.rows_usable()
     _scatter_works()
     mlx_lm_qwen3.scaled_dot_product_attention = static_cache_attention
+    mlx_lm_qwen3_next.scaled_dot_product_attention = static_cache_attention
 
 
-def fused_supported(trunk: Trunk, cache: list[Any]) -> bool:
-    """True when every trunk cache entry is plain attention KV (the fused loops' domain)."""
-    return trunk.has_hidden and all(isinstance(entry, KVCache) for entry in cache)
+def fused_supported(trunk: Trunk, cache: list[Any], *, hybrid: bool = False) -> bool:
+    """True when every trunk cache entry is plain attention KV (the fused loops' domain), or
+    with `hybrid` (FusedSpeculativeDecoder alone, not the cohorts) attention KV and Gated
+    DeltaNet rollback caches."""
+    kinds = set(cache_layout(cache))
+    return trunk.has_hidden and kinds <= ({"kv", "gdn"} if hybrid else {"kv"})
+
+
+def cache_layout(cache: list[Any]) -> tuple[str, ...]:
+    """Each trunk cache entry's kind, in layer order: "kv" (attention KV), "gdn" (a Gated
+    DeltaNet rollback cache) or "other"."""
+    return tuple("kv" if isinstance(entry, KVCache) else "gdn" if isinstance(entry, RollbackArraysCache)
+                 else "other" for entry in cache)
 
 
 def capacity_for(tokens: int) -> int:
@@ -236,11 +253,31 @@ def to_kv_caches(buffers: list[mx.array], length: int) -> list[KVCache]:
     return caches
 
 
+def gdn_caches(arrays: list[mx.array]) -> list[RollbackArraysCache]:
+    """Rollback caches over [conv0, state0, conv1, ...]: a hybrid trunk's Gated DeltaNet
+    layers as the stepwise loop and the session bank hold them."""
+    caches = []
+    for i in range(0, len(arrays), 2):
+        entry = RollbackArraysCache(2)
+        entry.cache[0], entry.cache[1] = arrays[i], arrays[i + 1]
+        caches.append(entry)
+    return caches
+
+
+def trunk_caches(s: "_CycleState", layout: tuple[str, ...]) -> list[StaticKVCache | FusedGDNCache]:
+    """A cycle's trunk caches in layer order: StaticKVCaches over the KV buffers at the
+    cycle's start, and for a hybrid's Gated DeltaNet layers FusedGDNCaches over their state."""
+    attention = iter(static_caches(s.trunk_kv, s.n))
+    recurrent = iter(FusedGDNCache(s.gdn[i], s.gdn[i + 1]) for i in range(0, len(s.gdn), 2))
+    return [next(attention) if kind == "kv" else next(recurrent) for kind in layout]
+
+
 def empty_head_buffers(trunk: Trunk, head: MTPHead, capacity: int) -> list[mx.array]:
-    """Zero buffers for the head's one attention layer."""
+    """Zero buffers for the head's one attention layer (qwen3's or qwen3_next's attention)."""
     attention = head.layers[0].self_attn
     dtype = trunk.embed(mx.array([[0]])).dtype
-    shape = (1, attention.n_kv_heads, capacity, trunk.text.args.head_dim)
+    kv_heads = getattr(attention, "n_kv_heads", None) or attention.num_key_value_heads
+    shape = (1, kv_heads, capacity, trunk.text.args.head_dim)
     return [mx.zeros(shape, dtype), mx.zeros(shape, dtype)]
 
 
@@ -283,17 +320,21 @@ class _CycleState:
     seen: mx.array  # (V,) float32 prompt+output tokens seen (penalties)
     trunk_kv: list[mx.array]
     head_kv: list[mx.array]
+    # A hybrid trunk's Gated DeltaNet layers, in layer order: [conv0, state0, conv1, ...].
+    gdn: list[mx.array] = field(default_factory=list)
 
     SMALL = 8  # the fields before the KV buffers in flat()
 
     def flat(self) -> list[mx.array]:
         return [self.n, self.head_n, self.token, self.pending_h, self.pending_tokens,
-                self.count, self.counts, self.seen, *self.trunk_kv, *self.head_kv]
+                self.count, self.counts, self.seen, *self.trunk_kv, *self.gdn, *self.head_kv]
 
     @classmethod
-    def unflat(cls, arrays: list[mx.array], trunk_entries: int) -> "_CycleState":
-        split = cls.SMALL + 2 * trunk_entries
-        return cls(*arrays[:cls.SMALL], trunk_kv=list(arrays[8:split]), head_kv=list(arrays[split:]))
+    def unflat(cls, arrays: list[mx.array], trunk_entries: int, gdn_entries: int = 0) -> "_CycleState":
+        kv_end = cls.SMALL + 2 * trunk_entries
+        gdn_end = kv_end + 2 * gdn_entries
+        return cls(*arrays[:cls.SMALL], trunk_kv=list(arrays[cls.SMALL:kv_end]),
+                   head_kv=list(arrays[gdn_end:]), gdn=list(arrays[kv_end:gdn_end]))
 
 
 class _Launched(NamedTuple):
@@ -318,9 +359,10 @@ class FusedSpeculativeDecoder:
         self.pending_hidden: mx.array | None = None
         self.stats = AcceptanceStats(depth)
         self.split = CycleSplit()  # armed by the flight recorder's samples (split.py)
+        self.layout = cache_layout(cache)  # which trunk layers are attention, which GDN
         route_static_cache_attention()
         self._cycle = _compiled(trunk, ("mtp", depth, graph_key(params)),
-                                lambda: _speculative_cycle(trunk, head, params, depth))
+                                lambda: _speculative_cycle(trunk, head, params, depth, self.layout))
 
     def cycles(self, prompt_hiddens: list[mx.array], prompt_ids: list[int],
                first_token: int, *, pending_from: int = 0) -> Iterator[list[int]]:
@@ -363,8 +405,8 @@ class FusedSpeculativeDecoder:
         reference left, the cycle's cache writes can reuse them in place instead of
         holding a second copy of the cache."""
         arrays = self._cycle(seed, *state.flat())
-        following = _CycleState.unflat(list(arrays[2:]), len(state.trunk_kv) // 2)
-        state.trunk_kv, state.head_kv = [], []
+        following = self._unflat(arrays[2:])
+        state.trunk_kv, state.head_kv = [], []  # a GDN state stays: write-back may need it
         tokens, count = arrays[0], arrays[1]
         mx.async_eval(tokens, count)
         return _Launched(tokens, count, following)
@@ -376,10 +418,10 @@ class FusedSpeculativeDecoder:
         replays its graph, bar the first call, which traces it and is left out)."""
         K, key = self.depth, graph_key(self.params)
         draft = _compiled(self.trunk, ("mtp-draft", K, key),
-                          lambda: _cycle_halves(self.trunk, self.head, self.params, K)[0])
+                          lambda: _cycle_halves(self.trunk, self.head, self.params, K, self.layout)[0])
         verify = _compiled(self.trunk, ("mtp-verify", K, key),
-                           lambda: _cycle_halves(self.trunk, self.head, self.params, K)[1])
-        state, entries = previous.state, len(previous.state.trunk_kv) // 2
+                           lambda: _cycle_halves(self.trunk, self.head, self.params, K, self.layout)[1])
+        state = previous.state
         evaluated_at(previous.tokens, previous.count, state.flat())
         drafted = draft(seed, *state.flat())
         start = time.perf_counter()
@@ -389,8 +431,11 @@ class FusedSpeculativeDecoder:
         verify_start = time.perf_counter()
         verified_at = evaluated_at(arrays)
         self.split.record(drafted_at - start, verified_at - verify_start)
-        following = _CycleState.unflat(list(arrays[2:]), entries)
-        return _Launched(arrays[0], arrays[1], following)
+        return _Launched(arrays[0], arrays[1], self._unflat(arrays[2:]))
+
+    def _unflat(self, arrays: Sequence[mx.array]) -> _CycleState:
+        """A compiled cycle's state outputs as a _CycleState of this trunk's layout."""
+        return _CycleState.unflat(list(arrays), self.layout.count("kv"), self.layout.count("gdn"))
 
     def _initial_state(self, prompt_hiddens, prompt_ids, first_token, pending_from):
         """Feed the head every PENDING pair but the last (stepwise, in prefill chunks); the
@@ -409,17 +454,24 @@ class FusedSpeculativeDecoder:
             pending_h=mx.concatenate([last_h, pad], axis=1),
             pending_tokens=mx.array([first_token] + [0] * K, mx.uint32),
             count=mx.array(1, mx.int32), counts=self.history.counts, seen=self.history.seen,
-            trunk_kv=to_buffers(self.cache, capacity), head_kv=head_kv)
+            trunk_kv=to_buffers(self._entries("kv"), capacity), head_kv=head_kv,
+            gdn=[array for entry in self._entries("gdn") for array in entry.cache])
         # The buffers are copies: drop the prefill's caches (write-back refills the lists).
         self.cache.clear()
         self.head_cache.clear()
         return state, capacity
 
+    def _entries(self, kind: str) -> list[Any]:
+        """The trunk cache's entries of one kind ("kv" or "gdn"), in layer order."""
+        return [entry for entry, entry_kind in zip(self.cache, self.layout) if entry_kind == kind]
+
     def _write_back(self, state: _CycleState, newest: _CycleState) -> None:
         """Hand back ordinary caches holding the committed `state` (session bank, callers),
         over the KV buffers of the `newest` launched state."""
         n, head_n, count = state.n.item(), state.head_n.item(), state.count.item()
-        self.cache[:] = to_kv_caches(newest.trunk_kv, n)
+        attention = iter(to_kv_caches(newest.trunk_kv, n))
+        recurrent = iter(gdn_caches(state.gdn))  # the committed state's: later cycles' are not
+        self.cache[:] = [next(attention) if kind == "kv" else next(recurrent) for kind in self.layout]
         self.head_cache[:] = to_kv_caches(newest.head_kv, head_n)
         self.pending_hidden = state.pending_h[:, :count]
         self.history.counts, self.history.seen = state.counts, state.seen
@@ -432,27 +484,31 @@ def _grow(state: _CycleState, capacity: int) -> None:
 
 
 def _speculative_cycle(trunk: Trunk, head: MTPHead, params: SamplingParams,
-                       K: int) -> Callable:
+                       K: int, layout: tuple[str, ...] | None = None) -> Callable:
     """The function compiled for one cycle at depth K (see speculative.py for the rules):
-    (seed, *state) -> (committed tokens (K+1,), their count, *next state)."""
+    (seed, *state) -> (committed tokens (K+1,), their count, *next state). `layout`: the
+    trunk cache's kinds (cache_layout); None: every layer attention."""
 
     def cycle(seed: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
-        s = _state_of(arrays)
+        s = _state_of(arrays, layout)
         noise = None if params.greedy else _cycle_noise(seed, s, K, s.counts.shape[0])
         head_cache, drafts, q_weights = _draft(trunk, head, params, K, s,
                                                None if noise is None else noise.drafts)
-        return _verify(trunk, params, K, s, noise, drafts, q_weights, buffers_of(head_cache))
+        return _verify(trunk, params, K, s, noise, drafts, q_weights, buffers_of(head_cache), layout)
 
     return cycle
 
 
-def _state_of(arrays: tuple[mx.array, ...]) -> _CycleState:
-    """A compiled function's state arguments as a _CycleState (the head's KV: 2 arrays)."""
-    return _CycleState.unflat(list(arrays), (len(arrays) - _CycleState.SMALL - 2) // 2)
+def _state_of(arrays: tuple[mx.array, ...], layout: tuple[str, ...] | None = None) -> _CycleState:
+    """A compiled function's state arguments as a _CycleState (the head's KV: 2 arrays;
+    `layout` says how many GDN states there are, None none)."""
+    gdn_entries = layout.count("gdn") if layout else 0
+    kv_arrays = len(arrays) - _CycleState.SMALL - 2 - 2 * gdn_entries
+    return _CycleState.unflat(list(arrays), kv_arrays // 2, gdn_entries)
 
 
 def _cycle_halves(trunk: Trunk, head: MTPHead, params: SamplingParams,
-                  K: int) -> tuple[Callable, Callable]:
+                  K: int, layout: tuple[str, ...] | None = None) -> tuple[Callable, Callable]:
     """The cycle as two functions for a timed cycle (FusedSpeculativeDecoder._launch_timed):
     draft (seed, *state) -> (drafts, [q-weights when sampling,] *head KV), and verify
     (seed, *draft's outputs, *state) -> the cycle's outputs. Together they compute what
@@ -463,27 +519,28 @@ def _cycle_halves(trunk: Trunk, head: MTPHead, params: SamplingParams,
         return None if params.greedy else _cycle_noise(seed, s, K, s.counts.shape[0])
 
     def draft(seed: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
-        s = _state_of(arrays)
+        s = _state_of(arrays, layout)
         noise = noise_of(seed, s)
         head_cache, drafts, q_weights = _draft(trunk, head, params, K, s,
                                                None if noise is None else noise.drafts)
         return (drafts, *([] if q_weights is None else [q_weights]), *buffers_of(head_cache))
 
     def verify(seed: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
-        drafted, s = arrays[:drafted_count], _state_of(arrays[drafted_count:])
+        drafted, s = arrays[:drafted_count], _state_of(arrays[drafted_count:], layout)
         q_weights = None if params.greedy else drafted[1]
         return _verify(trunk, params, K, s, noise_of(seed, s), drafted[0], q_weights,
-                       list(drafted[-2:]))
+                       list(drafted[-2:]), layout)
 
     return draft, verify
 
 
 def _verify(trunk: Trunk, params: SamplingParams, K: int, s: _CycleState,
             noise: "_CycleNoise | None", drafts: mx.array, q_weights: mx.array | None,
-            head_kv: list[mx.array]) -> tuple[mx.array, ...]:
+            head_kv: list[mx.array], layout: tuple[str, ...] | None = None) -> tuple[mx.array, ...]:
     """The cycle after its drafts: the verify forward, the accept rule and the next state,
-    as (committed tokens (K+1,), their count, *next state)."""
-    caches = static_caches(s.trunk_kv, s.n)
+    as (committed tokens (K+1,), their count, *next state). A GDN layer keeps the state
+    after the committed rows (fused_gdn.py)."""
+    caches = trunk_caches(s, layout or ("kv",) * (len(s.trunk_kv) // 2))
     hidden = trunk.text.model(mx.concatenate([s.token, drafts])[None], caches)
     accepted, targets = _accept(trunk, params, K, s, noise, hidden, drafts, q_weights)
     rows = mx.arange(K + 1)
@@ -498,7 +555,8 @@ def _verify(trunk: Trunk, params: SamplingParams, K: int, s: _CycleState,
     nxt = _CycleState(
         n=s.n + count, head_n=s.head_n + s.count, token=correction, pending_h=hidden,
         pending_tokens=committed, count=count, counts=counts, seen=seen,
-        trunk_kv=buffers_of(caches), head_kv=head_kv)
+        trunk_kv=buffers_of([c for c in caches if isinstance(c, StaticKVCache)]), head_kv=head_kv,
+        gdn=[array for c in caches if isinstance(c, FusedGDNCache) for array in c.committed(count)])
     return (committed, count, *nxt.flat())
 
 

@@ -147,7 +147,7 @@ class RollbackArraysCache(ArraysCache):
         self.cache[0] = mx.contiguous(c.conv_input[:, keep : keep + n_window, :])
         if c.u is not None:
             self.cache[1] = gdn_chunked.state_after(
-                _state_or_zeros(c.state_snapshot, (*c.u.shape[:2], c.u.shape[-1], c.k.shape[-1])), c.u,
+                state_or_zeros(c.state_snapshot, (*c.u.shape[:2], c.u.shape[-1], c.k.shape[-1])), c.u,
                 gdn_chunked.heads_first(c.k, c.u.shape[1]), c.log_gamma, keep)
             return
         _, state = gated_delta_update(
@@ -229,7 +229,7 @@ class _CapturingGDN:
         if T > 1 and gdn_chunked.active():  # a verify: all rows in one go, no per-row loop
             out, state, u, log_gamma = gdn_chunked.chunked_delta(
                 q, k, v, gdn_chunked.log_decay(self.A_log, a, self.dt_bias), mx.sigmoid(b),
-                _state_or_zeros(state_snapshot, (B, self.num_v_heads, self.head_v_dim, self.head_k_dim)))
+                state_or_zeros(state_snapshot, (B, self.num_v_heads, self.head_v_dim, self.head_k_dim)))
         else:
             out, state = gated_delta_update(
                 q, k, v, a, b, self.A_log, self.dt_bias, state_snapshot, None, use_kernel=use_kernel
@@ -250,7 +250,7 @@ class _CapturingGDN:
         return out if group is None else mx.distributed.all_sum(out, group=group)
 
 
-def _state_or_zeros(state: mx.array | None, shape: tuple[int, ...]) -> mx.array:
+def state_or_zeros(state: mx.array | None, shape: tuple[int, ...]) -> mx.array:
     """The recurrent state, or the float32 zeros mlx-lm starts from: (B, Hv, Dv, Dk)."""
     return state if state is not None else mx.zeros(shape, dtype=mx.float32)
 
