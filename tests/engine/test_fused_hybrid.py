@@ -58,7 +58,8 @@ def test_a_hybrid_request_decodes_in_the_fused_loop(model):
 def test_greedy_fused_equals_ar_and_the_stepwise_loop(model):
     ar = generate(model, 0, temperature=0.0)
     for depth in (1, 2, 4):
-        fused, stepwise = generate(model, depth, temperature=0.0), generate(model, depth, "stepwise", temperature=0.0)
+        fused = generate(model, depth, temperature=0.0)
+        stepwise = generate(model, depth, "stepwise", temperature=0.0)
         assert fused.token_ids == ar.token_ids == stepwise.token_ids, depth
         # Same drafts, same verdicts: the rollback kept the same state.
         assert fused.stats.accepted_by_depth == stepwise.stats.accepted_by_depth
@@ -76,8 +77,8 @@ def test_the_handed_back_cache_equals_a_fresh_run_over_the_committed_history(mod
     committed length, and each GDN layer's conv and recurrent state after exactly the
     committed tokens (a launched, unread cycle left no trace)."""
     params = SamplingParams(temperature=temperature, top_k=5)
-    decoder, cache, committed = run_cycles(model, model.tokenizer.encode(PROMPT), params, 3, 6, FusedSpeculativeDecoder)
     prompt = model.tokenizer.encode(PROMPT)
+    decoder, cache, committed = run_cycles(model, prompt, params, 3, 6, FusedSpeculativeDecoder)
     n = len(prompt) + len(committed) - 1  # the last committed token is not fed yet
     fresh = model.trunk.make_cache()
     model.trunk.forward(mx.array((prompt + committed)[:n])[None], fresh, all_logits=False)
@@ -92,8 +93,9 @@ def test_the_handed_back_cache_equals_a_fresh_run_over_the_committed_history(mod
 
 
 def test_fused_and_stepwise_hand_back_the_same_gdn_state_bitwise(model):
-    fused, fused_cache, fused_tokens = run_cycles(model, model.tokenizer.encode(PROMPT), SamplingParams(), 2, 5, FusedSpeculativeDecoder)
-    stepwise, stepwise_cache, stepwise_tokens = run_cycles(model, model.tokenizer.encode(PROMPT), SamplingParams(), 2, 5, SpeculativeDecoder)
+    prompt = model.tokenizer.encode(PROMPT)
+    _, fused_cache, fused_tokens = run_cycles(model, prompt, SamplingParams(), 2, 5, FusedSpeculativeDecoder)
+    _, stepwise_cache, stepwise_tokens = run_cycles(model, prompt, SamplingParams(), 2, 5, SpeculativeDecoder)
     assert fused_tokens == stepwise_tokens
     for ours, want in zip(fused_cache, stepwise_cache):
         if isinstance(want, RollbackArraysCache):

@@ -50,8 +50,8 @@ each size and dtype, at `--context` tokens of context:
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): the
     first position where they differ and the logit gaps there (issue 22, point 4);
   * a whole speculative cycle at each depth, greedy and sampled: the engine's own loop
-    (fused where the decode_loop setting allows, as served) run for `--cycles` cycles after warm-up, ms per
-    cycle and as a multiple of our decode step;
+    (fused where the decode_loop setting allows, hybrid models too, as served) run for
+    `--cycles` cycles after warm-up, ms per cycle and as a multiple of our decode step;
   * projected MTP/AR at MTPLX's published acceptance profile (97.6 / 95.2 / 88.1 / 75.6% of
     cycles accept depth 1 / 2 / 3 / 4): (1 + sum of the first K rates) * decode_ms / cycle_ms(K),
     at each temperature with that temperature's decode and cycle costs (depths <= 4).

@@ -175,8 +175,8 @@ def static_cache_attention(queries: mx.array, keys: mx.array, values: mx.array, 
 
 
 def route_static_cache_attention() -> None:
-    """Make mlx-lm's qwen3 layers and qwen3_next's attention (which qwen3_5 hybrids share;
-trunk and MTP layer) call `static_cache_attention`.
+    """Make mlx-lm's qwen3 layers and qwen3_next's attention, which the qwen3_5 hybrids
+    share (trunk and MTP layer), call `static_cache_attention`.
 
     mlx-lm's Attention calls its module's `scaled_dot_product_attention` and offers no other
     hook. The replacement behaves as the original for every cache but a StaticKVCache, which
