@@ -11,7 +11,7 @@ rows as a device scalar and every shape stays fixed:
 - recurrent state, chunked verify (CUDA, gdn_chunked.active()): `state_after` with the rows
   past `keep` weighted 0 instead of sliced off;
 - recurrent state, per-token verify (CPU, Metal): the forward's recurrence stepped one row
-  at a time from the snapshot, every row's state kept, the one after `keep` rows picked. Each
+  at a time from the snapshot, the state after `keep` rows picked as the steps go. Each
   step is `gated_delta_update` over one row, the op the stepwise loop's replay and an AR step
   run, so greedy MTP stays bitwise equal to AR on the CPU backend.
 """
@@ -58,15 +58,16 @@ def recurrent_state_at(capture: GDNCapture, keep: mx.array) -> mx.array:
         s0 = state_or_zeros(capture.state_snapshot, (*u.shape[:2], u.shape[-1], capture.k.shape[-1]))
         return chunked_state_at(s0, u, gdn_chunked.heads_first(capture.k, u.shape[1]),
                                 capture.log_gamma, keep)
-    states = []
-    state = capture.state_snapshot
+    # Each row's state is picked as it is made, not all stacked: a row's state (3 MB a layer
+    # at 27B size) is freed once the next step and the pick have read it, whatever the depth.
+    state = picked = capture.state_snapshot
     for t in range(capture.tokens):
         _, state = gated_delta_update(
             capture.q[:, t:t + 1], capture.k[:, t:t + 1], capture.v[:, t:t + 1],
             capture.a[:, t:t + 1], capture.b[:, t:t + 1], capture.A_log, capture.dt_bias,
             state, None, use_kernel=capture.use_kernel)
-        states.append(state)
-    return mx.take(mx.stack(states), (keep - 1).reshape(1), axis=0)[0]
+        picked = state if t == 0 else mx.where(keep == t + 1, state, picked)
+    return picked
 
 
 def chunked_state_at(s0: mx.array, u: mx.array, k32: mx.array, log_gamma: mx.array,
