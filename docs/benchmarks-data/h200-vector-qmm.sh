@@ -36,7 +36,8 @@
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
 #                 on MLX's matvec: real_size --kernel-decode-from never; since 2026-12-03 the
 #                 default for hybrid models), stock beside it, depths 1 and 3 at T=0 and 0.6
-#                 (its decode ran 2.5x slower through the vector layout)
+#                 (its decode ran 2.5x slower through the vector layout); since 2026-12-04 the
+#                 hybrid's cycles run the fused loop (the report's `loop` says which)
 #   PART=mma      the tensor-core layout (small_m_qmm._SOURCE_MMA): its CUDA tests, then the
 #                 micro-bench's mma columns with its warps and groups-per-load variants beside MLX
 #                 and the other layouts at Qwen3-32B shapes, 1 and 6 rows, then 8-bit at 2, 3, 7
