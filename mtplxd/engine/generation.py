@@ -26,7 +26,7 @@ from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
 from mtplxd.engine.decoding.speculative import SpeculativeDecoder, feed_pending_pairs
 from mtplxd.engine.decoding.split import CycleSplit
 from mtplxd.engine.interface import (
-    GenerationRequest, GenerationResult, GenerationStats, TokenDelta,
+    GenerationRequest, GenerationResult, GenerationStats, SamplingParams, TokenDelta,
 )
 from mtplxd.engine.model.mrope import RowPositions
 from mtplxd.engine.model.mrope import attach as attach_positions
@@ -306,8 +306,8 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
     decoder = None
     cohort = decide()  # asked again now: rows may have arrived during the prefill
     if depth > 0:
-        # A hybrid row decodes fused too, bar an image prompt's (its positions are mrope's).
-        fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache, hybrid=positions is None)
+        fused = trunk.decode_loop == "fused" and fused_supported(
+            trunk, cache, hybrid=_hybrid_may_fuse(params, positions))
         if cohort == "fused" and positions is None and fused_supported(trunk, cache):
             decoder_class = FusedCohortRow
         elif cohort:
@@ -374,6 +374,14 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
                                                         prompt, first, pending_from)
         turn.store(produced, decoder.head_cache if decoder else None,
                    decoder.pending_hidden if decoder else None)
+
+
+def _hybrid_may_fuse(params: SamplingParams, positions: RowPositions | None) -> bool:
+    """Whether a hybrid model's row may decode in the fused loop: not with an image prompt
+    (its positions are mrope's), nor when it is sampled with a seed. A seeded row must give
+    the same tokens alone as in cohorts, and a hybrid row's cohorts are phased ones, which
+    draw as the stepwise loop does; the fused loop draws other tokens (same distribution)."""
+    return positions is None and (params.greedy or params.seed is None)
 
 
 def _moved_into_cohorts(decoder: FusedSpeculativeDecoder | SpeculativeDecoder, cycles: Iterator[list[int]],

@@ -94,11 +94,10 @@ def test_an_unknown_mode_is_refused_in_one_sentence(tiny_model_factory, mode):
 
 
 def test_loading_routes_the_family_layers_through_one_dispatch(tiny_qwen3):
-    """qwen3's layers call fused.py's attention (which ends in cpu_attention's dispatch) or
-    the dispatch itself; qwen3_next's (and qwen3_5's) call the dispatch."""
-    assert mlx_lm_qwen3.scaled_dot_product_attention in (cpu_attention.attention,
-                                                         fused.static_cache_attention)
-    assert mlx_lm_qwen3_next.scaled_dot_product_attention is cpu_attention.attention
+    """qwen3's and qwen3_next's (and so qwen3_5's) layers call fused.py's attention (which
+    ends in cpu_attention's dispatch) or the dispatch itself."""
+    for module in (mlx_lm_qwen3, mlx_lm_qwen3_next):
+        assert module.scaled_dot_product_attention in (cpu_attention.attention, fused.static_cache_attention)
     assert tiny_qwen3.info.kernels["prefill_attention"] == cpu_attention.path_name()
 
 

@@ -123,9 +123,10 @@ def test_greedy_output_of_a_group_equals_the_single_process_output_ar_and_mtp(
 
 def test_seeded_sampled_output_of_a_group_equals_the_single_process_output(tmp_path, checkpoints):
     # Rank 0 samples from logits that are bitwise the single process's, with the same
-    # position-keyed draws: a seeded T > 0 request is the same tokens, MTP and AR.
+    # position-keyed draws: a seeded T > 0 request is the same tokens, MTP and AR, as the
+    # single process's stepwise loop (a group's only loop; the fused one draws otherwise).
     sampling = {"temperature": 0.8, "top_p": 0.95, "seed": 11}
-    single = load_model(checkpoints["qwen3_5"])
+    single = load_model(checkpoints["qwen3_5"], decode_loop="stepwise")
     expected = {d: single.complete(GenerationRequest(
         PROMPTS[0], SamplingParams(max_tokens=MAX_TOKENS, **sampling), depth=d)).token_ids
         for d in (0, 3)}

@@ -11,7 +11,7 @@ from collections import Counter
 import mlx.core as mx
 import pytest
 
-from mtplxd.engine import GenerationRequest, GenerationResult, SamplingParams, load_model
+from mtplxd.engine import GenerationRequest, GenerationResult, SamplingParams, generation, load_model
 from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
 from mtplxd.engine.decoding.fused_gdn import FusedGDNCache, chunked_state_at
 from mtplxd.engine.decoding.speculative import SpeculativeDecoder
@@ -52,6 +52,18 @@ def test_a_hybrid_request_decodes_in_the_fused_loop(model):
     model.trunk.compiled_graphs.clear()
     result = generate(model, 3)
     assert result.stats.cycles > 0 and result.stats.accepted > 0
+    assert ("mtp", 3) in [key[:2] for key in model.trunk.compiled_graphs]
+
+
+def test_a_seeded_sampled_hybrid_request_keeps_the_stepwise_loop(model):
+    """Its tokens must not depend on whether it decodes alone or in (phased) cohorts, which
+    draw as the stepwise loop does; unseeded sampling has no tokens to keep and fuses."""
+    model.trunk.compiled_graphs.clear()
+    seeded = generate(model, 3, temperature=0.8, seed=5)
+    assert not model.trunk.compiled_graphs and seeded.stats.cycles > 0
+    stepwise = generate(model, 3, "stepwise", temperature=0.8, seed=5)
+    assert seeded.token_ids == stepwise.token_ids
+    generate(model, 3, temperature=0.8)
     assert ("mtp", 3) in [key[:2] for key in model.trunk.compiled_graphs]
 
 
@@ -156,9 +168,13 @@ def test_committing_without_a_captured_forward_is_refused():
         cache.committed(mx.array(1, mx.int32))
 
 
-def test_sampled_fused_hybrid_matches_the_exact_target_distribution(model):
+def test_sampled_fused_hybrid_matches_the_exact_target_distribution(model, monkeypatch):
     """Exactness gate (c) through the fused hybrid loop: its first three sampled tokens over
-    many seeds against the enumerated joint distribution (support/distribution.py)."""
+    many seeds against the enumerated joint distribution (support/distribution.py). Seeded
+    requests keep the stepwise loop when served (the test above); here they are let into the
+    fused one, so that the draws under test are its own and the test is reproducible."""
+    monkeypatch.setattr(generation, "_hybrid_may_fuse", lambda params, positions: True)
+    model.trunk.compiled_graphs.clear()
     prompt = model.tokenizer.encode(PROMPT)
     params = SamplingParams(temperature=0.6, top_p=0.5)
     joint = exact_joint(model, prompt, params)
@@ -167,4 +183,5 @@ def test_sampled_fused_hybrid_matches_the_exact_target_distribution(model):
         sampling = SamplingParams(temperature=0.6, top_p=0.5, seed=seed, max_tokens=N_TOKENS)
         result = model.complete(GenerationRequest(prompt, sampling, depth=2))
         counts[tuple(result.token_ids) + ((EOS,) if result.finish_reason == "stop" else ())] += 1
+    assert ("mtp", 2) in [key[:2] for key in model.trunk.compiled_graphs]
     assert chi_square_p_value(joint, counts, N_SAMPLES) > 1e-3
