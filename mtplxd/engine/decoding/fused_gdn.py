@@ -60,13 +60,13 @@ def recurrent_state_at(capture: GDNCapture, keep: mx.array) -> mx.array:
                                 capture.log_gamma, keep)
     # Each row's state is picked as it is made, not all stacked: a row's state (3 MB a layer
     # at 27B size) is freed once the next step and the pick have read it, whatever the depth.
-    state = picked = capture.state_snapshot
+    state, picked = capture.state_snapshot, None
     for t in range(capture.tokens):
         _, state = gated_delta_update(
             capture.q[:, t:t + 1], capture.k[:, t:t + 1], capture.v[:, t:t + 1],
             capture.a[:, t:t + 1], capture.b[:, t:t + 1], capture.A_log, capture.dt_bias,
             state, None, use_kernel=capture.use_kernel)
-        picked = state if t == 0 else mx.where(keep == t + 1, state, picked)
+        picked = state if picked is None else mx.where(keep == t + 1, state, picked)
     return picked
 
 
