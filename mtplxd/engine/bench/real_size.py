@@ -338,9 +338,6 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
             entry["small_m_kernel"] = _kernel_decode(trunk, prompt, decode_tokens, roofline_ms, phase)
             _uninstall(model, trunk)
         entry["seconds"] = time.perf_counter() - started
-        del model, trunk
-        gc.collect()
-        mx.clear_cache()
         return entry
 
     phase("forwards")
@@ -394,9 +391,6 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                                       "small_m_kernel": bool(served_kernel)}
         _uninstall(model, trunk)
     entry["seconds"] = time.perf_counter() - started
-    del model, trunk
-    gc.collect()
-    mx.clear_cache()
     return entry
 
 
@@ -588,6 +582,9 @@ def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[in
                                    kernel_decode=(None if args.kernel_decode_from is None
                                                   else args.kernel_decode_from != "never"),
                                    decode_only=args.decode_only)
+            # The model died with measure_config's frame: free it before the next is built.
+            gc.collect()
+            mx.clear_cache()
             report["configs"].append(entry)
             print(_summary_line(entry), flush=True)
             if args.json_out:  # after every config: a run cut short keeps what it measured
