@@ -19,8 +19,8 @@ it); one near it is device-bound. `--graph-profiling node` instead gives every k
 duration, for a breakdown by kernel (`top_workloads`).
 
 The model is built as bench.real_size builds it (random weights, `--context` tokens);
-`--depth 0` profiles the engine's AR loop, `--depth K` its MTP loop at depth K (fused for
-dense models, stepwise for hybrid), greedy. Without `--profiled` the script times the same
+`--depth 0` profiles the engine's AR loop, `--depth K` its MTP loop at depth K (the fused
+one, hybrid models' too, as a greedy request is served), greedy. Without `--profiled` the script times the same
 steps unprofiled (`wall_ms_per_step`) and stops. With it, the steps run between
 cuProfilerStart and cuProfilerStop (the CUDA driver's, which `--profile-from-start off`
 obeys), after a warm-up outside the range. `--summarize` reads ncu's CSV afterwards (on any
