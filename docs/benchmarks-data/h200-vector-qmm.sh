@@ -32,7 +32,11 @@
 #                 decode threshold at 16M weights (q/o projections too) and 0 (every matrix)
 #   PART=divergence  issue 22 point 4: greedy AR against greedy MTP (depth 3) over 2,000 tokens
 #                 through the engine's loops, the kernel as served, at SIZE (qwen3-4b, qwen3-32b or
-#                 hybrid-27b; one a run: the hybrid's stepwise MTP takes ~4 minutes) and DTYPES (4bit)
+#                 hybrid-27b; one a run: the hybrid's took 122 s in the fused loop) and DTYPES
+#                 (4bit); since 2026-12-04 every divergence, MTP resynchronised on AR after each
+#   PART=hybrid-parity  issue 22 point 5 for the hybrid, whose single decode figures swing
+#                 19-32 ms between processes: bench.ar_parity (our AR and mlx-lm's generate_step
+#                 interleaved, CPU time beside wall) on the hybrid 27B at DTYPES (4bit,8bit)
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
 #                 on MLX's matvec: real_size --kernel-decode-from never; since 2026-12-03 the
 #                 default for hybrid models), stock beside it, depths 1 and 3 at T=0 and 0.6
@@ -53,7 +57,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-verify or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-verify or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -139,6 +143,10 @@ elif [ "$PART" = divergence ]; then
     --sizes "$SIZE" --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \
     --repeats 2 --divergence-tokens "${TOKENS:-2000}" \
     --json-out "$work/divergence-$SIZE-${DTYPES:-4bit}.json"
+elif [ "$PART" = hybrid-parity ]; then
+  step hybrid-parity 540 python3 -m mtplxd.engine.bench.ar_parity --size hybrid-27b \
+    --dtypes "${DTYPES:-4bit,8bit}" --tokens 64 --repeats 6 --budget-s $(( BUDGET - 80 )) \
+    --json-out "$work/hybrid-parity.json"
 elif [ "$PART" = hybrid-verify ]; then
   step hybrid-verify-only 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
     --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 --repeats 6 \

@@ -79,3 +79,17 @@ def test_kernels_in_counts_work_and_leaves_views_out():
     added = base + 1
     assert ar_parity.kernels_in([added.reshape(16)[None]]) == {"Add": 1}
     assert ar_parity.kernels_in([mx.argmax(added[0], axis=-1)]) == {"Add": 1, "Gather": 1, "ArgReduce": 1}
+
+
+def test_the_hybrid_sizes_are_measured_too(tmp_path):
+    """The hybrid 27B's single decode figures swing between processes on the H200, so point 5
+    needs the interleaved arms there: the tiny hybrid runs them here, the same forward in
+    both (the Gated DeltaNet layers' matmuls and convolutions counted alike)."""
+    out = tmp_path / "hybrid.json"
+    assert ar_parity.main(["--size", "tiny-hybrid", "--dtypes", "4bit", "--context", "16", "--tokens", "2",
+                           "--repeats", "1", "--temperatures", "0", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["complete"] is True
+    work = report["configs"][0]["modes"]["0.0"]["work"]
+    for kind in ("QuantizedMatmul", "Convolution"):
+        assert work["ours"]["kernels"][kind] == work["mlx_lm"]["kernels"][kind] > 0

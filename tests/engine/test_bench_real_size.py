@@ -140,40 +140,67 @@ def test_decode_by_vector_values_times_each_threshold_and_puts_the_shipped_one_b
 
 def test_greedy_mtp_follows_greedy_ar_through_the_engines_loops_on_this_cpu(report):
     """Issue 22 point 4's measure, run where exactness is bitwise: no divergence in 12 tokens,
-    on the dense model (fused loop) and the hybrid (stepwise), the kernel as served (off here)."""
+    on the dense model and the hybrid (both in the fused loop), the kernel as served (off here)."""
     for config in report["configs"]:
         divergence = config["greedy_divergence"]
         assert divergence["tokens"] == 12 and divergence["depth"] == 3
         assert divergence["identical"] and divergence["first_divergence"] is None
+        assert divergence["divergences"] == [] and divergence["tokens_checked"] == 12
         assert divergence["small_m_kernel"] is False
 
 
-def test_a_divergence_is_located_and_its_logit_gaps_measured(monkeypatch):
-    """Where the MTP run differs (made to here at token 5), the report names the position and
-    the AR step's logits there: the AR token is the argmax, so both gaps are at least 0."""
-    from mtplxd.engine.model.trunk import Trunk
-
-    model, spec = real_size.build_model("tiny", "bf16")
-    trunk = Trunk(model, spec)
+def _mtp_altered_at(monkeypatch, prompt_length: int, positions: set[int]) -> None:
+    """Make the engine's MTP loops emit a wrong token at each of `positions` (counted from the
+    first generated token of a `prompt_length` prompt, whatever prompt a resynchronised run
+    starts from); AR's loop stays as it is."""
     real_loop = real_size.engine_loop
 
-    def altered(trunk, head, prompt, depth, temperature):
-        loop, first, fused = real_loop(trunk, head, prompt, depth, temperature)
+    def altered(trunk, head, prompt, depth, temperature, first=None):
+        loop, first, fused = real_loop(trunk, head, prompt, depth, temperature, first)
         if depth == 0:
             return loop, first, fused
 
         def shifted():
-            produced = 1
+            produced = len(prompt) - prompt_length + 1  # the first token's position is len - prompt_length
             for tokens in loop:
-                out = [(t + 1) % 512 if produced + i == 5 else t for i, t in enumerate(tokens)]
+                yield [(t + 1) % 512 if produced + i in positions else t for i, t in enumerate(tokens)]
                 produced += len(tokens)
-                yield out
         return shifted(), first, fused
 
     monkeypatch.setattr(real_size, "engine_loop", altered)
-    report = real_size.greedy_divergence(trunk, model.mtp, list(range(1, 30)), 2, 10)
+
+
+def test_every_divergence_is_located_and_its_logit_gaps_measured(monkeypatch):
+    """Where the MTP run differs (made to here at tokens 5 and 8), MTP is resynchronised on
+    AR's tokens and the next divergence found; each names its position and the AR step's
+    logits there (AR's token is the argmax, so both gaps are at least 0)."""
+    from mtplxd.engine.model.trunk import Trunk
+
+    model, spec = real_size.build_model("tiny", "bf16")
+    trunk = Trunk(model, spec)
+    prompt = list(range(1, 30))
+    _mtp_altered_at(monkeypatch, len(prompt), {5, 8})
+    report = real_size.greedy_divergence(trunk, model.mtp, prompt, 2, 12)
     assert report["first_divergence"] == 5 and not report["identical"]
+    assert [d["token"] for d in report["divergences"]] == [5, 8] and report["tokens_checked"] == 12
     assert report["ar_top2_gap_at_divergence"] >= 0 and report["mtp_token_logit_gap"] >= 0
+    assert report["largest_mtp_token_logit_gap"] == max(d["mtp_token_logit_gap"] for d in report["divergences"])
+    # At the limit it stops looking and says how far it looked.
+    limited = real_size.greedy_divergence(trunk, model.mtp, prompt, 2, 12, max_divergences=1)
+    assert [d["token"] for d in limited["divergences"]] == [5] and limited["tokens_checked"] == 6
+
+
+def test_a_divergence_at_the_last_token_and_at_the_first_generated_one(monkeypatch):
+    """The edges of the span: a wrong token at the last position is found; one at position 1
+    (the first token MTP generates) too, and the resynchronised run goes on from there."""
+    from mtplxd.engine.model.trunk import Trunk
+
+    model, spec = real_size.build_model("tiny", "bf16")
+    trunk = Trunk(model, spec)
+    prompt = list(range(1, 30))
+    _mtp_altered_at(monkeypatch, len(prompt), {1, 11})
+    report = real_size.greedy_divergence(trunk, model.mtp, prompt, 3, 12)
+    assert [d["token"] for d in report["divergences"]] == [1, 11]
 
 
 @pytest.mark.parametrize("given, in_force", [("never", "maxsize"), ("1024", 1024)])

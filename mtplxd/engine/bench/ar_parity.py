@@ -236,8 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     from mtplxd.engine.bench.real_size import DTYPES, SIZES
 
     parser = bench_parser(PROG, __doc__)
-    parser.add_argument("--size", default="qwen3-4b", choices=[s for s, (family, _) in SIZES.items()
-                                                                if family == "qwen3"])
+    parser.add_argument("--size", default="qwen3-4b", choices=list(SIZES))
     parser.add_argument("--dtypes", default="4bit,bf16,8bit")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--tokens", type=int, default=64, help="timed tokens per run")

@@ -47,8 +47,9 @@ each size and dtype, at `--context` tokens of context:
     `--small-m-kernel`), no forwards, cycles or divergence: for comparing MLX settings
     that only a fresh process takes (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER);
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
-    tokens through the engine's own loops, the kernel as served (`greedy_divergence`): the
-    first position where they differ and the logit gaps there (issue 22, point 4);
+    tokens through the engine's own loops, the kernel as served (`greedy_divergence`): every
+    position where they differ (MTP resynchronised on AR's tokens after each, up to
+    `--divergence-limit`, 32) and the logit gaps there (issue 22, point 4);
   * a whole speculative cycle at each depth, greedy and sampled: the engine's own loop
     (fused where the decode_loop setting allows, hybrid models too, as served) run for
     `--cycles` cycles after warm-up, ms per cycle and as a multiple of our decode step;
@@ -78,7 +79,7 @@ from mlx.utils import tree_flatten
 from mtplxd.engine.bench.ar_reference import mlx_lm_decode_ms, ours_decode_ms
 from mtplxd.engine.bench.harness import bench_parser, command_line, machine, write_report
 from mtplxd.engine.bench.verify import (
-    DIMS, first_divergence, measure_forward_costs, measure_pipelined_forward_costs,
+    DIMS, logit_gaps, measure_forward_costs, measure_pipelined_forward_costs,
 )
 from mtplxd.engine.interface import SamplingParams
 
@@ -86,6 +87,7 @@ PROG = "python -m mtplxd.engine.bench.real_size"
 BANDWIDTH_BYTES_PER_S = 4.3e12  # H200 device-to-device copy (docs/benchmarks.md)
 PROFILE = (0.976, 0.952, 0.881, 0.756)  # MTPLX's published acceptance at depths 1..4
 TEMPERATURES = (0.0, 0.6)
+DIVERGENCE_LIMIT = 32  # divergences `greedy_divergence` locates before it stops looking
 
 _HYBRID_27B = dict(
     hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, full_attention_interval=4,
@@ -184,11 +186,12 @@ def sampling(temperature: float) -> SamplingParams:
     return SamplingParams(temperature=temperature, top_p=0.95 if temperature > 0 else 1.0)
 
 
-def engine_loop(trunk: Any, head: Any, prompt: list[int], depth: int, temperature: float
-                ) -> tuple[Any, int, bool]:
+def engine_loop(trunk: Any, head: Any, prompt: list[int], depth: int, temperature: float,
+                first: int | None = None) -> tuple[Any, int, bool]:
     """The engine's own decode loop over `prompt` after its prefill: (cycles, first token,
     fused?). Depth 0 is the AR loop; else the MTP loop generation.py chooses (fused where the
-    cache allows it, hybrid models' included, else stepwise)."""
+    cache allows it, hybrid models' included, else stepwise). `first` given is taken as the
+    first token instead of the prefill's pick (a resynchronised run: `greedy_divergence`)."""
     from mtplxd.engine.decoding.autoregressive import ar_cycles
     from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
     from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
@@ -198,7 +201,10 @@ def engine_loop(trunk: Any, head: Any, prompt: list[int], depth: int, temperatur
     cache = trunk.make_cache()
     hiddens, logits = trunk.prefill(prompt, cache)
     history = TokenHistory(logits.shape[-1], prompt)
-    first = pick_first(logits, params, history, 0, len(prompt))
+    if first is None:
+        first = pick_first(logits, params, history, 0, len(prompt))
+    else:
+        history.append([first])
     if depth == 0:
         return ar_cycles(trunk, cache, params, history, 0, first, len(prompt)), first, False
     fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache, hybrid=True)  # as served
@@ -207,22 +213,54 @@ def engine_loop(trunk: Any, head: Any, prompt: list[int], depth: int, temperatur
     return decoder.cycles(hiddens, prompt, first), first, fused
 
 
-def greedy_divergence(trunk: Any, head: Any, prompt: list[int], depth: int, tokens: int) -> dict[str, Any]:
+def greedy_divergence(trunk: Any, head: Any, prompt: list[int], depth: int, tokens: int,
+                      max_divergences: int = DIVERGENCE_LIMIT) -> dict[str, Any]:
     """Greedy AR and greedy MTP at `depth` through the engine's own loops over `tokens` tokens
-    from `prompt`: where they first differ and the logit gaps there (verify.first_divergence;
-    a near-tie is what issue 22 accepts)."""
-    def run(loop_depth: int) -> list[int]:
-        loop, first, _ = engine_loop(trunk, head, prompt, loop_depth, 0.0)
+    from `prompt`, resynchronised at each divergence: MTP restarts from the prompt and AR's
+    tokens up to and including the one it missed, so every divergence in the span is found
+    (up to `max_divergences`), not only the first. Each with its logit gaps
+    (verify.logit_gaps: a near-tie is what issue 22 accepts); the first's are also the
+    report's own keys, as before the resync."""
+    def ar_run() -> list[int]:
+        loop, first, _ = engine_loop(trunk, head, prompt, 0, 0.0)
         out = [first]
         while len(out) < tokens:
             out += next(loop)
         loop.close()
         return out[:tokens]
 
+    def mtp_until_divergence(ar: list[int], start: int) -> tuple[int, int] | None:
+        """MTP from AR's tokens up to `start` (inclusive): where it next differs, and its token."""
+        loop, _, _ = engine_loop(trunk, head, prompt + ar[:start], depth, 0.0, first=ar[start])
+        position = start + 1
+        try:
+            while position < tokens:
+                for token in next(loop)[:tokens - position]:
+                    if token != ar[position]:
+                        return position, token
+                    position += 1
+            return None
+        finally:
+            loop.close()
+
     started = time.perf_counter()
-    ar, mtp = run(0), run(depth)
-    report: dict[str, Any] = {"tokens": tokens, "depth": depth, "identical": ar == mtp,
-                              **first_divergence(trunk, prompt, ar, mtp)}
+    ar = ar_run()
+    found: list[dict[str, Any]] = []
+    resync_at = 0
+    while len(found) < max_divergences:
+        missed = mtp_until_divergence(ar, resync_at)
+        if missed is None:
+            break
+        resync_at, token = missed
+        found.append({"token": resync_at, **logit_gaps(trunk, prompt, ar, resync_at, token)})
+    report: dict[str, Any] = {"tokens": tokens, "depth": depth, "identical": not found,
+                              "first_divergence": found[0]["token"] if found else None}
+    if found:
+        report.update({k: v for k, v in found[0].items() if k != "token"})
+    report["divergences"] = found
+    # Every divergence found when fewer than the limit; else the span up to the last one.
+    report["tokens_checked"] = tokens if len(found) < max_divergences else found[-1]["token"] + 1
+    report["largest_mtp_token_logit_gap"] = max((d["mtp_token_logit_gap"] for d in found), default=None)
     report["seconds"] = time.perf_counter() - started
     return report
 
@@ -295,7 +333,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                    cycle_temperatures: tuple[float, ...] = TEMPERATURES,
                    kernel_loops: bool = False, decode_vector_values: tuple[int, ...] = (),
                    divergence_tokens: int = 0, divergence_depth: int = 3,
-                   kernel_decode: bool | None = None, decode_only: bool = False) -> dict[str, Any]:
+                   divergence_limit: int = DIVERGENCE_LIMIT, kernel_decode: bool | None = None, decode_only: bool = False) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready.
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
     `decode`); None follows small_m_qmm.decode_wanted. `decode_only`: the
@@ -387,7 +425,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
         served_kernel = small_m_qmm.install(model)
         trunk.compiled_graphs.clear()
         entry["greedy_divergence"] = {**greedy_divergence(trunk, model.mtp, prompt, divergence_depth,
-                                                          divergence_tokens),
+                                                          divergence_tokens, divergence_limit),
                                       "small_m_kernel": bool(served_kernel)}
         _uninstall(model, trunk)
     entry["seconds"] = time.perf_counter() - started
@@ -506,6 +544,11 @@ def _summary_line(entry: dict[str, Any]) -> str:
         line += (f"forward 2/4/6 = {forward['2']:.2f}/{forward['4']:.2f}/{forward['6']:.2f}x; "
                  f"cycle/decode at T={temperature} by depth "
                  f"{', '.join(f'{d}:{v:.2f}' for d, v in cycles.items())}; ")
+    if "greedy_divergence" in entry:
+        found = entry["greedy_divergence"]
+        line += (f"{len(found['divergences'])} divergences in {found['tokens_checked']} greedy tokens"
+                 + (f" (largest MTP-token gap {found['largest_mtp_token_logit_gap']:.3f})"
+                    if found["divergences"] else "") + "; ")
     return line + f"{entry['seconds']:.0f} s"
 
 
@@ -533,6 +576,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run greedy AR and greedy MTP this many tokens through the engine's "
                              "loops (the kernel as served) and report the first divergence")
     parser.add_argument("--divergence-depth", type=int, default=3)
+    parser.add_argument("--divergence-limit", type=int, default=DIVERGENCE_LIMIT,
+                        help="divergences to locate (MTP resynchronised after each) before stopping")
     parser.add_argument("--decode-only", action="store_true",
                         help="the decode figures alone: no forwards, cycles or divergence")
     parser.add_argument("--cycle-temperatures", default="0,0.6",
@@ -577,6 +622,7 @@ def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[in
                                        int(v) for v in args.decode_vector_values.split(",") if v),
                                    divergence_tokens=args.divergence_tokens,
                                    divergence_depth=args.divergence_depth,
+                                   divergence_limit=args.divergence_limit,
                                    # A weight count asks for decode steps on the kernel, even
                                    # where decode_wanted would leave them on MLX (8-bit).
                                    kernel_decode=(None if args.kernel_decode_from is None

@@ -250,12 +250,18 @@ def first_divergence(trunk, prompt: list[int], ar: list[int], mtp: list[int]) ->
     diverged = next((i for i, (a, b) in enumerate(zip(ar, mtp)) if a != b), None)
     report: dict[str, Any] = {"first_divergence": diverged}
     if diverged is not None:
-        _, logits = trunk.prefill(prompt + ar[:diverged], trunk.make_cache())
-        logits = logits.reshape(-1).astype(mx.float32)
-        top = mx.sort(logits)[-2:].tolist()
-        report["ar_top2_gap_at_divergence"] = top[1] - top[0]
-        report["mtp_token_logit_gap"] = (logits[ar[diverged]] - logits[mtp[diverged]]).item()
+        report.update(logit_gaps(trunk, prompt, ar, diverged, mtp[diverged]))
     return report
+
+
+def logit_gaps(trunk, prompt: list[int], ar: list[int], position: int, other: int) -> dict[str, float]:
+    """At `position` of AR's tokens `ar` after `prompt`: the gap between the two best logits
+    and the `other` token's logit below AR's token's, from a prefill of everything before."""
+    _, logits = trunk.prefill(prompt + ar[:position], trunk.make_cache())
+    logits = logits.reshape(-1).astype(mx.float32)
+    top = mx.sort(logits)[-2:].tolist()
+    return {"ar_top2_gap_at_divergence": top[1] - top[0],
+            "mtp_token_logit_gap": (logits[ar[position]] - logits[other]).item()}
 
 
 def _greedy_both_caches(trunk, head, prompt: list[int], vocab: int, tokens: int) -> dict[str, Any]:
