@@ -333,7 +333,8 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                    cycle_temperatures: tuple[float, ...] = TEMPERATURES,
                    kernel_loops: bool = False, decode_vector_values: tuple[int, ...] = (),
                    divergence_tokens: int = 0, divergence_depth: int = 3,
-                   divergence_limit: int = DIVERGENCE_LIMIT, kernel_decode: bool | None = None, decode_only: bool = False) -> dict[str, Any]:
+                   divergence_limit: int = DIVERGENCE_LIMIT, kernel_decode: bool | None = None,
+                   decode_only: bool = False) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready.
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
     `decode`); None follows small_m_qmm.decode_wanted. `decode_only`: the
@@ -574,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                              "weights a matrix for the whole run, or `never` (verify rows only)")
     parser.add_argument("--divergence-tokens", type=int, default=0,
                         help="also run greedy AR and greedy MTP this many tokens through the engine's "
-                             "loops (the kernel as served) and report the first divergence")
+                             "loops (the kernel as served) and report every divergence")
     parser.add_argument("--divergence-depth", type=int, default=3)
     parser.add_argument("--divergence-limit", type=int, default=DIVERGENCE_LIMIT,
                         help="divergences to locate (MTP resynchronised after each) before stopping")
