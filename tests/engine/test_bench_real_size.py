@@ -273,3 +273,23 @@ def test_pipelined_forwards_leave_the_cache_where_they_found_it(tiny_model_facto
     ms = measure_pipelined_forward_costs(model.trunk, cache, model.info.vocab_size, (1, 4), steps=5)
     assert set(ms) == {"1", "4"} and all(v > 0 for v in ms.values())
     assert {entry.offset for entry in cache} == {len(ids)}
+
+
+def test_prefill_figures_time_a_hybrids_gdn_layers_both_ways_and_leave_the_choice_as_it_was():
+    """`--prefill-tokens`: a dense model's one figure; a hybrid's also with its GDN layers
+    chunked and on the per-token loop (past the 32-token capture limit, where the paths part),
+    the backend's own choice back in force afterwards."""
+    from mtplxd.engine.model import gdn_chunked
+    from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
+    from mtplxd.engine.model.trunk import Trunk
+
+    for size, hybrid in (("tiny", False), ("tiny-hybrid", True)):
+        model, spec = real_size.build_model(size, "bf16")
+        figures = real_size.prefill_figures(Trunk(model, spec), 256, 40, hybrid)
+        assert figures["tokens"] == 40 and figures["ms"] > 0 and figures["tokens_per_s"] > 0
+        if hybrid:
+            assert set(figures["gdn_paths_ms"]) == {"chunked", "per_token"}
+            assert all(ms > 0 for ms in figures["gdn_paths_ms"].values())
+        else:
+            assert "gdn_paths_ms" not in figures
+    assert gdn_chunked.active() is fixed_shapes_wanted()  # the backend's choice again

@@ -74,6 +74,19 @@ def test_a_strongly_decaying_head_stays_finite():
     assert _max_error(y, want_y) < TOL and _max_error(final, want_state) < TOL
 
 
+@pytest.mark.parametrize("T", [1, 31, 32, 33, 100])
+def test_chunked_prefill_equals_the_per_token_recurrence_over_a_long_prompt(T):
+    """A prompt goes through `chunked_delta` PREFILL_CHUNK_TOKENS at a time, the state carried
+    from chunk to chunk: a whole chunk, one token more or less, several chunks and a short
+    tail, with value heads grouped 3 to a key head (GQA)."""
+    q, k, v, a, b, A_log, dt_bias, state = _inputs(T, Hk=2, Hv=6, seed=7)
+    want_y, want_state = gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, None, use_kernel=False)
+    y, final = gdn_chunked.chunked_prefill(q, k, v, gdn_chunked.log_decay(A_log, a, dt_bias),
+                                           mx.sigmoid(b), state)
+    assert y.shape == want_y.shape and final.shape == want_state.shape and final.dtype == mx.float32
+    assert _max_error(y, want_y) < TOL and _max_error(final, want_state) < TOL
+
+
 def test_the_verify_is_chunked_on_cuda_only_by_default():
     assert gdn_chunked.active() is fixed_shapes_wanted()
     assert gdn_chunked.path_name() == ("chunked" if fixed_shapes_wanted() else "per-token")
@@ -138,3 +151,40 @@ def test_greedy_mtp_equals_ar_with_the_chunked_verify(checkpoint, chunked):
         mtp = generate(depth)
         assert mtp.token_ids == ar.token_ids, depth
         assert mtp.stats.accepted > 0
+
+
+def _graph_size(outputs) -> int:
+    """Primitives in the unevaluated graph behind `outputs` (views included: each is host work)."""
+    import re
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "graph.dot"
+        mx.export_to_dot(str(path), *outputs)
+        return len(re.findall(r'label ="[A-Za-z]', path.read_text()))
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_where_verifies_are(checkpoint, chunked):
+    """Past the capture limit (a prompt's 512-token chunks), a GDN layer on the chunked path
+    (CUDA's) runs `chunked_prefill`: the same state as mlx-lm's loop over the tokens to float
+    rounding, in a fraction of the graph nodes (the host builds and encodes each one, and a
+    hybrid's prefill on CUDA is host-bound), and it keeps only the snapshot, as before."""
+    from mlx_lm.utils import load_model as mlx_lm_load
+
+    model, _ = mlx_lm_load(checkpoint)
+    index = next(i for i, layer in enumerate(model.layers) if getattr(layer, "is_linear", False))
+    layer = model.layers[index].linear_attn
+    tokens = mx.random.normal((1, 100, layer.hidden_size), key=mx.random.key(2)).astype(mx.bfloat16)
+    results = {}
+    for on in (False, True):
+        gdn_chunked.force(on)
+        cache = make_rollback_cache(model)[index]
+        out = layer(tokens, None, cache)
+        results[on] = (out, cache[1], _graph_size([out, cache[1]]))
+        assert cache.capture is not None and not cache.capture.replayable
+        cache.restore()  # the snapshot still undoes the whole forward
+        assert cache[1] is None
+    (want, want_state, loop_nodes), (got, state, chunk_nodes) = results[False], results[True]
+    assert _max_error(state, want_state) < TOL and _max_error(got, want) < 0.05
+    assert chunk_nodes * 4 < loop_nodes

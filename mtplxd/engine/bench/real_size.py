@@ -4,7 +4,8 @@
         [--dtypes bf16,8bit,4bit] [--context 512] [--depths 1,2,3,4,5] [--decode-tokens 48]
         [--cycles 16] [--repeats 10] [--cycle-temperatures 0,0.6] [--small-m-kernel]
         [--small-m-loops] [--decode-vector-values N,...] [--kernel-decode-from N|never]
-        [--divergence-tokens N] [--divergence-depth 3] [--decode-only] [--json-out FILE]
+        [--divergence-tokens N] [--divergence-limit 32] [--prefill-tokens N] [--decode-only]
+        [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
 quantization in groups of 64 for 8bit/4bit), with a random MTP head, one layer at a time so
@@ -46,6 +47,9 @@ each size and dtype, at `--context` tokens of context:
   * `--decode-only`: the decode figures above alone (and the kernel's, with
     `--small-m-kernel`), no forwards, cycles or divergence: for comparing MLX settings
     that only a fresh process takes (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER);
+  * with `--prefill-tokens N`: ms to prefill N random tokens into a fresh cache (`prefill`);
+    for a hybrid also with its GDN layers chunked and on mlx-lm's per-token loop
+    (`gdn_paths_ms`: on CUDA the served path is the chunked one, gdn_chunked.chunked_prefill);
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): every
     position where they differ (MTP resynchronised on AR's tokens after each, up to
@@ -265,6 +269,35 @@ def greedy_divergence(trunk: Any, head: Any, prompt: list[int], depth: int, toke
     return report
 
 
+def prefill_figures(trunk: Any, vocab: int, tokens: int, hybrid: bool) -> dict[str, Any]:
+    """Ms to prefill `tokens` random tokens into a fresh cache in the trunk's chunks, the
+    second of two runs (the first compiles). A hybrid's both ways: its GDN layers as served
+    (`chunked_prefill` on CUDA) and on the per-token loop (mlx-lm's), `gdn_paths`."""
+    from mtplxd.engine.model import gdn_chunked
+
+    prompt = mx.random.randint(0, vocab, (tokens,), key=mx.random.key(2)).tolist()
+
+    def timed() -> float:
+        for run in range(2):
+            started = time.perf_counter()
+            _, logits = trunk.prefill(prompt, trunk.make_cache())
+            mx.eval(logits)
+        return (time.perf_counter() - started) * 1000
+
+    served = timed()
+    figures: dict[str, Any] = {"tokens": tokens, "ms": served, "tokens_per_s": tokens / served * 1000}
+    if hybrid:
+        paths = {}
+        for name, chunked in (("chunked", True), ("per_token", False)):
+            gdn_chunked.force(chunked)
+            try:
+                paths[name] = timed()
+            finally:
+                gdn_chunked.force(None)
+        figures["gdn_paths_ms"] = paths
+    return figures
+
+
 def decode_host_split(trunk: Any, vocab: int, prompt: list[int], steps: int) -> dict[str, Any]:
     """Is the greedy decode step bound by the host or the device (issue 22, point 6)? Per
     step, the time to build and submit the next step (`host_ms`) against the time then spent
@@ -334,7 +367,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                    kernel_loops: bool = False, decode_vector_values: tuple[int, ...] = (),
                    divergence_tokens: int = 0, divergence_depth: int = 3,
                    divergence_limit: int = DIVERGENCE_LIMIT, kernel_decode: bool | None = None,
-                   decode_only: bool = False) -> dict[str, Any]:
+                   decode_only: bool = False, prefill_tokens: int = 0) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready.
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
     `decode`); None follows small_m_qmm.decode_wanted. `decode_only`: the
@@ -354,6 +387,10 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     entry: dict[str, Any] = {"size": size, "dtype": dtype, "family": spec.model_type, **sizes,
                              "roofline_ms": roofline_ms, "build_seconds": build_seconds,
                              "gdn_verify": gdn_chunked.path_name() if spec.model_type != "qwen3" else None}
+
+    if prefill_tokens:
+        phase(f"prefill of {prefill_tokens} tokens")
+        entry["prefill"] = prefill_figures(trunk, vocab, prefill_tokens, spec.model_type != "qwen3")
 
     decode: dict[str, dict[str, float]] = {}
     phase("decode: ours, mlx-lm's, the host split, the compiled step")
@@ -579,6 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--divergence-depth", type=int, default=3)
     parser.add_argument("--divergence-limit", type=int, default=DIVERGENCE_LIMIT,
                         help="divergences to locate (MTP resynchronised after each) before stopping")
+    parser.add_argument("--prefill-tokens", type=int, default=0,
+                        help="also time a prefill of this many tokens (a hybrid's GDN layers both ways)")
     parser.add_argument("--decode-only", action="store_true",
                         help="the decode figures alone: no forwards, cycles or divergence")
     parser.add_argument("--cycle-temperatures", default="0,0.6",
@@ -628,7 +667,7 @@ def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[in
                                    # where decode_wanted would leave them on MLX (8-bit).
                                    kernel_decode=(None if args.kernel_decode_from is None
                                                   else args.kernel_decode_from != "never"),
-                                   decode_only=args.decode_only)
+                                   decode_only=args.decode_only, prefill_tokens=args.prefill_tokens)
             # The model died with measure_config's frame: free it before the next is built.
             gc.collect()
             mx.clear_cache()

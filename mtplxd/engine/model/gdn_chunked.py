@@ -86,6 +86,26 @@ def state_after(s0: mx.array, u: mx.array, k32: mx.array, log_gamma: mx.array, k
     return mx.exp(lg[..., -1])[..., None, None] * s0 + (weight * u[..., :keep, :]).swapaxes(-1, -2) @ k32[..., :keep, :]
 
 
+# Tokens `chunked_prefill` solves at once. The series in `_unit_lower_inverse_apply` sums
+# powers of N up to T-1, whose entries can grow with T before they cancel, so long runs go
+# through in chunks of this size, each the form a verify (and a prompt's last, short prefill
+# chunk, up to rollback.DEFAULT_MAX_CAPTURE_TOKENS rows) already takes.
+PREFILL_CHUNK_TOKENS = 32
+
+
+def chunked_prefill(q: mx.array, k: mx.array, v: mx.array, log_g: mx.array, beta: mx.array,
+                    state: mx.array, chunk: int = PREFILL_CHUNK_TOKENS) -> tuple[mx.array, mx.array]:
+    """The delta rule over a long run of tokens (a prompt), `chunk` tokens a `chunked_delta`,
+    the state handed from one to the next: a loop over T / chunk chunks instead of mlx-lm's
+    over the T tokens. Shapes as `chunked_delta`; returns (y, the state after all T tokens)."""
+    ys = []
+    for start in range(0, q.shape[1], chunk):
+        rows = slice(start, start + chunk)
+        y, state, _, _ = chunked_delta(q[:, rows], k[:, rows], v[:, rows], log_g[:, rows], beta[:, rows], state)
+        ys.append(y)
+    return (ys[0] if len(ys) == 1 else mx.concatenate(ys, axis=1)), state
+
+
 def heads_first(x: mx.array, value_heads: int) -> mx.array:
     """(B, T, H, D) as (B, Hv, T, D) float32, key heads repeated to the value heads (GQA)."""
     if (repeat := value_heads // x.shape[2]) > 1:
@@ -99,7 +119,8 @@ _forced: bool | None = None
 
 
 def active() -> bool:
-    """True where verifies run `chunked_delta`: on CUDA, where mlx-lm loops over the tokens.
+    """True where verifies run `chunked_delta` and prompts `chunked_prefill`: on CUDA, where
+    mlx-lm loops over the tokens.
 
     Elsewhere the recurrence stays mlx-lm's: on Metal its kernel loops inside one launch, and
     on the CPU backend a verify row must stay bitwise equal to an AR step (the exactness

@@ -190,19 +190,24 @@ class _CapturingGDN:
         if not isinstance(cache, RollbackArraysCache):
             return super().__call__(inputs, mask, cache)
         T = inputs.shape[1]
-        capturable = mask is None and cache.lengths is None and T <= cache.max_capture_tokens
-        if not capturable:
-            conv_snapshot, state_snapshot = cache[0], cache[1]
+        plain = mask is None and cache.lengths is None
+        if plain and T <= cache.max_capture_tokens:
+            return self._captured_forward(inputs, cache)
+        conv_snapshot, state_snapshot = cache[0], cache[1]
+        if plain and gdn_chunked.active():  # a prompt on CUDA: chunks, not a loop over its tokens
+            out = self._captured_forward(inputs, cache, capture=False)
+        else:
             out = super().__call__(inputs, mask, cache)
-            cache.record(GDNCapture(T, conv_snapshot, state_snapshot, None))
-            return out
-        return self._captured_forward(inputs, cache)
+        cache.record(GDNCapture(T, conv_snapshot, state_snapshot, None))
+        return out
 
     def _project(self, inputs: mx.array):
         """Return (qkv (B,T,conv_dim), z (B,T,Hv,Dv), b (B,T,Hv), a (B,T,Hv))."""
         raise NotImplementedError
 
-    def _captured_forward(self, inputs: mx.array, cache: RollbackArraysCache) -> mx.array:
+    def _captured_forward(self, inputs: mx.array, cache: RollbackArraysCache, capture: bool = True) -> mx.array:
+        """mlx-lm's forward, recording a replayable GDNCapture; `capture` False records
+        nothing (the caller keeps the snapshot) and runs a long T as `chunked_prefill`."""
         B, T, _ = inputs.shape
         qkv, z, b, a = self._project(inputs)
         conv_snapshot, state_snapshot = cache[0], cache[1]
@@ -227,21 +232,24 @@ class _CapturingGDN:
         use_kernel = not self.training
         u = log_gamma = None
         if T > 1 and gdn_chunked.active():  # a verify: all rows in one go, no per-row loop
-            out, state, u, log_gamma = gdn_chunked.chunked_delta(
+            delta_rule = gdn_chunked.chunked_delta if capture else gdn_chunked.chunked_prefill
+            out, state, *wy = delta_rule(
                 q, k, v, gdn_chunked.log_decay(self.A_log, a, self.dt_bias), mx.sigmoid(b),
                 state_or_zeros(state_snapshot, (B, self.num_v_heads, self.head_v_dim, self.head_k_dim)))
+            u, log_gamma = wy or (None, None)  # chunked_prefill keeps no WY factors: no capture
         else:
             out, state = gated_delta_update(
                 q, k, v, a, b, self.A_log, self.dt_bias, state_snapshot, None, use_kernel=use_kernel
             )
         cache[1] = state
         cache.advance(T)
-        cache.record(
-            GDNCapture(
-                T, conv_snapshot, state_snapshot, conv_input,
-                q, k, v, a, b, self.A_log, self.dt_bias, use_kernel, u, log_gamma,
+        if capture:
+            cache.record(
+                GDNCapture(
+                    T, conv_snapshot, state_snapshot, conv_input,
+                    q, k, v, a, b, self.A_log, self.dt_bias, use_kernel, u, log_gamma,
+                )
             )
-        )
         out = self.out_proj(self.norm(out, z).reshape(B, T, -1))
         # Split by heads (tensor parallel, mlx-lm's shard()): this rank's captures hold its own
         # heads' conv and recurrent state, which a trim replays locally; only the output is
