@@ -37,6 +37,9 @@
 #   PART=hybrid-parity  issue 22 point 5 for the hybrid, whose single decode figures swing
 #                 19-32 ms between processes: bench.ar_parity (our AR and mlx-lm's generate_step
 #                 interleaved, CPU time beside wall) on the hybrid 27B at DTYPES (4bit,8bit)
+#   PART=hybrid-prefill  the hybrid 27B's prompt through its GDN layers chunked (gdn_chunked.
+#                 chunked_prefill, served on CUDA since 2026-12-04) and on mlx-lm's per-token loop:
+#                 real_size --prefill-tokens ${TOKENS:-4096} at DTYPES (4bit), its decode figures beside
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
 #                 on MLX's matvec: real_size --kernel-decode-from never; since 2026-12-03 the
 #                 default for hybrid models), stock beside it, depths 1 and 3 at T=0 and 0.6
@@ -57,7 +60,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-verify or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -147,6 +150,10 @@ elif [ "$PART" = hybrid-parity ]; then
   step hybrid-parity 540 python3 -m mtplxd.engine.bench.ar_parity --size hybrid-27b \
     --dtypes "${DTYPES:-4bit,8bit}" --tokens 64 --repeats 6 --budget-s $(( BUDGET - 80 )) \
     --json-out "$work/hybrid-parity.json"
+elif [ "$PART" = hybrid-prefill ]; then
+  step "hybrid-prefill-${DTYPES:-4bit}" 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b \
+    --dtypes "${DTYPES:-4bit}" --decode-only --decode-tokens 16 --repeats 2 --prefill-tokens "${TOKENS:-4096}" \
+    --json-out "$work/hybrid-prefill-${DTYPES:-4bit}.json"
 elif [ "$PART" = hybrid-verify ]; then
   step hybrid-verify-only 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
     --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 --repeats 6 \
