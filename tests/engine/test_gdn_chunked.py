@@ -1,7 +1,11 @@
-"""The chunked Gated DeltaNet verify (gdn_chunked.py): equal to mlx-lm's per-token recurrence
-to float rounding, rollback of any prefix, and greedy MTP = greedy AR with it switched on."""
+"""The chunked Gated DeltaNet verify and prefill (gdn_chunked.py): equal to mlx-lm's per-token
+recurrence to float rounding, rollback of any prefix, and greedy MTP = greedy AR with it on."""
 
 from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -155,10 +159,6 @@ def test_greedy_mtp_equals_ar_with_the_chunked_verify(checkpoint, chunked):
 
 def _graph_size(outputs) -> int:
     """Primitives in the unevaluated graph behind `outputs` (views included: each is host work)."""
-    import re
-    import tempfile
-    from pathlib import Path
-
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "graph.dot"
         mx.export_to_dot(str(path), *outputs)

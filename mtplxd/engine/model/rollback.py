@@ -205,7 +205,8 @@ class _CapturingGDN:
         """Return (qkv (B,T,conv_dim), z (B,T,Hv,Dv), b (B,T,Hv), a (B,T,Hv))."""
         raise NotImplementedError
 
-    def _captured_forward(self, inputs: mx.array, cache: RollbackArraysCache, capture: bool = True) -> mx.array:
+    def _captured_forward(self, inputs: mx.array, cache: RollbackArraysCache,
+                          capture: bool = True) -> mx.array:
         """mlx-lm's forward, recording a replayable GDNCapture; `capture` False records
         nothing (the caller keeps the snapshot) and runs a long T as `chunked_prefill`."""
         B, T, _ = inputs.shape
@@ -231,7 +232,7 @@ class _CapturingGDN:
         q, k = normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
         use_kernel = not self.training
         u = log_gamma = None
-        if T > 1 and gdn_chunked.active():  # a verify: all rows in one go, no per-row loop
+        if T > 1 and gdn_chunked.active():  # a verify in one go, a prompt 32 rows a go: no per-row loop
             delta_rule = gdn_chunked.chunked_delta if capture else gdn_chunked.chunked_prefill
             out, state, *wy = delta_rule(
                 q, k, v, gdn_chunked.log_decay(self.A_log, a, self.dt_bias), mx.sigmoid(b),
