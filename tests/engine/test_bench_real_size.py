@@ -290,6 +290,8 @@ def test_prefill_figures_time_a_hybrids_gdn_layers_both_ways_and_leave_the_choic
         if hybrid:
             assert set(figures["gdn_paths_ms"]) == {"chunked", "per_token"}
             assert all(ms > 0 for ms in figures["gdn_paths_ms"].values())
+            # The served figure is the backend's own path, not a third run.
+            assert figures["ms"] == figures["gdn_paths_ms"]["chunked" if gdn_chunked.active() else "per_token"]
         else:
             assert "gdn_paths_ms" not in figures
     assert gdn_chunked.active() is fixed_shapes_wanted()  # the backend's choice again

@@ -3,10 +3,6 @@ recurrence to float rounding, rollback of any prefix, and greedy MTP = greedy AR
 
 from __future__ import annotations
 
-import re
-import tempfile
-from pathlib import Path
-
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import ArraysCache, trim_prompt_cache
@@ -14,6 +10,7 @@ from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
 from mtplxd.engine import GenerationRequest, GenerationResult, SamplingParams, load_model
 from mtplxd.engine.fixtures.tiny_hybrid import write_tiny_hybrid_checkpoint
+from mtplxd.engine.bench.host import primitives
 from mtplxd.engine.model import gdn_chunked
 from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
 from mtplxd.engine.model.rollback import make_rollback_cache
@@ -157,14 +154,6 @@ def test_greedy_mtp_equals_ar_with_the_chunked_verify(checkpoint, chunked):
         assert mtp.stats.accepted > 0
 
 
-def _graph_size(outputs) -> int:
-    """Primitives in the unevaluated graph behind `outputs` (views included: each is host work)."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "graph.dot"
-        mx.export_to_dot(str(path), *outputs)
-        return len(re.findall(r'label ="[A-Za-z]', path.read_text()))
-
-
 def test_a_long_prompt_is_prefilled_in_chunks_where_verifies_are(checkpoint, chunked):
     """Past the capture limit (a prompt's 512-token chunks), a GDN layer on the chunked path
     (CUDA's) runs `chunked_prefill`: the same state as mlx-lm's loop over the tokens to float
@@ -181,7 +170,8 @@ def test_a_long_prompt_is_prefilled_in_chunks_where_verifies_are(checkpoint, chu
         gdn_chunked.force(on)
         cache = make_rollback_cache(model)[index]
         out = layer(tokens, None, cache)
-        results[on] = (out, cache[1], _graph_size([out, cache[1]]))
+        # Views included: the host builds and encodes each primitive.
+        results[on] = (out, cache[1], sum(primitives([out, cache[1]]).values()))
         assert cache.capture is not None and not cache.capture.replayable
         cache.restore()  # the snapshot still undoes the whole forward
         assert cache[1] is None
