@@ -535,7 +535,7 @@ class Scheduler:
             self._fail(row, RuntimeError("the generation ended without a result"))
             return None
         except Exception as exc:
-            log.warning("row %s (%s) failed: %s", row.id, row.request.request_id, exc)
+            log.warning("row %s (%s) failed: %s", row.id, row.request.request_id, exc, exc_info=exc)
             self._fail(row, exc)
             return None
         if isinstance(item, PrefillChunk):  # a cohort row's prefill chunk: run with the turn's others

@@ -35,7 +35,7 @@ def test_the_fused_loop_really_runs_compiled_graphs(model):
     result = run(model, "fused", 3)
     assert result.stats.cycles > 0 and result.stats.mean_accepted_length > 1.0
     # The cycle, and its two halves for the one timed cycle per sample window (split.py).
-    assert [key[:2] for key in model.trunk.compiled_graphs] == [
+    assert [key[:2] for _, key in model.trunk.compiled_graphs] == [
         ("mtp", 3), ("mtp-draft", 3), ("mtp-verify", 3)]
     run(model, "fused", 0)  # AR keeps autoregressive.py's loop: nothing compiled
     assert len(model.trunk.compiled_graphs) == 3

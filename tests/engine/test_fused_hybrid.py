@@ -52,7 +52,7 @@ def test_a_hybrid_request_decodes_in_the_fused_loop(model):
     model.trunk.compiled_graphs.clear()
     result = generate(model, 3)
     assert result.stats.cycles > 0 and result.stats.accepted > 0
-    assert ("mtp", 3) in [key[:2] for key in model.trunk.compiled_graphs]
+    assert ("mtp", 3) in [key[:2] for _, key in model.trunk.compiled_graphs]
 
 
 def test_a_seeded_sampled_hybrid_request_keeps_the_stepwise_loop(model):
@@ -64,7 +64,7 @@ def test_a_seeded_sampled_hybrid_request_keeps_the_stepwise_loop(model):
     stepwise = generate(model, 3, "stepwise", temperature=0.8, seed=5)
     assert seeded.token_ids == stepwise.token_ids
     generate(model, 3, temperature=0.8)
-    assert ("mtp", 3) in [key[:2] for key in model.trunk.compiled_graphs]
+    assert ("mtp", 3) in [key[:2] for _, key in model.trunk.compiled_graphs]
 
 
 def test_greedy_fused_equals_ar_and_the_stepwise_loop(model):
@@ -183,5 +183,5 @@ def test_sampled_fused_hybrid_matches_the_exact_target_distribution(model, monke
         sampling = SamplingParams(temperature=0.6, top_p=0.5, seed=seed, max_tokens=N_TOKENS)
         result = model.complete(GenerationRequest(prompt, sampling, depth=2))
         counts[tuple(result.token_ids) + ((EOS,) if result.finish_reason == "stop" else ())] += 1
-    assert ("mtp", 2) in [key[:2] for key in model.trunk.compiled_graphs]
+    assert ("mtp", 2) in [key[:2] for _, key in model.trunk.compiled_graphs]
     assert chi_square_p_value(joint, counts, N_SAMPLES) > 1e-3

@@ -37,6 +37,7 @@ import mlx_lm.models.qwen3_next as mlx_lm_qwen3_next
 from mlx_lm.models.cache import KVCache
 
 from mtplxd.engine.decoding import buffer_attention
+from mtplxd.engine.decoding.compiled import per_thread
 from mtplxd.engine.decoding.sampling import (
     CYCLE, TokenHistory, apply_penalties, device_position_keys, draft_weights, graph_key,
     history_rows, one_hot, scaled_logits, seed_words,
@@ -292,15 +293,10 @@ def buffers_of(caches: list[StaticKVCache] | list[RowsKVCache]) -> list[mx.array
 
 
 def _compiled(trunk: Trunk, key: tuple, build: Callable[[], Callable]) -> Callable:
-    """The trunk's compiled function for `key`, built on first use (a small LRU)."""
-    cache = trunk.compiled_graphs
-    if key in cache:
-        cache[key] = cache.pop(key)  # most recently used last
-        return cache[key]
-    if len(cache) >= 16:  # room for 5 sampling setups' cycle and its two timed halves
-        cache.pop(next(iter(cache)))
-    cache[key] = mx.compile(build())
-    return cache[key]
+    """The trunk's compiled function for `key` on this thread, built on first use (a small
+    LRU: room for 5 sampling setups' cycle and its two timed halves; compiled.py says why
+    per thread)."""
+    return per_thread(trunk.compiled_graphs, key, lambda: mx.compile(build()), slots=16)
 
 
 # --- speculative ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+from mtplxd.engine.decoding.compiled import per_thread
 from mtplxd.engine.interface import SamplingParams
 
 # Purposes of a random draw; each gets its own key stream. CYCLE: all of a fused cycle's
@@ -248,7 +249,7 @@ def graph_key(params: SamplingParams) -> tuple:
     return tuple(getattr(params, f.name) for f in fields(params) if f.name not in skip)
 
 
-_ROW_SAMPLERS: dict[tuple, Callable] = {}  # compiled samplers by graph_key, least recent first
+_ROW_SAMPLERS: dict[tuple, Callable] = {}  # compiled samplers by (thread, graph_key), least recent first
 _ROW_SAMPLER_SLOTS = 16
 
 
@@ -269,32 +270,32 @@ def row_sampler(params: SamplingParams) -> Callable[..., tuple[mx.array, mx.arra
     one argmax against its log-softmax and argmax; top-p: the same count), as
     `bench.ar_parity` counts them from the graph.
     """
-    key = graph_key(params)
-    if key in _ROW_SAMPLERS:
-        _ROW_SAMPLERS[key] = _ROW_SAMPLERS.pop(key)  # most recently used last
-    else:
-        if len(_ROW_SAMPLERS) >= _ROW_SAMPLER_SLOTS:  # settings vary per request: stay bounded
-            _ROW_SAMPLERS.pop(next(iter(_ROW_SAMPLERS)))
+    # Settings vary per request: the cache stays bounded (and per thread: compiled.py).
+    return per_thread(_ROW_SAMPLERS, graph_key(params), lambda: _row_sampler(params),
+                      slots=_ROW_SAMPLER_SLOTS)
 
-        def sample(logits: mx.array, counts: mx.array, seen: mx.array, seed: mx.array,
-                   position: mx.array) -> tuple[mx.array, mx.array]:
-            penalised = apply_penalties(logits, params, counts, seen)
-            if params.greedy:
-                token = mx.argmax(penalised, axis=-1)
-            elif 0.0 < params.top_p < 1.0 or params.top_k > 0:  # sorting anyway: draw in sorted order
-                order, weights = sorted_scaled_logits(penalised, params)
-                draw_key = device_position_keys(seed, position, TARGET).reshape(2)
-                index = mx.random.categorical(weights, key=draw_key)
-                token = mx.take_along_axis(order, index[:, None], axis=-1)[:, 0]
-            else:
-                draw_key = device_position_keys(seed, position, TARGET).reshape(2)
-                token = mx.random.categorical(scaled_logits(penalised, params), key=draw_key)
-            return token.astype(mx.uint32), position + 1
 
-        # Plain greedy is a single op: compiling it would only add a compiled call's host cost.
-        plain = params.greedy and not params.has_penalties
-        _ROW_SAMPLERS[key] = _plain_argmax if plain else mx.compile(sample)
-    return _ROW_SAMPLERS[key]
+def _row_sampler(params: SamplingParams) -> Callable:
+    """The sampler function for `params`, compiled unless it is a plain argmax."""
+
+    def sample(logits: mx.array, counts: mx.array, seen: mx.array, seed: mx.array,
+               position: mx.array) -> tuple[mx.array, mx.array]:
+        penalised = apply_penalties(logits, params, counts, seen)
+        if params.greedy:
+            token = mx.argmax(penalised, axis=-1)
+        elif 0.0 < params.top_p < 1.0 or params.top_k > 0:  # sorting anyway: draw in sorted order
+            order, weights = sorted_scaled_logits(penalised, params)
+            draw_key = device_position_keys(seed, position, TARGET).reshape(2)
+            index = mx.random.categorical(weights, key=draw_key)
+            token = mx.take_along_axis(order, index[:, None], axis=-1)[:, 0]
+        else:
+            draw_key = device_position_keys(seed, position, TARGET).reshape(2)
+            token = mx.random.categorical(scaled_logits(penalised, params), key=draw_key)
+        return token.astype(mx.uint32), position + 1
+
+    # Plain greedy is a single op: compiling it would only add a compiled call's host cost.
+    plain = params.greedy and not params.has_penalties
+    return _plain_argmax if plain else mx.compile(sample)
 
 
 def _plain_argmax(logits: mx.array, counts: mx.array, seen: mx.array, seed: mx.array,
