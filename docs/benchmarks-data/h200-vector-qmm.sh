@@ -40,6 +40,12 @@
 #   PART=hybrid-prefill  the hybrid 27B's prompt through its GDN layers chunked (gdn_chunked.
 #                 chunked_prefill, served on CUDA since 2026-12-04) and on mlx-lm's per-token loop:
 #                 real_size --prefill-tokens ${TOKENS:-4096} at DTYPES (4bit), its decode figures beside
+#                 (since 2026-12-04, third session, with the hybrid's compiled AR step among them,
+#                 decode_compiled_greedy_ms: is its host-bound decode cut by one traced graph?)
+#   PART=gdn-kernel  the GDN decode-step kernel (model/gdn_kernel.py, 2026-12-04, third session,
+#                 written without a GPU): its CUDA tests, then the hybrid 27B's decode at DTYPES
+#                 (4bit) with it and with mlx-lm's ops (MTPLX_GDN_KERNEL=0), host split and
+#                 compiled step beside each
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
 #                 on MLX's matvec: real_size --kernel-decode-from never; since 2026-12-03 the
 #                 default for hybrid models), stock beside it, depths 1 and 3 at T=0 and 0.6
@@ -60,7 +66,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -154,6 +160,13 @@ elif [ "$PART" = hybrid-prefill ]; then
   step "hybrid-prefill-${DTYPES:-4bit}" 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b \
     --dtypes "${DTYPES:-4bit}" --decode-only --decode-tokens 16 --repeats 2 --prefill-tokens "${TOKENS:-4096}" \
     --json-out "$work/hybrid-prefill-${DTYPES:-4bit}.json"
+elif [ "$PART" = gdn-kernel ]; then
+  step gdn-kernel-tests 200 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gdn_kernel.py
+  for setting in kernel ops; do
+    step "gdn-decode-${DTYPES:-4bit}-$setting" 170 env MTPLX_GDN_KERNEL=$([ "$setting" = kernel ] && echo 1 || echo 0) \
+      python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes "${DTYPES:-4bit}" --decode-only \
+      --decode-tokens 32 --repeats 4 --json-out "$work/gdn-decode-${DTYPES:-4bit}-$setting.json"
+  done
 elif [ "$PART" = hybrid-verify ]; then
   step hybrid-verify-only 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
     --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 --repeats 6 \

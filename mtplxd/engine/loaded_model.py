@@ -21,7 +21,7 @@ from mtplxd.engine.interface import (
     ModelLoadError, TokenDelta,
 )
 from mtplxd.engine.model import cpu_attention as cpu_attention_path
-from mtplxd.engine.model import gdn_chunked, mrope, small_m_qmm
+from mtplxd.engine.model import gdn_chunked, gdn_kernel, mrope, small_m_qmm
 from mtplxd.engine.model.families import get_family
 from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
 from mtplxd.engine.model.kv_cache import KV_BITS_CHOICES, fixed_shapes_wanted, kv_group_size
@@ -235,7 +235,7 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode:
     """Which implementation each fast path runs on this machine (`ModelInfo.kernels`):
     quantized matmuls (`kernel_decode`: whether decode steps take the small-M kernel, the rule
     `small_m_qmm.install` applied), attention over the fused loop's cache buffer, for hybrid
-    models the Gated DeltaNet verify, and the precision of float32 matmuls. Off CUDA every
+    models the Gated DeltaNet verify and decode step, and the precision of float32 matmuls. Off CUDA every
     kernel entry names MLX's own ops."""
     paths = {
         "quantized_matmul": small_m_qmm.path_name(quantized_layers_switched, decode=kernel_decode),
@@ -245,6 +245,7 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode:
     }
     if hybrid:
         paths["gdn_verify"] = gdn_chunked.path_name()
+        paths["gdn_decode"] = gdn_kernel.path_name()
     mx = _mx()
     paths["float32_matmul"] = matmul_precision.path_name(on_gpu=mx.default_device() == mx.gpu)
     return paths

@@ -48,8 +48,7 @@ def test_the_decode_step_is_split_into_host_and_device_wait(report):
         assert list(pipelined) == [str(t) for t in range(1, 7)] and all(ms > 0 for ms in pipelined.values())
         assert config["forward_pipelined_over_decode"]["6"] == pytest.approx(
             pipelined["6"] / config["decode"]["0.0"]["ours_ms"])
-        compiled = config["decode_compiled_greedy_ms"]  # dense models only: the fused loops' cache
-        assert (compiled > 0) if config["family"] == "qwen3" else compiled is None
+        assert config["decode_compiled_greedy_ms"] > 0  # dense and hybrid: the fused loops' caches
         assert split["primitives"] == sum(split["by_primitive"].values()) > 0
     # The quantized model's step multiplies through QuantizedMatmul, the bf16 one through Matmul.
     by_dtype = {c["dtype"]: c["decode_host_split"]["by_primitive"] for c in report["configs"] if c["size"] == "tiny"}
@@ -63,6 +62,7 @@ def test_bytes_read_count_the_embedding_only_when_it_is_the_lm_head(report):
     assert hybrid_bf16["bytes_read_per_step"] < hybrid_bf16["weights_bytes"] + hybrid_bf16["kv_bytes"]
     assert tiny_q4["weights_bytes"] < tiny_bf16["weights_bytes"] / 2  # 4-bit plus scales and biases
     assert hybrid_bf16["gdn_verify"] == "per-token" and tiny_bf16["gdn_verify"] is None
+    assert hybrid_bf16["gdn_decode"] == "mlx-lm ops" and tiny_bf16["gdn_decode"] is None
 
 
 def test_forwards_and_cycles_are_multiples_of_a_decode_step(report):
@@ -243,19 +243,20 @@ def test_kernel_decode_from_decides_the_kernels_decode_steps_for_every_model(mon
     assert asked == [decode]
 
 
-@pytest.mark.parametrize("quantize", ["none", "4bit"])
-def test_the_compiled_ar_arm_decodes_our_ar_loops_greedy_tokens(tiny_model_factory, quantize):
-    """The bench's compiled AR step (fixed buffers, one traced graph) must be the same
-    computation as the served AR loop: its greedy tokens equal the loop's, on this CPU."""
+@pytest.mark.parametrize("family,quantize", [("qwen3", "none"), ("qwen3", "4bit"), ("qwen3_5", "none")])
+def test_the_compiled_ar_arm_decodes_our_ar_loops_greedy_tokens(tiny_model_factory, family, quantize):
+    """The bench's compiled AR step (fixed buffers, one traced graph; a hybrid's Gated
+    DeltaNet states as inputs and outputs) must be the same computation as the served AR
+    loop: its greedy tokens equal the loop's, on this CPU."""
     from mtplxd.engine.bench.compiled_ar import compiled_greedy_decode
     from mtplxd.engine.interface import GenerationRequest, SamplingParams
     from mtplxd.engine.loaded_model import load_model
 
-    model = load_model(tiny_model_factory("qwen3"), quantize=quantize)
+    model = load_model(tiny_model_factory(family), quantize=quantize)
     ids = model.tokenizer.encode("def add(a, b):\n    return a")
     served = model.complete(GenerationRequest(
-        ids, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True), depth=0)).token_ids
-    tokens, ms = compiled_greedy_decode(model.trunk, ids, 20)
+        ids, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True), depth=0)).token_ids
+    tokens, ms = compiled_greedy_decode(model.trunk, ids, 40)
     assert tokens == served
     assert ms > 0
 

@@ -104,11 +104,12 @@ def test_off_cuda_install_changes_nothing_and_says_why(tiny_model_factory):
     assert len(model.complete(request).token_ids) == 8
 
 
-def test_a_hybrid_model_names_its_gdn_verify_path(tiny_model_factory):
+def test_a_hybrid_model_names_its_gdn_verify_and_decode_paths(tiny_model_factory):
     info = load_model(tiny_model_factory("qwen3")).info
-    assert "gdn_verify" not in info.kernels
+    assert "gdn_verify" not in info.kernels and "gdn_decode" not in info.kernels
     hybrid = load_model(tiny_model_factory("qwen3_5")).info
     assert hybrid.kernels["gdn_verify"] == ("chunked" if ON_CUDA else "per-token")
+    assert hybrid.kernels["gdn_decode"] == ("CUDA kernel" if ON_CUDA else "mlx-lm ops")
 
 
 @needs_cuda

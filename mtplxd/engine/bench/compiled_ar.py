@@ -11,6 +11,11 @@ once and replayed. If this step is much faster than ours at a real size, the AR 
 host-bound and should be compiled too; fused.py's docstring has why it is not today (on the
 embedded model the exact-length attention was faster).
 
+A hybrid (Qwen3.5/3.6) runs the same step: its Gated DeltaNet layers' conv window and
+recurrent state have one shape whatever the context, so they go in and out of the graph
+beside the KV buffers. The hybrid 27B's decode is the host-bound one on the H200 (3,741
+primitives a 4-bit step, host time 22.8 of 22.8 ms wall, docs/benchmarks.md).
+
 Greedy only: the arm measures the step's cost, and its tokens must equal our AR loop's
 (tested on the CPU backend).
 """
@@ -23,17 +28,32 @@ from typing import Any
 import mlx.core as mx
 
 from mtplxd.engine.decoding.fused import (
-    buffers_of, capacity_for, route_static_cache_attention, static_caches, to_buffers,
+    buffers_of, cache_layout, capacity_for, fused_supported, gdn_caches, route_static_cache_attention,
+    static_caches, to_buffers,
 )
 
 
-def _step(trunk: Any):
-    """step(token (1,), n, *buffers) -> (next token (1,), n + 1, *buffers written)."""
-    def step(token: mx.array, n: mx.array, *buffers: mx.array) -> tuple[mx.array, ...]:
-        caches = static_caches(list(buffers), n)
+def compiled_ar_supported(trunk: Any) -> bool:
+    """Whether the step takes this trunk's cache: attention KV, and for a hybrid its Gated
+    DeltaNet layers (the fused loops' domain)."""
+    return fused_supported(trunk, trunk.make_cache(), hybrid=True)
+
+
+def _step(trunk: Any, layout: tuple[str, ...]):
+    """step(token (1,), n, *kv buffers, *gdn arrays) -> (next token (1,), n + 1, *the same,
+    written). `layout` is the trunk cache's kinds in layer order ("kv", "gdn"); a Gated
+    DeltaNet layer's state is its conv window and recurrent state, fixed in shape."""
+    kv_arrays = 2 * layout.count("kv")
+
+    def step(token: mx.array, n: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
+        attention = static_caches(list(arrays[:kv_arrays]), n)
+        recurrent = gdn_caches(list(arrays[kv_arrays:]))
+        kv, gdn = iter(attention), iter(recurrent)
+        caches = [next(kv) if kind == "kv" else next(gdn) for kind in layout]
         hidden = trunk.text.model(token.reshape(1, 1), caches)
         chosen = mx.argmax(trunk.lm_head(hidden)[0, -1], axis=-1).astype(mx.uint32).reshape(1)
-        return (chosen, n + 1, *buffers_of(caches))
+        states = [array for entry in recurrent for array in entry.cache]
+        return (chosen, n + 1, *buffers_of(attention), *states)
 
     return step
 
@@ -46,9 +66,12 @@ def compiled_greedy_decode(trunk: Any, prompt: list[int], tokens: int) -> tuple[
     cache = trunk.make_cache()
     _, logits = trunk.prefill(prompt, cache)
     first = mx.argmax(logits, axis=-1).astype(mx.uint32).reshape(1)
-    buffers = to_buffers(cache, capacity_for(len(prompt) + tokens + 2))
-    step = mx.compile(_step(trunk))
-    state = step(first, mx.array(len(prompt), mx.int32), *buffers)
+    layout = cache_layout(cache)
+    attention = [entry for entry, kind in zip(cache, layout) if kind == "kv"]
+    recurrent = [array for entry, kind in zip(cache, layout) if kind == "gdn" for array in entry.cache]
+    buffers = to_buffers(attention, capacity_for(len(prompt) + tokens + 2))
+    step = mx.compile(_step(trunk, layout))
+    state = step(first, mx.array(len(prompt), mx.int32), *buffers, *recurrent)
     mx.async_eval(list(state))
     out = [int(first.item())]
     started = None

@@ -11,8 +11,9 @@ No download: each model is built from its config with random weights (bf16, then
 quantization in groups of 64 for 8bit/4bit), with a random MTP head, one layer at a time so
 a 65 GB bf16 32B never needs a float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3,
 the releases' config.json), `hybrid-27b` (Qwen3.5/3.6-27B: 64 layers, 48 Gated DeltaNet and
-16 gated attention, hidden 5120, vocab 248,320), `mid` (7M parameters, for a CPU)
-and `tiny` / `tiny-hybrid` for tests. For
+16 gated attention, hidden 5120, vocab 248,320), `mid` (7M parameters, for a CPU),
+`hybrid-27b-layers` (the 27B hybrid's 64 layers at the tiny widths: a 27B step's graph,
+whose host cost a CPU can measure) and `tiny` / `tiny-hybrid` for tests. For
 each size and dtype, at `--context` tokens of context:
 
   * decode: ms per token of our AR loop and of mlx-lm's `generate_step` (the reference line)
@@ -20,9 +21,9 @@ each size and dtype, at `--context` tokens of context:
     per decode step / 4.3 TB/s (the H200's copy bandwidth), where the bytes are every trunk
     weight (the embedding table counts only when it is also the lm_head) plus the KV cache
     at the context; `of_roofline` = roofline_ms / our greedy decode ms;
-  * `decode_compiled_greedy_ms` (dense models): the greedy decode step again as one
-    compiled graph over fixed KV buffers (bench.compiled_ar): far below our decode, the AR
-    loop is bound by building its graph;
+  * `decode_compiled_greedy_ms`: the greedy decode step again as one compiled graph over
+    fixed KV buffers and, for a hybrid, its Gated DeltaNet states (bench.compiled_ar): far
+    below our decode, the AR loop is bound by building its graph;
   * `decode_host_split`: the greedy decode step's host time (building and submitting the
     next step) against its wait for the device, and its primitives (bench.host): near-zero
     wait means the step is host-bound, and fewer primitives, not faster kernels, make it
@@ -119,6 +120,10 @@ SIZES: dict[str, tuple[str, dict[str, Any]]] = {
                           num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                           vocab_size=16384, tie_word_embeddings=True)),
     "tiny-hybrid": ("qwen3_5", _TINY_HYBRID),
+    # The 27B hybrid's layers (64: 48 Gated DeltaNet, 16 gated attention) at the tiny widths:
+    # its graph has the 27B step's primitives, so a CPU measures the host's share of a step.
+    "hybrid-27b-layers": ("qwen3_5", dict(_TINY_HYBRID, num_hidden_layers=64,
+                                          full_attention_interval=4)),
 }
 DTYPES: dict[str, int | None] = {"bf16": None, "8bit": 8, "4bit": 4}
 
@@ -334,11 +339,10 @@ def _pipelined_forwards(trunk, cache, vocab: int, repeats: int, decode_ms: float
 
 def compiled_decode_ms(trunk: Any, prompt: list[int], tokens: int) -> float | None:
     """ms per greedy token of the compiled fixed-buffer AR step (bench.compiled_ar), for
-    models whose cache the fused loops take (dense); None for the others."""
-    from mtplxd.engine.bench.compiled_ar import compiled_greedy_decode
-    from mtplxd.engine.decoding.fused import fused_supported
+    models whose cache the fused loops take (dense and hybrid); None for the others."""
+    from mtplxd.engine.bench.compiled_ar import compiled_ar_supported, compiled_greedy_decode
 
-    if not fused_supported(trunk, trunk.make_cache()):
+    if not compiled_ar_supported(trunk):
         return None
     return compiled_greedy_decode(trunk, prompt, max(tokens, 8))[1]
 
@@ -377,7 +381,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
     `decode`); None follows small_m_qmm.decode_wanted. `decode_only`: the
     decode figures alone (with the kernel's where `small_m_kernel`), no forwards or cycles."""
-    from mtplxd.engine.model import gdn_chunked, small_m_qmm
+    from mtplxd.engine.model import gdn_chunked, gdn_kernel, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
 
     started = time.perf_counter()
@@ -391,7 +395,9 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     roofline_ms = sizes["bytes_read_per_step"] / BANDWIDTH_BYTES_PER_S * 1000
     entry: dict[str, Any] = {"size": size, "dtype": dtype, "family": spec.model_type, **sizes,
                              "roofline_ms": roofline_ms, "build_seconds": build_seconds,
-                             "gdn_verify": gdn_chunked.path_name() if spec.model_type != "qwen3" else None}
+                             "gdn_verify": gdn_chunked.path_name() if spec.model_type != "qwen3" else None,
+                             # Asked here, outside any compiled trace: the first ask probes the kernel.
+                             "gdn_decode": gdn_kernel.path_name() if spec.model_type != "qwen3" else None}
 
     if prefill_tokens:
         phase(f"prefill of {prefill_tokens} tokens")

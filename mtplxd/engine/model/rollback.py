@@ -38,7 +38,7 @@ from mlx_lm.models import qwen3_5, qwen3_next
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
-from mtplxd.engine.model import gdn_chunked
+from mtplxd.engine.model import gdn_chunked, gdn_kernel
 
 # A verify forward is K+1 tokens (K <= 16 in practice). Longer forwards (prefill) keep only
 # the snapshot: capturing them would hold ~2x conv_dim values per token per layer alive.
@@ -239,8 +239,9 @@ class _CapturingGDN:
                 state_or_zeros(state_snapshot, (B, self.num_v_heads, self.head_v_dim, self.head_k_dim)))
             u, log_gamma = wy or (None, None)  # chunked_prefill keeps no WY factors: no capture
         else:
-            out, state = gated_delta_update(
-                q, k, v, a, b, self.A_log, self.dt_bias, state_snapshot, None, use_kernel=use_kernel
+            # A decode step on CUDA: one kernel instead of mlx-lm's ops (gdn_kernel.py)
+            out, state = gdn_kernel.decode_step(
+                q, k, v, a, b, self.A_log, self.dt_bias, state_snapshot, use_kernel=use_kernel
             )
         cache[1] = state
         cache.advance(T)

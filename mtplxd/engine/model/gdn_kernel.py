@@ -1,0 +1,202 @@
+"""A Gated DeltaNet (GDN) layer's recurrence for a decode step in one CUDA kernel: the CUDA
+twin of mlx-lm's Metal `gated_delta_kernel`.
+
+Why: on CUDA mlx-lm runs the recurrence as ops. Per GDN layer and token that is sigmoid(b),
+`compute_g`, a repeat of q and of k for the grouped heads, the step's elementwise kernels
+and two sums, and the views between them. The hybrid 27B's AR step is 3,741 primitives on
+the H200 (4-bit), and its host time is its wall time (22.8 ms, docs/benchmarks.md, "The
+hybrid's fused loop on the H200"): the host building and encoding nodes is what a token
+costs. This kernel reads q, k, v, a, b, A_log, dt_bias and the state and writes y and the
+new state in one launch: the grouped heads by index, the gate and beta inside.
+
+Arithmetic: that of mlx-lm's ops (`gated_delta_update` off Metal) in float32, with
+`a + dt_bias`, its softplus and sigmoid(b) computed by MLX's own CUDA functors at the dtypes
+MLX computes them in, so the gate and beta are the ops' to the bit. The two sums over the
+key dimension run lane by lane, then across the warp in a butterfly (as the Metal kernel's
+simd_sum), so they can round apart from the ops' sums in the last bits.
+
+Where: CUDA decode steps (one token) of the captured GDN forward (rollback._CapturingGDN),
+once a probe on this machine compiled the kernel and matched the ops. Verifies and prompts
+keep the chunked form (gdn_chunked); the CPU backend and Metal keep mlx-lm's own path, so
+the CPU's exactness tests are untouched. `MTPLX_GDN_KERNEL=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+from mlx_lm.models.gated_delta import gated_delta_update
+
+from mtplxd.engine.model import custom_kernels
+
+# Grid (x: 32 lanes, y: value rows, z: batch x value heads); a block is 4 warps, each warp
+# one value row. Lane l keeps the row's state elements [l*E, l*E+E) of the key dimension
+# in registers across the T steps.
+_SOURCE = r"""
+    constexpr int E = Dk / 32;
+    const int lane = threadIdx.x;
+    const int dv = blockIdx.y * blockDim.y + threadIdx.y;
+    const int n = blockIdx.z;
+    const int batch = n / Hv;
+    const int hv = n % Hv;
+    const int hk = hv / (Hv / Hk);
+
+    const auto* q_ = q + ((size_t)batch * T * Hk + hk) * Dk + lane * E;
+    const auto* k_ = k + ((size_t)batch * T * Hk + hk) * Dk + lane * E;
+    const auto* v_ = v + ((size_t)batch * T * Hv + hv) * Dv;
+    auto* y_ = y + ((size_t)batch * T * Hv + hv) * Dv;
+    const auto* a_ = a + (size_t)batch * T * Hv + hv;
+    const auto* b_ = b + (size_t)batch * T * Hv + hv;
+    const float decay_rate = expf(static_cast<float>(A_log[hv]));
+    const GateT bias = static_cast<GateT>(dt_bias[hv]);
+    const float* s_in = state_in + ((size_t)n * Dv + dv) * Dk + lane * E;
+    float* s_out = state_out + ((size_t)n * Dv + dv) * Dk + lane * E;
+
+    float s[E];
+    for (int i = 0; i < E; ++i) s[i] = s_in[i];
+    for (int t = 0; t < T; ++t) {
+      // g = exp(-exp(A_log) * softplus(a + dt_bias)) and beta = sigmoid(b), through MLX's
+      // own functors at the dtypes MLX computes them in (softplus is logaddexp(x, 0)).
+      const GateT x = static_cast<GateT>(a_[0]) + bias;
+      const float softplus = static_cast<float>(LogAddExp{}(x, static_cast<GateT>(0.0f)));
+      const float g = expf(-decay_rate * softplus);
+      const float beta = static_cast<float>(Sigmoid{}(b_[0]));
+      float kv = 0.0f;
+      for (int i = 0; i < E; ++i) {
+        s[i] = s[i] * g;
+        kv += s[i] * static_cast<float>(k_[i]);
+      }
+      for (int offset = 16; offset > 0; offset >>= 1) kv += __shfl_xor_sync(0xffffffff, kv, offset);
+      const float delta = (static_cast<float>(v_[dv]) - kv) * beta;
+      float out = 0.0f;
+      for (int i = 0; i < E; ++i) {
+        s[i] = s[i] + static_cast<float>(k_[i]) * delta;
+        out += s[i] * static_cast<float>(q_[i]);
+      }
+      for (int offset = 16; offset > 0; offset >>= 1) out += __shfl_xor_sync(0xffffffff, out, offset);
+      if (lane == 0) y_[dv] = static_cast<InT>(out);
+      q_ += Hk * Dk;
+      k_ += Hk * Dk;
+      v_ += Hv * Dv;
+      y_ += Hv * Dv;
+      a_ += Hv;
+      b_ += Hv;
+    }
+    for (int i = 0; i < E; ++i) s_out[i] = s[i];
+"""
+
+# Sigmoid and LogAddExp: the functors MLX's own CUDA ops and compiled kernels apply.
+_HEADER = """
+#include "mlx/backend/cuda/device/binary_ops.cuh"
+#include "mlx/backend/cuda/device/unary_ops.cuh"
+"""
+_WARPS_PER_BLOCK = 4
+_DTYPES = (mx.bfloat16, mx.float16, mx.float32)
+
+_kernel = None
+_usable: bool | None = None
+
+
+def _gdn_kernel():
+    global _kernel
+    if _kernel is None:
+        _kernel = mx.fast.cuda_kernel(
+            name="mtplx_gated_delta_step",
+            input_names=["q", "k", "v", "a", "b", "A_log", "dt_bias", "state_in"],
+            output_names=["y", "state_out"], source=_SOURCE, header=_HEADER)
+    return _kernel
+
+
+def _sum_dtype(x: mx.Dtype, y: mx.Dtype) -> mx.Dtype:
+    """The dtype MLX gives x + y for the float dtypes here."""
+    return x if x == y else mx.float32
+
+
+def gated_delta_kernel(q: mx.array, k: mx.array, v: mx.array, a: mx.array, b: mx.array,
+                       A_log: mx.array, dt_bias: mx.array, state: mx.array
+                       ) -> tuple[mx.array, mx.array]:
+    """(y (B, T, Hv, Dv), the state after T steps) from normalized q, k (B, T, Hk, Dk), v
+    (B, T, Hv, Dv), the raw gate inputs a, b (B, T, Hv), A_log and dt_bias (Hv,) and the
+    float32 state (B, Hv, Dv, Dk). CUDA only: see `usable` and `supported`."""
+    B, T, Hk, Dk = k.shape
+    Hv, Dv = v.shape[2:]
+    return _gdn_kernel()(
+        inputs=[q, k, v, a, b, A_log, dt_bias, state],
+        template=[("InT", q.dtype), ("GateT", _sum_dtype(a.dtype, dt_bias.dtype)),
+                  ("BetaT", b.dtype), ("Dk", Dk), ("Dv", Dv), ("Hk", Hk), ("Hv", Hv), ("T", T)],
+        grid=(32, Dv, B * Hv), threadgroup=(32, _WARPS_PER_BLOCK, 1),
+        output_shapes=[(B, T, Hv, Dv), state.shape], output_dtypes=[q.dtype, mx.float32])
+
+
+def supported(q: mx.array, k: mx.array, v: mx.array, state: mx.array | None) -> bool:
+    """The kernel's domain: a key dimension 32 lanes split evenly, whole warps of value rows,
+    whole groups of value heads per key head, a float32 state."""
+    B, T, Hk, Dk = k.shape
+    Hv, Dv = v.shape[2:]
+    return (Dk % 32 == 0 and Dv % _WARPS_PER_BLOCK == 0 and Hv % Hk == 0
+            and q.dtype in _DTYPES and q.dtype == k.dtype == v.dtype
+            and (state is None or (state.dtype == mx.float32 and state.shape == (B, Hv, Dv, Dk))))
+
+
+def decode_step(q: mx.array, k: mx.array, v: mx.array, a: mx.array, b: mx.array,
+                A_log: mx.array, dt_bias: mx.array, state: mx.array | None,
+                use_kernel: bool = True) -> tuple[mx.array, mx.array]:
+    """`gated_delta_update`'s (y, state) for a one-token step: this kernel where it is
+    usable and the shapes are its own, else mlx-lm's function (its Metal kernel, or ops)."""
+    if q.shape[1] == 1 and usable() and supported(q, k, v, state):
+        if state is None:
+            state = mx.zeros((k.shape[0], v.shape[2], v.shape[3], k.shape[3]), mx.float32)
+        return gated_delta_kernel(q, k, v, a, b, A_log, dt_bias, state)
+    return gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, None, use_kernel=use_kernel)
+
+
+def usable() -> bool:
+    """True on CUDA once the kernel has compiled and matched mlx-lm's ops on a probe (checked
+    once per process; any failure is logged and leaves mlx-lm's path)."""
+    global _usable
+    if _usable is None:
+        from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
+
+        wanted = os.environ.get("MTPLX_GDN_KERNEL", "1") != "0"
+        _usable = wanted and fixed_shapes_wanted() and custom_kernels.probe(
+            "gated delta step", probe_error, 1.0, "mlx-lm's gated delta ops")
+    return _usable
+
+
+def path_name() -> str:
+    """What /health and status say about a hybrid's GDN decode step."""
+    if usable():
+        return "CUDA kernel"
+    return "mlx-lm Metal kernel" if mx.metal.is_available() else "mlx-lm ops"
+
+
+def probe_error(tokens: int = 1) -> float:
+    """The kernel against mlx-lm's ops on random grouped heads (2 key heads, 6 value heads),
+    bf16 inputs, a float32 A_log and a bf16 dt_bias, as a ratio to what is tolerated: y to
+    0.05 (a bf16 output of about unit size), the state to 1e-3 of its largest element. Below
+    1 passes."""
+    q, k, v, a, b, A_log, dt_bias, state = probe_inputs(tokens)
+    want_y, want_state = gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, None, use_kernel=False)
+    got_y, got_state = gated_delta_kernel(q, k, v, a, b, A_log, dt_bias, state)
+    y_error = mx.max(mx.abs(got_y.astype(mx.float32) - want_y.astype(mx.float32))).item()
+    state_error = (mx.max(mx.abs(got_state - want_state)) / mx.max(mx.abs(want_state))).item()
+    return max(y_error / 0.05, state_error / 1e-3)
+
+
+def probe_inputs(tokens: int, key_dim: int = 64, value_dim: int = 32) -> tuple[mx.array, ...]:
+    """Random inputs of one GDN layer's step, normalized as the layer normalizes them."""
+    from mlx_lm.models.gated_delta import normalize_qk
+
+    keys = mx.random.split(mx.random.key(0), 7)
+    B, Hk, Hv = 1, 2, 6
+    q = mx.random.normal((B, tokens, Hk, key_dim), key=keys[0]).astype(mx.bfloat16)
+    k = mx.random.normal((B, tokens, Hk, key_dim), key=keys[1]).astype(mx.bfloat16)
+    q, k = normalize_qk(q, k, inv_scale=key_dim**-0.5, eps=1e-6)
+    v = mx.random.normal((B, tokens, Hv, value_dim), key=keys[2]).astype(mx.bfloat16)
+    a = mx.random.normal((B, tokens, Hv), key=keys[3]).astype(mx.bfloat16)
+    b = mx.random.normal((B, tokens, Hv), key=keys[4]).astype(mx.bfloat16)
+    A_log = mx.log(mx.random.uniform(1, 16, (Hv,), key=keys[5]))
+    dt_bias = mx.ones((Hv,), mx.bfloat16)
+    state = mx.random.normal((B, Hv, value_dim, key_dim), key=keys[6]) * 0.1
+    return q, k, v, a, b, A_log, dt_bias, state
