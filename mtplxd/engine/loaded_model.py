@@ -235,8 +235,8 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode:
     """Which implementation each fast path runs on this machine (`ModelInfo.kernels`):
     quantized matmuls (`kernel_decode`: whether decode steps take the small-M kernel, the rule
     `small_m_qmm.install` applied), attention over the fused loop's cache buffer, for hybrid
-    models the Gated DeltaNet verify and decode step, and the precision of float32 matmuls. Off CUDA every
-    kernel entry names MLX's own ops."""
+    models the Gated DeltaNet verify and decode step, and the precision of float32 matmuls.
+    Off CUDA every kernel entry names MLX's own ops (or mlx-lm's)."""
     paths = {
         "quantized_matmul": small_m_qmm.path_name(quantized_layers_switched, decode=kernel_decode),
         "cache_attention": ("buffer CUDA kernel" if buffer_attention.usable()
