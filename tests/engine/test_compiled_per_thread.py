@@ -41,7 +41,7 @@ def _replayed_on_this_thread(get) -> list[float]:
     get(None)  # drop every handed-out function
     gc.collect()
     misses = []  # kept alive, so that the next allocation takes another block
-    while len(misses) < 10_000:
+    while len(misses) < 100_000:
         second = _scale_by(5.0)
         if id(second) == address:
             return mx.compile(second)(x).tolist()
