@@ -28,8 +28,8 @@ from typing import Any
 import mlx.core as mx
 
 from mtplxd.engine.decoding.fused import (
-    buffers_of, cache_layout, capacity_for, fused_supported, gdn_caches, route_static_cache_attention,
-    static_caches, to_buffers,
+    buffers_of, cache_layout, capacity_for, entries_of, fused_supported, gdn_caches, in_layer_order,
+    route_static_cache_attention, static_caches, to_buffers,
 )
 
 
@@ -48,9 +48,7 @@ def _step(trunk: Any, layout: tuple[str, ...]):
     def step(token: mx.array, n: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
         attention = static_caches(list(arrays[:kv_arrays]), n)
         recurrent = gdn_caches(list(arrays[kv_arrays:]))
-        kv, gdn = iter(attention), iter(recurrent)
-        caches = [next(kv) if kind == "kv" else next(gdn) for kind in layout]
-        hidden = trunk.text.model(token.reshape(1, 1), caches)
+        hidden = trunk.text.model(token.reshape(1, 1), in_layer_order(layout, attention, recurrent))
         chosen = mx.argmax(trunk.lm_head(hidden)[0, -1], axis=-1).astype(mx.uint32).reshape(1)
         states = [array for entry in recurrent for array in entry.cache]
         return (chosen, n + 1, *buffers_of(attention), *states)
@@ -67,9 +65,8 @@ def compiled_greedy_decode(trunk: Any, prompt: list[int], tokens: int) -> tuple[
     _, logits = trunk.prefill(prompt, cache)
     first = mx.argmax(logits, axis=-1).astype(mx.uint32).reshape(1)
     layout = cache_layout(cache)
-    attention = [entry for entry, kind in zip(cache, layout) if kind == "kv"]
-    recurrent = [array for entry, kind in zip(cache, layout) if kind == "gdn" for array in entry.cache]
-    buffers = to_buffers(attention, capacity_for(len(prompt) + tokens + 2))
+    recurrent = [array for entry in entries_of(cache, layout, "gdn") for array in entry.cache]
+    buffers = to_buffers(entries_of(cache, layout, "kv"), capacity_for(len(prompt) + tokens + 2))
     step = mx.compile(_step(trunk, layout))
     state = step(first, mx.array(len(prompt), mx.int32), *buffers, *recurrent)
     mx.async_eval(list(state))

@@ -393,15 +393,16 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     prompt = mx.random.randint(0, vocab, (context,), key=mx.random.key(1)).tolist()
     sizes = bytes_read_per_step(model, trunk, context)
     roofline_ms = sizes["bytes_read_per_step"] / BANDWIDTH_BYTES_PER_S * 1000
+    hybrid = spec.model_type != "qwen3"
     entry: dict[str, Any] = {"size": size, "dtype": dtype, "family": spec.model_type, **sizes,
                              "roofline_ms": roofline_ms, "build_seconds": build_seconds,
-                             "gdn_verify": gdn_chunked.path_name() if spec.model_type != "qwen3" else None,
+                             "gdn_verify": gdn_chunked.path_name() if hybrid else None,
                              # Asked here, outside any compiled trace: the first ask probes the kernel.
-                             "gdn_decode": gdn_kernel.path_name() if spec.model_type != "qwen3" else None}
+                             "gdn_decode": gdn_kernel.path_name() if hybrid else None}
 
     if prefill_tokens:
         phase(f"prefill of {prefill_tokens} tokens")
-        entry["prefill"] = prefill_figures(trunk, vocab, prefill_tokens, spec.model_type != "qwen3")
+        entry["prefill"] = prefill_figures(trunk, vocab, prefill_tokens, hybrid)
 
     decode: dict[str, dict[str, float]] = {}
     phase("decode: ours, mlx-lm's, the host split, the compiled step")

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import mlx.core as mx
 import mlx_lm.models.qwen3 as mlx_lm_qwen3
@@ -265,12 +265,23 @@ def gdn_caches(arrays: list[mx.array]) -> list[RollbackArraysCache]:
     return caches
 
 
+def in_layer_order(layout: tuple[str, ...], attention: Iterable[Any], recurrent: Iterable[Any]) -> list[Any]:
+    """The `attention` entries at the layout's "kv" layers and the `recurrent` ones at its
+    "gdn" layers, each in order: one trunk cache list."""
+    attention, recurrent = iter(attention), iter(recurrent)
+    return [next(attention) if kind == "kv" else next(recurrent) for kind in layout]
+
+
+def entries_of(cache: list[Any], layout: tuple[str, ...], kind: str) -> list[Any]:
+    """The trunk cache's entries of one kind ("kv" or "gdn"), in layer order."""
+    return [entry for entry, entry_kind in zip(cache, layout) if entry_kind == kind]
+
+
 def trunk_caches(s: "_CycleState", layout: tuple[str, ...]) -> list[StaticKVCache | FusedGDNCache]:
     """A cycle's trunk caches in layer order: StaticKVCaches over the KV buffers at the
     cycle's start, and for a hybrid's Gated DeltaNet layers FusedGDNCaches over their state."""
-    attention = iter(static_caches(s.trunk_kv, s.n))
-    recurrent = iter(FusedGDNCache(s.gdn[i], s.gdn[i + 1]) for i in range(0, len(s.gdn), 2))
-    return [next(attention) if kind == "kv" else next(recurrent) for kind in layout]
+    return in_layer_order(layout, static_caches(s.trunk_kv, s.n),
+                          (FusedGDNCache(s.gdn[i], s.gdn[i + 1]) for i in range(0, len(s.gdn), 2)))
 
 
 def empty_head_buffers(trunk: Trunk, head: MTPHead, capacity: int) -> list[mx.array]:
@@ -459,15 +470,14 @@ class FusedSpeculativeDecoder:
 
     def _entries(self, kind: str) -> list[Any]:
         """The trunk cache's entries of one kind ("kv" or "gdn"), in layer order."""
-        return [entry for entry, entry_kind in zip(self.cache, self.layout) if entry_kind == kind]
+        return entries_of(self.cache, self.layout, kind)
 
     def _write_back(self, state: _CycleState, newest: _CycleState) -> None:
         """Hand back ordinary caches holding the committed `state` (session bank, callers),
         over the KV buffers of the `newest` launched state."""
         n, head_n, count = state.n.item(), state.head_n.item(), state.count.item()
-        attention = iter(to_kv_caches(newest.trunk_kv, n))
-        recurrent = iter(gdn_caches(state.gdn))  # the committed state's: later cycles' are not
-        self.cache[:] = [next(attention) if kind == "kv" else next(recurrent) for kind in self.layout]
+        # The GDN layers take the committed state's arrays: later cycles' are not committed.
+        self.cache[:] = in_layer_order(self.layout, to_kv_caches(newest.trunk_kv, n), gdn_caches(state.gdn))
         self.head_cache[:] = to_kv_caches(newest.head_kv, head_n)
         self.pending_hidden = state.pending_h[:, :count]
         self.history.counts, self.history.seen = state.counts, state.seen

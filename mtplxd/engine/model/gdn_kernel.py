@@ -129,24 +129,23 @@ def gated_delta_kernel(q: mx.array, k: mx.array, v: mx.array, a: mx.array, b: mx
         output_shapes=[(B, T, Hv, Dv), state.shape], output_dtypes=[q.dtype, mx.float32])
 
 
-def supported(q: mx.array, k: mx.array, v: mx.array, state: mx.array | None) -> bool:
+def supported(q: mx.array, k: mx.array, v: mx.array, state: mx.array) -> bool:
     """The kernel's domain: a key dimension 32 lanes split evenly, whole warps of value rows,
     whole groups of value heads per key head, a float32 state."""
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[2:]
     return (Dk % 32 == 0 and Dv % _WARPS_PER_BLOCK == 0 and Hv % Hk == 0
             and q.dtype in _DTYPES and q.dtype == k.dtype == v.dtype
-            and (state is None or (state.dtype == mx.float32 and state.shape == (B, Hv, Dv, Dk))))
+            and state.dtype == mx.float32 and state.shape == (B, Hv, Dv, Dk))
 
 
 def decode_step(q: mx.array, k: mx.array, v: mx.array, a: mx.array, b: mx.array,
-                A_log: mx.array, dt_bias: mx.array, state: mx.array | None,
+                A_log: mx.array, dt_bias: mx.array, state: mx.array,
                 use_kernel: bool = True) -> tuple[mx.array, mx.array]:
-    """`gated_delta_update`'s (y, state) for a one-token step: this kernel where it is
-    usable and the shapes are its own, else mlx-lm's function (its Metal kernel, or ops)."""
+    """`gated_delta_update`'s (y, state) for a one-token step from `state` (zeros before the
+    first token: rollback.state_or_zeros): this kernel where it is usable and the shapes are
+    its own, else mlx-lm's function (its Metal kernel, or ops)."""
     if q.shape[1] == 1 and usable() and supported(q, k, v, state):
-        if state is None:
-            state = mx.zeros((k.shape[0], v.shape[2], v.shape[3], k.shape[3]), mx.float32)
         return gated_delta_kernel(q, k, v, a, b, A_log, dt_bias, state)
     return gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, None, use_kernel=use_kernel)
 
@@ -171,32 +170,46 @@ def path_name() -> str:
     return "mlx-lm Metal kernel" if mx.metal.is_available() else "mlx-lm ops"
 
 
+# What the probe tolerates: y to 0.05 (a bf16 output of about unit size), the state to 1e-3
+# of its largest element.
+Y_TOLERANCE = 0.05
+STATE_TOLERANCE = 1e-3
+
+
 def probe_error(tokens: int = 1) -> float:
-    """The kernel against mlx-lm's ops on random grouped heads (2 key heads, 6 value heads),
-    bf16 inputs, a float32 A_log and a bf16 dt_bias, as a ratio to what is tolerated: y to
-    0.05 (a bf16 output of about unit size), the state to 1e-3 of its largest element. Below
-    1 passes."""
-    q, k, v, a, b, A_log, dt_bias, state = probe_inputs(tokens)
+    """The kernel against mlx-lm's ops on `probe_inputs` (2 key heads, 6 value heads, bf16,
+    a float32 A_log), as a ratio to what is tolerated. Below 1 passes."""
+    y_error, state_error = kernel_errors(probe_inputs(tokens))
+    return max(y_error / Y_TOLERANCE, state_error / STATE_TOLERANCE)
+
+
+def kernel_errors(inputs: tuple[mx.array, ...]) -> tuple[float, float]:
+    """(y's largest absolute difference, the state's relative to its largest element): the
+    kernel against mlx-lm's ops on one step's `inputs` (as `probe_inputs` gives them)."""
+    q, k, v, a, b, A_log, dt_bias, state = inputs
     want_y, want_state = gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, None, use_kernel=False)
     got_y, got_state = gated_delta_kernel(q, k, v, a, b, A_log, dt_bias, state)
     y_error = mx.max(mx.abs(got_y.astype(mx.float32) - want_y.astype(mx.float32))).item()
     state_error = (mx.max(mx.abs(got_state - want_state)) / mx.max(mx.abs(want_state))).item()
-    return max(y_error / 0.05, state_error / 1e-3)
+    return y_error, state_error
 
 
-def probe_inputs(tokens: int, key_dim: int = 64, value_dim: int = 32) -> tuple[mx.array, ...]:
-    """Random inputs of one GDN layer's step, normalized as the layer normalizes them."""
+def probe_inputs(tokens: int, key_dim: int = 64, value_dim: int = 32, key_heads: int = 2,
+                 value_heads: int = 6, dtype: mx.Dtype = mx.bfloat16, seed: int = 0
+                 ) -> tuple[mx.array, ...]:
+    """Random inputs of one GDN layer's step, normalized as the layer normalizes them:
+    (q, k, v, a, b, A_log (float32), dt_bias, state (float32)), all else in `dtype`."""
     from mlx_lm.models.gated_delta import normalize_qk
 
-    keys = mx.random.split(mx.random.key(0), 7)
-    B, Hk, Hv = 1, 2, 6
-    q = mx.random.normal((B, tokens, Hk, key_dim), key=keys[0]).astype(mx.bfloat16)
-    k = mx.random.normal((B, tokens, Hk, key_dim), key=keys[1]).astype(mx.bfloat16)
+    keys = mx.random.split(mx.random.key(seed), 7)
+    B, Hk, Hv = 1, key_heads, value_heads
+    q = mx.random.normal((B, tokens, Hk, key_dim), key=keys[0]).astype(dtype)
+    k = mx.random.normal((B, tokens, Hk, key_dim), key=keys[1]).astype(dtype)
     q, k = normalize_qk(q, k, inv_scale=key_dim**-0.5, eps=1e-6)
-    v = mx.random.normal((B, tokens, Hv, value_dim), key=keys[2]).astype(mx.bfloat16)
-    a = mx.random.normal((B, tokens, Hv), key=keys[3]).astype(mx.bfloat16)
-    b = mx.random.normal((B, tokens, Hv), key=keys[4]).astype(mx.bfloat16)
+    v = mx.random.normal((B, tokens, Hv, value_dim), key=keys[2]).astype(dtype)
+    a = mx.random.normal((B, tokens, Hv), key=keys[3]).astype(dtype)
+    b = mx.random.normal((B, tokens, Hv), key=keys[4]).astype(dtype)
     A_log = mx.log(mx.random.uniform(1, 16, (Hv,), key=keys[5]))
-    dt_bias = mx.ones((Hv,), mx.bfloat16)
+    dt_bias = mx.ones((Hv,), dtype)
     state = mx.random.normal((B, Hv, value_dim, key_dim), key=keys[6]) * 0.1
     return q, k, v, a, b, A_log, dt_bias, state

@@ -232,16 +232,16 @@ class _CapturingGDN:
         q, k = normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
         use_kernel = not self.training
         u = log_gamma = None
+        state0 = state_or_zeros(state_snapshot, (B, self.num_v_heads, self.head_v_dim, self.head_k_dim))
         if T > 1 and gdn_chunked.active():  # a verify in one go, a prompt 32 rows a go: no per-row loop
             delta_rule = gdn_chunked.chunked_delta if capture else gdn_chunked.chunked_prefill
             out, state, *wy = delta_rule(
-                q, k, v, gdn_chunked.log_decay(self.A_log, a, self.dt_bias), mx.sigmoid(b),
-                state_or_zeros(state_snapshot, (B, self.num_v_heads, self.head_v_dim, self.head_k_dim)))
+                q, k, v, gdn_chunked.log_decay(self.A_log, a, self.dt_bias), mx.sigmoid(b), state0)
             u, log_gamma = wy or (None, None)  # chunked_prefill keeps no WY factors: no capture
         else:
             # A decode step on CUDA: one kernel instead of mlx-lm's ops (gdn_kernel.py)
             out, state = gdn_kernel.decode_step(
-                q, k, v, a, b, self.A_log, self.dt_bias, state_snapshot, use_kernel=use_kernel
+                q, k, v, a, b, self.A_log, self.dt_bias, state0, use_kernel=use_kernel
             )
         cache[1] = state
         cache.advance(T)
