@@ -162,8 +162,10 @@ elif [ "$PART" = hybrid-prefill ]; then
     --json-out "$work/hybrid-prefill-${DTYPES:-4bit}.json"
 elif [ "$PART" = gdn-kernel ]; then
   step gdn-kernel-tests 200 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gdn_kernel.py
-  for setting in kernel ops; do
-    step "gdn-decode-${DTYPES:-4bit}-$setting" 170 env MTPLX_GDN_KERNEL=$([ "$setting" = kernel ] && echo 1 || echo 0) \
+  # mlx-lm's ops first: the first 27B process of a machine compiles MLX's kernels for ~170 s
+  # (on 2026-12-04, fourth session, the kernel went first and its step was cut at 170 s).
+  for setting in ops kernel; do
+    step "gdn-decode-${DTYPES:-4bit}-$setting" $([ "$setting" = ops ] && echo 280 || echo 170) env MTPLX_GDN_KERNEL=$([ "$setting" = kernel ] && echo 1 || echo 0) \
       python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes "${DTYPES:-4bit}" --decode-only \
       --decode-tokens 32 --repeats 4 --json-out "$work/gdn-decode-${DTYPES:-4bit}-$setting.json"
   done
