@@ -46,6 +46,9 @@
 #                 written without a GPU): its CUDA tests, then the hybrid 27B's decode at DTYPES
 #                 (4bit) with it and with mlx-lm's ops (MTPLX_GDN_KERNEL=0), host split and
 #                 compiled step beside each
+#   PART=ar-loop  the hybrid 27B's AR decode in the compiled loop (decoding/fused_ar.py, served
+#                 for hybrids on CUDA since 2026-12-04, fourth session) and op by op
+#                 (MTPLX_FUSED_AR=0), at DTYPES (4bit)
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
 #                 on MLX's matvec: real_size --kernel-decode-from never; since 2026-12-03 the
 #                 default for hybrid models), stock beside it, depths 1 and 3 at T=0 and 0.6
@@ -66,7 +69,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -168,6 +171,15 @@ elif [ "$PART" = gdn-kernel ]; then
     step "gdn-decode-${DTYPES:-4bit}-$setting" $([ "$setting" = ops ] && echo 280 || echo 170) env MTPLX_GDN_KERNEL=$([ "$setting" = kernel ] && echo 1 || echo 0) \
       python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes "${DTYPES:-4bit}" --decode-only \
       --decode-tokens 32 --repeats 4 --json-out "$work/gdn-decode-${DTYPES:-4bit}-$setting.json"
+  done
+elif [ "$PART" = ar-loop ]; then
+  # The hybrid's AR request as served since 2026-12-04 (fourth session): the compiled loop
+  # (fused_ar.py), then the op-by-op loop (MTPLX_FUSED_AR=0), both with the GDN kernel.
+  for setting in compiled op-by-op; do
+    step "ar-loop-${DTYPES:-4bit}-$setting" $([ "$setting" = compiled ] && echo 280 || echo 170) \
+      env MTPLX_FUSED_AR=$([ "$setting" = compiled ] && echo 1 || echo 0) \
+      python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes "${DTYPES:-4bit}" --decode-only \
+      --decode-tokens 32 --repeats 4 --json-out "$work/ar-loop-${DTYPES:-4bit}-$setting.json"
   done
 elif [ "$PART" = hybrid-verify ]; then
   step hybrid-verify-only 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \

@@ -19,6 +19,7 @@ from mtplxd.engine.decoding.cohort_rows import (
 )
 from mtplxd.engine.decoding.detokenize import TextStream
 from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
+from mtplxd.engine.decoding.fused_ar import fused_ar_cycles, fused_ar_wanted
 from mtplxd.engine.decoding.fused_cohort import FusedCohortRow
 from mtplxd.engine.decoding.logprobs import LogprobScorer
 from mtplxd.engine.decoding.repetition import RepetitionDetector
@@ -320,6 +321,8 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
         cycles = decoder.cycles(hiddens, prompt, first, pending_from=pending_from)
     elif cohort:
         cycles = cohort_ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
+    elif positions is None and fused_ar_wanted(trunk, cache):  # an image row keeps mrope's loop
+        cycles = fused_ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
     else:
         cycles = ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
     reason = finish.reason

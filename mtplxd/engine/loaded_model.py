@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from mtplxd import matmul_precision
-from mtplxd.engine.decoding import buffer_attention
+from mtplxd.engine.decoding import buffer_attention, fused_ar
 from mtplxd.engine.decoding.cohort_rows import CohortCall
 from mtplxd.engine.decoding.fused import fused_supported
 from mtplxd.engine.generation import Step
@@ -200,7 +200,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         weights_bytes=report.weights_bytes + grown,  # what is resident after any upcast
         dtype=model_dtype(model),
         kernels=kernel_paths(switched, hybrid=report.model_type in HYBRID_MODEL_TYPES,
-                             kernel_decode=small_m_qmm.decode_wanted(model)),
+                             kernel_decode=small_m_qmm.decode_wanted(model),
+                             ar_decode=fused_ar.path_name(trunk)),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache(), hybrid=True) else "stepwise"),
         vision=report.vision and text_only is None,
@@ -231,12 +232,14 @@ def _mx():
     return mx
 
 
-def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode: bool = True) -> dict[str, str]:
+def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode: bool = True,
+                 ar_decode: str = "op by op") -> dict[str, str]:
     """Which implementation each fast path runs on this machine (`ModelInfo.kernels`):
     quantized matmuls (`kernel_decode`: whether decode steps take the small-M kernel, the rule
     `small_m_qmm.install` applied), attention over the fused loop's cache buffer, for hybrid
-    models the Gated DeltaNet verify and decode step, and the precision of float32 matmuls.
-    Off CUDA every kernel entry names MLX's own ops (or mlx-lm's)."""
+    models the Gated DeltaNet verify and decode step, an AR request's decode step
+    (`ar_decode`: fused_ar.path_name) and the precision of float32 matmuls. Off CUDA every
+    kernel entry names MLX's own ops (or mlx-lm's)."""
     paths = {
         "quantized_matmul": small_m_qmm.path_name(quantized_layers_switched, decode=kernel_decode),
         "cache_attention": ("buffer CUDA kernel" if buffer_attention.usable()
@@ -246,6 +249,7 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode:
     if hybrid:
         paths["gdn_verify"] = gdn_chunked.path_name()
         paths["gdn_decode"] = gdn_kernel.path_name()
+    paths["ar_decode"] = ar_decode
     mx = _mx()
     paths["float32_matmul"] = matmul_precision.path_name(on_gpu=mx.default_device() == mx.gpu)
     return paths

@@ -296,3 +296,16 @@ def test_prefill_figures_time_a_hybrids_gdn_layers_both_ways_and_leave_the_choic
         else:
             assert "gdn_paths_ms" not in figures
     assert gdn_chunked.active() is fixed_shapes_wanted()  # the backend's choice again
+
+
+def test_gdn_chunked_runs_a_hybrids_verifies_chunked_on_any_backend_for_that_run(tmp_path):
+    """`--gdn-chunked` gives a CPU CUDA's GDN form (a hybrid's divergences reproduce here),
+    and only for the run."""
+    from mtplxd.engine.model import gdn_chunked
+
+    out = tmp_path / "r.json"
+    assert real_size.main(["--sizes", "tiny-hybrid", "--dtypes", "bf16", "--context", "16", "--decode-only",
+                           "--decode-tokens", "2", "--repeats", "1", "--gdn-chunked",
+                           "--json-out", str(out)]) == 0
+    assert json.loads(out.read_text())["configs"][0]["gdn_verify"] == "chunked"
+    assert gdn_chunked._forced is None and gdn_chunked.path_name() == "per-token"

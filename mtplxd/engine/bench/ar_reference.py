@@ -88,9 +88,11 @@ def mlx_lm_decode_ms(model: Any, prompt: list[int], tokens: int, temperature: fl
 
 def ours_decode_times(trunk: Any, prompt: list[int], tokens: int, temperature: float, *,
                       before: bool = False) -> TokenTimes:
-    """Time per decoded token of our AR loop (autoregressive.ar_cycles) after a prefill;
-    `before`: with the per-token sampler as it was before it was compiled."""
+    """Time per decoded token of our AR loop as served (autoregressive.ar_cycles, or the
+    compiled fused_ar loop where fused_ar_wanted) after a prefill; `before`: the op-by-op
+    loop with the per-token sampler as it was before it was compiled."""
     from mtplxd.engine.decoding import autoregressive
+    from mtplxd.engine.decoding.fused_ar import fused_ar_cycles, fused_ar_wanted
     from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
 
     params = bench_params(temperature)
@@ -98,7 +100,10 @@ def ours_decode_times(trunk: Any, prompt: list[int], tokens: int, temperature: f
     _, logits = trunk.prefill(prompt, cache)
     history = TokenHistory(logits.shape[-1], prompt)
     first = pick_first(logits, params, history, 0, len(prompt))
-    loop = _before_cycles if before else autoregressive.ar_cycles
+    if before:
+        loop = _before_cycles
+    else:
+        loop = fused_ar_cycles if fused_ar_wanted(trunk, cache) else autoregressive.ar_cycles
     cycles = loop(trunk, cache, params, history, 0, first, len(prompt))
     times = _timed_tokens(cycles, tokens)
     cycles.close()

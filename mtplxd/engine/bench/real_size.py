@@ -5,7 +5,7 @@
         [--cycles 16] [--repeats 10] [--cycle-temperatures 0,0.6] [--small-m-kernel]
         [--small-m-loops] [--decode-vector-values N,...] [--kernel-decode-from N|never]
         [--divergence-tokens N] [--divergence-limit 32] [--prefill-tokens N] [--decode-only]
-        [--json-out FILE]
+        [--gdn-chunked] [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
 quantization in groups of 64 for 8bit/4bit), with a random MTP head, one layer at a time so
@@ -54,7 +54,9 @@ each size and dtype, at `--context` tokens of context:
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): every
     position where they differ (MTP resynchronised on AR's tokens after each, up to
-    `--divergence-limit`, 32) and the logit gaps there (issue 22, point 4);
+    `--divergence-limit`, 32) and the logit gaps there (issue 22, point 4); with
+    `--gdn-chunked` a hybrid's verifies and prompts take the chunked GDN form on any backend,
+    as on CUDA, so a CPU run meets the GPU's divergences (bench.gdn_rounding says why);
   * a whole speculative cycle at each depth, greedy and sampled: the engine's own loop
     (fused where the decode_loop setting allows, hybrid models too, as served) run for
     `--cycles` cycles after warm-up, ms per cycle and as a multiple of our decode step;
@@ -634,6 +636,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the decode figures alone: no forwards, cycles or divergence")
     parser.add_argument("--cycle-temperatures", default="0,0.6",
                         help="temperatures the cycles are timed at (decode runs at 0 and 0.6)")
+    parser.add_argument("--gdn-chunked", action="store_true",
+                        help="a hybrid's verifies and prompts in the chunked GDN form on any backend, "
+                             "as on CUDA (a CPU reproduces the GPU's divergences)")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
     cycle_temperatures = tuple(float(t) for t in args.cycle_temperatures.split(","))
@@ -653,8 +658,14 @@ def main(argv: list[str] | None = None) -> int:
     threshold = None  # the shipped one
     if args.kernel_decode_from is not None:
         threshold = sys.maxsize if args.kernel_decode_from == "never" else int(args.kernel_decode_from)
-    with decode_vector_threshold(threshold):
-        _measure_all(args, sizes, dtypes, depths, cycle_temperatures, report)
+    from mtplxd.engine.model import gdn_chunked
+
+    gdn_chunked.force(True if args.gdn_chunked else None)
+    try:
+        with decode_vector_threshold(threshold):
+            _measure_all(args, sizes, dtypes, depths, cycle_temperatures, report)
+    finally:
+        gdn_chunked.force(None)
     if args.json_out:
         print(f"saved {args.json_out}")
     return 0

@@ -8,9 +8,10 @@ cache offsets, the accepted count and the PENDING rows are arrays, so cycle c+1 
 on cycle c's lazy results and the host reads tokens one cycle behind, as AR does. Every
 cycle has the same shapes (the cache is a fixed-capacity buffer, the PENDING pass is
 always K+1 rows with the invalid ones ignored), so `mx.compile` traces it once per cache
-capacity and replays it after that. AR requests keep autoregressive.py's loop, which is
-pipelined already, and whose exact-length single-token attention measured faster on the
-H200 than a masked step over the fixed buffer (1.25 against 1.41 ms).
+capacity and replays it after that. AR requests on dense models keep autoregressive.py's
+loop, which is pipelined already, and whose exact-length single-token attention measured
+faster on the H200 than a masked step over the fixed buffer (1.25 against 1.41 ms); hybrid
+models on CUDA decode AR in fused_ar.py, this machinery at one token a step.
 
 The arithmetic is the stepwise loop's (speculative.py's docstring has the cycle; the same
 acceptance and residual functions are called), so greedy MTP equals AR here too, bitwise

@@ -1,0 +1,145 @@
+"""Plain autoregressive decoding with each token one compiled device graph: the AR loop
+for hybrid models on CUDA.
+
+Why: the hybrid 27B's AR step is host-bound on the H200. The host builds about 3,200
+primitives a token op by op (4,500 without the GDN decode kernel), and the device waits on
+it (docs/benchmarks.md, "The GDN decode-step kernel on the H200": wait 0.01 ms a step). Traced
+once and replayed, the same step took 17.9-18.1 ms against the op-by-op loop's 23.2-24.7 in
+the same processes. A dense model's step went the other way (the 32B: 24.3 ms compiled
+against 20.0 op by op; its exact-length attention beats a step over fixed buffers), so
+dense models keep autoregressive.py's loop, and so does every model off CUDA unless forced.
+
+The step is the fused cycles' machinery at one token (fused.py): attention KV in
+fixed-capacity buffers with the length as a device scalar, a GDN layer's conv window and
+recurrent state in and out of the graph, and the AR sampler chain (`sampling.row_sampler`)
+inside it, with the penalty history carried as arrays. It picks what autoregressive.ar_step
+picks from the same logits (same sampler, same position keys), so on the CPU backend its
+tokens are the op-by-op loop's, greedy and seeded. Pipelined the same way: token t+1's
+step is handed to the device before token t is read back.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterator
+
+import mlx.core as mx
+
+from mtplxd.engine.decoding.fused import (
+    _compiled, buffers_of, cache_layout, capacity_for, entries_of, fused_supported, gdn_caches,
+    grow_buffers, grown_capacity, in_layer_order, reach_for, route_static_cache_attention,
+    static_caches, to_buffers, to_kv_caches,
+)
+from mtplxd.engine.decoding.sampling import TokenHistory, graph_key, one_hot, row_sampler, seed_words
+from mtplxd.engine.interface import SamplingParams
+from mtplxd.engine.model.trunk import Trunk
+
+_forced: bool | None = None
+
+
+def fused_ar_wanted(trunk: Trunk, cache: list[Any]) -> bool:
+    """Whether an AR request on `trunk` decodes in this loop: a hybrid (Gated DeltaNet layers
+    in its cache) on CUDA, where the fused loops run (`decode_loop` "fused"). `MTPLX_FUSED_AR`
+    "0" turns it off, "1" on for any model the loop takes (benches); `force` overrides both."""
+    layout = cache_layout(cache)
+    if not fused_supported(trunk, cache, hybrid=True):
+        return False
+    if _forced is not None:
+        return _forced
+    setting = os.environ.get("MTPLX_FUSED_AR", "")
+    if setting in ("0", "1"):
+        return setting == "1"
+    from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
+
+    return trunk.decode_loop == "fused" and "gdn" in layout and fixed_shapes_wanted()
+
+
+def path_name(trunk: Trunk) -> str:
+    """What /health and status say about an AR request's decode step (`kernels.ar_decode`)."""
+    return "compiled" if fused_ar_wanted(trunk, trunk.make_cache()) else "op by op"
+
+
+def force(value: bool | None) -> None:
+    """Override `fused_ar_wanted` (None: back to its rule); for tests and benches."""
+    global _forced
+    _forced = value
+
+
+def fused_ar_cycles(trunk: Trunk, cache: list[Any], params: SamplingParams, history: TokenHistory,
+                    seed: int, last_token: int, position: int) -> Iterator[list[int]]:
+    """autoregressive.ar_cycles' contract, one compiled step a token: yield one committed
+    token per step, forever. `last_token` is the committed token at absolute `position`
+    (already in `history`, not yet fed), and `position` is the trunk cache's length.
+
+    The loop takes the cache's rows into its buffers; on close `cache` (the list, in place)
+    holds ordinary caches over every committed token but the last read one, which is not
+    fed, and `history` the penalty counts of every token read back, as the fused MTP loop
+    leaves them (the session bank keys a prefix of prompt + output).
+    """
+    layout = cache_layout(cache)
+    route_static_cache_attention()
+    step = _compiled(trunk, ("ar", graph_key(params)), lambda: _ar_step(trunk, params, layout))
+    reach = max(reach_for(position + params.max_tokens, 0), capacity_for(position + 3))
+    capacity = capacity_for(position + 3)
+    kv = to_buffers(entries_of(cache, layout, "kv"), capacity)
+    gdn = [array for entry in entries_of(cache, layout, "gdn") for array in entry.cache]
+    cache.clear()  # the buffers are copies: write-back refills the list
+    words = seed_words(seed)
+    state = [mx.array([last_token], mx.uint32), mx.array([position + 1], mx.uint32),
+             mx.array(position, mx.int32), history.counts[None], history.seen[None], *kv, *gdn]
+    committed = launched = state  # the state before the step whose token was last read back
+    known_n = position  # cache length of `committed`
+    try:
+        launched = step(words, *state)
+        mx.async_eval(launched[0])
+        while True:
+            if known_n + 3 > capacity:  # the step after next writes at known_n + 1
+                capacity = grown_capacity(known_n, 0, reach)
+                launched = _with_capacity(launched, capacity, len(kv))
+            reading, launched = launched, step(words, *launched)
+            mx.async_eval(launched[0])
+            token = reading[0].item()
+            committed, known_n = reading, known_n + 1
+            yield [token]
+    finally:
+        _write_back(cache, layout, history, committed, known_n, launched, len(kv))
+
+
+def _with_capacity(state: list[mx.array], capacity: int, kv_arrays: int) -> list[mx.array]:
+    """`state` with its KV buffers grown to `capacity` slots (one retrace of the step)."""
+    kv = grow_buffers(state[5:5 + kv_arrays], capacity)
+    return [*state[:5], *kv, *state[5 + kv_arrays:]]
+
+
+def _write_back(cache: list[Any], layout: tuple[str, ...], history: TokenHistory,
+                committed: list[mx.array], length: int, newest: list[mx.array], kv_arrays: int) -> None:
+    """Refill `cache` with ordinary caches over the committed state: `length` rows of the
+    newest KV buffers (later steps only write past them) and the committed GDN state (a
+    later step's is a token ahead); `history` takes the committed penalty counts."""
+    kv = newest[5:5 + kv_arrays]
+    cache[:] = in_layer_order(layout, to_kv_caches(kv, length), gdn_caches(committed[5 + kv_arrays:]))
+    history.counts, history.seen = committed[3][0], committed[4][0]
+
+
+def _ar_step(trunk: Trunk, params: SamplingParams, layout: tuple[str, ...]) -> Callable:
+    """step(seed words, token (1,), position (1,) uint32, n, counts (1, V), seen (1, V), *kv
+    buffers, *gdn arrays) -> (the next token, its position + 1, n + 1, counts, seen, *the
+    buffers and states written): feed `token` at cache length n, pick the token at
+    `position` as autoregressive.ar_pick does."""
+    kv_arrays = 2 * layout.count("kv")
+    sample = row_sampler(params)
+
+    def step(words: mx.array, token: mx.array, position: mx.array, n: mx.array, counts: mx.array,
+             seen: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
+        attention = static_caches(list(arrays[:kv_arrays]), n)
+        recurrent = gdn_caches(list(arrays[kv_arrays:]))
+        hidden = trunk.body(token.reshape(1, 1), in_layer_order(layout, attention, recurrent))
+        logits = trunk.lm_head(hidden)[:, -1, :]
+        chosen, following = sample(logits, counts, seen, words, position)
+        if params.has_penalties:
+            gained = one_hot(chosen, counts.shape[-1])
+            counts, seen = counts + gained, seen + gained
+        states = [array for entry in recurrent for array in entry.cache]
+        return (chosen, following, n + 1, counts, seen, *buffers_of(attention), *states)
+
+    return step
