@@ -81,43 +81,55 @@ def fused_ar_cycles(trunk: Trunk, cache: list[Any], params: SamplingParams, hist
     step = _compiled(trunk, ("ar", graph_key(params)), lambda: _ar_step(trunk, params, layout))
     reach = max(reach_for(position + params.max_tokens, 0), capacity_for(position + 3))
     capacity = capacity_for(position + 3)
-    kv = to_buffers(entries_of(cache, layout, "kv"), capacity)
-    gdn = [array for entry in entries_of(cache, layout, "gdn") for array in entry.cache]
+    kv_arrays = 2 * layout.count("kv")
+    state = [mx.array([last_token], mx.uint32), mx.array([position + 1], mx.uint32),
+             mx.array(position, mx.int32), history.counts[None], history.seen[None],
+             *to_buffers(entries_of(cache, layout, "kv"), capacity),
+             *[array for entry in entries_of(cache, layout, "gdn") for array in entry.cache]]
     cache.clear()  # the buffers are copies: write-back refills the list
     words = seed_words(seed)
-    state = [mx.array([last_token], mx.uint32), mx.array([position + 1], mx.uint32),
-             mx.array(position, mx.int32), history.counts[None], history.seen[None], *kv, *gdn]
-    committed = launched = state  # the state before the step whose token was last read back
-    known_n = position  # cache length of `committed`
+    # The state before the step whose token was last read back, without KV buffers (the
+    # newest state's hold its rows), and its cache length.
+    committed, known_n = [*state[:_KV], *state[_KV + kv_arrays:]], position
+    launched, first = state, True
+    del state
     try:
-        launched = step(words, *state)
-        mx.async_eval(launched[0])
         while True:
             if known_n + 3 > capacity:  # the step after next writes at known_n + 1
                 capacity = grown_capacity(known_n, 0, reach)
-                launched = _with_capacity(launched, capacity, len(kv))
-            reading, launched = launched, step(words, *launched)
+                launched = _with_capacity(launched, capacity, kv_arrays)
+            reading, launched = launched, list(step(words, *launched))
+            # Its KV buffers are the launched step's now: with no other reference left, MLX
+            # writes the new row in place instead of copying the cache every token.
+            del reading[_KV:_KV + kv_arrays]
             mx.async_eval(launched[0])
+            if first:  # the first step is in flight: nothing to read back yet
+                first = False
+                continue
             token = reading[0].item()
             committed, known_n = reading, known_n + 1
             yield [token]
     finally:
-        _write_back(cache, layout, history, committed, known_n, launched, len(kv))
+        _write_back(cache, layout, history, committed, known_n, launched, kv_arrays)
+
+
+_KV = 5  # a state list: token, position, n, counts, seen, then the KV buffers, then GDN arrays
 
 
 def _with_capacity(state: list[mx.array], capacity: int, kv_arrays: int) -> list[mx.array]:
     """`state` with its KV buffers grown to `capacity` slots (one retrace of the step)."""
-    kv = grow_buffers(state[5:5 + kv_arrays], capacity)
-    return [*state[:5], *kv, *state[5 + kv_arrays:]]
+    kv = grow_buffers(state[_KV:_KV + kv_arrays], capacity)
+    return [*state[:_KV], *kv, *state[_KV + kv_arrays:]]
 
 
 def _write_back(cache: list[Any], layout: tuple[str, ...], history: TokenHistory,
                 committed: list[mx.array], length: int, newest: list[mx.array], kv_arrays: int) -> None:
     """Refill `cache` with ordinary caches over the committed state: `length` rows of the
     newest KV buffers (later steps only write past them) and the committed GDN state (a
-    later step's is a token ahead); `history` takes the committed penalty counts."""
-    kv = newest[5:5 + kv_arrays]
-    cache[:] = in_layer_order(layout, to_kv_caches(kv, length), gdn_caches(committed[5 + kv_arrays:]))
+    later step's is a token ahead; `committed` gave its KV buffers away); `history` takes
+    the committed penalty counts."""
+    kv = newest[_KV:_KV + kv_arrays]
+    cache[:] = in_layer_order(layout, to_kv_caches(kv, length), gdn_caches(committed[_KV:]))
     history.counts, history.seen = committed[3][0], committed[4][0]
 
 
