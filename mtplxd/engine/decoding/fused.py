@@ -304,7 +304,7 @@ def buffers_of(caches: list[StaticKVCache] | list[RowsKVCache]) -> list[mx.array
     return [array for entry in caches for array in (entry.keys, entry.values)]
 
 
-def _compiled(trunk: Trunk, key: tuple, build: Callable[[], Callable]) -> Callable:
+def compiled_graph(trunk: Trunk, key: tuple, build: Callable[[], Callable]) -> Callable:
     """The trunk's compiled function for `key` on this thread, built on first use (a small
     LRU: room for 5 sampling setups' cycle and its two timed halves; compiled.py says why
     per thread)."""
@@ -369,7 +369,7 @@ class FusedSpeculativeDecoder:
         self.split = CycleSplit()  # armed by the flight recorder's samples (split.py)
         self.layout = cache_layout(cache)  # which trunk layers are attention, which GDN
         route_static_cache_attention()
-        self._cycle = _compiled(trunk, ("mtp", depth, graph_key(params)),
+        self._cycle = compiled_graph(trunk, ("mtp", depth, graph_key(params)),
                                 lambda: _speculative_cycle(trunk, head, params, depth, self.layout))
 
     def cycles(self, prompt_hiddens: list[mx.array], prompt_ids: list[int],
@@ -425,9 +425,9 @@ class FusedSpeculativeDecoder:
         starts idle; each half's time is its evaluation (calling a compiled function only
         replays its graph, bar the first call, which traces it and is left out)."""
         K, key = self.depth, graph_key(self.params)
-        draft = _compiled(self.trunk, ("mtp-draft", K, key),
+        draft = compiled_graph(self.trunk, ("mtp-draft", K, key),
                           lambda: _cycle_halves(self.trunk, self.head, self.params, K, self.layout)[0])
-        verify = _compiled(self.trunk, ("mtp-verify", K, key),
+        verify = compiled_graph(self.trunk, ("mtp-verify", K, key),
                            lambda: _cycle_halves(self.trunk, self.head, self.params, K, self.layout)[1])
         state = previous.state
         evaluated_at(previous.tokens, previous.count, state.flat())

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 import mlx.core as mx
 
 from mtplxd.engine.decoding.fused import (
-    _compiled, buffers_of, cache_layout, capacity_for, entries_of, fused_supported, gdn_caches,
+    buffers_of, cache_layout, capacity_for, compiled_graph, entries_of, fused_supported, gdn_caches,
     grow_buffers, grown_capacity, in_layer_order, reach_for, route_static_cache_attention,
     static_caches, to_buffers, to_kv_caches,
 )
@@ -78,7 +78,7 @@ def fused_ar_cycles(trunk: Trunk, cache: list[Any], params: SamplingParams, hist
     """
     layout = cache_layout(cache)
     route_static_cache_attention()
-    step = _compiled(trunk, ("ar", graph_key(params)), lambda: _ar_step(trunk, params, layout))
+    step = compiled_graph(trunk, ("ar", graph_key(params)), lambda: _ar_step(trunk, params, layout))
     reach = max(reach_for(position + params.max_tokens, 0), capacity_for(position + 3))
     capacity = capacity_for(position + 3)
     kv_arrays = 2 * layout.count("kv")

@@ -45,7 +45,7 @@ from mtplxd.engine.decoding import row_sampling
 from mtplxd.engine.decoding.cohort_memory import UNLIMITED, CohortMemory, slot_bytes
 from mtplxd.engine.decoding.cohort_rows import CohortCall, width_for
 from mtplxd.engine.decoding.fused import (
-    FusedSpeculativeDecoder, RowsKVCache, _compiled, _CycleNoise, _CycleState,
+    FusedSpeculativeDecoder, RowsKVCache, compiled_graph, _CycleNoise, _CycleState,
     _state_of, buffers_of, grow_buffers, grown_capacity, reach_for,
 )
 from mtplxd.engine.decoding.row_sampling import Features, features_of, settings_table
@@ -442,7 +442,7 @@ class FusedCohort:
         vocab_size = self.state.counts.shape[-1]
         self.settings = settings_table(settings, vocab_size)
         features = self.features = features_of(settings, vocab_size)
-        self.cycle = _compiled(self.trunk, ("mtp-cohort", width, K, features),
+        self.cycle = compiled_graph(self.trunk, ("mtp-cohort", width, K, features),
                                lambda: cohort_cycle(self.trunk, self.head, features, K))
 
     def _ensure_capacity(self) -> None:
@@ -473,7 +473,7 @@ class FusedCohort:
         K, features = self.depth, self.features
         halves = ("mtp-cohort-draft", "mtp-cohort-verify")
         draft, verify = (
-            _compiled(self.trunk, (name, self.width, K, features),
+            compiled_graph(self.trunk, (name, self.width, K, features),
                       lambda half=half: cohort_cycle_halves(self.trunk, self.head, features, K)[half])
             for half, name in enumerate(halves))
         state, flags = self.state, mx.array(active)
