@@ -43,14 +43,31 @@ def test_to_float32_dequantizes_and_keeps_the_outputs():
 
 def test_the_command_saves_a_report(tmp_path, capsys):
     out = tmp_path / "r.json"
-    assert gdn_rounding.main(["--size", "tiny-hybrid", "--tokens", "8", "--json-out", str(out)]) == 0
+    assert gdn_rounding.main(["--size", "tiny-hybrid", "--tokens", "8", "--layer-tokens", "",
+                              "--json-out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["bench"] == "gdn_rounding" and report["size"] == "tiny-hybrid"
     assert [row["tokens"] for row in report["lengths"]] == [8] and "device" in report
+    assert report["one_layer_27b_shapes"] == []
     assert json.loads(capsys.readouterr().out) == report
 
 
-@pytest.mark.parametrize("bad", [["--tokens", "x"], ["--tokens", "0"], ["--size", "qwen3-4b"]])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_one_layer_at_the_27bs_shapes_both_forms_round_alike(tokens):
+    """One GDN layer against a float64 recurrence: both forms within bf16 rounding of y
+    (far below |y|), and in float32 inputs far tighter; one token, one identical step."""
+    row = gdn_rounding.one_layer(tokens)
+    for form in gdn_rounding.FORMS:
+        assert row[form]["y_max_abs_error"] < 0.02 * row["y_max_abs"] + 1e-3
+        assert row[form]["state_max_relative_error"] < 0.01
+    if tokens == 1:
+        assert row["chunked"] == row["per_token"]
+    tight = gdn_rounding.one_layer(tokens, dtype=mx.float32)
+    assert all(tight[form]["y_max_abs_error"] < 1e-5 for form in gdn_rounding.FORMS)
+
+
+@pytest.mark.parametrize("bad", [["--tokens", "x"], ["--tokens", "0"], ["--tokens", ""],
+                                 ["--layer-tokens", "0"], ["--size", "qwen3-4b"]])
 def test_bad_arguments_exit_with_usage(bad):
     with pytest.raises(SystemExit) as stopped:
         gdn_rounding.main(bad)
