@@ -88,6 +88,38 @@ def test_chunked_prefill_equals_the_per_token_recurrence_over_a_long_prompt(T):
     assert _max_error(y, want_y) < TOL and _max_error(final, want_state) < TOL
 
 
+def test_a_long_prompt_with_steep_decays_stays_finite():
+    """Gamma underflows within a chunk; the prefill takes no ratio of Gammas but as exp of a
+    difference of logs, so a steep head still matches the recurrence over several chunks."""
+    q, k, v, a, b, A_log, dt_bias, state = _inputs(100, Hk=2, Hv=6, seed=11)
+    a = a + mx.array([60.0, 0, 0, 60.0, 0, 0])  # two heads forget within a token
+    want_y, want_state = gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, None, use_kernel=False)
+    y, final = gdn_chunked.chunked_prefill(q, k, v, gdn_chunked.log_decay(A_log, a, dt_bias),
+                                           mx.sigmoid(b), state)
+    assert _max_error(y, want_y) < TOL and _max_error(final, want_state) < TOL
+
+
+def test_a_prompt_chunk_is_solved_in_far_fewer_ops_than_chunk_by_chunk():
+    """512 tokens (a prefill chunk): the chunks' own solves at once and a short state loop,
+    against `chunked_delta` once per 32 tokens (how chunked_prefill ran up to 2026-12-04),
+    with the same values to float rounding."""
+    q, k, v, a, b, A_log, dt_bias, state = _inputs(512, Hk=2, Hv=6, seed=9)
+    log_g, beta = gdn_chunked.log_decay(A_log, a, dt_bias), mx.sigmoid(b)
+    mx.eval(q, k, v, log_g, beta, state)  # so the counts below are the solves' own graphs
+    y, final = gdn_chunked.chunked_prefill(q, k, v, log_g, beta, state)
+    ys, carried = [], state
+    for start in range(0, 512, gdn_chunked.PREFILL_CHUNK_TOKENS):
+        rows = slice(start, start + gdn_chunked.PREFILL_CHUNK_TOKENS)
+        part, carried, _, _ = gdn_chunked.chunked_delta(q[:, rows], k[:, rows], v[:, rows], log_g[:, rows],
+                                                        beta[:, rows], carried)
+        ys.append(part)
+    chunk_by_chunk = mx.concatenate(ys, axis=1)
+    # Counted before anything is evaluated: the graph each builds, views included.
+    ops, loop_ops = (sum(primitives(arrays).values()) for arrays in ([y, final], [chunk_by_chunk, carried]))
+    assert ops * 4 < loop_ops, (ops, loop_ops)  # 281 against 1,697 when written
+    assert _max_error(y, chunk_by_chunk) < TOL and _max_error(final, carried) < TOL
+
+
 def test_the_verify_is_chunked_on_cuda_only_by_default():
     assert gdn_chunked.active() is fixed_shapes_wanted()
     assert gdn_chunked.path_name() == ("chunked" if fixed_shapes_wanted() else "per-token")
