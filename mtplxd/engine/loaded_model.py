@@ -21,7 +21,7 @@ from mtplxd.engine.interface import (
     ModelLoadError, TokenDelta,
 )
 from mtplxd.engine.model import cpu_attention as cpu_attention_path
-from mtplxd.engine.model import gdn_chunked, gdn_kernel, mrope, small_m_qmm
+from mtplxd.engine.model import gdn_kernel, mrope, small_m_qmm
 from mtplxd.engine.model.families import get_family
 from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
 from mtplxd.engine.model.kv_cache import KV_BITS_CHOICES, fixed_shapes_wanted, kv_group_size
@@ -247,7 +247,7 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode:
         "prefill_attention": cpu_attention_path.path_name(),
     }
     if hybrid:
-        paths["gdn_verify"] = gdn_chunked.path_name()
+        paths["gdn_verify"] = gdn_kernel.verify_path_name()
         paths["gdn_decode"] = gdn_kernel.path_name()
     paths["ar_decode"] = ar_decode
     mx = _mx()

@@ -130,7 +130,7 @@ def test_a_second_turn_restores_what_it_stored(model):
     """Turn 1 decodes in the compiled loop and the bank stores its caches; turn 2 extends
     the transcript, restores them and decodes as a cold run over the same prompt would."""
     fused_ar.force(True)
-    bank = model.enable_session_bank(BankSettings())
+    model.enable_session_bank(BankSettings())
     try:
         prompt = model.tokenizer.encode(PROMPT)
         params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

@@ -383,7 +383,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
     `decode`); None follows small_m_qmm.decode_wanted. `decode_only`: the
     decode figures alone (with the kernel's where `small_m_kernel`), no forwards or cycles."""
-    from mtplxd.engine.model import gdn_chunked, gdn_kernel, small_m_qmm
+    from mtplxd.engine.model import gdn_kernel, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
 
     started = time.perf_counter()
@@ -398,7 +398,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     hybrid = spec.model_type != "qwen3"
     entry: dict[str, Any] = {"size": size, "dtype": dtype, "family": spec.model_type, **sizes,
                              "roofline_ms": roofline_ms, "build_seconds": build_seconds,
-                             "gdn_verify": gdn_chunked.path_name() if hybrid else None,
+                             "gdn_verify": gdn_kernel.verify_path_name() if hybrid else None,
                              # Asked here, outside any compiled trace: the first ask probes the kernel.
                              "gdn_decode": gdn_kernel.path_name() if hybrid else None}
 

@@ -8,8 +8,10 @@ rows as a device scalar and every shape stays fixed:
 
 - conv state: the kernel-1 rows of the forward's conv input that follow the kept rows, a
   gather at `keep + arange(window)` instead of a slice;
-- recurrent state, chunked verify (CUDA, gdn_chunked.active()): `state_after` with the rows
-  past `keep` weighted 0 instead of sliced off;
+- recurrent state, verify on the every-row kernel (CUDA, gdn_kernel.verify_rows): the
+  state after `keep` rows, gathered from the states it kept;
+- recurrent state, chunked verify (CUDA without that kernel, gdn_chunked.active()):
+  `state_after` with the rows past `keep` weighted 0 instead of sliced off;
 - recurrent state, per-token verify (CPU, Metal): the forward's recurrence stepped one row
   at a time from the snapshot, the state after `keep` rows picked as the steps go. Each
   step is `gated_delta_update` over one row, the op the stepwise loop's replay and an AR step
@@ -53,6 +55,8 @@ def conv_window_at(capture: GDNCapture, keep: mx.array) -> mx.array:
 
 def recurrent_state_at(capture: GDNCapture, keep: mx.array) -> mx.array:
     """The recurrent state after `keep` rows of the captured forward, float32 (B, Hv, Dv, Dk)."""
+    if capture.row_states is not None:  # the verify kept every row's state: pick one
+        return mx.take(capture.row_states, (keep - 1).reshape(1), axis=1)[:, 0]
     if capture.u is not None:
         u = capture.u
         s0 = state_or_zeros(capture.state_snapshot, (*u.shape[:2], u.shape[-1], capture.k.shape[-1]))

@@ -51,7 +51,7 @@ _SOURCE = r"""
     const float decay_rate = expf(static_cast<float>(A_log[hv]));
     const GateT bias = static_cast<GateT>(dt_bias[hv]);
     const float* s_in = state_in + ((size_t)n * Dv + dv) * Dk + lane * E;
-    float* s_out = state_out + ((size_t)n * Dv + dv) * Dk + lane * E;
+    /*STATE_OUT*/
 
     float s[E];
     for (int i = 0; i < E; ++i) s[i] = s_in[i];
@@ -76,6 +76,7 @@ _SOURCE = r"""
       }
       for (int offset = 16; offset > 0; offset >>= 1) out += __shfl_xor_sync(0xffffffff, out, offset);
       if (lane == 0) y_[dv] = static_cast<InT>(out);
+      /*STORE_ROW*/
       q_ += Hk * Dk;
       k_ += Hk * Dk;
       v_ += Hv * Dv;
@@ -83,8 +84,15 @@ _SOURCE = r"""
       a_ += Hv;
       b_ += Hv;
     }
-    for (int i = 0; i < E; ++i) s_out[i] = s[i];
+    /*STORE_FINAL*/
 """
+# The decode step keeps only the state after its last row; a verify keeps every row's
+# (`row_states`: B, T, Hv, Dv, Dk), so a rollback to any accepted count is one gather.
+_STORE_FINAL = "for (int i = 0; i < E; ++i) s_out[i] = s[i];"
+_STORE_ROW = """{
+        float* row_ = row_states + ((((size_t)batch * T + t) * Hv + hv) * Dv + dv) * Dk + lane * E;
+        for (int i = 0; i < E; ++i) row_[i] = s[i];
+      }"""
 
 # Sigmoid and LogAddExp: the functors MLX's own CUDA ops and compiled kernels apply.
 _HEADER = """
@@ -94,18 +102,23 @@ _HEADER = """
 _WARPS_PER_BLOCK = 4
 _DTYPES = (mx.bfloat16, mx.float16, mx.float32)
 
-_kernel = None
+_kernels: dict[bool, object] = {}
 _usable: bool | None = None
+_rows_usable: bool | None = None
 
 
-def _gdn_kernel():
-    global _kernel
-    if _kernel is None:
-        _kernel = mx.fast.cuda_kernel(
-            name="mtplx_gated_delta_step",
+def _gdn_kernel(every_row: bool = False):
+    """The kernel keeping the final state, or (`every_row`) each row's state."""
+    if every_row not in _kernels:
+        source = (_SOURCE.replace("/*STORE_ROW*/", _STORE_ROW if every_row else "")
+                  .replace("/*STORE_FINAL*/", "" if every_row else _STORE_FINAL)
+                  .replace("/*STATE_OUT*/", "" if every_row else
+                           "float* s_out = state_out + ((size_t)n * Dv + dv) * Dk + lane * E;"))
+        _kernels[every_row] = mx.fast.cuda_kernel(
+            name="mtplx_gated_delta_rows" if every_row else "mtplx_gated_delta_step",
             input_names=["q", "k", "v", "a", "b", "A_log", "dt_bias", "state_in"],
-            output_names=["y", "state_out"], source=_SOURCE, header=_HEADER)
-    return _kernel
+            output_names=["y", "row_states" if every_row else "state_out"], source=source, header=_HEADER)
+    return _kernels[every_row]
 
 
 def _sum_dtype(x: mx.Dtype, y: mx.Dtype) -> mx.Dtype:
@@ -114,19 +127,21 @@ def _sum_dtype(x: mx.Dtype, y: mx.Dtype) -> mx.Dtype:
 
 
 def gated_delta_kernel(q: mx.array, k: mx.array, v: mx.array, a: mx.array, b: mx.array,
-                       A_log: mx.array, dt_bias: mx.array, state: mx.array
-                       ) -> tuple[mx.array, mx.array]:
+                       A_log: mx.array, dt_bias: mx.array, state: mx.array, *,
+                       every_row: bool = False) -> tuple[mx.array, mx.array]:
     """(y (B, T, Hv, Dv), the state after T steps) from normalized q, k (B, T, Hk, Dk), v
     (B, T, Hv, Dv), the raw gate inputs a, b (B, T, Hv), A_log and dt_bias (Hv,) and the
-    float32 state (B, Hv, Dv, Dk). CUDA only: see `usable` and `supported`."""
+    float32 state (B, Hv, Dv, Dk); with `every_row` the state after each step instead,
+    (B, T, Hv, Dv, Dk). CUDA only: see `usable` and `supported`."""
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[2:]
-    return _gdn_kernel()(
+    states_shape = (B, T, *state.shape[1:]) if every_row else state.shape
+    return _gdn_kernel(every_row)(
         inputs=[q, k, v, a, b, A_log, dt_bias, state],
         template=[("InT", q.dtype), ("GateT", _sum_dtype(a.dtype, dt_bias.dtype)),
                   ("BetaT", b.dtype), ("Dk", Dk), ("Dv", Dv), ("Hk", Hk), ("Hv", Hv), ("T", T)],
         grid=(32, Dv, B * Hv), threadgroup=(32, _WARPS_PER_BLOCK, 1),
-        output_shapes=[(B, T, Hv, Dv), state.shape], output_dtypes=[q.dtype, mx.float32])
+        output_shapes=[(B, T, Hv, Dv), states_shape], output_dtypes=[q.dtype, mx.float32])
 
 
 def supported(q: mx.array, k: mx.array, v: mx.array, state: mx.array) -> bool:
@@ -148,6 +163,85 @@ def decode_step(q: mx.array, k: mx.array, v: mx.array, a: mx.array, b: mx.array,
     if q.shape[1] == 1 and usable() and supported(q, k, v, state):
         return gated_delta_kernel(q, k, v, a, b, A_log, dt_bias, state)
     return gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, None, use_kernel=use_kernel)
+
+
+# The longest verify, depth 8 (loader.MAX_DEPTH) plus the committed token. Every row's state
+# is kept until the accept decides (3 MB a row and layer at the hybrid 27B's size, 48 layers:
+# 576 MB over a depth-3 verify), so a longer captured forward (a short prompt) is not one.
+MAX_VERIFY_ROWS = 9
+
+
+def verify_rows_wanted(q: mx.array, k: mx.array, v: mx.array, state: mx.array) -> bool:
+    """Whether a captured forward of up to MAX_VERIFY_ROWS rows (a verify) runs `verify_rows`
+    (its rows' states kept for the rollback) instead of the chunked form: on CUDA once the
+    every-row kernel passed its probe and the shapes are its own; anywhere when forced
+    (`force_verify_rows`, tests)."""
+    if q.shape[1] > MAX_VERIFY_ROWS:
+        return False
+    if _forced_rows is not None:
+        return _forced_rows
+    return rows_usable() and supported(q, k, v, state)
+
+
+def verify_rows(q: mx.array, k: mx.array, v: mx.array, a: mx.array, b: mx.array,
+                A_log: mx.array, dt_bias: mx.array, state: mx.array) -> tuple[mx.array, mx.array]:
+    """(y (B, T, Hv, Dv), the state after each row (B, T, Hv, Dv, Dk)) of a verify forward:
+    the every-row kernel where it is usable, else mlx-lm's step once per row (the CPU when
+    forced). Each row is the arithmetic of a decode step, so a verify row equals an AR step
+    there, and a rollback to any accepted count is a gather."""
+    if rows_usable() and supported(q, k, v, state):
+        return gated_delta_kernel(q, k, v, a, b, A_log, dt_bias, state, every_row=True)
+    ys, states = [], []
+    for t in range(q.shape[1]):
+        rows = slice(t, t + 1)
+        y, state = decode_step(q[:, rows], k[:, rows], v[:, rows], a[:, rows], b[:, rows],
+                               A_log, dt_bias, state)
+        ys.append(y)
+        states.append(state)
+    return mx.concatenate(ys, axis=1), mx.stack(states, axis=1)
+
+
+def force_verify_rows(value: bool | None) -> None:
+    """Override `verify_rows_wanted` (None: back to its rule); for tests."""
+    global _forced_rows
+    _forced_rows = value
+
+
+_forced_rows: bool | None = None
+
+
+def rows_usable() -> bool:
+    """True on CUDA once the every-row kernel compiled and matched mlx-lm's steps on a probe
+    of 4 rows (checked once per process), and the decode kernel is usable."""
+    global _rows_usable
+    if _rows_usable is None:
+        _rows_usable = usable() and custom_kernels.probe(
+            "gated delta verify", lambda: rows_probe_error(4), 1.0, "the chunked GDN verify")
+    return _rows_usable
+
+
+def rows_probe_error(tokens: int) -> float:
+    """The every-row kernel against mlx-lm's step once per row on `probe_inputs`: the largest
+    y error and row-state error as ratios to what is tolerated. Below 1 passes."""
+    q, k, v, a, b, A_log, dt_bias, state = probe_inputs(tokens, seed=1)
+    got_y, got_states = gated_delta_kernel(q, k, v, a, b, A_log, dt_bias, state, every_row=True)
+    y_error = state_error = 0.0
+    for t in range(tokens):
+        rows = slice(t, t + 1)
+        want_y, state = gated_delta_update(q[:, rows], k[:, rows], v[:, rows], a[:, rows], b[:, rows],
+                                           A_log, dt_bias, state, None, use_kernel=False)
+        y_error = max(y_error, mx.max(mx.abs(got_y[:, rows].astype(mx.float32)
+                                             - want_y.astype(mx.float32))).item())
+        state_error = max(state_error, (mx.max(mx.abs(got_states[:, t] - state))
+                                        / mx.max(mx.abs(state))).item())
+    return max(y_error / Y_TOLERANCE, state_error / STATE_TOLERANCE)
+
+
+def verify_path_name() -> str:
+    """What /health and status say about a hybrid's GDN verify (`kernels.gdn_verify`)."""
+    from mtplxd.engine.model import gdn_chunked
+
+    return "CUDA kernel" if rows_usable() else gdn_chunked.path_name()
 
 
 def usable() -> bool:

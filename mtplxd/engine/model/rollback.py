@@ -65,6 +65,9 @@ class GDNCapture:
     # then rebuilt from these without replaying the recurrence.
     u: mx.array | None = None
     log_gamma: mx.array | None = None
+    # Set when the forward kept every row's state (gdn_kernel.verify_rows, B x T x Hv x Dv x
+    # Dk): a prefix's state is then one of them.
+    row_states: mx.array | None = None
 
     @property
     def replayable(self) -> bool:
@@ -145,6 +148,9 @@ class RollbackArraysCache(ArraysCache):
     def _commit_prefix(self, c: GDNCapture, keep: int) -> None:
         n_window = c.conv_input.shape[1] - c.tokens
         self.cache[0] = mx.contiguous(c.conv_input[:, keep : keep + n_window, :])
+        if c.row_states is not None:
+            self.cache[1] = c.row_states[:, keep - 1]
+            return
         if c.u is not None:
             self.cache[1] = gdn_chunked.state_after(
                 state_or_zeros(c.state_snapshot, (*c.u.shape[:2], c.u.shape[-1], c.k.shape[-1])), c.u,
@@ -233,7 +239,13 @@ class _CapturingGDN:
         use_kernel = not self.training
         u = log_gamma = None
         state0 = state_or_zeros(state_snapshot, (B, self.num_v_heads, self.head_v_dim, self.head_k_dim))
-        if T > 1 and gdn_chunked.active():  # a verify in one go, a prompt 32 rows a go: no per-row loop
+        row_states = None
+        if T > 1 and capture and gdn_kernel.verify_rows_wanted(q, k, v, state0):
+            # A verify on CUDA: one kernel, each row a decode step's arithmetic, every row's
+            # state kept for the rollback (gdn_kernel.verify_rows)
+            out, row_states = gdn_kernel.verify_rows(q, k, v, a, b, self.A_log, self.dt_bias, state0)
+            state = row_states[:, -1]
+        elif T > 1 and gdn_chunked.active():  # a verify in one go, a prompt 32 rows a go: no per-row loop
             delta_rule = gdn_chunked.chunked_delta if capture else gdn_chunked.chunked_prefill
             out, state, *wy = delta_rule(
                 q, k, v, gdn_chunked.log_decay(self.A_log, a, self.dt_bias), mx.sigmoid(b), state0)
@@ -249,7 +261,7 @@ class _CapturingGDN:
             cache.record(
                 GDNCapture(
                     T, conv_snapshot, state_snapshot, conv_input,
-                    q, k, v, a, b, self.A_log, self.dt_bias, use_kernel, u, log_gamma,
+                    q, k, v, a, b, self.A_log, self.dt_bias, use_kernel, u, log_gamma, row_states,
                 )
             )
         out = self.out_proj(self.norm(out, z).reshape(B, T, -1))
