@@ -86,6 +86,16 @@ class MemoryPlan:
         return asdict(self)
 
 
+def verify_state_bytes(plan: MemoryPlan, depth: int, gdn_verify: str | None) -> int:
+    """What a hybrid's verify holds beyond its own state when it runs on the every-row GDN
+    kernel (`gdn_verify` "CUDA kernel", engine/model/gdn_kernel.verify_rows): each of its
+    depth + 1 rows keeps a whole recurrent state until the accept decides (576 MB at depth 3
+    for a 27B hybrid). Priced as depth + 1 sequences' recurrent state; 0 otherwise."""
+    if gdn_verify != "CUDA kernel" or depth <= 0:
+        return 0
+    return (depth + 1) * plan.recurrent_bytes_per_sequence
+
+
 def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     """VLM-style checkpoints nest the language model's keys under text_config."""
     return {**config, **(config.get("text_config") or {})}

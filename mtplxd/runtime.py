@@ -24,7 +24,7 @@ import trio
 
 from mtplxd.engine.interface import RetrievalError
 from mtplxd.guard import (DEFAULT_PREFILL_CHUNK, MemoryGuard, is_unified_memory,
-                          plan_for_config, resolve_limit)
+                          plan_for_config, resolve_limit, verify_state_bytes)
 
 if TYPE_CHECKING:  # the engine (and MLX) loads lazily
     from mtplxd.engine.decoding.cohort_memory import CohortMemory
@@ -388,7 +388,7 @@ class Runtime:
         if self.guard is not None:
             # A request that can never fit is refused now; one that fits later waits its turn.
             self.guard.check(len(request.prompt_ids), request.sampling.max_tokens,
-                             image_bytes(request))
+                             self._extra_bytes(model, request))
         if request.prefill_chunk is None:
             request.prefill_chunk = self.prefill_chunk_tokens
         send, receive = trio.open_memory_channel(math.inf)
@@ -430,11 +430,21 @@ class Runtime:
             return lambda: None
         chunk = request.prefill_chunk or self.prefill_chunk_tokens
         reservation = guard.try_admit(len(request.prompt_ids), request.sampling.max_tokens, chunk,
-                                      image_bytes(request))
+                                      self._extra_bytes(self.require_model(), request))
         if reservation is None:
             return None
         request.prefill_chunk = min(chunk, reservation.prefill_chunk)
         return reservation.release
+
+    def _extra_bytes(self, model: Any, request: Any) -> int:
+        """What a request costs the guard beyond its prompt, output and one prefill chunk:
+        its images, and a hybrid's every-row GDN verify (guard.verify_state_bytes)."""
+        try:
+            depth = model.resolve_depth(request.depth)
+        except ValueError:
+            depth = 0  # refused with its own error when it runs
+        verify = verify_state_bytes(self.guard.plan, depth, model.info.kernels.get("gdn_verify"))
+        return image_bytes(request) + verify
 
     async def run_on_model(self, fn: Callable[[Any], Any]) -> Any:
         """Run `fn(model)` on the owner thread (prompt scoring, token counting)."""

@@ -268,3 +268,51 @@ def test_a_cohorts_padding_is_held_beside_the_rows_and_a_join_that_does_not_fit_
     for row in rows:
         row.release()
     assert guard.held_bytes() == 0 and guard.holders()["cohort_padding"] == 0
+
+
+def test_the_every_row_gdn_verify_is_priced_as_depth_plus_one_states():
+    """On CUDA a hybrid's verify keeps each row's recurrent state until the accept decides
+    (gdn_kernel.verify_rows): depth 3 on the 27B holds 4 more sequences' recurrent state."""
+    from mtplxd.guard import verify_state_bytes
+
+    plan = plan_for_config(QWEN35_27B, weights_bytes=16 * GIB)
+    per_sequence = 48 * (48 * 128 * 128 * 4 + 3 * (2 * 16 * 128 + 48 * 128) * 2)
+    assert plan.recurrent_bytes_per_sequence == per_sequence == 153_944_064
+    assert verify_state_bytes(plan, 3, "CUDA kernel") == 4 * per_sequence
+    assert verify_state_bytes(plan, 0, "CUDA kernel") == 0  # AR: no verify
+    assert verify_state_bytes(plan, 3, "chunked") == verify_state_bytes(plan, 3, "per-token") == 0
+    dense = plan_for_config(QWEN3_4B, weights_bytes=8 * GIB)
+    assert verify_state_bytes(dense, 3, None) == 0
+
+
+def test_the_runtime_adds_it_to_what_a_hybrid_request_is_priced(tmp_path):
+    """A real runtime serving a tiny hybrid; its GDN verify path set to the CUDA kernel's
+    (what this CPU cannot run): a request's extra bytes are depth + 1 recurrent states."""
+    import trio
+
+    from mtplxd.engine import GenerationRequest, SamplingParams
+    from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
+    from mtplxd.runtime import Runtime
+
+    checkpoint = write_tiny_checkpoint(tmp_path / "tiny-hybrid", "qwen3_5")
+    seen = {}
+
+    async def main() -> None:
+        runtime = Runtime(tmp_path, 3)
+        runtime.start()
+        try:
+            await runtime.load(str(checkpoint))
+            model, plan = runtime.model, runtime.guard.plan
+            request = GenerationRequest([1, 2, 3], SamplingParams(max_tokens=4))
+            seen["cpu"] = runtime._extra_bytes(model, request)
+            model.info.kernels["gdn_verify"] = "CUDA kernel"
+            seen["cuda"] = runtime._extra_bytes(model, request)
+            request.depth = 0
+            seen["ar"] = runtime._extra_bytes(model, request)
+            seen["per_sequence"], seen["depth"] = plan.recurrent_bytes_per_sequence, model.info.depth
+        finally:
+            runtime.stop()
+
+    trio.run(main)
+    assert seen["cpu"] == 0 and seen["ar"] == 0
+    assert seen["cuda"] == (seen["depth"] + 1) * seen["per_sequence"] > 0
