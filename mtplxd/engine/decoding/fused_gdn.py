@@ -23,7 +23,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.gated_delta import gated_delta_update
 
-from mtplxd.engine.model import gdn_chunked
+from mtplxd.engine.model import gdn_chunked, gdn_kernel
 from mtplxd.engine.model.rollback import GDNCapture, RollbackArraysCache, state_or_zeros
 
 
@@ -56,7 +56,7 @@ def conv_window_at(capture: GDNCapture, keep: mx.array) -> mx.array:
 def recurrent_state_at(capture: GDNCapture, keep: mx.array) -> mx.array:
     """The recurrent state after `keep` rows of the captured forward, float32 (B, Hv, Dv, Dk)."""
     if capture.row_states is not None:  # the verify kept every row's state: pick one
-        return mx.take(capture.row_states, (keep - 1).reshape(1), axis=1)[:, 0]
+        return gdn_kernel.state_after_row(capture.row_states, keep)
     if capture.u is not None:
         u = capture.u
         s0 = state_or_zeros(capture.state_snapshot, (*u.shape[:2], u.shape[-1], capture.k.shape[-1]))

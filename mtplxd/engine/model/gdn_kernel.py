@@ -201,6 +201,13 @@ def verify_rows(q: mx.array, k: mx.array, v: mx.array, a: mx.array, b: mx.array,
     return mx.concatenate(ys, axis=1), mx.stack(states, axis=1)
 
 
+def state_after_row(row_states: mx.array, count: int | mx.array) -> mx.array:
+    """The state after the first `count` rows (an int or a device scalar) of `verify_rows`'
+    `row_states`, as its own array: a gather, not a view, so the other rows' states (3 MB a
+    row and layer at 27B size) are freed once the rollback is done."""
+    return mx.take(row_states, (mx.array(count) - 1).reshape(1), axis=1)[:, 0]
+
+
 def force_verify_rows(value: bool | None) -> None:
     """Override `verify_rows_wanted` (None: back to its rule); for tests."""
     global _forced_rows

@@ -149,7 +149,7 @@ class RollbackArraysCache(ArraysCache):
         n_window = c.conv_input.shape[1] - c.tokens
         self.cache[0] = mx.contiguous(c.conv_input[:, keep : keep + n_window, :])
         if c.row_states is not None:
-            self.cache[1] = c.row_states[:, keep - 1]
+            self.cache[1] = gdn_kernel.state_after_row(c.row_states, keep)
             return
         if c.u is not None:
             self.cache[1] = gdn_chunked.state_after(
@@ -244,7 +244,7 @@ class _CapturingGDN:
             # A verify on CUDA: one kernel, each row a decode step's arithmetic, every row's
             # state kept for the rollback (gdn_kernel.verify_rows)
             out, row_states = gdn_kernel.verify_rows(q, k, v, a, b, self.A_log, self.dt_bias, state0)
-            state = row_states[:, -1]
+            state = gdn_kernel.state_after_row(row_states, T)
         elif T > 1 and gdn_chunked.active():  # a verify in one go, a prompt 32 rows a go: no per-row loop
             delta_rule = gdn_chunked.chunked_delta if capture else gdn_chunked.chunked_prefill
             out, state, *wy = delta_rule(
