@@ -17,8 +17,9 @@ For each prompt length: `max_abs_error` and `rms_error` of each form's last-posi
 against float32's, whether each picks float32's argmax, and the two forms' largest
 difference from each other. `one_layer_27b_shapes`: one GDN layer alone at the hybrid 27B's
 heads and dims (`--layer-tokens` tokens, bf16 inputs), each form's y and state against a
-float64 recurrence: whether a single layer's arithmetic already parts the forms. The model is `bench.real_size`'s, random weights built in
-memory; any device (the chunked form is forced on where it is not the default).
+float64 recurrence: whether a single layer's arithmetic already parts the forms. The model
+is `bench.real_size`'s, random weights built in memory; any device (the chunked form is
+forced on where it is not the default).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def last_logits(trunk: Any, ids: list[int], chunked: bool) -> np.ndarray:
     gdn_chunked.force(chunked)
     try:
         _, logits = trunk.prefill(ids, trunk.make_cache())
-        return np.array(logits.reshape(-1).astype(mx.float32)).astype(np.float64)
+        return _f64(logits.reshape(-1))
     finally:
         gdn_chunked.force(None)
 
@@ -50,36 +51,26 @@ def to_float32(model: Any) -> None:
     """Cast every floating weight of `model` to float32 in place (quantized weights are
     dequantized by mlx.nn's own `dequantize` first)."""
     import mlx.nn as nn
-    from mlx.utils import tree_map
+    from mlx.utils import tree_unflatten
 
-    for name, module in list(model.named_modules()):
+    def dequantized(module: Any) -> mx.array:
+        return mx.dequantize(module.weight, module.scales, module.biases, module.group_size, module.bits)
+
+    replacements = []
+    for name, module in model.named_modules():
         if isinstance(module, nn.QuantizedLinear):
-            weight = mx.dequantize(module.weight, module.scales, module.biases,
-                                   module.group_size, module.bits)
+            weight = dequantized(module)
             linear = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in module)
             linear.weight = weight
             if "bias" in module:
                 linear.bias = module.bias
-            _replace(model, name, linear)
+            replacements.append((name, linear))
         elif isinstance(module, nn.QuantizedEmbedding):
-            embedding = nn.Embedding(*module.weight.shape[:1], module.dims)
-            embedding.weight = mx.dequantize(module.weight, module.scales, module.biases,
-                                             module.group_size, module.bits)
-            _replace(model, name, embedding)
-    model.update(tree_map(lambda x: x.astype(mx.float32) if mx.issubdtype(x.dtype, mx.floating) else x,
-                          model.parameters()))
-
-
-def _replace(model: Any, dotted: str, module: Any) -> None:
-    """Set the submodule at `dotted` (as named_modules names it) to `module`."""
-    *parents, leaf = dotted.split(".")
-    owner = model
-    for part in parents:
-        owner = owner[int(part)] if part.isdigit() else getattr(owner, part)
-    if leaf.isdigit():
-        owner[int(leaf)] = module
-    else:
-        setattr(owner, leaf, module)
+            embedding = nn.Embedding(module.weight.shape[0], module.dims)
+            embedding.weight = dequantized(module)
+            replacements.append((name, embedding))
+    model.update_modules(tree_unflatten(replacements))
+    model.set_dtype(mx.float32)
 
 
 def compare(size: str, dtype: str, lengths: list[int], seed: int = 1) -> list[dict[str, Any]]:

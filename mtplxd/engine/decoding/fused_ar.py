@@ -41,7 +41,6 @@ def fused_ar_wanted(trunk: Trunk, cache: list[Any]) -> bool:
     """Whether an AR request on `trunk` decodes in this loop: a hybrid (Gated DeltaNet layers
     in its cache) on CUDA, where the fused loops run (`decode_loop` "fused"). `MTPLX_FUSED_AR`
     "0" turns it off, "1" on for any model the loop takes (benches); `force` overrides both."""
-    layout = cache_layout(cache)
     if not fused_supported(trunk, cache, hybrid=True):
         return False
     if _forced is not None:
@@ -51,7 +50,7 @@ def fused_ar_wanted(trunk: Trunk, cache: list[Any]) -> bool:
         return setting == "1"
     from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 
-    return trunk.decode_loop == "fused" and "gdn" in layout and fixed_shapes_wanted()
+    return trunk.decode_loop == "fused" and "gdn" in cache_layout(cache) and fixed_shapes_wanted()
 
 
 def path_name(trunk: Trunk) -> str:

@@ -49,17 +49,22 @@ def chunked_delta(q: mx.array, k: mx.array, v: mx.array, log_g: mx.array, beta: 
     beta = beta.astype(mx.float32).transpose(0, 2, 1)[..., None]  # (B, Hv, T, 1)
     log_gamma = mx.cumsum(log_g.transpose(0, 2, 1), axis=-1)  # (B, Hv, T)
     gamma = mx.exp(log_gamma)[..., None]
-    lower = mx.tril(mx.ones((T, T), mx.bool_))
-    # D[t, j] = Gamma_t / Gamma_j on and below the diagonal; exp of a difference, never 0/0.
-    decay = mx.where(lower, mx.exp(mx.where(lower, log_gamma[..., :, None] - log_gamma[..., None, :], 0.0)), 0.0)
-    strict = decay * (1 - mx.eye(T))
-    n = beta * strict * (k32 @ k32.swapaxes(-1, -2))
+    decay, n = _decays_and_n(log_gamma, beta, k32, T)
     s0 = state.astype(mx.float32)
     rhs = beta * (v32 - gamma * (k32 @ s0.swapaxes(-1, -2)))
     u = _unit_lower_inverse_apply(n, rhs, T)
     y = gamma * (q32 @ s0.swapaxes(-1, -2)) + (decay * (q32 @ k32.swapaxes(-1, -2))) @ u
     final = state_after(s0, u, k32, log_gamma, T)
     return y.transpose(0, 2, 1, 3).astype(q.dtype), final, u, log_gamma
+
+
+def _decays_and_n(log_gamma: mx.array, beta: mx.array, k32: mx.array, T: int) -> tuple[mx.array, mx.array]:
+    """One solve's D (D[t, j] = Gamma_t / Gamma_j on and below the diagonal, 0 above; exp of
+    a difference, never 0/0) and N = diag(beta) (D off its diagonal) o K K^T, over the last
+    two axes (T x T) whatever the leading ones."""
+    lower = mx.tril(mx.ones((T, T), mx.bool_))
+    decay = mx.where(lower, mx.exp(mx.where(lower, log_gamma[..., :, None] - log_gamma[..., None, :], 0.0)), 0.0)
+    return decay, beta * (decay * (1 - mx.eye(T))) * (k32 @ k32.swapaxes(-1, -2))
 
 
 def _unit_lower_inverse_apply(n: mx.array, rhs: mx.array, T: int) -> mx.array:
@@ -120,9 +125,7 @@ def chunked_prefill(q: mx.array, k: mx.array, v: mx.array, log_g: mx.array, beta
     q32, k32, v32 = (by_chunk(heads_first(x, Hv)) for x in (q, k, v))
     beta = by_chunk(beta.astype(mx.float32).transpose(0, 2, 1))[..., None]
     log_gamma = mx.cumsum(by_chunk(log_g.transpose(0, 2, 1)), axis=-1)  # within each chunk
-    lower = mx.tril(mx.ones((chunk, chunk), mx.bool_))
-    decay = mx.where(lower, mx.exp(mx.where(lower, log_gamma[..., :, None] - log_gamma[..., None, :], 0.0)), 0.0)
-    n = beta * (decay * (1 - mx.eye(chunk))) * (k32 @ k32.swapaxes(-1, -2))
+    decay, n = _decays_and_n(log_gamma, beta, k32, chunk)
     w_v = _unit_lower_inverse_apply(n, beta * v32, chunk)
     w_k = _unit_lower_inverse_apply(n, beta * mx.exp(log_gamma)[..., None] * k32, chunk)
     chunk_decay = mx.exp(log_gamma[..., -1:])[..., None]  # Gamma over each whole chunk
