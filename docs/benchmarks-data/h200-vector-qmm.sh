@@ -33,7 +33,8 @@
 #   PART=divergence  issue 22 point 4: greedy AR against greedy MTP (depth 3) over 2,000 tokens
 #                 through the engine's loops, the kernel as served, at SIZE (qwen3-4b, qwen3-32b or
 #                 hybrid-27b; one a run: the hybrid's took 122 s in the fused loop) and DTYPES
-#                 (4bit); since 2026-12-04 every divergence, MTP resynchronised on AR after each
+#                 (4bit; f32 is the rounding control, 2026-12-04 fifth session); since 2026-12-04
+#                 every divergence, MTP resynchronised on AR after each
 #   PART=hybrid-parity  issue 22 point 5 for the hybrid, whose single decode figures swing
 #                 19-32 ms between processes: bench.ar_parity (our AR and mlx-lm's generate_step
 #                 interleaved, CPU time beside wall) on the hybrid 27B at DTYPES (4bit,8bit)
@@ -49,6 +50,10 @@
 #   PART=ar-loop  the hybrid 27B's AR decode in the compiled loop (decoding/fused_ar.py, served
 #                 for hybrids on CUDA since 2026-12-04, fourth session) and op by op
 #                 (MTPLX_FUSED_AR=0), at DTYPES (4bit)
+#   PART=compiled-decode  the small-M kernel's vector layout on decode steps inside the compiled
+#                 AR loop (2026-12-04, fifth session): a compiled step pays a custom kernel's host
+#                 cost once, when traced. The hybrid 27B 4-bit from each weight count in FROM
+#                 (64M and 16M), then the 32B 4-bit in the compiled loop (MTPLX_FUSED_AR=1)
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
 #                 on MLX's matvec: real_size --kernel-decode-from never; since 2026-12-03 the
 #                 default for hybrid models), stock beside it, depths 1 and 3 at T=0 and 0.6
@@ -69,7 +74,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -181,6 +186,19 @@ elif [ "$PART" = ar-loop ]; then
       python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes "${DTYPES:-4bit}" --decode-only \
       --decode-tokens 32 --repeats 4 --json-out "$work/ar-loop-${DTYPES:-4bit}-$setting.json"
   done
+elif [ "$PART" = compiled-decode ]; then
+  # The vector layout on decode steps inside the compiled AR loop: the hybrid's (served
+  # compiled on CUDA) from each weight count in FROM (64M: its MLP and lm_head; 16M: its GDN
+  # and attention projections too), each process with MLX's matvec beside it; then the 32B in
+  # the compiled loop (MTPLX_FUSED_AR=1), stock and with the kernel as served to dense 4-bit.
+  for from in ${FROM:-67108864 16777216}; do
+    step "compiled-decode-hybrid-$from" 280 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b \
+      --dtypes 4bit --decode-only --decode-tokens 32 --repeats 4 --small-m-kernel --kernel-decode-from "$from" \
+      --json-out "$work/compiled-decode-hybrid-$from.json"
+  done
+  step compiled-decode-32b 240 env MTPLX_FUSED_AR=1 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b \
+    --dtypes 4bit --decode-only --decode-tokens 32 --repeats 4 --small-m-kernel \
+    --json-out "$work/compiled-decode-32b.json"
 elif [ "$PART" = hybrid-verify ]; then
   step hybrid-verify-only 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
     --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 --repeats 6 \

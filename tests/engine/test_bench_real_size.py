@@ -123,6 +123,24 @@ def test_taking_the_kernel_out_drops_the_cycle_graphs_traced_through_it():
     assert type(layer) is nn.QuantizedLinear and trunk.compiled_graphs == {}
 
 
+def test_f32_holds_the_model_in_float32_and_prices_its_kv_at_four_bytes():
+    """The exactness control: every weight float32 (none quantized), and a step reads twice
+    the bf16 model's bytes, KV included."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from mtplxd.engine.model.trunk import Trunk
+
+    sizes = {}
+    for dtype in ("f32", "bf16"):
+        model, spec = real_size.build_model("tiny-hybrid", dtype)
+        if dtype == "f32":
+            assert {v.dtype for _, v in tree_flatten(model.parameters())} == {mx.float32}
+        sizes[dtype] = real_size.bytes_read_per_step(model, Trunk(model, spec), 64)
+    assert sizes["f32"]["kv_bytes"] == 2 * sizes["bf16"]["kv_bytes"] > 0
+    assert sizes["f32"]["bytes_read_per_step"] == 2 * sizes["bf16"]["bytes_read_per_step"]
+
+
 def test_decode_by_vector_values_times_each_threshold_and_puts_the_shipped_one_back():
     """The decode-routing sweep moves small_m_qmm.LARGE_MATRIX_VALUES for its timings only,
     and drops the graphs traced under each routing (a traced step keeps what it saw)."""

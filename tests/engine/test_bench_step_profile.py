@@ -47,9 +47,12 @@ def test_summarize_reads_a_file_and_writes_json(tmp_path, capsys):
     assert "2.52 device ms per step" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("size, depth, loop", [("tiny", 0, "ar"), ("tiny", 2, "fused"),
-                                               ("tiny-hybrid", 2, "fused")])
-def test_unprofiled_steps_run_the_engines_loops(tmp_path, size, depth, loop):
+@pytest.mark.parametrize("size, depth, compiled_ar, loop", [
+    ("tiny", 0, "0", "ar"), ("tiny", 2, "0", "fused"), ("tiny-hybrid", 2, "0", "fused"),
+    # The AR loop as served: on CUDA a hybrid's is the compiled one (MTPLX_FUSED_AR forces it here).
+    ("tiny-hybrid", 0, "1", "ar compiled")])
+def test_unprofiled_steps_run_the_engines_loops(tmp_path, monkeypatch, size, depth, compiled_ar, loop):
+    monkeypatch.setenv("MTPLX_FUSED_AR", compiled_ar)
     out = tmp_path / "steps.json"
     assert step_profile.main(["--size", size, "--dtype", "bf16", "--depth", str(depth), "--steps", "3",
                               "--context", "16", "--json-out", str(out)]) == 0

@@ -1,15 +1,16 @@
 """The engine at real model sizes, random weights built in memory, beside stock mlx-lm.
 
     python -m mtplxd.engine.bench.real_size [--sizes qwen3-4b,qwen3-32b,hybrid-27b]
-        [--dtypes bf16,8bit,4bit] [--context 512] [--depths 1,2,3,4,5] [--decode-tokens 48]
+        [--dtypes bf16,8bit,4bit,f32] [--context 512] [--depths 1,2,3,4,5] [--decode-tokens 48]
         [--cycles 16] [--repeats 10] [--cycle-temperatures 0,0.6] [--small-m-kernel]
         [--small-m-loops] [--decode-vector-values N,...] [--kernel-decode-from N|never]
         [--divergence-tokens N] [--divergence-limit 32] [--prefill-tokens N] [--decode-only]
         [--gdn-chunked] [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
-quantization in groups of 64 for 8bit/4bit), with a random MTP head, one layer at a time so
-a 65 GB bf16 32B never needs a float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3,
+quantization in groups of 64 for 8bit/4bit; `f32` keeps float32, the exactness checks'
+control), with a random MTP head, one layer at a time so a 65 GB bf16 32B never needs a
+float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3,
 the releases' config.json), `hybrid-27b` (Qwen3.5/3.6-27B: 64 layers, 48 Gated DeltaNet and
 16 gated attention, hidden 5120, vocab 248,320), `mid` (7M parameters, for a CPU),
 `hybrid-27b-layers` (the 27B hybrid's 64 layers at the tiny widths: a 27B step's graph,
@@ -127,7 +128,12 @@ SIZES: dict[str, tuple[str, dict[str, Any]]] = {
     "hybrid-27b-layers": ("qwen3_5", dict(_TINY_HYBRID, num_hidden_layers=64,
                                           full_attention_interval=4)),
 }
-DTYPES: dict[str, int | None] = {"bf16": None, "8bit": 8, "4bit": 4}
+DTYPES: dict[str, int | None] = {"bf16": None, "8bit": 8, "4bit": 4, "f32": None}
+# The float type a dtype's weights (and so its activations) are held in: bf16 and the
+# quantized dtypes' scales in bf16; `f32` keeps the model in float32, where rounding is
+# 2^16 times finer (the exactness checks' control: a divergence that bf16 rounding explains
+# shrinks to a near-tie there).
+FLOAT_TYPES: dict[str, mx.Dtype] = {"f32": mx.float32}
 
 
 # --- building ----------------------------------------------------------------------------
@@ -155,16 +161,18 @@ def build_model(size: str, dtype: str) -> tuple[nn.Module, Any]:
         model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict({"model_type": "qwen3_5", "text_config": text}))
     text_args = spec.text_args(model.args)
     model.mtp = MTPHead(text_args.hidden_size, text_args.rms_norm_eps, spec.build_mtp_layer(text_args))
-    materialize(model, spec.text_model(model).model.layers, DTYPES[dtype])
+    materialize(model, spec.text_model(model).model.layers, DTYPES[dtype],
+                FLOAT_TYPES.get(dtype, mx.bfloat16))
     return model, spec
 
 
-def materialize(model: nn.Module, layers: list[nn.Module], bits: int | None) -> None:
-    """Cast to bf16 and (bits) quantize in groups of 64, one decoder layer at a time and then
-    the rest (embedding, norms, lm_head, MTP head), so the float32 initial values of one
-    layer at most are alive at once (a 32B model's would be 131 GB)."""
+def materialize(model: nn.Module, layers: list[nn.Module], bits: int | None,
+                float_type: mx.Dtype = mx.bfloat16) -> None:
+    """Cast to `float_type` (bf16) and (bits) quantize in groups of 64, one decoder layer at a
+    time and then the rest (embedding, norms, lm_head, MTP head), so the float32 initial
+    values of one layer at most are alive at once (a 32B model's would be 131 GB)."""
     for block in [*layers, model]:
-        block.set_dtype(mx.bfloat16)
+        block.set_dtype(float_type)
         if bits is not None:
             nn.quantize(block, group_size=64, bits=bits, class_predicate=_quantizable)
         mx.eval(block.parameters())
@@ -177,14 +185,15 @@ def _quantizable(_: str, module: nn.Module) -> bool:
 
 def bytes_read_per_step(model: nn.Module, trunk: Any, context: int) -> dict[str, int]:
     """What one decode step must read: every trunk weight (an untied embedding table only
-    gives one row) and the KV cache of `context` tokens (attention layers, bf16)."""
+    gives one row) and the KV cache of `context` tokens (attention layers, in the model's float type)."""
     params = {k: v for k, v in tree_flatten(model.parameters()) if not k.startswith("mtp.")}
     weights = sum(v.nbytes for v in params.values())
     embed = sum(v.nbytes for k, v in params.items() if "embed_tokens" in k)
     tied = trunk._tied()
     args = trunk.text.args
     attention_layers = sum(1 for layer in trunk.text.model.layers if not getattr(layer, "is_linear", False))
-    kv = attention_layers * 2 * args.num_key_value_heads * args.head_dim * 2 * context
+    element = 4 if any(v.dtype == mx.float32 for v in params.values()) else 2  # f32, else bf16
+    kv = attention_layers * 2 * args.num_key_value_heads * args.head_dim * element * context
     return {"weights_bytes": weights, "bytes_read_per_step": weights - (0 if tied else embed) + kv,
             "kv_bytes": kv}
 
@@ -200,11 +209,13 @@ def sampling(temperature: float) -> SamplingParams:
 def engine_loop(trunk: Any, head: Any, prompt: list[int], depth: int, temperature: float,
                 first: int | None = None) -> tuple[Any, int, bool]:
     """The engine's own decode loop over `prompt` after its prefill: (cycles, first token,
-    fused?). Depth 0 is the AR loop; else the MTP loop generation.py chooses (fused where the
-    cache allows it, hybrid models' included, else stepwise). `first` given is taken as the
+    fused or compiled?). Depth 0 is the AR loop as served (the compiled one where
+    fused_ar_wanted); else the MTP loop generation.py chooses (fused where the cache allows
+    it, hybrid models' included, else stepwise). `first` given is taken as the
     first token instead of the prefill's pick (a resynchronised run: `greedy_divergence`)."""
     from mtplxd.engine.decoding.autoregressive import ar_cycles
     from mtplxd.engine.decoding.fused import FusedSpeculativeDecoder, fused_supported
+    from mtplxd.engine.decoding.fused_ar import fused_ar_cycles, fused_ar_wanted
     from mtplxd.engine.decoding.sampling import TokenHistory, pick_first
     from mtplxd.engine.decoding.speculative import SpeculativeDecoder
 
@@ -216,8 +227,10 @@ def engine_loop(trunk: Any, head: Any, prompt: list[int], depth: int, temperatur
         first = pick_first(logits, params, history, 0, len(prompt))
     else:
         history.append([first])
-    if depth == 0:
-        return ar_cycles(trunk, cache, params, history, 0, first, len(prompt)), first, False
+    if depth == 0:  # the AR loop as served: compiled where fused_ar_wanted (hybrids on CUDA)
+        compiled = fused_ar_wanted(trunk, cache)
+        loop = fused_ar_cycles if compiled else ar_cycles
+        return loop(trunk, cache, params, history, 0, first, len(prompt)), first, compiled
     fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache, hybrid=True)  # as served
     decoder = (FusedSpeculativeDecoder if fused else SpeculativeDecoder)(
         trunk, head, cache, params, history, 0, depth)

@@ -140,7 +140,7 @@ def run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: boo
         profiler.stop()
     loop.close()
     return {"size": size, "dtype": dtype, "depth": depth, "steps": steps, "context": context,
-            "loop": "ar" if depth == 0 else ("fused" if fused else "stepwise"),
+            "loop": ("ar compiled" if fused else "ar") if depth == 0 else ("fused" if fused else "stepwise"),
             "small_m_kernel": small_m_kernel, "profiled": profiled,
             "wall_ms_per_step": elapsed * 1000 / steps, "tokens_per_step": tokens / steps}
 
