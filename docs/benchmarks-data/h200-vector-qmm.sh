@@ -50,10 +50,11 @@
 #   PART=ar-loop  the hybrid 27B's AR decode in the compiled loop (decoding/fused_ar.py, served
 #                 for hybrids on CUDA since 2026-12-04, fourth session) and op by op
 #                 (MTPLX_FUSED_AR=0), at DTYPES (4bit)
-#   PART=compiled-decode  the small-M kernel's vector layout on decode steps inside the compiled
-#                 AR loop (2026-12-04, fifth session): a compiled step pays a custom kernel's host
-#                 cost once, when traced. The hybrid 27B 4-bit from each weight count in FROM
-#                 (64M and 16M), then the 32B 4-bit in the compiled loop (MTPLX_FUSED_AR=1)
+#   PART=compiled-decode  decode in the compiled AR loop (2026-12-04, fifth session), which pays a
+#                 custom kernel's host cost once, when traced: SIZE=hybrid-27b (default) 4-bit
+#                 with the vector layout on its decode steps from each weight count in FROM (64M
+#                 and 16M), then bf16 and 8-bit; SIZE=qwen3-32b compiled (MTPLX_FUSED_AR=1)
+#                 against op by op at DTYPES (4bit,8bit), the kernel as served
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
 #                 on MLX's matvec: real_size --kernel-decode-from never; since 2026-12-03 the
 #                 default for hybrid models), stock beside it, depths 1 and 3 at T=0 and 0.6
@@ -187,18 +188,26 @@ elif [ "$PART" = ar-loop ]; then
       --decode-tokens 32 --repeats 4 --json-out "$work/ar-loop-${DTYPES:-4bit}-$setting.json"
   done
 elif [ "$PART" = compiled-decode ]; then
-  # The vector layout on decode steps inside the compiled AR loop: the hybrid's (served
-  # compiled on CUDA) from each weight count in FROM (64M: its MLP and lm_head; 16M: its GDN
-  # and attention projections too), each process with MLX's matvec beside it; then the 32B in
-  # the compiled loop (MTPLX_FUSED_AR=1), stock and with the kernel as served to dense 4-bit.
-  for from in ${FROM:-67108864 16777216}; do
-    step "compiled-decode-hybrid-$from" 280 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b \
-      --dtypes 4bit --decode-only --decode-tokens 32 --repeats 4 --small-m-kernel --kernel-decode-from "$from" \
-      --json-out "$work/compiled-decode-hybrid-$from.json"
-  done
-  step compiled-decode-32b 240 env MTPLX_FUSED_AR=1 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b \
-    --dtypes 4bit --decode-only --decode-tokens 32 --repeats 4 --small-m-kernel \
-    --json-out "$work/compiled-decode-32b.json"
+  # Decode in the compiled AR loop. SIZE=hybrid-27b (served compiled on CUDA): 4-bit with its
+  # decode steps on the vector layout from each weight count in FROM (64M: its MLP and lm_head;
+  # 16M: its GDN and attention projections too), MLX's matvec beside it in each process, then
+  # bf16 and 8-bit. SIZE=qwen3-32b: the compiled loop (MTPLX_FUSED_AR=1) against op by op
+  # (=0), 4-bit and 8-bit, the kernel as served.
+  if [ "${SIZE:-hybrid-27b}" = hybrid-27b ]; then
+    for from in ${FROM:-67108864 16777216}; do
+      step "compiled-decode-hybrid-4bit-$from" 280 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b \
+        --dtypes 4bit --decode-only --decode-tokens 32 --repeats 4 --small-m-kernel --kernel-decode-from "$from" \
+        --json-out "$work/compiled-decode-hybrid-4bit-$from.json"
+    done
+    step compiled-decode-hybrid-bf16-8bit 200 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b \
+      --dtypes bf16,8bit --decode-only --decode-tokens 32 --repeats 4 --json-out "$work/compiled-decode-hybrid-bf16-8bit.json"
+  else
+    for setting in 1 0; do
+      step "compiled-decode-$SIZE-ar$setting" 280 env MTPLX_FUSED_AR=$setting python3 -m mtplxd.engine.bench.real_size \
+        --sizes "$SIZE" --dtypes "${DTYPES:-4bit,8bit}" --decode-only --decode-tokens 32 --repeats 4 \
+        --small-m-kernel --json-out "$work/compiled-decode-$SIZE-ar$setting.json"
+    done
+  fi
 elif [ "$PART" = hybrid-verify ]; then
   step hybrid-verify-only 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
     --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 --repeats 6 \

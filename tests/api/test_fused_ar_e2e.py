@@ -1,7 +1,8 @@
 """A real daemon serving a hybrid's AR requests through the compiled AR loop (fused_ar.py;
 on by default on CUDA, asked for here with MTPLX_FUSED_AR=1): /health names it, answers equal
-the op-by-op loop's, two requests at once each equal their solo answer, a 1-token turn, and a
-client that leaves mid-stream leaves the daemon serving."""
+the op-by-op loop's, two requests at once each equal their solo answer, a 1-token turn, a
+reply to the end of the context, and a client that leaves mid-stream leaves the daemon
+serving."""
 
 from __future__ import annotations
 
@@ -74,6 +75,21 @@ def test_two_requests_at_once_each_answer_as_alone(compiled):
 def test_a_one_token_turn(compiled):
     reply = ask(compiled, "hi", max_tokens=1)
     assert reply.usage.completion_tokens == 1 and reply.choices[0].finish_reason == "length"
+
+
+def test_a_reply_runs_to_the_end_of_the_context_and_the_next_turn_is_served(compiled):
+    """The loop's buffers grow to the context's last slot and no further: a reply asked for
+    more than fits is clamped to the room left, decodes all of it, and ends at the limit
+    (the runaway-loop guard off: greedy, the tiny model repeats itself)."""
+    with openai.OpenAI(base_url=compiled.base_url + "/v1", api_key="x", max_retries=0) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, max_tokens=100_000, temperature=0, messages=[{"role": "user", "content": "go"}],
+            extra_body={**AR, "ignore_eos": True, "repetition_guard": False})
+    reply, room = raw.parse(), int(raw.headers["x-mtplx-max-tokens"])
+    window = httpx.get(compiled.base_url + "/v1/models").json()["data"][0]["context_length"]
+    assert room == window - reply.usage.prompt_tokens and room > 1000
+    assert reply.usage.completion_tokens == room and reply.choices[0].finish_reason == "length"
+    assert ask(compiled, "hi", max_tokens=4).usage.completion_tokens == 4
 
 
 def test_a_client_leaving_mid_stream_leaves_the_daemon_serving(compiled):
