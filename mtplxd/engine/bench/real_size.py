@@ -10,12 +10,11 @@
 No download: each model is built from its config with random weights (bf16, then MLX affine
 quantization in groups of 64 for 8bit/4bit; `f32` keeps float32, the exactness checks'
 control), with a random MTP head, one layer at a time so a 65 GB bf16 32B never needs a
-float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3,
-the releases' config.json), `hybrid-27b` (Qwen3.5/3.6-27B: 64 layers, 48 Gated DeltaNet and
-16 gated attention, hidden 5120, vocab 248,320), `mid` (7M parameters, for a CPU),
-`hybrid-27b-layers` (the 27B hybrid's 64 layers at the tiny widths: a 27B step's graph,
-whose host cost a CPU can measure) and `tiny` / `tiny-hybrid` for tests. For
-each size and dtype, at `--context` tokens of context:
+float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' config.json),
+`hybrid-27b` (Qwen3.5/3.6-27B: 64 layers, 48 Gated DeltaNet and 16 gated attention, hidden
+5120, vocab 248,320), `mid` (7M parameters, for a CPU), `hybrid-27b-layers` (the 27B hybrid's
+64 layers at the tiny widths: a 27B step's graph, whose host cost a CPU can measure) and
+`tiny` / `tiny-hybrid` for tests. For each size and dtype, at `--context` tokens of context:
 
   * decode: ms per token of our AR loop and of mlx-lm's `generate_step` (the reference line)
     over `--decode-tokens` tokens, greedy and T=0.6 top-p 0.95; `roofline_ms` = bytes read
@@ -185,7 +184,8 @@ def _quantizable(_: str, module: nn.Module) -> bool:
 
 def bytes_read_per_step(model: nn.Module, trunk: Any, context: int) -> dict[str, int]:
     """What one decode step must read: every trunk weight (an untied embedding table only
-    gives one row) and the KV cache of `context` tokens (attention layers, in the model's float type)."""
+    gives one row) and the KV cache of `context` tokens (attention layers, in the model's
+    float type)."""
     params = {k: v for k, v in tree_flatten(model.parameters()) if not k.startswith("mtp.")}
     weights = sum(v.nbytes for v in params.values())
     embed = sum(v.nbytes for k, v in params.items() if "embed_tokens" in k)
