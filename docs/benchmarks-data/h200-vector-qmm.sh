@@ -51,10 +51,11 @@
 #                 for hybrids on CUDA since 2026-12-04, fourth session) and op by op
 #                 (MTPLX_FUSED_AR=0), at DTYPES (4bit)
 #   PART=compiled-decode  decode in the compiled AR loop (2026-12-04, fifth session), which pays a
-#                 custom kernel's host cost once, when traced: SIZE=hybrid-27b (default) 4-bit
-#                 with the vector layout on its decode steps from each weight count in FROM (64M
-#                 and 16M), then bf16 and 8-bit; SIZE=qwen3-32b compiled (MTPLX_FUSED_AR=1)
-#                 against op by op at DTYPES (4bit,8bit), the kernel as served
+#                 custom kernel's host cost once, when traced: SIZE=hybrid-27b (default) its
+#                 matrices alone at one row (bench.small_m), then 4-bit with the vector layout
+#                 on its decode steps from each weight count in FROM (64M and 16M; ~480 s on a
+#                 fresh machine); SIZE=hybrid-27b-dtypes bf16 and 8-bit; SIZE=qwen3-32b compiled
+#                 (MTPLX_FUSED_AR=1) against op by op at DTYPES (4bit,8bit), the kernel as served
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
 #                 on MLX's matvec: real_size --kernel-decode-from never; since 2026-12-03 the
 #                 default for hybrid models), stock beside it, depths 1 and 3 at T=0 and 0.6
@@ -190,16 +191,20 @@ elif [ "$PART" = ar-loop ]; then
 elif [ "$PART" = compiled-decode ]; then
   # Decode in the compiled AR loop. SIZE=hybrid-27b (served compiled on CUDA): 4-bit with its
   # decode steps on the vector layout from each weight count in FROM (64M: its MLP and lm_head;
-  # 16M: its GDN and attention projections too), MLX's matvec beside it in each process, then
-  # bf16 and 8-bit. SIZE=qwen3-32b: the compiled loop (MTPLX_FUSED_AR=1) against op by op
-  # (=0), 4-bit and 8-bit, the kernel as served.
+  # 16M: its GDN and attention projections too), MLX's matvec beside it in each process;
+  # SIZE=hybrid-27b-dtypes: bf16 and 8-bit. SIZE=qwen3-32b: the compiled loop
+  # (MTPLX_FUSED_AR=1) against op by op (=0), 4-bit and 8-bit, the kernel as served.
   if [ "${SIZE:-hybrid-27b}" = hybrid-27b ]; then
+    # Each of the hybrid's matrices alone at one row: which the vector layout beats MLX's matvec on.
+    step small-m-hybrid 90 python3 -m mtplxd.engine.bench.small_m "$work/small-m-hybrid.json" \
+      --sizes hybrid-27b --bits 4 --rows 1 --repeats 6 --shipped-only
     for from in ${FROM:-67108864 16777216}; do
       step "compiled-decode-hybrid-4bit-$from" 280 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b \
         --dtypes 4bit --decode-only --decode-tokens 32 --repeats 4 --small-m-kernel --kernel-decode-from "$from" \
         --json-out "$work/compiled-decode-hybrid-4bit-$from.json"
     done
-    step compiled-decode-hybrid-bf16-8bit 200 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b \
+  elif [ "$SIZE" = hybrid-27b-dtypes ]; then
+    step compiled-decode-hybrid-bf16-8bit 300 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b \
       --dtypes bf16,8bit --decode-only --decode-tokens 32 --repeats 4 --json-out "$work/compiled-decode-hybrid-bf16-8bit.json"
   else
     for setting in 1 0; do

@@ -356,3 +356,24 @@ def test_the_profile_driver_times_calls_evaluated_together(capsys):
     assert match, line
     build, wall = float(match[1]), float(match[2])
     assert 0 < build <= wall  # the evaluation's wall time includes building the calls
+
+
+def test_the_micro_benchs_hybrid_shapes_are_the_real_size_hybrids_matrices():
+    """bench.small_m times the hybrid 27B's matrices by hand-written shapes: they are the ones
+    real_size's hybrid-27b holds (built lazily here: nothing is allocated)."""
+    from mlx_lm.models import qwen3_5
+
+    from mtplxd.engine.bench.real_size import _HYBRID_27B
+    from mtplxd.engine.bench.small_m import SHAPES
+
+    text = dict(model_type="qwen3_5_text", rms_norm_eps=1e-6, attn_output_gate=True, **_HYBRID_27B)
+    model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict({"model_type": "qwen3_5", "text_config": text}))
+    layers = model.language_model.model.layers
+    gdn, attention = layers[0].linear_attn, layers[_HYBRID_27B["full_attention_interval"] - 1].self_attn
+    held = {"in_proj_qkv": gdn.in_proj_qkv, "in_proj_z": gdn.in_proj_z, "in_proj_b": gdn.in_proj_b,
+            "out_proj": gdn.out_proj, "q_proj": attention.q_proj, "k_proj": attention.k_proj,
+            "gate_proj": layers[0].mlp.gate_proj, "down_proj": layers[0].mlp.down_proj,
+            "lm_head": model.language_model.lm_head}
+    assert {name: tuple(held[name].weight.shape) for name, _, _ in SHAPES["hybrid-27b"]} == {
+        name: (n, k) for name, n, k in SHAPES["hybrid-27b"]}
+    assert tuple(gdn.in_proj_a.weight.shape) == tuple(gdn.in_proj_b.weight.shape)

@@ -1,11 +1,11 @@
 """The small-M quantized matmul kernel against mx.quantized_matmul, and its error, per shape.
 
-    python -m mtplxd.engine.bench.small_m OUT.json [--sizes qwen3-4b,qwen3-32b,embedded]
+    python -m mtplxd.engine.bench.small_m OUT.json [--sizes qwen3-4b,qwen3-32b,hybrid-27b,embedded]
         [--rows 1,2,3,4,5,6]
         [--bits 4,8] [--repeats 20] [--shipped-only] [--mma-variants]
 
-For every weight matrix of a Qwen3-4B and a Qwen3-32B layer (and the lm_head), 4- and 8-bit
-(groups of 64), and M = 1..6 input rows (bf16): microseconds per call of
+For every weight matrix of a Qwen3-4B, a Qwen3-32B and a hybrid 27B layer (and the lm_head),
+4- and 8-bit (groups of 64), and M = 1..6 input rows (bf16): microseconds per call of
 mx.quantized_matmul and of the kernel (a batch of calls evaluated together, after warm-up, so
 launch plus run time), the weight bytes each call reads over that time (GB/s, and the
 fraction of the 4.3 TB/s roofline), and each one's error against the float32 truth
@@ -46,6 +46,12 @@ SHAPES: dict[str, list[tuple[str, int, int]]] = {
                  ("gate_proj", 9728, 2560), ("down_proj", 2560, 9728), ("lm_head", 151936, 2560)],
     "qwen3-32b": [("q_proj", 8192, 5120), ("k_proj", 1024, 5120), ("o_proj", 5120, 8192),
                   ("gate_proj", 25600, 5120), ("down_proj", 5120, 25600), ("lm_head", 151936, 5120)],
+    # The hybrid 27B's (bench.real_size's hybrid-27b): a Gated DeltaNet layer's in_proj_qkv,
+    # in_proj_z, in_proj_b (in_proj_a's shape too) and out_proj, a gated attention layer's
+    # q_proj (queries and gate) and k_proj, the MLP's, and the 248k-row lm_head.
+    "hybrid-27b": [("in_proj_qkv", 10240, 5120), ("in_proj_z", 6144, 5120), ("in_proj_b", 48, 5120),
+                   ("out_proj", 5120, 6144), ("q_proj", 12288, 5120), ("k_proj", 1024, 5120),
+                   ("gate_proj", 17408, 5120), ("down_proj", 5120, 17408), ("lm_head", 248320, 5120)],
     # The embedded model's (hidden 256): its verify shapes are launch-bound, so what counts is
     # which kernel a row count gets (MLX switches from its matvec to a tiled qmm at 8 rows).
     "embedded": [("q_proj", 256, 256), ("k_proj", 128, 256), ("gate_proj", 640, 256),
