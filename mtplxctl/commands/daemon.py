@@ -311,7 +311,8 @@ def _decoding_text(model: dict[str, Any]) -> str:
     if model.get("mode") == "mtp":
         loop = " (fused loop)" if model.get("decode_loop") == "fused" else ""
         weights = model.get("quantization") or model.get("dtype")
-        return f"MTP depth {model.get('depth')}{loop}" + (f", {weights}" if weights else "")
+        reason = f" ({model['depth_reason']})" if model.get("depth_reason") else ""
+        return f"MTP depth {model.get('depth')}{reason}{loop}" + (f", {weights}" if weights else "")
     return f"AR: {model.get('ar_reason') or 'no MTP head'}"
 
 

@@ -181,6 +181,8 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
         degradations = []
         if info and info.get("mode") == "ar":
             degradations.append({"what": "mtp", "why": info.get("ar_reason") or "no MTP head"})
+        elif info and info.get("depth_reason"):  # MTP loaded, off by default on this backend
+            degradations.append({"what": "mtp_depth", "why": info["depth_reason"]})
         chosen = blas.status()
         if chosen is not None and chosen.degraded:
             degradations.append({"what": "blas", "why": chosen.degraded})
@@ -200,6 +202,7 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
             "mode": info["mode"] if info else None,
             "ar_reason": info.get("ar_reason") if info else None,
             "depth": info["depth"] if info else None,
+            "depth_reason": info.get("depth_reason") if info else None,
             # The server's window (memory-capped) beside the model's own.
             **(served_window(runtime).to_dict() if info else
                {"context_length": None, "model_context_length": None, "context_limited_by": None}),

@@ -45,6 +45,10 @@ DECODE_LOOP_CHOICES = ("auto", "fused", "stepwise")
 # Quantizing an unquantized checkpoint as it loads: "auto" (what the checkpoint's config asks
 # for on this backend: loader.CUDA_QUANTIZATION_KEY), "none", or MLX affine "8bit" / "4bit".
 QUANTIZE_CHOICES = ("auto", "none", "8bit", "4bit")
+# What a model computes in: "auto" (loader.compute_dtype: float32 on the Linux CPU, else the
+# checkpoint's) or "checkpoint" (the checkpoint's own dtype anywhere: half the KV memory on
+# the Linux CPU, at the speed bench.cpu_dtype measures).
+COMPUTE_CHOICES = ("auto", "checkpoint")
 
 @dataclass
 class SamplingParams:
@@ -226,6 +230,8 @@ class ModelInfo:
     # kernel, or MLX's own ops where the kernel is missing, off or failed its probe.
     kernels: dict[str, str] = field(default_factory=dict)
     kv_bits: int = 0  # attention KV cache quantization (0 = full precision)
+    # Why an MTP model's default depth is 0 on this backend (loader.default_depth), when it is.
+    depth_reason: str | None = None
 
     def to_dict(self) -> dict:
         """A JSON-ready copy."""

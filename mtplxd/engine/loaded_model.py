@@ -17,8 +17,8 @@ from mtplxd.engine.generation import generate as run_generation
 from mtplxd.engine.generation import generate_steps as run_generation_steps
 from mtplxd.engine.generation import score as run_score
 from mtplxd.engine.interface import (
-    DECODE_LOOP_CHOICES, QUANTIZE_CHOICES, GenerationRequest, GenerationResult, ModelInfo,
-    ModelLoadError, TokenDelta,
+    COMPUTE_CHOICES, DECODE_LOOP_CHOICES, QUANTIZE_CHOICES, GenerationRequest, GenerationResult,
+    ModelInfo, ModelLoadError, TokenDelta,
 )
 from mtplxd.engine.model import cpu_attention as cpu_attention_path
 from mtplxd.engine.model import gdn_kernel, mrope, small_m_qmm
@@ -26,8 +26,8 @@ from mtplxd.engine.model.families import get_family
 from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
 from mtplxd.engine.model.kv_cache import KV_BITS_CHOICES, fixed_shapes_wanted, kv_group_size
 from mtplxd.engine.model.loader import (
-    MAX_DEPTH, compute_dtype, inspect_checkpoint, load_checkpoint, model_dtype, quantize_on_load,
-    recommended_depth, upcast,
+    MAX_DEPTH, compute_dtype, default_depth, inspect_checkpoint, load_checkpoint, model_dtype,
+    quantize_on_load, upcast,
 )
 from mtplxd.engine.model.trunk import Trunk
 from mtplxd.engine.session.bank import BankSettings, SessionBank, identity_for
@@ -119,11 +119,13 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                kv_bits: int | str = 0,
                text_only: str | None = None,
                cpu_attention: str | None = None,
-               small_m_kernel: bool | None = None) -> LoadedModel:
+               small_m_kernel: bool | None = None,
+               compute: str = "auto") -> LoadedModel:
     """Load an HF-format folder for serving (owner thread only).
 
     Registered families with MTP tensors are served MTP at `depth` (default: the checkpoint's
-    recommended depth, see loader.recommended_depth, else 3); anything else
+    recommended depth, see loader.recommended_depth, else 3; 0 for quantized weights on the
+    CPU backend, with `info.depth_reason` saying why: loader.default_depth); anything else
     mlx-lm loads is served AR with `info.ar_reason` saying why. Raises ModelLoadError for
     refused checkpoints (auto_map, unsupported quantization, missing files). With
     `session_bank` settings the model gets a session bank (prefix reuse; off by default).
@@ -146,6 +148,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     or not; None keeps its default (`small_m_qmm.default_wanted`: 27B/32B-class 4- and 8-bit
     models, a hybrid's verify blocks only).
     `info.kernels` says which runs.
+    `compute` "auto" upcasts where loader.compute_dtype says (float32 on the Linux CPU,
+    quantized checkpoints' scales and norms included); "checkpoint" keeps the checkpoint's
+    dtype (bench.cpu_dtype's other arm). `info.dtype` says which.
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -157,6 +162,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         raise ModelLoadError(f"mtp depth must be between 0 and {MAX_DEPTH}, got {depth}")
     if quantize not in QUANTIZE_CHOICES:
         raise ModelLoadError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
+    if compute not in COMPUTE_CHOICES:
+        raise ModelLoadError(f"compute must be one of {', '.join(COMPUTE_CHOICES)}, got {compute!r}")
     if decode_loop not in DECODE_LOOP_CHOICES:
         raise ModelLoadError(f"decode_loop must be one of {', '.join(DECODE_LOOP_CHOICES)}, "
                              f"got {decode_loop!r}")
@@ -173,8 +180,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     on_cuda = fixed_shapes_wanted()
     quantized_at_load = quantize_on_load(model, config, quantize, on_cuda=on_cuda)
     grown = 0
-    dtype = compute_dtype(sys.platform, on_cpu=_on_cpu(),
-                          quantized=bool(quantized_at_load or report.quantization))
+    dtype = compute_dtype(sys.platform, on_cpu=_on_cpu()) if compute == "auto" else None
     if dtype is not None:
         grown = upcast(model, dtype)
     # The model's quantized layers, MTP head included.
@@ -187,13 +193,16 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         trunk.quantize_draft_head(bits=draft_head_bits)
     text_config = config.get("text_config") or {}
     _set_kv_bits(trunk, config, kv_bits)
+    served_depth, depth_reason = default_depth(
+        config, on_cuda, quantized_on_cpu=_on_cpu() and bool(quantized_at_load or report.quantization))
     info = ModelInfo(
         id=model_id or path.name,
         path=str(path),
         family=report.model_type,
         mode=report.mode,
         ar_reason=report.reason if report.mode == "ar" else None,
-        depth=(recommended_depth(config, on_cuda) if depth is None else depth) if with_mtp else 0,
+        depth=(served_depth if depth is None else depth) if with_mtp else 0,
+        depth_reason=depth_reason if with_mtp and depth is None else None,
         context_length=int(report.context_length or 0),
         quantization=quantized_at_load or report.quantization,
         vocab_size=int(config.get("vocab_size") or text_config.get("vocab_size")),

@@ -311,6 +311,18 @@ def test_bench_ops_prefill_section_times_each_step_of_a_chunks_attention():
     assert "prefill" in SECTIONS
 
 
+def test_bench_ops_qdtype_section_times_each_bit_width_dtype_and_row_count():
+    from mtplxd.engine.bench.ops import SECTIONS, _quantized_by_dtype
+
+    timed: dict[str, float] = {}
+    _quantized_by_dtype(lambda name, us: timed.__setitem__(name, us), shapes=((128, 64),), rows=(1, 4))
+    assert sorted(timed) == sorted(
+        [f"qmatmul q{bits} 64->128 M={m} mlx.core.{dt}" for bits in (4, 8) for m in (1, 4)
+         for dt in ("bfloat16", "float32")]
+        + [f"matmul 64->128 M={m} dense mlx.core.{dt}" for m in (1, 4) for dt in ("bfloat16", "float32")])
+    assert all(us > 0 for us in timed.values()) and "qdtype" in SECTIONS
+
+
 def test_split_cost_bench_compares_the_timed_cycles_on_and_off(tiny_model_factory, tmp_path):
     from mtplxd.engine import generation
     from mtplxd.engine.bench.split_cost import main as split_cost

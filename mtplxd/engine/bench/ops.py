@@ -1,10 +1,12 @@
 """What single ops cost on this device, by row count: the kernels a verify and a draft use.
 
-    python -m mtplxd.engine.bench.ops OUT.json [mm,sdpa,norm,samp,big,prefill]
+    python -m mtplxd.engine.bench.ops OUT.json [mm,qdtype,sdpa,norm,samp,big,prefill]
 
 Each figure is the median time per op of a chain of ops evaluated together (after warm-up),
 so on a GPU it is the op's launch and run time, not a host round trip. Sections: bf16 and
-quantized matmuls at 1-8 rows ("mm"), attention over a 512-slot buffer with and without
+quantized matmuls at 1-8 rows ("mm"), quantized products of 1 and 4 rows with bfloat16 and
+with float32 scales and inputs beside the dense ones ("qdtype": what the Linux CPU computes a
+quantized checkpoint in), attention over a 512-slot buffer with and without
 masks, and on CUDA through the fused cycle's buffer kernel ("sdpa"), rms_norm and rope
 ("norm"), the sampling pieces over an 8192 vocabulary ("samp"), a training-sized matmul
 in float32 and bfloat16 ("big"), and one prefill chunk's attention taken apart ("prefill":
@@ -26,7 +28,7 @@ from mtplxd.engine.decoding import buffer_attention
 from mtplxd.engine.decoding.sampling import scaled_logits
 from mtplxd.engine.interface import SamplingParams
 
-SECTIONS = ("mm", "sdpa", "norm", "samp", "big", "prefill")
+SECTIONS = ("mm", "qdtype", "sdpa", "norm", "samp", "big", "prefill")
 
 
 def per_op_us(build: Callable[[int], object], n: int = 32, repeats: int = 20) -> float:
@@ -147,6 +149,31 @@ def _sampling(record) -> None:
                    per_op_us(lambda n, c=compiled: [c(logits) for _ in range(n)], n=8))
 
 
+def _quantized_by_dtype(record, shapes=((4096, 2560), (2560, 9728)), rows=(1, 4)) -> None:
+    """1 and 4 rows (a decode step, a depth-3 verify) through a quantized matrix of a 4B
+    model's size (q_proj, down_proj), its scales, biases and input in bfloat16 (as a quantized
+    checkpoint ships) and in float32 (as the Linux CPU serves it), beside the same matrix dense
+    in float32 and bfloat16: the activations' dtype sets what MLX's CPU quantized matmul
+    computes in, and its rows each cost a pass."""
+    for n_out, n_in in shapes:
+        w = mx.random.normal((n_out, n_in)) * 0.02
+        for m in rows:
+            x = mx.random.normal((m, n_in))
+            for bits in (4, 8):
+                packed, scales, biases = mx.quantize(w.astype(mx.bfloat16), 64, bits)
+                for dt in (mx.bfloat16, mx.float32):
+                    args = (x.astype(dt), packed, scales.astype(dt), biases.astype(dt))
+                    mx.eval(*args)
+                    record(f"qmatmul q{bits} {n_in}->{n_out} M={m} {dt}", per_op_us(
+                        lambda n, a=args, b=bits: [mx.quantized_matmul(*a, transpose=True, group_size=64, bits=b)
+                                                   for _ in range(n)], n=4, repeats=5))
+            for dt in (mx.bfloat16, mx.float32):
+                dense, row = w.astype(dt), x.astype(dt)
+                mx.eval(dense, row)
+                record(f"matmul {n_in}->{n_out} M={m} dense {dt}",
+                       per_op_us(lambda n, a=row, d=dense: [a @ d.T for _ in range(n)], n=4, repeats=5))
+
+
 def _training_matmul(record) -> None:
     for dt in (mx.float32, mx.bfloat16):
         a = mx.random.normal((32768, 384)).astype(dt)
@@ -206,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             y = y + 1
         return y
     record("elementwise add [1,384]", per_op_us(adds))
-    runners = {"mm": _matmuls, "sdpa": _attention, "norm": _norms, "samp": _sampling,
+    runners = {"mm": _matmuls, "qdtype": _quantized_by_dtype, "sdpa": _attention, "norm": _norms, "samp": _sampling,
                "big": _training_matmul, "prefill": _prefill_attention}
     for name in sections:
         runners[name](record)

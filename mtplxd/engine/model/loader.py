@@ -40,6 +40,25 @@ LOAD_QUANTIZE_GROUP_SIZE = 64
 MAX_DEPTH = 8
 
 
+# Why a quantized model on the CPU backend decodes AR unless asked otherwise: MLX's CPU
+# quantized matmul loops over its rows, so a verify of K+1 tokens costs about K+1 decode steps,
+# and MTP only slows the model down (the embedded model quantized to 4-bit on the Linux CPU:
+# MTP/AR 0.71x at depth 3, 0.88x at depth 1; docs/benchmarks.md, "Quantized checkpoints on
+# the Linux CPU").
+QUANTIZED_CPU_DEPTH_REASON = (
+    "quantized weights on the CPU: MLX's quantized matmul costs every row of a verify what a "
+    "decode step costs, so MTP decodes slower than AR here; set a depth to use it anyway")
+
+
+def default_depth(config: dict[str, Any], on_cuda: bool, quantized_on_cpu: bool) -> tuple[int, str | None]:
+    """The depth a model is served at when none is asked for, and why it is 0 where MTP would
+    cost more than it saves (None otherwise): QUANTIZED_CPU_DEPTH_REASON for quantized
+    weights on the CPU backend, else `recommended_depth`."""
+    if quantized_on_cpu:
+        return 0, QUANTIZED_CPU_DEPTH_REASON
+    return recommended_depth(config, on_cuda), None
+
+
 def recommended_depth(config: dict[str, Any], on_cuda: bool = False) -> int:
     """The checkpoint's own recommended MTP depth (on CUDA its CUDA_DEPTH_KEY, when it names
     one), else DEFAULT_DEPTH."""
@@ -309,15 +328,20 @@ def quantize_on_load(model, config: dict[str, Any], choice: str, on_cuda: bool) 
     return f"{bits}bit, at load"
 
 
-def compute_dtype(system: str, on_cpu: bool, quantized: bool) -> str | None:
-    """The dtype to upcast an unquantized model to at load, or None to keep the checkpoint's.
+def compute_dtype(system: str, on_cpu: bool) -> str | None:
+    """The dtype to upcast a model's floating parameters to at load, or None to keep the
+    checkpoint's.
 
     float32 on the Linux CPU backend: MLX's CPU matmul has a BLAS path (cblas_sgemm, an
     optimized BLAS through mtplxd.blas) only for float32; bfloat16 and float16 matmuls run a
-    plain loop at a few GFLOP/s. Metal (macOS) and CUDA compute half-precision natively, and
-    quantized weights keep their own kernels.
+    plain loop at a few GFLOP/s. Quantized checkpoints too: their packed weights stay as they
+    are, and their scales, biases, norms and activations become float32, because MLX's CPU
+    quantized matmul computes in the activations' dtype. A 4-bit 4096x2560 product of one
+    row took 72 ms with bfloat16 activations and scales on a 2-core Linux VM, 9.2 ms with
+    float32 (docs/benchmarks.md, "Quantized checkpoints on the Linux CPU"). Metal (macOS)
+    and CUDA compute half-precision natively and keep the checkpoint's dtype.
     """
-    if system.startswith("linux") and on_cpu and not quantized:
+    if system.startswith("linux") and on_cpu:
         return "float32"
     return None
 

@@ -1,0 +1,56 @@
+"""A real daemon serving a 4-bit checkpoint (bfloat16 scales, as mlx-community ships them) on
+the Linux CPU: it computes in float32, decodes AR by default and says why in /health and
+`mtplxctl status`, and a request that asks for MTP still gets it."""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+
+from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
+from mtplxd.engine.model.loader import QUANTIZED_CPU_DEPTH_REASON
+from support.api_daemon import ApiDaemon, ctl_in, serving
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the Linux CPU's rule")
+MODEL = "tiny-q4"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiDaemon]:
+    checkpoint = write_tiny_checkpoint(tmp_path_factory.mktemp("models") / MODEL, "qwen3",
+                                       quantize_bits=4, torch_dtype="bfloat16")
+    with serving(checkpoint, tmp_path_factory.mktemp("home")) as running:
+        yield running
+
+
+def ask(daemon: ApiDaemon, **extra) -> openai.types.chat.ChatCompletion:
+    with openai.OpenAI(base_url=daemon.base_url + "/v1", api_key="x", max_retries=0) as client:
+        return client.chat.completions.create(
+            model=MODEL, max_tokens=12, temperature=0, messages=[{"role": "user", "content": "add two numbers"}],
+            extra_body={"ignore_eos": True, **extra})
+
+
+def test_health_says_ar_by_default_and_why(daemon):
+    health = httpx.get(daemon.base_url + "/health").json()
+    assert health["mode"] == "mtp" and health["depth"] == 0
+    assert health["depth_reason"] == QUANTIZED_CPU_DEPTH_REASON
+    assert {"what": "mtp_depth", "why": QUANTIZED_CPU_DEPTH_REASON} in health["degradations"]
+    model = daemon.client.call("daemon.status")["model"]
+    assert model["dtype"] == "float32" and model["quantization"]
+
+
+def test_a_request_runs_ar_unless_it_asks_for_a_depth(daemon):
+    plain, asked = ask(daemon), ask(daemon, mtp_depth=2)
+    assert plain.model_extra["mtplx_stats"]["depth"] == 0 and plain.model_extra["mtplx_stats"]["drafted"] == 0
+    assert asked.model_extra["mtplx_stats"]["depth"] == 2 and asked.model_extra["mtplx_stats"]["drafted"] > 0
+    assert asked.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_status_shows_the_reason(daemon):
+    shown = ctl_in(daemon.home, "status")
+    assert shown.returncode == 0, shown.stderr
+    assert f"MTP depth 0 ({QUANTIZED_CPU_DEPTH_REASON})" in " ".join(shown.stdout.split())
