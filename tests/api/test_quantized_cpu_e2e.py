@@ -30,8 +30,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiDaemon]:
 def ask(daemon: ApiDaemon, **extra) -> openai.types.chat.ChatCompletion:
     with openai.OpenAI(base_url=daemon.base_url + "/v1", api_key="x", max_retries=0) as client:
         return client.chat.completions.create(
-            model=MODEL, max_tokens=12, temperature=0, messages=[{"role": "user", "content": "add two numbers"}],
-            extra_body={"ignore_eos": True, **extra})
+            model=MODEL, max_tokens=12, temperature=0,
+            messages=[{"role": "user", "content": "add two numbers"}], extra_body={"ignore_eos": True, **extra})
 
 
 def test_health_says_ar_by_default_and_why(daemon):
@@ -54,3 +54,11 @@ def test_status_shows_the_reason(daemon):
     shown = ctl_in(daemon.home, "status")
     assert shown.returncode == 0, shown.stderr
     assert f"MTP depth 0 ({QUANTIZED_CPU_DEPTH_REASON})" in " ".join(shown.stdout.split())
+
+
+def test_a_depth_set_while_serving_replaces_the_default_and_its_reason(daemon):
+    assert daemon.client.call("config.set", {"key": "depth", "value": 2})["value"] == 2
+    health = httpx.get(daemon.base_url + "/health").json()
+    assert health["depth"] == 2 and health["depth_reason"] is None
+    assert all(item["what"] != "mtp_depth" for item in health["degradations"])
+    assert ask(daemon).model_extra["mtplx_stats"]["depth"] == 2

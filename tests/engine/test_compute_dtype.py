@@ -58,8 +58,8 @@ def test_greedy_mtp_equals_ar_as_served(which, request):
     prompt = model.tokenizer.encode("def fibonacci(n):\n    ")
 
     def greedy(depth: int) -> list[int]:
-        return model.complete(GenerationRequest(
-            prompt_ids=prompt, depth=depth, sampling=SamplingParams(max_tokens=48, ignore_eos=True))).token_ids
+        sampling = SamplingParams(max_tokens=48, ignore_eos=True)
+        return model.complete(GenerationRequest(prompt_ids=prompt, depth=depth, sampling=sampling)).token_ids
 
     reference = greedy(0)
     for depth in (1, 3):

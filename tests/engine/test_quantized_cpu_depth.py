@@ -40,3 +40,27 @@ def test_a_configured_depth_wins_and_an_unquantized_model_keeps_its_own(quantize
     assert configured.info.depth == 3 and configured.info.depth_reason is None
     unquantized = load_model(tiny_model_factory("qwen3"))
     assert unquantized.info.depth == DEFAULT_DEPTH and unquantized.info.depth_reason is None
+
+
+def test_a_tuned_depth_replaces_the_default_and_its_reason(quantized_path, tmp_path):
+    """A real runtime with a depth `mtplxctl tune` saved for this model on this machine."""
+    import trio
+
+    from mtplxd.runtime import Runtime
+    from mtplxd.tuning import save_tuned, tuning_key
+
+    probe = load_model(quantized_path)
+    save_tuned(tmp_path / "tuning", tuning_key(probe.info.to_dict()), {"depth": 2})
+    seen = {}
+
+    async def main() -> None:
+        runtime = Runtime(tmp_path / "models", None, tuning_home=tmp_path / "tuning")
+        runtime.start()
+        try:
+            await runtime.load(str(quantized_path))
+            seen.update(runtime.model.info.to_dict(), source=runtime.depth_source)
+        finally:
+            runtime.stop()
+
+    trio.run(main)
+    assert (seen["depth"], seen["depth_reason"], seen["source"]) == (2, None, "tuned")

@@ -165,8 +165,9 @@ def _quantized_by_dtype(record, shapes=((4096, 2560), (2560, 9728)), rows=(1, 4)
                     args = (x.astype(dt), packed, scales.astype(dt), biases.astype(dt))
                     mx.eval(*args)
                     record(f"qmatmul q{bits} {n_in}->{n_out} M={m} {dt}", per_op_us(
-                        lambda n, a=args, b=bits: [mx.quantized_matmul(*a, transpose=True, group_size=64, bits=b)
-                                                   for _ in range(n)], n=4, repeats=5))
+                        lambda n, a=args, b=bits: [
+                            mx.quantized_matmul(*a, transpose=True, group_size=64, bits=b) for _ in range(n)],
+                        n=4, repeats=5))
             for dt in (mx.bfloat16, mx.float32):
                 dense, row = w.astype(dt), x.astype(dt)
                 mx.eval(dense, row)
@@ -233,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             y = y + 1
         return y
     record("elementwise add [1,384]", per_op_us(adds))
-    runners = {"mm": _matmuls, "qdtype": _quantized_by_dtype, "sdpa": _attention, "norm": _norms, "samp": _sampling,
-               "big": _training_matmul, "prefill": _prefill_attention}
+    runners = {"mm": _matmuls, "qdtype": _quantized_by_dtype, "sdpa": _attention, "norm": _norms,
+               "samp": _sampling, "big": _training_matmul, "prefill": _prefill_attention}
     for name in sections:
         runners[name](record)
     write_report(argv[0], {"device": device_name(), "mlx_version": mx.__version__,
