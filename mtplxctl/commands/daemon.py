@@ -92,10 +92,11 @@ def cmd_start(args: argparse.Namespace) -> int:
         args.model = ensure_default_model(pull=args.recommended,
                                           confirm=_ask_yes_no if interactive else None)
 
-    if client.is_running() and getattr(args, "hosts", None):
+    was_running = client.is_running()
+    if was_running and getattr(args, "hosts", None):
         err_console.print("[yellow]mtplxd is already running; --hosts applies at the next "
                           "`mtplxctl restart --hosts FILE`[/]")
-    if not client.is_running():
+    if not was_running:
         error = _launch(paths, args)
         if error is not None:
             return error
@@ -105,10 +106,10 @@ def cmd_start(args: argparse.Namespace) -> int:
         from mtplxctl.commands.models import ensure_default_model
         _load_model(client, ensure_default_model(pull=args.recommended, confirm=None), args.depth)
         args.depth = None  # loaded with it
-    if client.is_running() and (args.host or args.port is not None):
-        status = client.call("daemon.status")
-        http = status["http"]
-        if (args.host and args.host != http["host"]) or (args.port is not None and args.port != http["port"]):
+    if was_running and (args.host or args.port):  # a daemon this start did not launch
+        http = client.call("daemon.status")["http"]
+        # --port 0 asks for any free port: whichever the daemon holds is one.
+        if (args.host and args.host != http["host"]) or (args.port and args.port != http["port"]):
             err_console.print("[yellow]mtplxd is already running on "
                               f"{http['host']}:{http['port']}; --host/--port apply at the next "
                               "`mtplxctl restart`[/]")

@@ -66,6 +66,20 @@ def test_start_when_running_reuses_the_daemon(daemon):
     assert json.loads(result.stdout)["pid"] == daemon.pid
 
 
+def test_start_says_already_running_only_of_a_daemon_it_did_not_start():
+    fresh = run_ctl("start", "--port", "0")
+    try:
+        assert fresh.returncode == 0, fresh.stderr
+        assert "already running" not in fresh.stderr  # it launched this one: port 0 is any port
+        port = json.loads(run_ctl("status", "--json").stdout)["http"]["port"]
+        assert "already running" not in run_ctl("start", "--port", "0").stderr
+        assert "already running" not in run_ctl("start", "--port", str(port)).stderr
+        other = run_ctl("start", "--port", str(port + 1 if port < 65535 else port - 1))
+        assert "already running on 127.0.0.1:" in " ".join(other.stderr.split())
+    finally:
+        assert run_ctl("stop").returncode == 0
+
+
 def test_sigterm_and_sigint_shut_down_cleanly(tmp_path):
     for sig in (signal.SIGTERM, signal.SIGINT):
         running = start_daemon("--no-model")
