@@ -292,7 +292,7 @@ class Runtime:
             return "model"
         log.info("depth %d for %s from mtplxctl tune (%s)", tuned, model.info.id,
                  self.tuning_home / "tuning.json")
-        model.info.depth, model.info.depth_reason = tuned, None  # no longer the backend's default
+        model.serve_depth(tuned)
         return "tuned"
 
     async def _fall_back(self, failed_id: str, exc: Exception) -> str:
@@ -322,7 +322,7 @@ class Runtime:
         if depth is None:
             return False  # the recommended depth is worked out at load
         if model.head is not None:
-            model.info.depth, model.info.depth_reason = depth, None  # asked for: no reason to give
+            model.serve_depth(depth)
             self.depth_source = "setting"
         return True
 

@@ -79,12 +79,13 @@ def _add_start_args(parser: argparse.ArgumentParser) -> None:
 def cmd_start(args: argparse.Namespace) -> int:
     paths = Paths.from_env()
     client = ControlClient(paths.socket)
+    was_running = client.is_running()  # before this start: what it launches is not "already running"
     if args.foreground:
-        if client.is_running():
+        if was_running:
             return fail("mtplxd is already running", "stop it first with `mtplxctl stop`")
         os.execv(sys.executable, [sys.executable, "-m", "mtplxd", "--log-stderr", *_daemon_flags(args)])
 
-    if not args.model and not client.is_running():
+    if not args.model and not was_running:
         # Nothing named: the catalog's pick when it is pulled (or, with --recommended, pulled
         # now), else the configured or embedded model (docs/models.md).
         from mtplxctl.commands.models import ensure_default_model
@@ -92,7 +93,6 @@ def cmd_start(args: argparse.Namespace) -> int:
         args.model = ensure_default_model(pull=args.recommended,
                                           confirm=_ask_yes_no if interactive else None)
 
-    was_running = client.is_running()
     if was_running and getattr(args, "hosts", None):
         err_console.print("[yellow]mtplxd is already running; --hosts applies at the next "
                           "`mtplxctl restart --hosts FILE`[/]")
@@ -106,7 +106,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         from mtplxctl.commands.models import ensure_default_model
         _load_model(client, ensure_default_model(pull=args.recommended, confirm=None), args.depth)
         args.depth = None  # loaded with it
-    if was_running and (args.host or args.port):  # a daemon this start did not launch
+    if was_running and (args.host or args.port):
         http = client.call("daemon.status")["http"]
         # --port 0 asks for any free port: whichever the daemon holds is one.
         if (args.host and args.host != http["host"]) or (args.port and args.port != http["port"]):

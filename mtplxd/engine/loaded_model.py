@@ -61,6 +61,11 @@ class LoadedModel:
         self.bank = SessionBank(identity_for(self.info, self.tokenizer, self.model), settings)
         return self.bank
 
+    def serve_depth(self, depth: int) -> None:
+        """Serve `depth` by default from now on (a setting or a tuned depth): the backend's own
+        default, and the reason it gave for it (`info.depth_reason`), no longer apply."""
+        self.info.depth, self.info.depth_reason = depth, None
+
     def resolve_depth(self, requested: int | None) -> int:
         """The depth a request runs at: its own, else the model's; always 0 when served AR."""
         depth = self.info.depth if requested is None else requested
@@ -177,10 +182,10 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp, lazy=shard is not None)
     if shard is not None:
         shard(model)
-    on_cuda = fixed_shapes_wanted()
+    on_cuda, on_cpu = fixed_shapes_wanted(), _on_cpu()
     quantized_at_load = quantize_on_load(model, config, quantize, on_cuda=on_cuda)
     grown = 0
-    dtype = compute_dtype(sys.platform, on_cpu=_on_cpu()) if compute == "auto" else None
+    dtype = compute_dtype(sys.platform, on_cpu=on_cpu) if compute == "auto" else None
     if dtype is not None:
         grown = upcast(model, dtype)
     # The model's quantized layers, MTP head included.
@@ -194,7 +199,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     text_config = config.get("text_config") or {}
     _set_kv_bits(trunk, config, kv_bits)
     served_depth, depth_reason = default_depth(
-        config, on_cuda, quantized_on_cpu=_on_cpu() and bool(quantized_at_load or report.quantization))
+        config, on_cuda, quantized_on_cpu=on_cpu and bool(quantized_at_load or report.quantization))
     info = ModelInfo(
         id=model_id or path.name,
         path=str(path),

@@ -157,10 +157,10 @@ def _quantized_by_dtype(record, shapes=((4096, 2560), (2560, 9728)), rows=(1, 4)
     computes in, and its rows each cost a pass."""
     for n_out, n_in in shapes:
         w = mx.random.normal((n_out, n_in)) * 0.02
+        quantized = {bits: mx.quantize(w.astype(mx.bfloat16), 64, bits) for bits in (4, 8)}
         for m in rows:
             x = mx.random.normal((m, n_in))
-            for bits in (4, 8):
-                packed, scales, biases = mx.quantize(w.astype(mx.bfloat16), 64, bits)
+            for bits, (packed, scales, biases) in quantized.items():
                 for dt in (mx.bfloat16, mx.float32):
                     args = (x.astype(dt), packed, scales.astype(dt), biases.astype(dt))
                     mx.eval(*args)

@@ -89,6 +89,7 @@ from mtplxd.engine.bench.verify import (
     DIMS, logit_gaps, measure_forward_costs, measure_pipelined_forward_costs,
 )
 from mtplxd.engine.interface import SamplingParams
+from mtplxd.engine.model.loader import model_dtype
 
 PROG = "python -m mtplxd.engine.bench.real_size"
 BANDWIDTH_BYTES_PER_S = 4.3e12  # H200 device-to-device copy (docs/benchmarks.md)
@@ -192,7 +193,7 @@ def bytes_read_per_step(model: nn.Module, trunk: Any, context: int) -> dict[str,
     tied = trunk._tied()
     args = trunk.text.args
     attention_layers = sum(1 for layer in trunk.text.model.layers if not getattr(layer, "is_linear", False))
-    element = 4 if any(v.dtype == mx.float32 for v in params.values()) else 2  # f32, else bf16
+    element = getattr(mx, model_dtype(model)).size  # the KV cache's: the model's float type
     kv = attention_layers * 2 * args.num_key_value_heads * args.head_dim * element * context
     return {"weights_bytes": weights, "bytes_read_per_step": weights - (0 if tied else embed) + kv,
             "kv_bytes": kv}
