@@ -61,18 +61,14 @@ class Daemon:
         self.load_model_at_start = load_model
         self.started_at = time.time()
         self.supervisor = detect_supervisor()
-        bank = BankOptions(ram=config.session_bank_bytes, ssd_enabled=config.session_bank_ssd,
-                           ssd_dir=paths.session_bank_dir, ssd=config.session_bank_ssd_bytes)
         depth = None if config.depth == "auto" else config.depth  # None: the model's own
-        self.runtime = Runtime(paths.models_dir, depth, config.memory_limit, bank,
-                               decode_loop=config.decode_loop, quantize=config.quantize,
-                               cpu_attention=config.cpu_attention,
+        self.runtime = Runtime(paths.models_dir, depth, bank=BankOptions(ssd_dir=paths.session_bank_dir),
                                max_concurrent=config.max_concurrent, max_queued=config.max_queued,
                                prefill_chunk_tokens=config.prefill_chunk_tokens,
                                cohorts=config.cohorts, cohort_widths=tuple(config.cohort_widths),
                                numerics=config.numerics, cohort_cycle=config.cohort_cycle,
-                               tuning_home=paths.home,
-                               kv_bits=config.kv_bits)
+                               tuning_home=paths.home)
+        self.runtime.use_load_settings(config)
         if config.hosts:
             self.runtime.group = serving_group(config, paths)
         specs = ([(m, "embedding") for m in config.embedding_model]

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
@@ -27,6 +27,7 @@ from mtplxd.guard import (DEFAULT_PREFILL_CHUNK, MemoryGuard, is_unified_memory,
                           plan_for_config, resolve_limit, verify_state_bytes)
 
 if TYPE_CHECKING:  # the engine (and MLX) loads lazily
+    from mtplxd.config import Config
     from mtplxd.engine.decoding.cohort_memory import CohortMemory
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class Runtime:
                  tuning_home: Path | None = None, cohorts: str = "auto",
                  cohort_widths: tuple[int, ...] = (1, 3, 8), numerics: str = "auto",
                  cohort_cycle: str = "fused", kv_bits: int | str = "auto",
-                 cpu_attention: str = "auto") -> None:
+                 cpu_attention: str = "auto", dequantize: str = "auto") -> None:
         from mtplxd.engine.cohort import normalize_widths
         from mtplxd.engine.owner import ModelOwner
         from mtplxd.engine.scheduler import DEFAULT_MAX_BACKLOG, Scheduler
@@ -109,6 +110,7 @@ class Runtime:
         self.quantize = quantize
         self.kv_bits = kv_bits  # attention KV quantization: 0, 4, 8 or "auto" (the model's)
         self.cpu_attention = cpu_attention  # long CPU prefill chunks: auto | numpy | mlx
+        self.dequantize = dequantize  # quantized weights as dense float32 on the Linux CPU
         self.max_concurrent_setting = max_concurrent
         self.prefill_chunk_tokens = prefill_chunk_tokens
         # Where `mtplxctl tune` saves depths (MTPLX_HOME); None: tuned depths are not used.
@@ -262,6 +264,7 @@ class Runtime:
         from mtplxd.engine import load_model
 
         started = time.monotonic()
+        limit = resolve_limit(self.memory_limit, psutil.virtual_memory().total)
         if self.group is not None:
             model = await self._on_owner(lambda: self.group.load(
                 path, model_id=model_id, depth=depth, quantize=self.quantize))
@@ -269,8 +272,8 @@ class Runtime:
             model = await self._on_owner(lambda: load_model(
                 path, model_id=model_id, depth=depth, decode_loop=self.decode_loop,
                 quantize=self.quantize, kv_bits=self.kv_bits,
-                cpu_attention=self.cpu_attention))
-        limit = resolve_limit(self.memory_limit, psutil.virtual_memory().total)
+                cpu_attention=self.cpu_attention, dequantize_weights=self.dequantize,
+                memory_limit_bytes=limit))
         if self.group is None:  # a bank would have to copy the workers' caches too
             await self._enable_session_bank(model, limit)
         self.guard = build_guard(path, model, limit)
@@ -310,6 +313,16 @@ class Runtime:
         self.error = f"loading {failed_id} failed: {exc}; serving {model_id} again"
         log.warning("%s", self.error)
         return f"; still serving the previous model {model_id}"
+
+    def use_load_settings(self, config: "Config") -> None:
+        """Take the settings a model load reads (the control plane's LOAD_KEYS but `model`)
+        from `config`, config.toml as it is now: the daemon's start, and each model.load, so
+        that a `config set` of one of them applies at the next load, as it says."""
+        self.decode_loop, self.quantize = config.decode_loop, config.quantize
+        self.kv_bits, self.cpu_attention = config.kv_bits, config.cpu_attention
+        self.dequantize, self.memory_limit = config.dequantize, config.memory_limit
+        self.bank_options = replace(self.bank_options, ram=config.session_bank_bytes,
+                                    ssd_enabled=config.session_bank_ssd, ssd=config.session_bank_ssd_bytes)
 
     def set_default_depth(self, depth: int | None) -> bool:
         """Make `depth` (None: the model's recommended one) the default of later loads and, when

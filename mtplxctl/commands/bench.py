@@ -28,6 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="MTP decode loop (default: the configured decode_loop)")
     bench.add_argument("--quantize", choices=("auto", "none", "8bit", "4bit"),
                        help="quantize the weights as they load (default: the configured quantize)")
+    bench.add_argument("--dequantize", choices=("auto", "on", "off"),
+                       help="Linux CPU: a quantized model's weights as dense float32 (default: the "
+                            "configured dequantize)")
     bench.add_argument("--streams", help="concurrent streams instead, e.g. 1,2,3,4,8: serial MTP, "
                        "interleaved MTP, the AR batch lane and MTP cohorts side by side")
     bench.add_argument("--numerics", choices=("exact", "throughput"), default="throughput",
@@ -45,18 +48,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except (ConfigError, ModelLoadFailed) as exc:
         return fail(str(exc))
     out = args.json_out or str(paths.metrics_dir / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    # The weights as the daemon would serve them, unless asked otherwise.
+    weights = ["--quantize", args.quantize or config.quantize,
+               "--dequantize", args.dequantize or config.dequantize]
     if args.streams:
-        return _bench_streams(args, str(folder), out, args.quantize or config.quantize)
+        return _bench_streams(args, str(folder), out, weights)
     argv = ["--model", str(folder), "--max-tokens", str(args.max_tokens), "--repeats",
             str(args.repeats), "--temperatures", args.temperatures, "--json-out", out,
-            "--decode-loop", args.decode_loop or config.decode_loop,
-            "--quantize", args.quantize or config.quantize]
+            "--decode-loop", args.decode_loop or config.decode_loop, *weights]
     if args.depth is not None:
         argv += ["--depth", str(args.depth)]
     return bench.main(argv)
 
 
-def _bench_streams(args: argparse.Namespace, folder: str, out: str, quantize: str) -> int:
+def _bench_streams(args: argparse.Namespace, folder: str, out: str, weights: list[str]) -> int:
     from mtplxd.engine.bench import concurrency
 
     try:
@@ -67,7 +72,7 @@ def _bench_streams(args: argparse.Namespace, folder: str, out: str, quantize: st
         return fail(f"--streams takes stream counts such as 1,2,3,4,8, got {args.streams}")
     argv = ["--model", folder, "--streams", ",".join(map(str, streams)), "--max-tokens",
             str(args.max_tokens), "--repeats", str(args.repeats), "--numerics", args.numerics,
-            "--quantize", quantize, "--json-out", out]
+            *weights, "--json-out", out]
     if args.depth is not None:
         argv += ["--depth", str(args.depth)]
     from mtplxd.engine.bench.harness import exit_without_teardown

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 # When a changed setting takes effect (docs/cli.md). "depth" applies at once; keys read when a
 # model loads wait for the next load; the rest for the next start of the daemon.
 LIVE_KEYS = {"depth"}
-LOAD_KEYS = {"model", "decode_loop", "cpu_attention", "quantize", "kv_bits", "memory_limit", "session_bank_ssd",
-             "session_bank_bytes", "session_bank_ssd_bytes"}
+LOAD_KEYS = {"model", "decode_loop", "cpu_attention", "quantize", "dequantize", "kv_bits", "memory_limit",
+             "session_bank_ssd", "session_bank_bytes", "session_bank_ssd_bytes"}
 DEMO_HINT = ("mtplx-tiny-coder is a small demo model shipped with mtplx; for real work pull a "
              "Qwen MTP model: `mtplxctl models list --available`, then "
              "`mtplxctl models pull REPO` and `mtplxctl start --model REPO`")
@@ -79,6 +79,10 @@ def register_daemon_methods(registry: MethodRegistry, daemon: "Daemon") -> None:
         depth = params.get("depth")
         if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= 16):
             raise invalid_params("depth must be an integer from 0 to 16")
+        try:  # the load-time settings as config.toml has them now (`config set`: next_load)
+            daemon.runtime.use_load_settings(load_config(daemon.paths.config_file))
+        except ConfigError as exc:
+            raise app_error("invalid_config", str(exc)) from None
         await notify("model.progress", {"phase": "loading", "model": spec or EMBEDDED_MODEL_ID})
         try:
             info = await daemon.runtime.load(spec, depth)

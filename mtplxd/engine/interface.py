@@ -49,6 +49,9 @@ QUANTIZE_CHOICES = ("auto", "none", "8bit", "4bit")
 # checkpoint's) or "checkpoint" (the checkpoint's own dtype anywhere: half the KV memory on
 # the Linux CPU, at the speed bench.cpu_dtype measures).
 COMPUTE_CHOICES = ("auto", "checkpoint")
+# Whether a quantized model computed in float32 (the Linux CPU) gets dense float32 weights:
+# "auto" (while they fit in half the memory limit: loader.DEQUANTIZE_MEMORY_SHARE), "on", "off".
+DEQUANTIZE_CHOICES = ("auto", "on", "off")
 
 @dataclass
 class SamplingParams:

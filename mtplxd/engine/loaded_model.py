@@ -17,8 +17,8 @@ from mtplxd.engine.generation import generate as run_generation
 from mtplxd.engine.generation import generate_steps as run_generation_steps
 from mtplxd.engine.generation import score as run_score
 from mtplxd.engine.interface import (
-    COMPUTE_CHOICES, DECODE_LOOP_CHOICES, QUANTIZE_CHOICES, GenerationRequest, GenerationResult,
-    ModelInfo, ModelLoadError, TokenDelta,
+    COMPUTE_CHOICES, DECODE_LOOP_CHOICES, DEQUANTIZE_CHOICES, QUANTIZE_CHOICES, GenerationRequest,
+    GenerationResult, ModelInfo, ModelLoadError, TokenDelta,
 )
 from mtplxd.engine.model import cpu_attention as cpu_attention_path
 from mtplxd.engine.model import gdn_kernel, mrope, small_m_qmm
@@ -26,14 +26,17 @@ from mtplxd.engine.model.families import get_family
 from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
 from mtplxd.engine.model.kv_cache import KV_BITS_CHOICES, fixed_shapes_wanted, kv_group_size
 from mtplxd.engine.model.loader import (
-    MAX_DEPTH, compute_dtype, default_depth, inspect_checkpoint, load_checkpoint, model_dtype,
-    quantize_on_load, upcast,
+    MAX_DEPTH, compute_dtype, default_depth, dense_float32_bytes, dequantize, dequantize_wanted,
+    inspect_checkpoint, load_checkpoint, model_dtype, parameter_bytes, quantize_on_load, upcast,
 )
 from mtplxd.engine.model.trunk import Trunk
 from mtplxd.engine.session.bank import BankSettings, SessionBank, identity_for
 from mtplxd.engine.model.vision import VisionTower, load_vision_tower
 
 log = logging.getLogger(__name__)
+
+DEQUANTIZED_LABEL = ", dequantized to float32 at load"  # ends info.quantization (load_model)
+DEQUANTIZED_PATH = "none: the weights were dequantized to float32 at load (dense BLAS matmuls)"
 
 
 class LoadedModel:
@@ -125,7 +128,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                text_only: str | None = None,
                cpu_attention: str | None = None,
                small_m_kernel: bool | None = None,
-               compute: str = "auto") -> LoadedModel:
+               compute: str = "auto",
+               dequantize_weights: str = "auto",
+               memory_limit_bytes: int | None = None) -> LoadedModel:
     """Load an HF-format folder for serving (owner thread only).
 
     Registered families with MTP tensors are served MTP at `depth` (default: the checkpoint's
@@ -156,6 +161,12 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     `compute` "auto" upcasts where loader.compute_dtype says (float32 on the Linux CPU,
     quantized checkpoints' scales and norms included); "checkpoint" keeps the checkpoint's
     dtype (bench.cpu_dtype's other arm). `info.dtype` says which.
+    `dequantize_weights` (where the model computes in float32: the Linux CPU) "auto" serves a
+    quantized model's linear and embedding layers as dense float32 while those weights take
+    at most loader.DEQUANTIZE_MEMORY_SHARE of `memory_limit_bytes` (None: this machine's
+    memory) and the checkpoint shipped quantized (not `quantize`d as it loads), "on" whatever
+    their size, "off" never; `info.quantization` then ends
+    ", dequantized to float32 at load" and the model's default depth is no longer 0.
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -169,6 +180,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         raise ModelLoadError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
     if compute not in COMPUTE_CHOICES:
         raise ModelLoadError(f"compute must be one of {', '.join(COMPUTE_CHOICES)}, got {compute!r}")
+    if dequantize_weights not in DEQUANTIZE_CHOICES:
+        raise ModelLoadError(f"dequantize_weights must be one of {', '.join(DEQUANTIZE_CHOICES)}, "
+                             f"got {dequantize_weights!r}")
     if decode_loop not in DECODE_LOOP_CHOICES:
         raise ModelLoadError(f"decode_loop must be one of {', '.join(DECODE_LOOP_CHOICES)}, "
                              f"got {decode_loop!r}")
@@ -182,12 +196,21 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     model, config, tokenizer = load_checkpoint(path, with_mtp=with_mtp, lazy=shard is not None)
     if shard is not None:
         shard(model)
+    loaded_bytes = parameter_bytes(model)
     on_cuda, on_cpu = fixed_shapes_wanted(), _on_cpu()
     quantized_at_load = quantize_on_load(model, config, quantize, on_cuda=on_cuda)
-    grown = 0
     dtype = compute_dtype(sys.platform, on_cpu=on_cpu) if compute == "auto" else None
     if dtype is not None:
-        grown = upcast(model, dtype)
+        upcast(model, dtype)
+    quantization = quantized_at_load or report.quantization
+    dequantized = bool(quantization) and dtype == "float32" and dequantize_wanted(
+        dequantize_weights, dense_float32_bytes(model), memory_limit_bytes or _memory_bytes(),
+        quantized_at_load=bool(quantized_at_load))
+    if dequantized:
+        dequantize(model)
+        quantization += DEQUANTIZED_LABEL
+    # What quantizing, upcasting or dequantizing at load changed the resident weights by.
+    grown = parameter_bytes(model) - loaded_bytes
     # The model's quantized layers, MTP head included.
     switched = small_m_qmm.install(model, force=small_m_kernel)
     spec = get_family(report.model_type)
@@ -199,7 +222,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     text_config = config.get("text_config") or {}
     _set_kv_bits(trunk, config, kv_bits)
     served_depth, depth_reason = default_depth(
-        config, on_cuda, quantized_on_cpu=on_cpu and bool(quantized_at_load or report.quantization))
+        config, on_cuda, quantized_on_cpu=on_cpu and bool(quantization) and not dequantized)
     info = ModelInfo(
         id=model_id or path.name,
         path=str(path),
@@ -209,13 +232,13 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         depth=(served_depth if depth is None else depth) if with_mtp else 0,
         depth_reason=depth_reason if with_mtp and depth is None else None,
         context_length=int(report.context_length or 0),
-        quantization=quantized_at_load or report.quantization,
+        quantization=quantization,
         vocab_size=int(config.get("vocab_size") or text_config.get("vocab_size")),
-        weights_bytes=report.weights_bytes + grown,  # what is resident after any upcast
+        weights_bytes=report.weights_bytes + grown,  # what is resident as served
         dtype=model_dtype(model),
         kernels=kernel_paths(switched, hybrid=report.model_type in HYBRID_MODEL_TYPES,
                              kernel_decode=small_m_qmm.decode_wanted(model),
-                             ar_decode=fused_ar.path_name(trunk)),
+                             ar_decode=fused_ar.path_name(trunk), dequantized=dequantized),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache(), hybrid=True) else "stepwise"),
         vision=report.vision and text_only is None,
@@ -247,15 +270,17 @@ def _mx():
 
 
 def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode: bool = True,
-                 ar_decode: str = "op by op") -> dict[str, str]:
+                 ar_decode: str = "op by op", dequantized: bool = False) -> dict[str, str]:
     """Which implementation each fast path runs on this machine (`ModelInfo.kernels`):
     quantized matmuls (`kernel_decode`: whether decode steps take the small-M kernel, the rule
     `small_m_qmm.install` applied), attention over the fused loop's cache buffer, for hybrid
     models the Gated DeltaNet verify and decode step, an AR request's decode step
     (`ar_decode`: fused_ar.path_name) and the precision of float32 matmuls. Off CUDA every
-    kernel entry names MLX's own ops (or mlx-lm's)."""
+    kernel entry names MLX's own ops (or mlx-lm's). A model `dequantized` at load has no
+    quantized matmul left."""
     paths = {
-        "quantized_matmul": small_m_qmm.path_name(quantized_layers_switched, decode=kernel_decode),
+        "quantized_matmul": (DEQUANTIZED_PATH if dequantized else
+                             small_m_qmm.path_name(quantized_layers_switched, decode=kernel_decode)),
         "cache_attention": ("buffer CUDA kernel" if buffer_attention.usable()
                             else "mlx scaled_dot_product_attention"),
         "prefill_attention": cpu_attention_path.path_name(),
@@ -285,6 +310,12 @@ def _set_kv_bits(trunk: Trunk, config: dict, kv_bits: int | str) -> None:
         raise ModelLoadError(f"kv_bits {kv_bits} needs a head dimension divisible by 32; this model's "
                              f"is {head_dim}: set kv_bits to 0")
     trunk.kv_bits, trunk.kv_group_size = int(kv_bits), group
+
+
+def _memory_bytes() -> int:
+    import psutil
+
+    return psutil.virtual_memory().total
 
 
 def _on_cpu() -> bool:

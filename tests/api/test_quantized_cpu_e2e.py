@@ -1,10 +1,13 @@
 """A real daemon serving a 4-bit checkpoint (bfloat16 scales, as mlx-community ships them) on
-the Linux CPU: it computes in float32, decodes AR by default and says why in /health and
-`mtplxctl status`, and a request that asks for MTP still gets it."""
+the Linux CPU. With its weights kept packed (config.toml `dequantize = "off"`) it computes in
+float32, decodes AR by default and says why in /health and `mtplxctl status`, and a request
+that asks for MTP still gets it. Then `config set dequantize auto` and a model load: the
+weights are dense float32, MTP is on by default, and both surfaces say so."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -13,17 +16,26 @@ import pytest
 
 from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
 from mtplxd.engine.model.loader import QUANTIZED_CPU_DEPTH_REASON
-from support.api_daemon import ApiDaemon, ctl_in, serving
+from mtplxd.engine.loaded_model import DEQUANTIZED_LABEL, DEQUANTIZED_PATH
+from support.api_daemon import ApiDaemon, ctl_in, paths_for, serving
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the Linux CPU's rule")
 MODEL = "tiny-q4"
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiDaemon]:
-    checkpoint = write_tiny_checkpoint(tmp_path_factory.mktemp("models") / MODEL, "qwen3",
-                                       quantize_bits=4, torch_dtype="bfloat16")
-    with serving(checkpoint, tmp_path_factory.mktemp("home")) as running:
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("models") / MODEL, "qwen3",
+                                 quantize_bits=4, torch_dtype="bfloat16")
+
+
+@pytest.fixture(scope="module")
+def daemon(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiDaemon]:
+    home = tmp_path_factory.mktemp("home")
+    config = paths_for(home).config_file
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text('dequantize = "off"\n')
+    with serving(checkpoint, home) as running:
         yield running
 
 
@@ -62,3 +74,22 @@ def test_a_depth_set_while_serving_replaces_the_default_and_its_reason(daemon):
     assert health["depth"] == 2 and health["depth_reason"] is None
     assert all(item["what"] != "mtp_depth" for item in health["degradations"])
     assert ask(daemon).model_extra["mtplx_stats"]["depth"] == 2
+
+
+def test_dequantize_auto_applies_at_the_next_load(daemon, checkpoint):
+    """`config set dequantize auto` says it applies at the next model load, and it does: the
+    reloaded model's weights are dense float32, MTP is its default, and /health, the kernels
+    and `mtplxctl status` say so."""
+    changed = daemon.client.call("config.set", {"key": "dequantize", "value": "auto"})
+    assert changed["applies"] == "next_load"
+    daemon.client.call("config.set", {"key": "depth", "value": "auto"})  # the model's own default
+    daemon.client.call("model.load", {"model": str(checkpoint)}, timeout=120)
+    health = httpx.get(daemon.base_url + "/health").json()
+    assert health["depth"] > 0 and health["depth_reason"] is None
+    assert all(item["what"] != "mtp_depth" for item in health["degradations"])
+    assert health["model_info"]["quantization"] == "4bit" + DEQUANTIZED_LABEL
+    assert health["kernels"]["quantized_matmul"] == DEQUANTIZED_PATH
+    stats = ask(daemon).model_extra["mtplx_stats"]
+    assert stats["depth"] == health["depth"] and stats["drafted"] > 0
+    shown = " ".join(ctl_in(daemon.home, "status").stdout.split())
+    assert f"MTP depth {health['depth']} (fused loop), 4bit{DEQUANTIZED_LABEL}" in shown

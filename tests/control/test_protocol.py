@@ -148,6 +148,24 @@ def test_config_set_and_get_round_trip_and_name_the_bad_key(daemon):
     assert failure.value.message == 'port cannot be "eighty": it must be a whole number from 0 to 65535'
 
 
+def test_a_load_setting_set_over_the_socket_applies_at_the_next_model_load(daemon):
+    """`config set kv_bits 8` answers next_load, and the next model.load serves it: the load
+    reads config.toml as it is then, not as it was when the daemon started."""
+    from mtplxctl.client import ControlError
+
+    daemon.client.call("model.load", {}, timeout=120)
+    assert daemon.client.call("daemon.status")["model"]["kv_bits"] == 0
+    assert daemon.client.call("config.set", {"key": "kv_bits", "value": 8})["applies"] == "next_load"
+    daemon.client.call("model.load", {}, timeout=120)
+    assert daemon.client.call("daemon.status")["model"]["kv_bits"] == 8
+    # A config.toml broken by hand: the load is refused in words, the model and daemon stay.
+    daemon.paths.config_file.write_text("kv_bits = [\n")
+    with pytest.raises(ControlError) as failure:
+        daemon.client.call("model.load", {}, timeout=120)
+    assert failure.value.reason == "invalid_config"
+    assert daemon.client.call("daemon.status")["model"]["state"] == "loaded"
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),

@@ -88,17 +88,20 @@ def test_bench_pieces_and_bench_time_a_model_quantized_at_load(tiny_model_factor
     assert report["temperatures"]["0.0"]["greedy_identical"] is True
 
 
-def test_mtplxctl_bench_measures_the_configured_decode_loop_and_quantize(tiny_model_factory, tmp_path):
+def test_mtplxctl_bench_measures_the_configured_decode_loop_and_weights(tiny_model_factory, tmp_path):
+    from mtplxd.engine.loaded_model import DEQUANTIZED_LABEL
     from mtplxd.paths import Paths
     from support.daemon import run_ctl
 
     Paths.from_env().config_file.parent.mkdir(parents=True, exist_ok=True)
-    Paths.from_env().config_file.write_text('decode_loop = "fused"\nquantize = "8bit"\n')
+    Paths.from_env().config_file.write_text('decode_loop = "fused"\nquantize = "8bit"\ndequantize = "on"\n')
     common = ["bench", "--model", str(tiny_model_factory("qwen3")), "--repeats", "1",
               "--max-tokens", "6", "--depth", "2", "--temperatures", "0"]
-    for extra, loop, weights in (([], "fused", "8bit, at load"),
-                                 (["--decode-loop", "stepwise", "--quantize", "none"], "stepwise", None)):
-        out = tmp_path / f"{loop}.json"
+    for run, (extra, loop, weights) in enumerate((
+            ([], "fused", "8bit, at load" + DEQUANTIZED_LABEL),
+            (["--dequantize", "off"], "fused", "8bit, at load"),
+            (["--decode-loop", "stepwise", "--quantize", "none"], "stepwise", None))):
+        out = tmp_path / f"{run}.json"
         result = run_ctl(*common, *extra, "--json-out", str(out), timeout=300)
         assert result.returncode == 0, result.stderr
         report = json.loads(out.read_text())

@@ -70,7 +70,7 @@ def test_greedy_mtp_equals_ar_as_served(which, request):
 def quantized(tiny_model_factory):
     """A 4-bit checkpoint as mlx-community ships them: bfloat16 scales, biases and norms."""
     path = tiny_model_factory("qwen3", quantize_bits=4, torch_dtype="bfloat16")
-    return path, load_model(path)
+    return path, load_model(path, dequantize_weights="off")  # packed (dequantized: test_dequantize.py)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the CPU upcast is Linux's")
@@ -99,6 +99,7 @@ def test_compute_checkpoint_keeps_the_checkpoints_dtype_and_a_bad_choice_is_refu
     from mtplxd.engine import ModelLoadError
 
     path, _ = quantized
-    assert load_model(path, compute="checkpoint").info.dtype == "bfloat16"
+    assert load_model(path, compute="checkpoint").info.dtype == "bfloat16"  # and packed: no float32
+    assert "dequantized" not in load_model(path, compute="checkpoint").info.quantization
     with pytest.raises(ModelLoadError, match="compute must be one of auto, checkpoint"):
         load_model(path, compute="float64")

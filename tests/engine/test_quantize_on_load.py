@@ -73,7 +73,8 @@ def test_explicit_bits_quantize_any_unquantized_checkpoint(tiny_model_factory):
 
 
 def test_an_already_quantized_checkpoint_is_left_as_it_is(tiny_model_factory):
-    model = load_model(tiny_model_factory("qwen3", quantize_bits=4), quantize="8bit")
+    model = load_model(tiny_model_factory("qwen3", quantize_bits=4), quantize="8bit",
+                       dequantize_weights="off")
     assert model.info.quantization == "4bit"
     assert model.model.model.layers[0].mlp.up_proj.bits == 4
 

@@ -1,4 +1,6 @@
-"""A quantized model on the CPU backend decodes AR unless a depth is asked for: MLX's CPU
+"""A quantized model on the CPU backend, its weights kept packed (`dequantize_weights="off"`;
+where they fit, the Linux CPU dequantizes them by default: test_dequantize.py), decodes AR
+unless a depth is asked for: MLX's CPU
 quantized matmul costs every verify row a decode step, so MTP would only slow it down
 (loader.default_depth). The head stays loaded: a request, or a configured depth, still gets
 MTP; an unquantized model keeps its recommended depth."""
@@ -23,7 +25,7 @@ def quantized_path(tiny_model_factory):
 
 
 def test_a_quantized_model_on_the_cpu_is_served_ar_by_default_and_says_why(quantized_path):
-    model = load_model(quantized_path)
+    model = load_model(quantized_path, dequantize_weights="off")
     assert model.info.mode == "mtp" and model.head is not None
     assert model.info.depth == 0 and model.info.depth_reason == QUANTIZED_CPU_DEPTH_REASON
     prompt = model.tokenizer.encode("def add(a, b):")
@@ -36,7 +38,7 @@ def test_a_quantized_model_on_the_cpu_is_served_ar_by_default_and_says_why(quant
 
 
 def test_a_configured_depth_wins_and_an_unquantized_model_keeps_its_own(quantized_path, tiny_model_factory):
-    configured = load_model(quantized_path, depth=3)
+    configured = load_model(quantized_path, depth=3, dequantize_weights="off")
     assert configured.info.depth == 3 and configured.info.depth_reason is None
     unquantized = load_model(tiny_model_factory("qwen3"))
     assert unquantized.info.depth == DEFAULT_DEPTH and unquantized.info.depth_reason is None
@@ -49,12 +51,12 @@ def test_a_tuned_depth_replaces_the_default_and_its_reason(quantized_path, tmp_p
     from mtplxd.runtime import Runtime
     from mtplxd.tuning import save_tuned, tuning_key
 
-    probe = load_model(quantized_path)
+    probe = load_model(quantized_path, dequantize_weights="off")
     save_tuned(tmp_path / "tuning", tuning_key(probe.info.to_dict()), {"depth": 2})
     seen = {}
 
     async def main() -> None:
-        runtime = Runtime(tmp_path / "models", None, tuning_home=tmp_path / "tuning")
+        runtime = Runtime(tmp_path / "models", None, tuning_home=tmp_path / "tuning", dequantize="off")
         runtime.start()
         try:
             await runtime.load(str(quantized_path))

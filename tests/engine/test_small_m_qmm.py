@@ -94,11 +94,11 @@ def test_the_kernel_is_on_by_default_only_for_large_quantized_models(tiny_model_
 @pytest.mark.skipif(ON_CUDA, reason="the fallback is what runs off CUDA")
 def test_off_cuda_install_changes_nothing_and_says_why(tiny_model_factory):
     assert not small_m_qmm.usable()
-    model = load_model(tiny_model_factory("qwen3", quantize_bits=4))
+    model = load_model(tiny_model_factory("qwen3", quantize_bits=4), dequantize_weights="off")
     assert small_m_qmm.install(model.model, force=True) == 0
     assert not any(isinstance(m, small_m_qmm.SmallMQuantizedLinear) for _, m in model.model.named_modules())
     assert model.info.kernels["quantized_matmul"] == "mlx (the small-M kernel is CUDA only)"
-    asked = load_model(tiny_model_factory("qwen3", quantize_bits=4), small_m_kernel=True)  # as the benches ask
+    asked = load_model(tiny_model_factory("qwen3", quantize_bits=4), small_m_kernel=True, dequantize_weights="off")  # as the benches ask
     assert asked.info.kernels["quantized_matmul"] == "mlx (the small-M kernel is CUDA only)"
     request = GenerationRequest(model.tokenizer.encode("def f(x):"), SamplingParams(max_tokens=8))
     assert len(model.complete(request).token_ids) == 8

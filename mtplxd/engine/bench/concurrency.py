@@ -61,7 +61,7 @@ import time
 from typing import Any
 
 from mtplxd.engine.bench.harness import (
-    PROMPTS, add_quantize_option, add_small_m_kernel_option, bench_parser, command_line,
+    PROMPTS, add_dequantize_option, add_quantize_option, add_small_m_kernel_option, bench_parser, command_line,
     exit_without_teardown, machine, prompt_ids_for, write_report,
 )
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, SamplingParams
@@ -409,12 +409,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="cohort numerics (docs/concurrency.md); default throughput")
     parser.add_argument("--json-out", default=None)
     add_quantize_option(parser)
+    add_dequantize_option(parser)
     add_small_m_kernel_option(parser)
     args = parser.parse_args(argv)
     from mtplxd.engine.loaded_model import load_model
 
     def load() -> Any:
-        return load_model(args.model, quantize=args.quantize, small_m_kernel=args.small_m_kernel or None)
+        return load_model(args.model, quantize=args.quantize, dequantize_weights=args.dequantize,
+                          small_m_kernel=args.small_m_kernel or None)
 
     owner = ModelOwner(scheduler=Scheduler())
     owner.start()

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from mtplxd.engine.bench.harness import (
-    PROMPTS, add_decode_options, bench_parser, command_line, interleaved, machine, median,
-    paired_speedups, prompt_ids_for, write_report,
+    PROMPTS, add_decode_options, add_dequantize_option, bench_parser, command_line, interleaved, machine,
+    median, paired_speedups, prompt_ids_for, write_report,
 )
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, SamplingParams
 
@@ -161,13 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = bench_parser(PROG, __doc__)
     add_decode_options(parser)
+    add_dequantize_option(parser)
     parser.add_argument("--json-out", type=Path, default=None, help="write the report here")
     args = parser.parse_args(argv)
 
     from mtplxd.engine.loaded_model import load_model
 
     started = time.perf_counter()
-    model = load_model(args.model, decode_loop=args.decode_loop, quantize=args.quantize)
+    model = load_model(args.model, decode_loop=args.decode_loop, quantize=args.quantize,
+                       dequantize_weights=args.dequantize)
     load_seconds = time.perf_counter() - started
     if model.info.mode != "mtp":
         print(f"{model.info.id} is served AR ({model.info.ar_reason}); nothing to compare", file=sys.stderr)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
-from mtplxd.engine.interface import QUANTIZE_CHOICES
+from mtplxd.engine.interface import DEQUANTIZE_CHOICES, QUANTIZE_CHOICES
 
 Case = TypeVar("Case")
 Result = TypeVar("Result")
@@ -118,6 +118,14 @@ def add_quantize_option(parser: argparse.ArgumentParser) -> None:
     """--quantize, as every engine bench takes it."""
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto",
                         help="quantize the weights as they load (default: what the checkpoint asks for)")
+
+
+def add_dequantize_option(parser: argparse.ArgumentParser) -> None:
+    """--dequantize: a quantized checkpoint's weights as dense float32 on the Linux CPU or not
+    (load_model's `dequantize_weights`, the daemon's `dequantize` setting)."""
+    parser.add_argument("--dequantize", choices=DEQUANTIZE_CHOICES, default="auto",
+                        help="Linux CPU: a quantized checkpoint's weights as dense float32 (default: "
+                             "auto, where they take at most half the memory)")
 
 
 def add_small_m_kernel_option(parser: argparse.ArgumentParser) -> None:

@@ -346,6 +346,78 @@ def compute_dtype(system: str, on_cpu: bool) -> str | None:
     return None
 
 
+# Where a quantized model's weights fit as dense float32, the Linux CPU serves them so:
+# OpenBLAS streams float32 weights faster than MLX's CPU quantized matmul unpacks packed ones,
+# and a product of several rows costs little more than one row, so MTP pays again. Qwen3-0.6B's
+# dims at 4-bit, one token: 539 ms packed, 266 ms dense; 4 tokens 2,107 ms against 327
+# (docs/benchmarks.md, "Quantized checkpoints dequantized on the Linux CPU"). The price is
+# memory: 8x the packed weights at 4-bit, 4x at 8-bit, so "auto" does it only while the dense
+# weights take at most this share of the memory limit, the rest left to the KV cache and the
+# session bank, and only for checkpoints that ship quantized (one quantized as it loads was
+# asked to be).
+DEQUANTIZE_MEMORY_SHARE = 0.5
+
+
+def dense_float32_bytes(model) -> int | None:
+    """Bytes of `model`'s parameters with every quantized layer dense float32, or None when
+    one has no dense twin here (only nn.QuantizedLinear and nn.QuantizedEmbedding do; a
+    mixture-of-experts' quantized experts do not)."""
+    import mlx.nn as nn
+
+    total = parameter_bytes(model)
+    for _, module in model.named_modules():
+        if "scales" not in module:
+            continue
+        if type(module) not in (nn.QuantizedLinear, nn.QuantizedEmbedding) or module.mode != "affine":
+            return None
+        rows, packed_columns = module["weight"].shape
+        packed = sum(module[name].nbytes for name in ("weight", "scales", "biases") if name in module)
+        total += rows * (packed_columns * 32 // module.bits) * 4 - packed
+    return total
+
+
+def dequantize_wanted(choice: str, dense_bytes: int | None, memory_bytes: int,
+                      quantized_at_load: bool = False) -> bool:
+    """Whether a quantized model computed in float32 gets dense float32 weights: `choice`
+    "on" whenever it can (`dense_bytes` known), "off" never, "auto" while `dense_bytes` take at
+    most DEQUANTIZE_MEMORY_SHARE of `memory_bytes` (the memory limit), and not for a model
+    `quantized_at_load`: that was asked for (the `quantize` setting), packed weights included."""
+    if dense_bytes is None or choice == "off":
+        return False
+    if choice == "on":
+        return True
+    return not quantized_at_load and dense_bytes <= DEQUANTIZE_MEMORY_SHARE * memory_bytes
+
+
+def dequantize(model) -> int:
+    """Replace every quantized linear and embedding layer of `model` (trunk and MTP head) with
+    its dense float32 twin, in place; return how many bytes the resident weights grew by.
+    Each weight is `mx.dequantize` of its packed values: scale * q + bias in float32."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_map_with_path
+
+    before = parameter_bytes(model)
+
+    def dense(_path: str, module):
+        if type(module) not in (nn.QuantizedLinear, nn.QuantizedEmbedding):
+            return module
+        weight = mx.dequantize(module["weight"], module["scales"], module.get("biases"),
+                               group_size=module.group_size, bits=module.bits).astype(mx.float32)
+        if isinstance(module, nn.QuantizedEmbedding):
+            twin = nn.Embedding(*weight.shape)
+        else:
+            twin = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in module)
+            if "bias" in module:
+                twin.bias = module["bias"].astype(mx.float32)
+        twin.weight = weight
+        mx.eval(twin.parameters())  # one layer at a time: the peak stays one dense layer over
+        return twin
+
+    model.update_modules(tree_map_with_path(dense, model.leaf_modules(), is_leaf=nn.Module.is_module))
+    return parameter_bytes(model) - before
+
+
 def upcast(model, dtype: str) -> int:
     """Cast every floating parameter of `model` (trunk and MTP head) to `dtype` in place;
     return how many bytes the resident weights grew by."""
