@@ -183,8 +183,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("dequantize", "auto", _as_choice("auto", "on", "off"),
                 "Linux CPU: serve a quantized model's weights as dense float32 (faster there, "
                 "MTP on by default; 8x the memory of 4-bit weights): auto while they take at "
-                "most half the memory limit (not a model the quantize setting quantized), on, "
-                "or off. Elsewhere ignored."),
+                "most half the memory limit (not a model the quantize setting quantized), on "
+                "(up to the whole limit), or off. Elsewhere ignored."),
         Setting("kv_bits", "auto", _as_kv_bits,
                 "Attention KV cache quantization: 8 or 4 bits, 0 (full precision), or auto (the "
                 "model's config.json mtplx_kv_bits, else 0). Halves (8) or quarters (4) KV memory."),

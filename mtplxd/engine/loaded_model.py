@@ -164,8 +164,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     `dequantize_weights` (where the model computes in float32: the Linux CPU) "auto" serves a
     quantized model's linear and embedding layers as dense float32 while those weights take
     at most loader.DEQUANTIZE_MEMORY_SHARE of `memory_limit_bytes` (None: this machine's
-    memory) and the checkpoint shipped quantized (not `quantize`d as it loads), "on" whatever
-    their size, "off" never; `info.quantization` then ends
+    memory) and the checkpoint shipped quantized (not `quantize`d as it loads), "on" while
+    they fit in the memory limit at all, "off" never; `info.quantization` then ends
     ", dequantized to float32 at load" and the model's default depth is no longer 0.
     """
     path = Path(path).expanduser().resolve()
@@ -203,11 +203,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     if dtype is not None:
         upcast(model, dtype)
     quantization = quantized_at_load or report.quantization
-    dequantized = bool(quantization) and dtype == "float32" and dequantize_wanted(
-        dequantize_weights, dense_float32_bytes(model), memory_limit_bytes or _memory_bytes(),
-        quantized_at_load=bool(quantized_at_load))
+    dequantized = bool(quantization) and dtype == "float32" and _dequantize_if_wanted(
+        model, dequantize_weights, memory_limit_bytes or _memory_bytes(), bool(quantized_at_load))
     if dequantized:
-        dequantize(model)
         quantization += DEQUANTIZED_LABEL
     # What quantizing, upcasting or dequantizing at load changed the resident weights by.
     grown = parameter_bytes(model) - loaded_bytes
@@ -310,6 +308,22 @@ def _set_kv_bits(trunk: Trunk, config: dict, kv_bits: int | str) -> None:
         raise ModelLoadError(f"kv_bits {kv_bits} needs a head dimension divisible by 32; this model's "
                              f"is {head_dim}: set kv_bits to 0")
     trunk.kv_bits, trunk.kv_group_size = int(kv_bits), group
+
+
+def _dequantize_if_wanted(model, choice: str, memory_bytes: int, quantized_at_load: bool) -> bool:
+    """Dequantize `model`'s weights to dense float32 where loader.dequantize_wanted says so;
+    True when it did. A dequantization asked for ("on") that cannot be done is logged."""
+    dense_bytes = dense_float32_bytes(model)
+    if dequantize_wanted(choice, dense_bytes, memory_bytes, quantized_at_load):
+        dequantize(model)
+        return True
+    if choice == "on":
+        why = ("a quantized layer has no dense float32 twin (mixture-of-experts layers)"
+               if dense_bytes is None else
+               f"its dense weights ({dense_bytes / 2**30:.1f} GiB) exceed the memory limit "
+               f"({memory_bytes / 2**30:.1f} GiB)")
+        log.warning("dequantize = on: the weights stay packed: %s", why)
+    return False
 
 
 def _memory_bytes() -> int:

@@ -29,7 +29,8 @@ def test_the_rule():
     assert dequantize_wanted("auto", GIB, 2 * GIB)  # exactly the share fits
     assert not dequantize_wanted("auto", GIB + 1, 2 * GIB)
     assert DEQUANTIZE_MEMORY_SHARE == 0.5
-    assert dequantize_wanted("on", 100 * GIB, GIB)  # asked for: whatever the size
+    assert dequantize_wanted("on", GIB, GIB)  # asked for: above the share, within the limit
+    assert not dequantize_wanted("on", GIB + 1, GIB)  # never past the memory limit
     assert not dequantize_wanted("off", 1, GIB)
     assert not dequantize_wanted("on", None, GIB)  # a layer without a dense twin
     # Quantized as it loads was asked for: "auto" keeps it packed, "on" still dequantizes.
@@ -116,8 +117,16 @@ def test_auto_keeps_packed_what_would_not_fit(checkpoint, packed):
     assert any(isinstance(m, nn.QuantizedLinear) for _, m in small.model.named_modules())
     enough = load_model(checkpoint, memory_limit_bytes=int(need / DEQUANTIZE_MEMORY_SHARE) + 1)
     assert enough.info.quantization.endswith(DEQUANTIZED_LABEL)
-    forced = load_model(checkpoint, dequantize_weights="on", memory_limit_bytes=1)
+    forced = load_model(checkpoint, dequantize_weights="on", memory_limit_bytes=need)
     assert forced.info.quantization.endswith(DEQUANTIZED_LABEL)
+
+
+def test_on_never_dequantizes_past_the_memory_limit_and_says_why(checkpoint, packed, caplog):
+    need = dense_float32_bytes(packed.model)
+    with caplog.at_level("WARNING", logger="mtplxd.engine.loaded_model"):
+        kept = load_model(checkpoint, dequantize_weights="on", memory_limit_bytes=need - 1)
+    assert kept.info.quantization == "4bit" and kept.info.depth_reason == QUANTIZED_CPU_DEPTH_REASON
+    assert "dequantize = on: the weights stay packed: its dense weights" in caplog.text
 
 
 def test_a_bad_choice_is_refused(checkpoint):

@@ -379,13 +379,13 @@ def dense_float32_bytes(model) -> int | None:
 def dequantize_wanted(choice: str, dense_bytes: int | None, memory_bytes: int,
                       quantized_at_load: bool = False) -> bool:
     """Whether a quantized model computed in float32 gets dense float32 weights: `choice`
-    "on" whenever it can (`dense_bytes` known), "off" never, "auto" while `dense_bytes` take at
-    most DEQUANTIZE_MEMORY_SHARE of `memory_bytes` (the memory limit), and not for a model
-    `quantized_at_load`: that was asked for (the `quantize` setting), packed weights included."""
+    "on" whenever it can (`dense_bytes` known) and they fit in `memory_bytes` (the memory
+    limit) at all, "off" never, "auto" while they take at most DEQUANTIZE_MEMORY_SHARE of it,
+    and not for a model `quantized_at_load`: that was asked for (the `quantize` setting)."""
     if dense_bytes is None or choice == "off":
         return False
     if choice == "on":
-        return True
+        return dense_bytes <= memory_bytes
     return not quantized_at_load and dense_bytes <= DEQUANTIZE_MEMORY_SHARE * memory_bytes
 
 
