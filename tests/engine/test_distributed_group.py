@@ -89,6 +89,27 @@ def layer_prefix(family: str) -> str:
     return "language_model.model.layers" if family.startswith("qwen3_5") else "model.layers"
 
 
+def test_a_quantized_checkpoint_is_dequantized_on_every_rank_as_in_one_process(tmp_path, tiny_model_factory):
+    """On the Linux CPU a quantized checkpoint that fits is served dense float32 (`dequantize`
+    auto): a worker holds its layers so too, and the group's greedy output is one process's."""
+    model = tiny_model_factory("qwen3", num_hidden_layers=4, quantize_bits=4)
+    reference = single_process(model, [0, 3])
+    out = run_group(tmp_path, 2, model, "--prompts", json.dumps(PROMPTS), "--depths", "0,3",
+                    "--max-tokens", str(MAX_TOKENS))
+    assert "refused" not in out and "lost" not in out, out
+    for result in out["results"]:
+        assert result["token_ids"] == reference[(result["prompt"], result["depth"])]
+    dense = load_model(model)
+    assert dense.info.quantization.endswith("dequantized to float32 at load")
+    worker = out["group"]["ranks"][1]
+    start, end = worker["layers"]
+    assert worker["weights_bytes"] == bytes_of(dense.trunk.text.model.layers[start:end])
+    # `dequantize = "off"` reaches the workers: they keep their layers packed.
+    packed = run_group(tmp_path, 2, model, "--dequantize", "off", "--max-tokens", "2")
+    kept = load_model(model, dequantize_weights="off").trunk.text.model.layers[start:end]
+    assert packed["group"]["ranks"][1]["weights_bytes"] == bytes_of(kept) < worker["weights_bytes"]
+
+
 @pytest.mark.parametrize(("family", "ranks", "split"), [
     ("qwen3", 2, None), ("qwen3", 3, "2,1,1"), ("qwen3_5", 2, "1,3"), ("qwen3_5", 3, None),
 ])

@@ -171,7 +171,7 @@ def join_group(ring_hostfile: str, link: Link, timeout: float = JOIN_TIMEOUT_S) 
 
 def load_group_model(path: str | os.PathLike, link: Link, *, split: str | None = None,
                      model_id: str | None = None, depth: int | None = None,
-                     quantize: str = "auto", parallel: str = "pipeline",
+                     quantize: str = "auto", dequantize: str = "auto", parallel: str = "pipeline",
                      log: Callable[[str], None] = lambda line: None) -> LoadedModel:
     """Check every rank serves the same model, split it (`parallel`: "pipeline" splits the
     layers, "tensor" every layer: tensor.py), load rank 0's share, and return a LoadedModel
@@ -204,7 +204,7 @@ def load_group_model(path: str | os.PathLike, link: Link, *, split: str | None =
         slices = _pipeline_slices(link, split, num_layers, reports)
         log("layer split: " + ", ".join(f"rank {r}: {s}-{e - 1}" for r, (s, e) in enumerate(slices)))
     plan = {"kind": "plan", "slices": slices, "family": report.model_type, "quantize": quantize,
-            "parallel": parallel}
+            "dequantize": dequantize, "parallel": parallel}
     # Workers load while rank 0 does: the plan goes out, rank 0 loads, then collects the acks.
     group, last = link.group, link.size - 1
     link.call(lambda: wire.send_json(plan, 1, group))
@@ -212,7 +212,7 @@ def load_group_model(path: str | os.PathLike, link: Link, *, split: str | None =
     shard = (split_for_tensor(spec, group, ends=True) if parallel == "tensor"
              else keep_only(spec, 0, slices[0][1], ends=True))
     loaded = load_model(path, model_id=model_id, depth=depth, quantize=quantize, shard=shard,
-                        text_only=GROUP_VISION_REASON)
+                        text_only=GROUP_VISION_REASON, dequantize_weights=dequantize)
     if parallel == "tensor":
         # Rank 0's layers run on the link thread, and MLX evaluates an array only on the thread
         # whose stream built it: evaluate the weights here, where the load (a bfloat16

@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
     parser.add_argument("--quantize", default="auto")
+    parser.add_argument("--dequantize", default="auto", choices=("auto", "on", "off"),
+                        help="Linux CPU: a quantized checkpoint's weights as dense float32 on every rank")
     parser.add_argument("--sampling", default="{}",
                         help='SamplingParams fields as JSON, e.g. {"temperature": 0.8, "seed": 7}')
     parser.add_argument("--fault", default=None,
@@ -99,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {}
     try:
         began = time.perf_counter()
-        model = group.load(path, model_id=path.name, depth=None, quantize=args.quantize)
+        model = group.load(path, model_id=path.name, depth=None, quantize=args.quantize,
+                           dequantize=args.dequantize)
         out["load_seconds"] = round(time.perf_counter() - began, 3)
         out["ranks"] = group.hosts.size
         out["group"] = model.group.to_dict()

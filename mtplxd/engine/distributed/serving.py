@@ -46,7 +46,8 @@ class ServingGroup:
         self.served: Path | None = None
         self.started_at: float | None = None
 
-    def load(self, path: Path, *, model_id: str, depth: int | None, quantize: str) -> Any:
+    def load(self, path: Path, *, model_id: str, depth: int | None, quantize: str,
+             dequantize: str = "auto") -> Any:
         """The LoadedModel of `path` over the group (owner thread); ModelLoadError when it
         cannot be (a refused rank, a worker that never joined, another model than the one
         this group was started with)."""
@@ -72,6 +73,7 @@ class ServingGroup:
             join_group(self.workers.ring, self.link)
             self.model = load_group_model(path, self.link, split=self.options.split,
                                           model_id=model_id, depth=depth, quantize=quantize,
+                                          dequantize=dequantize,
                                           parallel=self.hosts.parallel, log=self.log)
         except Exception as exc:
             self.stop()

@@ -109,7 +109,8 @@ class Worker:
         shard = (split_for_tensor(spec, self.group, ends=False) if self.tensor
                  else keep_only(spec, self.start, self.end, ends=False))
         self.loaded = load_model(self.model_path, quantize=plan["quantize"], shard=shard,
-                                 text_only=GROUP_VISION_REASON)
+                                 text_only=GROUP_VISION_REASON,
+                                 dequantize_weights=plan.get("dequantize", "auto"))
         model, vision = self.loaded.model, self.loaded.vision
         # Every parameter this rank holds: its layers (or its part of every layer), no ends,
         # no vision tower.
