@@ -40,14 +40,15 @@ LOAD_QUANTIZE_GROUP_SIZE = 64
 MAX_DEPTH = 8
 
 
-# Why a quantized model on the CPU backend decodes AR unless asked otherwise: MLX's CPU
-# quantized matmul loops over its rows, so a verify of K+1 tokens costs about K+1 decode steps,
-# and MTP only slows the model down (the embedded model quantized to 4-bit on the Linux CPU:
-# MTP/AR 0.71x at depth 3, 0.88x at depth 1; docs/benchmarks.md, "Quantized checkpoints on
-# the Linux CPU").
+# Why a quantized model whose weights stay packed on the CPU backend (dequantize_wanted said
+# no) decodes AR unless asked otherwise: MLX's CPU quantized matmul loops over its rows, so a
+# verify of K+1 tokens costs about K+1 decode steps, and MTP only slows the model down (the
+# embedded model quantized to 4-bit on the Linux CPU: MTP/AR 0.71x at depth 3, 0.88x at depth
+# 1; docs/benchmarks.md, "Quantized checkpoints on the Linux CPU").
 QUANTIZED_CPU_DEPTH_REASON = (
-    "quantized weights on the CPU: MLX's quantized matmul costs every row of a verify what a "
-    "decode step costs, so MTP decodes slower than AR here; set a depth to use it anyway")
+    "quantized weights kept packed on the CPU (the dequantize setting): MLX's quantized matmul "
+    "costs every row of a verify what a decode step costs, so MTP decodes slower than AR here; "
+    "set a depth to use it anyway")
 
 
 def default_depth(config: dict[str, Any], on_cuda: bool, quantized_on_cpu: bool) -> tuple[int, str | None]:
