@@ -480,7 +480,10 @@ def status_table(status: dict[str, Any]) -> Table:
     else:
         table.add_row("model", f"{model.get('state')}: {model.get('error') or ''}")
     memory = status.get("memory", {})
-    table.add_row("memory", f"daemon {human_bytes(memory.get('rss_bytes'))}, system "
+    # The weights as held (a dequantized or upcast model holds more than its files).
+    weights = (f" (model weights {human_bytes(model['weights_bytes'])})"
+               if model and model.get("state") == "loaded" and model.get("weights_bytes") else "")
+    table.add_row("memory", f"daemon {human_bytes(memory.get('rss_bytes'))}{weights}, system "
                   f"{human_bytes(memory.get('system_available_bytes'))} free of "
                   f"{human_bytes(memory.get('system_total_bytes'))}")
     table.add_row("requests", f"{status.get('requests', {}).get('active', 0)} in flight")

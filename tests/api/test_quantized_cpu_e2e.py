@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from mtplxctl.output import human_bytes
 from mtplxd.engine.fixtures.tiny import write_tiny_checkpoint
 from mtplxd.engine.model.loader import QUANTIZED_CPU_DEPTH_REASON
 from mtplxd.engine.loaded_model import DEQUANTIZED_LABEL, DEQUANTIZED_PATH
@@ -93,3 +94,5 @@ def test_dequantize_auto_applies_at_the_next_load(daemon, checkpoint):
     assert stats["depth"] == health["depth"] and stats["drafted"] > 0
     shown = " ".join(ctl_in(daemon.home, "status").stdout.split())
     assert f"MTP depth {health['depth']} (fused loop), 4bit{DEQUANTIZED_LABEL}" in shown
+    held = human_bytes(health["model_info"]["weights_bytes"])  # the dense bytes, as the guard prices them
+    assert f"(model weights {held})" in shown
