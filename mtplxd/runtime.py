@@ -267,7 +267,8 @@ class Runtime:
         limit = resolve_limit(self.memory_limit, psutil.virtual_memory().total)
         if self.group is not None:
             model = await self._on_owner(lambda: self.group.load(
-                path, model_id=model_id, depth=depth, quantize=self.quantize, dequantize=self.dequantize))
+                path, model_id=model_id, depth=depth, quantize=self.quantize,
+                dequantize=self.dequantize))
         else:
             model = await self._on_owner(lambda: load_model(
                 path, model_id=model_id, depth=depth, decode_loop=self.decode_loop,

@@ -61,8 +61,8 @@ import time
 from typing import Any
 
 from mtplxd.engine.bench.harness import (
-    PROMPTS, add_dequantize_option, add_quantize_option, add_small_m_kernel_option, bench_parser, command_line,
-    exit_without_teardown, machine, prompt_ids_for, write_report,
+    PROMPTS, add_dequantize_option, add_quantize_option, add_small_m_kernel_option, bench_parser,
+    command_line, exit_without_teardown, machine, prompt_ids_for, write_report,
 )
 from mtplxd.engine.interface import GenerationRequest, GenerationResult, SamplingParams
 from mtplxd.engine.owner import ModelOwner

@@ -350,7 +350,7 @@ def compute_dtype(system: str, on_cpu: bool) -> str | None:
 # Where a quantized model's weights fit as dense float32, the Linux CPU serves them so:
 # OpenBLAS streams float32 weights faster than MLX's CPU quantized matmul unpacks packed ones,
 # and a product of several rows costs little more than one row, so MTP pays again. Qwen3-0.6B's
-# dims at 4-bit, one token: 539 ms packed, 266 ms dense; 4 tokens 2,107 ms against 327
+# dims at 4-bit, one token: 538 ms packed, 249 ms dense; 4 tokens 2,103 ms against 315
 # (docs/benchmarks.md, "Quantized checkpoints dequantized on the Linux CPU"). The price is
 # memory: 8x the packed weights at 4-bit, 4x at 8-bit, so "auto" does it only while the dense
 # weights take at most this share of the memory limit, the rest left to the KV cache and the
@@ -412,7 +412,9 @@ def dequantize(model) -> int:
             if "bias" in module:
                 twin.bias = module["bias"].astype(mx.float32)
         twin.weight = weight
-        mx.eval(twin.parameters())  # one layer at a time: the peak stays one dense layer over
+        # Evaluated layer by layer, so no graph of the whole model builds up; the packed weights
+        # are freed when the model takes the twins (the peak: dense plus packed weights).
+        mx.eval(twin.parameters())
         return twin
 
     model.update_modules(tree_map_with_path(dense, model.leaf_modules(), is_leaf=nn.Module.is_module))
