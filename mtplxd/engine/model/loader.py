@@ -390,15 +390,13 @@ def dequantize_wanted(choice: str, dense_bytes: int | None, memory_bytes: int,
     return not quantized_at_load and dense_bytes <= DEQUANTIZE_MEMORY_SHARE * memory_bytes
 
 
-def dequantize(model) -> int:
+def dequantize(model) -> None:
     """Replace every quantized linear and embedding layer of `model` (trunk and MTP head) with
-    its dense float32 twin, in place; return how many bytes the resident weights grew by.
-    Each weight is `mx.dequantize` of its packed values: scale * q + bias in float32."""
+    its dense float32 twin, in place (`dense_float32_bytes` says what it will hold). Each
+    weight is `mx.dequantize` of its packed values: scale * q + bias in float32."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_map_with_path
-
-    before = parameter_bytes(model)
 
     def dense(_path: str, module):
         if type(module) not in (nn.QuantizedLinear, nn.QuantizedEmbedding):
@@ -418,17 +416,13 @@ def dequantize(model) -> int:
         return twin
 
     model.update_modules(tree_map_with_path(dense, model.leaf_modules(), is_leaf=nn.Module.is_module))
-    return parameter_bytes(model) - before
 
 
-def upcast(model, dtype: str) -> int:
-    """Cast every floating parameter of `model` (trunk and MTP head) to `dtype` in place;
-    return how many bytes the resident weights grew by."""
+def upcast(model, dtype: str) -> None:
+    """Cast every floating parameter of `model` (trunk and MTP head) to `dtype` in place."""
     import mlx.core as mx
 
-    before = parameter_bytes(model)
     model.set_dtype(getattr(mx, dtype))
-    return parameter_bytes(model) - before
 
 
 def parameter_bytes(model) -> int:
