@@ -56,6 +56,15 @@
 #                 on its decode steps from each weight count in FROM (64M and 16M; ~480 s on a
 #                 fresh machine); SIZE=hybrid-27b-dtypes bf16 and 8-bit; SIZE=qwen3-32b compiled
 #                 (MTPLX_FUSED_AR=1) against op by op at DTYPES (4bit,8bit), the kernel as served
+#   PART=row-invariant  row-invariant routing (small_m_qmm's module docstring, 2026-12-05: every
+#                 1..7-row product on the tensor-core layout, decode steps included, so a verify
+#                 row rounds as a decode step): its kernel test (each row of an M-row mma
+#                 product bit for bit its 1-row product), then the hybrid 27B at DTYPES (4bit):
+#                 greedy divergence over TOKENS (500) tokens with it, and decode with it beside
+#                 MLX's in one process (real_size --decode-only)
+#   PART=row-invariant-kernels  the rest of its CUDA tests (greedy MTP = AR on the tiny hybrid),
+#                 then the hybrid's matrices at 1, 2, 4 and 7 rows (mma beside MLX and the
+#                 other layouts, and whether each one's rows equal its 1-row products)
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
 #                 on MLX's matvec: real_size --kernel-decode-from never; since 2026-12-03 the
 #                 default for hybrid models), stock beside it, depths 1 and 3 at T=0 and 0.6
@@ -76,7 +85,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -213,6 +222,20 @@ elif [ "$PART" = compiled-decode ]; then
         --small-m-kernel --json-out "$work/compiled-decode-$SIZE-ar$setting.json"
     done
   fi
+elif [ "$PART" = row-invariant ]; then
+  step cuda-test 90 python3 -m pytest -q -p no:cacheprovider -k "cuda_mma_layout_is_row_invariant" \
+    tests/engine/test_small_m_qmm.py
+  step "divergence-hybrid-${DTYPES:-4bit}-row-invariant" 330 python3 -m mtplxd.engine.bench.real_size \
+    --sizes hybrid-27b --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \
+    --repeats 2 --divergence-tokens "${TOKENS:-500}" --row-invariant \
+    --json-out "$work/divergence-hybrid-${DTYPES:-4bit}-row-invariant.json"
+  step "decode-hybrid-${DTYPES:-4bit}-row-invariant" 200 python3 -m mtplxd.engine.bench.real_size \
+    --sizes hybrid-27b --dtypes "${DTYPES:-4bit}" --decode-only --decode-tokens 32 --repeats 4 \
+    --small-m-kernel --row-invariant --json-out "$work/decode-hybrid-${DTYPES:-4bit}-row-invariant.json"
+elif [ "$PART" = row-invariant-kernels ]; then
+  step cuda-tests 200 python3 -m pytest -q -p no:cacheprovider -k "cuda and row_invariant" tests/engine/test_small_m_qmm.py
+  step small-m-hybrid-rows 300 python3 -m mtplxd.engine.bench.small_m "$work/small-m-hybrid-rows.json" \
+    --sizes hybrid-27b --bits 4,8 --rows 1,2,4,7 --repeats 6 --shipped-only
 elif [ "$PART" = hybrid-verify ]; then
   step hybrid-verify-only 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
     --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 --repeats 6 \

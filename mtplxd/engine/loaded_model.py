@@ -236,6 +236,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         dtype=model_dtype(model),
         kernels=kernel_paths(switched, hybrid=report.model_type in HYBRID_MODEL_TYPES,
                              kernel_decode=small_m_qmm.decode_wanted(model),
+                             row_invariant=small_m_qmm.row_invariant_wanted(),
                              ar_decode=fused_ar.path_name(trunk), dequantized=dequantized),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache(), hybrid=True) else "stepwise"),
@@ -268,17 +269,20 @@ def _mx():
 
 
 def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode: bool = True,
-                 ar_decode: str = "op by op", dequantized: bool = False) -> dict[str, str]:
+                 row_invariant: bool = False, ar_decode: str = "op by op",
+                 dequantized: bool = False) -> dict[str, str]:
     """Which implementation each fast path runs on this machine (`ModelInfo.kernels`):
     quantized matmuls (`kernel_decode`: whether decode steps take the small-M kernel, the rule
-    `small_m_qmm.install` applied), attention over the fused loop's cache buffer, for hybrid
+    `small_m_qmm.install` applied; `row_invariant`: whether it routed every row count to the
+    tensor cores), attention over the fused loop's cache buffer, for hybrid
     models the Gated DeltaNet verify and decode step, an AR request's decode step
     (`ar_decode`: fused_ar.path_name) and the precision of float32 matmuls. Off CUDA every
     kernel entry names MLX's own ops (or mlx-lm's). A model `dequantized` at load has no
     quantized matmul left."""
     paths = {
         "quantized_matmul": (DEQUANTIZED_PATH if dequantized else
-                             small_m_qmm.path_name(quantized_layers_switched, decode=kernel_decode)),
+                             small_m_qmm.path_name(quantized_layers_switched, decode=kernel_decode,
+                                                   row_invariant=row_invariant)),
         "cache_attention": ("buffer CUDA kernel" if buffer_attention.usable()
                             else "mlx scaled_dot_product_attention"),
         "prefill_attention": cpu_attention_path.path_name(),

@@ -10,3 +10,22 @@ def tiny_qwen3(tiny_model_factory):
     from mtplxd.engine import load_model
 
     return load_model(tiny_model_factory("qwen3"))
+
+
+@pytest.fixture
+def small_m_kernel_twin(monkeypatch):
+    """The small-M kernel as if on CUDA (both probes passed), its products computed by its
+    plain-ops twin (`small_m_qmm.reference`): the GPU is what this machine lacks. Returns the
+    list of (rows, layout) each product was routed with."""
+    from mtplxd.engine.model import small_m_qmm
+
+    calls = []
+
+    def kernel_twin(x, w, scales, biases, bits, layout=None):
+        calls.append((x.size // x.shape[-1], layout))
+        return small_m_qmm.reference(x, w, scales, biases, bits)
+
+    monkeypatch.setattr(small_m_qmm, "_usable", True)
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
+    monkeypatch.setattr(small_m_qmm, "small_m_matmul", kernel_twin)
+    return calls

@@ -327,3 +327,20 @@ def test_gdn_chunked_runs_a_hybrids_verifies_chunked_on_any_backend_for_that_run
                            "--json-out", str(out)]) == 0
     assert json.loads(out.read_text())["configs"][0]["gdn_verify"] == "chunked"
     assert gdn_chunked._forced is None and gdn_chunked.path_name() == "per-token"
+
+
+def test_row_invariant_divergence_puts_every_row_count_on_the_tensor_cores(small_m_kernel_twin, tmp_path):
+    """`--row-invariant`: the divergence run's kernel (here its plain-ops twin, the GPU being
+    what this machine lacks) takes AR's 1-row steps and MTP's verify blocks alike, greedy MTP
+    follows AR, and the report says how it was routed."""
+    calls = small_m_kernel_twin
+    out = tmp_path / "r.json"
+    assert real_size.main(["--sizes", "tiny-hybrid", "--dtypes", "4bit", "--context", "16", "--depths", "",
+                           "--cycle-temperatures", "0", "--decode-tokens", "4", "--repeats", "1",
+                           "--divergence-tokens", "8", "--row-invariant", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    divergence = report["configs"][0]["greedy_divergence"]
+    assert report["row_invariant"] and divergence["row_invariant"] and divergence["small_m_kernel"]
+    assert divergence["identical"] and divergence["tokens_checked"] == 8
+    assert {layout for _, layout in calls} == {"mma"}
+    assert {1, 4} <= {rows for rows, _ in calls}

@@ -166,6 +166,116 @@ def test_cuda_mma_layout_matches_the_float32_truth_in_float16_and_at_every_block
                 assert small_m_qmm.relative_error(got, truth) < 0.01
 
 
+@needs_cuda
+@pytest.mark.parametrize("bits", small_m_qmm.BITS)
+@pytest.mark.parametrize("dtype", small_m_qmm.MMA_DTYPES)
+def test_cuda_mma_layout_is_row_invariant(bits, dtype):
+    """What row-invariant routing stands on: each row of a 2..MAX_ROWS-row product through the
+    tensor cores equals, bit for bit, the product of that row alone (one compiled instance, one
+    8-row tile; a tensor core's output element depends on its own row of inputs only)."""
+    for N, K in ((320, 512), (999, 1024), (1024, 5120)):
+        x, w, scales, biases, _ = small_m_qmm.probe_case(small_m_qmm.MAX_ROWS, bits, N=N, K=K, dtype=dtype)
+        alone = [small_m_qmm.small_m_matmul(x[i:i + 1], w, scales, biases, bits, layout="mma")
+                 for i in range(small_m_qmm.MAX_ROWS)]
+        for rows in range(2, small_m_qmm.MAX_ROWS + 1):
+            together = small_m_qmm.small_m_matmul(x[:rows], w, scales, biases, bits, layout="mma")
+            assert all(mx.array_equal(together[i:i + 1], alone[i]).item() for i in range(rows)), (N, K, rows)
+
+
+@needs_cuda
+def test_cuda_row_invariant_routing_keeps_a_hybrids_greedy_mtp_equal_to_ar():
+    from mtplxd.engine.bench import real_size
+    from mtplxd.engine.model.trunk import Trunk
+
+    model, spec = real_size.build_model("tiny-hybrid", "4bit")
+    assert small_m_qmm.install(model, force=True, row_invariant=True) > 0
+    trunk = Trunk(model, spec)
+    prompt = mx.random.randint(0, trunk.text.args.vocab_size, (32,), key=mx.random.key(3)).tolist()
+    report = real_size.greedy_divergence(trunk, model.mtp, prompt, 3, 48)
+    assert report["identical"], report["divergences"][:3]
+
+
+def _row_invariant_layer(out_dims: int, in_dims: int, bits: int) -> nn.QuantizedLinear:
+    layer = nn.QuantizedLinear(in_dims, out_dims, group_size=64, bits=bits)
+    layer.__class__ = small_m_qmm.SmallMQuantizedLinear
+    layer.row_invariant = True
+    return layer
+
+
+@pytest.mark.parametrize("bits", small_m_qmm.BITS)
+def test_row_invariant_routing_sends_every_few_row_product_to_the_tensor_cores(monkeypatch, bits):
+    """Decode steps and verify blocks of every matrix, small ones included, take one layout, so
+    a verify row rounds as the decode step of that row; float32 inputs (no mma) and a GPU whose
+    mma probe failed keep the row-count routing; prefill-sized blocks keep MLX's tiled qmm."""
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
+    layer = _row_invariant_layer(192, 128, bits)  # far below VERIFY_VECTOR_VALUES
+    for dtype in small_m_qmm.MMA_DTYPES:
+        layouts = {rows: small_m_qmm.route(mx.zeros((rows, 128), dtype), layer) for rows in range(1, 12)}
+        assert layouts == {**{rows: "mma" for rows in range(1, small_m_qmm.MAX_ROWS + 1)},
+                           **{rows: None for rows in range(small_m_qmm.MLX_TILED_ROWS, 12)}}
+        assert small_m_qmm.route(mx.zeros((1, 1, 128), dtype), layer) == "mma"  # (batch, 1 token, K)
+    served = nn.QuantizedLinear(128, 192, group_size=64, bits=bits)
+    for rows in range(1, 12):
+        x = mx.zeros((rows, 128), mx.float32)
+        assert small_m_qmm.route(x, layer) == small_m_qmm.route(x, served)
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", False)
+    for rows in range(1, 12):
+        x = mx.zeros((rows, 128), mx.bfloat16)
+        assert small_m_qmm.route(x, layer) == small_m_qmm.route(x, served)
+
+
+def test_row_invariant_install_takes_the_environment_and_status_says_so(tiny_model_factory, monkeypatch):
+    """MTPLX_ROW_INVARIANT=1 asks for the kernel on any quantized model (the tiny one is far from
+    the 27B/32B class it serves by default), marks every layer, and /health's kernel entry says
+    so; `row_invariant` and `force` given to install decide over the environment."""
+    monkeypatch.setattr(small_m_qmm, "_usable", True)
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
+    path = tiny_model_factory("qwen3", quantize_bits=4)
+
+    def loaded():
+        return load_model(path, dequantize_weights="off", compute="checkpoint")
+
+    model = loaded()
+    assert not small_m_qmm.row_invariant_wanted()
+    assert not model.info.kernels["quantized_matmul"].startswith("small-M")  # not 27B/32B-class
+    monkeypatch.setenv(small_m_qmm.ROW_INVARIANT_ENV, "1")
+    model = loaded()
+    layers = [m for _, m in model.model.named_modules() if isinstance(m, small_m_qmm.SmallMQuantizedLinear)]
+    assert layers and all(m.row_invariant for m in layers)
+    assert model.info.kernels["quantized_matmul"] == (
+        f"small-M CUDA kernel, row-invariant (1..{small_m_qmm.MAX_ROWS} rows on the tensor cores, "
+        "decode steps included)")
+    monkeypatch.delenv(small_m_qmm.ROW_INVARIANT_ENV)
+    assert small_m_qmm.install(loaded().model, row_invariant=True) > 0  # asking for it asks for the kernel
+    assert small_m_qmm.install(loaded().model, force=False, row_invariant=True) == 0
+    plain = loaded().model
+    assert small_m_qmm.install(plain, force=True, row_invariant=False) > 0
+    assert not any(m.row_invariant for _, m in plain.named_modules()
+                   if isinstance(m, small_m_qmm.SmallMQuantizedLinear))
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", False)  # no tensor cores: the served routing, said so
+    assert "row-invariant" not in small_m_qmm.path_name(len(layers), row_invariant=True)
+
+
+def test_row_invariant_routing_keeps_greedy_mtp_equal_to_ar_through_the_kernels_twin(
+        tiny_model_factory, monkeypatch, small_m_kernel_twin):
+    """A hybrid in bfloat16 (a GPU's activations) with every 1..MAX_ROWS-row product on the
+    tensor-core layout, here its plain-ops twin: decode steps and verify blocks all take it,
+    and greedy MTP equals AR."""
+    calls = small_m_kernel_twin
+    monkeypatch.setenv(small_m_qmm.ROW_INVARIANT_ENV, "1")
+    model = load_model(tiny_model_factory("qwen3_5", torch_dtype="bfloat16"), quantize="4bit",
+                       dequantize_weights="off", compute="checkpoint")
+    ids = model.tokenizer.encode("def add(a, b):")
+
+    def run(depth):
+        request = GenerationRequest(ids, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), depth=depth)
+        return model.complete(request).token_ids
+
+    assert run(0) == run(3)
+    assert {layout for _, layout in calls} == {"mma"}
+    assert {1, 4} <= {rows for rows, _ in calls}  # AR's decode steps and depth 3's verify blocks
+
+
 def test_the_mma_layout_takes_16_bit_inputs_only():
     x, w, scales, biases, _ = small_m_qmm.probe_case(2, 4, N=64, K=128, dtype=mx.float32)
     with pytest.raises(ValueError, match="bfloat16 or float16"):

@@ -5,7 +5,7 @@
         [--cycles 16] [--repeats 10] [--cycle-temperatures 0,0.6] [--small-m-kernel]
         [--small-m-loops] [--decode-vector-values N,...] [--kernel-decode-from N|never]
         [--divergence-tokens N] [--divergence-limit 32] [--prefill-tokens N] [--decode-only]
-        [--gdn-chunked] [--json-out FILE]
+        [--gdn-chunked] [--row-invariant] [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
 quantization in groups of 64 for 8bit/4bit; `f32` keeps float32, the exactness checks'
@@ -51,6 +51,9 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
   * with `--prefill-tokens N`: ms to prefill N random tokens into a fresh cache (`prefill`);
     for a hybrid also with its GDN layers chunked and on mlx-lm's per-token loop
     (`gdn_paths_ms`: on CUDA the served path is the chunked one, gdn_chunked.chunked_prefill);
+  * `--row-invariant`: wherever the kernel is installed (above, and for the divergence
+    below), every product of 1..7 rows takes its tensor-core layout, decode steps included
+    (small_m_qmm.install's `row_invariant`: a verify row then rounds as a decode step);
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): every
     position where they differ (MTP resynchronised on AR's tokens after each, up to
@@ -392,10 +395,12 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                    kernel_loops: bool = False, decode_vector_values: tuple[int, ...] = (),
                    divergence_tokens: int = 0, divergence_depth: int = 3,
                    divergence_limit: int = DIVERGENCE_LIMIT, kernel_decode: bool | None = None,
-                   decode_only: bool = False, prefill_tokens: int = 0) -> dict[str, Any]:
+                   decode_only: bool = False, prefill_tokens: int = 0,
+                   row_invariant: bool = False) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready.
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
-    `decode`); None follows small_m_qmm.decode_wanted. `decode_only`: the
+    `decode`); None follows small_m_qmm.decode_wanted. `row_invariant`: every kernel install
+    routes 1..7 rows to the tensor cores (small_m_qmm.install's `row_invariant`). `decode_only`: the
     decode figures alone (with the kernel's where `small_m_kernel`), no forwards or cycles."""
     from mtplxd.engine.model import gdn_kernel, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
@@ -437,7 +442,8 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     if decode_only:
         if small_m_kernel and DTYPES[dtype] is not None:
             phase("the small-M kernel: decode")
-            entry["small_m_kernel_layers"] = small_m_qmm.install(model, force=True, decode=kernel_decode)
+            entry["small_m_kernel_layers"] = small_m_qmm.install(model, force=True, decode=kernel_decode,
+                                                                 row_invariant=row_invariant)
             trunk.compiled_graphs.clear()
             entry["small_m_kernel"] = _kernel_decode(trunk, prompt, decode_tokens, roofline_ms, phase)
             _uninstall(model, trunk)
@@ -453,7 +459,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     entry.update(_pipelined_forwards(trunk, cache, vocab, repeats, greedy_decode))
     if small_m_kernel and DTYPES[dtype] is not None:
         phase("the small-M kernel: forwards, decode and cycles")
-        switched = small_m_qmm.install(model, force=True, decode=kernel_decode)
+        switched = small_m_qmm.install(model, force=True, decode=kernel_decode, row_invariant=row_invariant)
         trunk.compiled_graphs.clear()  # a cycle graph traced before would replay MLX's layers
         entry["small_m_kernel_layers"] = switched
         if switched:
@@ -487,12 +493,14 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     entry["cycles"] = cycle
     if divergence_tokens:
         phase("greedy divergence")
-        # As served: the small-M kernel where small_m_qmm.default_wanted puts it.
-        served_kernel = small_m_qmm.install(model)
+        # As served: the small-M kernel where small_m_qmm.default_wanted puts it (or
+        # everywhere, row-invariant, when asked).
+        served_kernel = small_m_qmm.install(model, row_invariant=row_invariant or None)
         trunk.compiled_graphs.clear()
         entry["greedy_divergence"] = {**greedy_divergence(trunk, model.mtp, prompt, divergence_depth,
                                                           divergence_tokens, divergence_limit),
-                                      "small_m_kernel": bool(served_kernel)}
+                                      "small_m_kernel": bool(served_kernel),
+                                      "row_invariant": row_invariant and bool(served_kernel)}
         _uninstall(model, trunk)
     entry["seconds"] = time.perf_counter() - started
     return entry
@@ -653,6 +661,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gdn-chunked", action="store_true",
                         help="a hybrid's verifies and prompts in the chunked GDN form on any backend, "
                              "as on CUDA (a CPU reproduces the GPU's divergences)")
+    parser.add_argument("--row-invariant", action="store_true",
+                        help="wherever the small-M kernel is installed, 1..7 rows on its tensor-core "
+                             "layout, decode steps included (a verify row rounds as a decode step)")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
     cycle_temperatures = tuple(float(t) for t in args.cycle_temperatures.split(","))
@@ -668,7 +679,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"configs": [], **machine(), "context": args.context,
                               "profile": list(PROFILE), "bandwidth_bytes_per_s": BANDWIDTH_BYTES_PER_S,
                               "command": command_line(PROG, argv),
-                              "kernel_decode_from": args.kernel_decode_from}
+                              "kernel_decode_from": args.kernel_decode_from,
+                              "row_invariant": args.row_invariant}
     threshold = None  # the shipped one
     if args.kernel_decode_from is not None:
         threshold = sys.maxsize if args.kernel_decode_from == "never" else int(args.kernel_decode_from)
@@ -704,7 +716,8 @@ def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[in
                                    # where decode_wanted would leave them on MLX (8-bit).
                                    kernel_decode=(None if args.kernel_decode_from is None
                                                   else args.kernel_decode_from != "never"),
-                                   decode_only=args.decode_only, prefill_tokens=args.prefill_tokens)
+                                   decode_only=args.decode_only, prefill_tokens=args.prefill_tokens,
+                                   row_invariant=args.row_invariant)
             # The model died with measure_config's frame: free it before the next is built.
             gc.collect()
             mx.clear_cache()

@@ -22,7 +22,9 @@ that many times fewer threads), and `vector_unroll_error` is their worst error. 
 fields time the tensor-core layout (small_m_qmm._SOURCE_MMA: short verify blocks of large
 matrices); with `--mma-variants`, `mma_us_by_warps` with 4, 8 and 16 warps a block splitting K,
 and at 1 and 6 rows `mma_us_by_groups_per_load` with 2, 4 and 8 groups a lane loads before
-using any. Off CUDA the
+using any. From 2 rows, `mma_rows_equal_one_row` and `mlx_rows_equal_one_row` say whether each
+row of the product equals that row's 1-row product bit for bit (row invariance:
+small_m_qmm's module docstring). Off CUDA the
 kernel columns are null (the kernel is CUDA only) and the plain-ops reference's error is
 reported instead, so the script runs anywhere.
 """
@@ -68,6 +70,13 @@ MMA_LOADS = (2, 4, 8)  # groups a lane of the mma layout loads before using any,
 
 def _per_call_us(fn, x, repeats: int) -> float:
     return median_ms(lambda: mx.eval([fn(x) for _ in range(CALLS)]), repeats) / CALLS * 1000
+
+
+def _rows_equal_one_row(product, x: mx.array) -> bool:
+    """Whether every row of product(x) equals, bit for bit, product of that row alone (what a
+    verify row needs to round as the decode step of the same row)."""
+    together = product(x)
+    return all(mx.array_equal(together[i:i + 1], product(x[i:i + 1])).item() for i in range(x.shape[0]))
 
 
 def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
@@ -141,6 +150,9 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
             row.update(mma_us=mma_us, mma_over_mlx=mma_us / mlx_us, mma_us_by_warps=by_warps,
                        mma_of_roofline=read / BANDWIDTH_BYTES_PER_S * 1e6 / mma_us,
                        mma_error=small_m_qmm.relative_error(mma(x), truth))
+            if M > 1:  # row invariance: each row of the M-row product, bit for bit its 1-row product
+                row.update(mma_rows_equal_one_row=_rows_equal_one_row(mma, x),
+                           mlx_rows_equal_one_row=_rows_equal_one_row(stock, x))
             if M in (1, 6) and mma_variants:  # bytes in flight against registers
                 row["mma_us_by_groups_per_load"] = {
                     loads: _per_call_us(lambda x, u=loads: small_m_qmm.small_m_matmul(

@@ -32,11 +32,24 @@ model (Gated DeltaNet) for its verify blocks only (`decode_wanted`: its decode s
 slower through it); elsewhere it is off (on the embedded model it made decoding slower).
 `load_model(path, small_m_kernel=True or False)` decides instead (the benches'
 `--small-m-kernel`).
+
+Row-invariant routing (`install(row_invariant=True)`, `MTPLX_ROW_INVARIANT=1`, the benches'
+`--row-invariant`; off by default until the H200 has timed it): every product of 1 to MAX_ROWS
+16-bit rows takes the mma layout, decode steps and small matrices included. All those row
+counts run one compiled instance of it (one 8-row tile), and a tensor-core product's output
+element depends only on its own weight row and input row, so a verify's row rounds exactly as
+the decode step's product of that row: on CUDA, greedy MTP then equals greedy AR wherever the
+rest of the step is row-invariant too (the buffer attention, the GDN kernels and the norms
+are). The served routing mixes layouts by row count (MLX's matvec or the vector layout for a
+decode step, the mma layout for a verify block), whose roundings differ; a random 64-layer
+hybrid 27B at 4-bit amplifies that into divergences at gaps well above a near-tie
+(docs/benchmarks.md, "Where issue 22's targets stand").
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import mlx.core as mx
@@ -455,6 +468,9 @@ VECTOR_MAX_ROWS = {4: 6, 8: 7}
 # against MLX's 163 and 231, the vector layout's 89 and 115); 7 rows sit between its 6-row
 # and 8-row times (82 and 78 us), where MLX's matvec costs 7 of its 1-row products.
 
+# Opt-in to row-invariant routing for a load (module docstring) where `install` is not told.
+ROW_INVARIANT_ENV = "MTPLX_ROW_INVARIANT"
+
 _usable: bool | None = None
 _mma_usable: bool | None = None  # probed apart: a GPU without bf16 mma.sync keeps the other layouts
 
@@ -561,7 +577,8 @@ def route(x: mx.array, layer: Any) -> str | None:
     - fewer rows (decode steps): "vector" on a matrix of at least LARGE_MATRIX_VALUES
       weights, where its 16-byte loads beat MLX's matvec (H200, docs/benchmarks.md), unless
       the layer's `kernel_decode` is False (`install` sets it: a hybrid model's);
-    the rest stays on MLX. Both need affine 4- or 8-bit weights in groups of 64, a floating
+    the rest stays on MLX. A layer marked `row_invariant` (`install`) sends every 1..MAX_ROWS
+    rows of 16-bit inputs to "mma", whatever the matrix (the module docstring says why). Both need affine 4- or 8-bit weights in groups of 64, a floating
     input and K a whole number of groups."""
     if not (getattr(layer, "mode", "affine") == "affine" and layer.bits in BITS
             and layer.group_size == GROUP_SIZE and x.ndim and x.shape[-1] % GROUP_SIZE == 0
@@ -571,6 +588,8 @@ def route(x: mx.array, layer: Any) -> str | None:
     rows = x.size // x.shape[-1]
     if rows > MAX_ROWS:
         return None
+    if getattr(layer, "row_invariant", False) and x.dtype in MMA_DTYPES and _mma_usable is not False:
+        return "mma"  # one layout at every row count: a verify row rounds as a decode step
     values = layer["weight"].shape[0] * x.shape[-1]
     large = values >= VERIFY_VECTOR_VALUES
     if rows >= 2 and large and x.dtype in MMA_DTYPES and _mma_usable is not False:
@@ -630,15 +649,25 @@ def decode_wanted(model: nn.Module) -> bool:
     return {m.bits for _, m in model.named_modules() if isinstance(m, nn.QuantizedLinear)} == {4}
 
 
-def install(model: nn.Module, *, force: bool | None = None, decode: bool | None = None) -> int:
+def row_invariant_wanted() -> bool:
+    """Whether `install` routes row-invariantly unless told: only where MTPLX_ROW_INVARIANT
+    is "1" (the H200 has not yet timed it against the served routing)."""
+    return os.environ.get(ROW_INVARIANT_ENV, "") == "1"
+
+
+def install(model: nn.Module, *, force: bool | None = None, decode: bool | None = None,
+            row_invariant: bool | None = None) -> int:
     """Route `model`'s quantized linear layers through the kernel where it is usable.
 
-    `force` None follows `default_wanted(model)`; True or False decides. `decode` None
+    `force` None follows `default_wanted(model)`, or installs wherever routing is
+    row-invariant (asking for it asks for the kernel); True or False decides. `decode` None
     follows `decode_wanted(model)` for the decode steps' products; True or False decides.
-    Returns how many layers were switched (0 off CUDA, when off, or when the probe fails: the
-    stock ops stay).
+    `row_invariant` True sends every 1..MAX_ROWS-row product to the mma layout (`route`);
+    None follows `row_invariant_wanted()`. Returns how many layers were switched (0 off CUDA,
+    when off, or when the probe fails: the stock ops stay).
     """
-    wanted = default_wanted(model) if force is None else force
+    invariant = row_invariant_wanted() if row_invariant is None else row_invariant
+    wanted = (invariant or default_wanted(model)) if force is None else force
     if not wanted or not usable():
         return 0
     mma_usable()  # probed here, outside any traced graph; `route` reads the outcome
@@ -648,14 +677,18 @@ def install(model: nn.Module, *, force: bool | None = None, decode: bool | None 
         if type(module) is nn.QuantizedLinear:
             module.__class__ = SmallMQuantizedLinear
             module.kernel_decode = kernel_decode
+            module.row_invariant = invariant
             switched += 1
     return switched
 
 
-def path_name(switched: int, *, decode: bool = True) -> str:
+def path_name(switched: int, *, decode: bool = True, row_invariant: bool = False) -> str:
     """What /health and status say about a model's quantized matmuls, given what `install`
-    returned for it (and whether its decode steps take the kernel: `decode_wanted`): the
-    kernel, or MLX's own (and why)."""
+    returned for it (and whether its decode steps take the kernel: `decode_wanted`, and
+    whether it routed row-invariantly): the kernel, or MLX's own (and why)."""
+    if switched and row_invariant and _mma_usable is not False:
+        return (f"small-M CUDA kernel, row-invariant (1..{MAX_ROWS} rows on the tensor cores, "
+                f"decode steps included)")
     if switched:
         steps = "decode steps of large matrices too" if decode else "decode steps on mlx"
         tensor_cores = "" if _mma_usable is False else f", 2..{MAX_ROWS} on the tensor cores for large matrices"
