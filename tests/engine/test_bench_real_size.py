@@ -344,3 +344,20 @@ def test_row_invariant_divergence_puts_every_row_count_on_the_tensor_cores(small
     assert divergence["identical"] and divergence["tokens_checked"] == 8
     assert {layout for _, layout in calls} == {"mma"}
     assert {1, 4} <= {rows for rows, _ in calls}
+
+
+def test_the_compiled_twin_is_not_timed_where_our_ar_loop_is_compiled_already(tiny_model_factory):
+    """A hybrid on CUDA decodes in the compiled AR loop (fused_ar), so `decode` is already the
+    compiled step's figure: the bench's own compiled twin is skipped there (it cost GPU runs
+    their seconds), and timed where our AR runs op by op."""
+    from mtplxd.engine import load_model
+    from mtplxd.engine.decoding import fused_ar
+
+    trunk = load_model(tiny_model_factory("qwen3_5")).trunk
+    prompt = list(range(3, 19))
+    assert real_size.compiled_decode_ms(trunk, prompt, 4) > 0
+    fused_ar.force(True)
+    try:
+        assert real_size.compiled_decode_ms(trunk, prompt, 4) is None
+    finally:
+        fused_ar.force(None)

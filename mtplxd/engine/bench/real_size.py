@@ -23,7 +23,8 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     at the context; `of_roofline` = roofline_ms / our greedy decode ms;
   * `decode_compiled_greedy_ms`: the greedy decode step again as one compiled graph over
     fixed KV buffers and, for a hybrid, its Gated DeltaNet states (bench.compiled_ar): far
-    below our decode, the AR loop is bound by building its graph;
+    below our decode, the AR loop is bound by building its graph (null where our AR loop is
+    already compiled, a hybrid on CUDA: `decode` is that figure);
   * `decode_host_split`: the greedy decode step's host time (building and submitting the
     next step) against its wait for the device, and its primitives (bench.host): near-zero
     wait means the step is host-bound, and fewer primitives, not faster kernels, make it
@@ -358,10 +359,13 @@ def _pipelined_forwards(trunk, cache, vocab: int, repeats: int, decode_ms: float
 
 def compiled_decode_ms(trunk: Any, prompt: list[int], tokens: int) -> float | None:
     """ms per greedy token of the compiled fixed-buffer AR step (bench.compiled_ar), for
-    models whose cache the fused loops take (dense and hybrid); None for the others."""
+    models whose cache the fused loops take (dense and hybrid); None for the others, and
+    where our AR already decodes in a compiled loop (fused_ar: a hybrid on CUDA), whose
+    figure `decode` is: timing it twice cost a GPU run its seconds."""
     from mtplxd.engine.bench.compiled_ar import compiled_ar_supported, compiled_greedy_decode
+    from mtplxd.engine.decoding.fused_ar import fused_ar_wanted
 
-    if not compiled_ar_supported(trunk):
+    if not compiled_ar_supported(trunk) or fused_ar_wanted(trunk, trunk.make_cache()):
         return None
     return compiled_greedy_decode(trunk, prompt, max(tokens, 8))[1]
 

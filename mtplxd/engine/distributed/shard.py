@@ -17,6 +17,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from mtplxd.engine.model.families import FamilySpec
+from mtplxd.engine.model.loader import parameter_bytes
 
 
 def layer_count(config: dict[str, Any]) -> int:
@@ -70,7 +71,7 @@ def held_modules(spec: FamilySpec, model: nn.Module, start: int, end: int, *,
 
 def resident_bytes(modules: list[nn.Module]) -> int:
     """Bytes of the parameters of `modules` (what a rank holds)."""
-    return sum(v.nbytes for m in modules for _, v in tree_flatten(m.parameters()))
+    return sum(parameter_bytes(m) for m in modules)
 
 
 def physical_memory() -> int:
