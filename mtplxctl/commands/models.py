@@ -206,7 +206,7 @@ def ensure_default_model(pull: bool = False,
     `start --json` keeps a clean stdout.
     """
     from mtplxd.config import ConfigError, load_config
-    from mtplxd.models.catalog import EMBEDDED_ID, default_model_choice, recommended
+    from mtplxd.models.catalog import CPU_REASON, EMBEDDED_ID, accelerator, default_model_choice, recommended
     from mtplxd.models.store import resolve_pulled
 
     paths = Paths.from_env()
@@ -217,6 +217,8 @@ def ensure_default_model(pull: bool = False,
         return None  # the daemon names the bad setting when it starts
     pick = recommended()
     if pick.id == EMBEDDED_ID:
+        if pull and accelerator() == "cpu":  # `start --recommended` asked for one: say why not
+            err_console.print(f"serving the embedded model: {CPU_REASON}")
         return None
     if resolve_pulled(pick.id, paths.models_dir) is not None:
         return pick.id
@@ -330,9 +332,11 @@ def _list_available(pulled: list[dict[str, Any]], as_json: bool) -> int:
     if as_json:
         print_json({"models": rows})
         return EXIT_OK
-    memory = rows[0]["memory_gb"] if rows else 0
-    table = wrapping_table("model", "for RAM", "download", "quant", "",
-                           title=f"recommended for this machine ({memory:.0f} GB)")
+    machine = rows[-1]  # every row carries the machine's figures
+    on_cpu = machine["accelerator"] == "cpu"
+    table = wrapping_table("model", f"for {machine['memory_kind']}", "download", "quant", "",
+                           title=f"recommended for this machine ({machine['memory_gb']:.0f} GB "
+                                 f"{machine['memory_kind']}{', CPU only' if on_cpu else ''})")
     table.columns[0].min_width = min(max((len(row["id"]) for row in rows), default=10), 24)
     for row in rows:
         marks = []
@@ -345,9 +349,11 @@ def _list_available(pulled: list[dict[str, Any]], as_json: bool) -> int:
         if not row["verified"]:
             marks.append("[dim]unverified id[/]")
         size = f"{row['download_gb']:.1f} GB" if row["download_gb"] else "built in"
-        ram = f"{row['min_memory_gb']} GB+" if row["min_memory_gb"] else "any"
-        table.add_row(row["id"], ram, size, row["quantization"], ", ".join(marks))
+        memory = f"{row['tier_gb']} GB+" if row["tier_gb"] else "any"
+        table.add_row(row["id"], memory, size, row["quantization"], ", ".join(marks))
     console.print(table)
+    if on_cpu:
+        console.print(f"[yellow]{machine['cpu_reason']}[/]")
     console.print("[dim]pull one: mtplxctl models pull REPO — the embedded model works offline[/]")
     return EXIT_OK
 
