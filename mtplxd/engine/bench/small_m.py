@@ -22,9 +22,9 @@ that many times fewer threads), and `vector_unroll_error` is their worst error. 
 fields time the tensor-core layout (small_m_qmm._SOURCE_MMA: short verify blocks of large
 matrices); with `--mma-variants`, `mma_us_by_warps` with 4, 8 and 16 warps a block splitting K,
 and at 1 and 6 rows `mma_us_by_groups_per_load` with 2, 4 and 8 groups a lane loads before
-using any. From 2 rows, `mma_rows_equal_one_row` and `mlx_rows_equal_one_row` say whether each
+using any. From 2 rows, `mma_rows_equal_one_row` (and `mlx_`, `vector_`, `word_`) say whether each
 row of the product equals that row's 1-row product bit for bit (row invariance:
-small_m_qmm's module docstring). Off CUDA the
+small_m_qmm's module docstring; the other layouts compile another instance per row count). Off CUDA the
 kernel columns are null (the kernel is CUDA only) and the plain-ops reference's error is
 reported instead, so the script runs anywhere.
 """
@@ -152,7 +152,10 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
                        mma_error=small_m_qmm.relative_error(mma(x), truth))
             if M > 1:  # row invariance: each row of the M-row product, bit for bit its 1-row product
                 row.update(mma_rows_equal_one_row=_rows_equal_one_row(mma, x),
-                           mlx_rows_equal_one_row=_rows_equal_one_row(stock, x))
+                           mlx_rows_equal_one_row=_rows_equal_one_row(stock, x),
+                           vector_rows_equal_one_row=_rows_equal_one_row(
+                               lambda x: kernel(x, small_m_qmm.VECTOR_ROWS, "vector"), x),
+                           word_rows_equal_one_row=_rows_equal_one_row(kernel, x))
             if M in (1, 6) and mma_variants:  # bytes in flight against registers
                 row["mma_us_by_groups_per_load"] = {
                     loads: _per_call_us(lambda x, u=loads: small_m_qmm.small_m_matmul(
