@@ -62,7 +62,7 @@
 #                 product bit for bit its 1-row product), then the hybrid 27B at DTYPES (4bit):
 #                 greedy divergence over TOKENS (500) tokens with it, and decode with it beside
 #                 MLX's in one process (real_size --decode-only)
-#   PART=row-invariant-kernels  the rest of its CUDA tests (greedy MTP = AR on the tiny hybrid),
+#   PART=row-invariant-kernels  the rest of its CUDA tests (greedy MTP = AR on the tiny dense model),
 #                 then the hybrid's matrices at 1, 2, 4 and 7 rows (mma beside MLX and the
 #                 other layouts, and whether each one's rows equal its 1-row products)
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
