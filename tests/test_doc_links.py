@@ -58,8 +58,10 @@ def test_every_relative_link_lands(doc):
 
 
 def test_the_checker_sees_a_broken_heading_and_a_missing_file(tmp_path):
-    (tmp_path / "a.md").write_text("# Title (2026-12-04, later)\n\n```sh\n# not a heading\n```\n## Title (2026-12-04, later)\n")
+    (tmp_path / "a.md").write_text("# Title (2026-12-04, later)\n\n```sh\n# not a heading\n```\n"
+                                   "## Title (2026-12-04, later)\n")
     (tmp_path / "b.md").write_text("[ok](a.md#title-2026-12-04-later) [ok](a.md#title-2026-12-04-later-1) "
-                                   "[bad](a.md#title) [code](a.md#not-a-heading) [gone](c.md) [web](https://x.org/#y)\n")
+                                   "[bad](a.md#title) [code](a.md#not-a-heading) [gone](c.md) "
+                                   "[web](https://x.org/#y)\n")
     assert broken_links(tmp_path / "b.md") == ["a.md#title: no such heading", "a.md#not-a-heading: no such heading",
                                                "c.md: no such file"]

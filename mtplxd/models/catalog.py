@@ -35,7 +35,6 @@ EMBEDDED_ID = "mtplx-tiny-coder"
 PROBE_TIMEOUT = 5.0
 
 
-ACCELERATORS = ("metal", "cuda", "cpu")
 # Measured on a 2-vCPU Linux machine (docs/benchmarks.md, "Quantized checkpoints dequantized on
 # the Linux CPU"): Qwen3-1.7B's dims at 4-bit, seconds a decoded token, dense and packed.
 CPU_REASON = ("this machine computes on its CPU (no Metal, no MLX CUDA build): real models decode "

@@ -35,8 +35,9 @@ def register_model_store_methods(registry: MethodRegistry, paths: Paths) -> None
         return {"models": await _blocking(store.list_models)}
 
     async def models_catalog(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
-        """Recommended models for this machine's memory (with the embedded fallback)."""
-        return {"models": available_models()}
+        """Recommended models for this machine (with the embedded fallback); off the event
+        loop: on CUDA it asks nvidia-smi for the GPU's memory."""
+        return {"models": await _blocking(available_models)}
 
     async def models_pull(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
         """Pull `model` (org/name[@revision]); streams models.progress {phase, file, downloaded, total}."""

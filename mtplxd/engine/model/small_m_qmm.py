@@ -578,8 +578,9 @@ def route(x: mx.array, layer: Any) -> str | None:
       weights, where its 16-byte loads beat MLX's matvec (H200, docs/benchmarks.md), unless
       the layer's `kernel_decode` is False (`install` sets it: a hybrid model's);
     the rest stays on MLX. A layer marked `row_invariant` (`install`) sends every 1..MAX_ROWS
-    rows of 16-bit inputs to "mma", whatever the matrix (the module docstring says why). Both need affine 4- or 8-bit weights in groups of 64, a floating
-    input and K a whole number of groups."""
+    rows of 16-bit inputs to "mma", whatever the matrix (the module docstring says why). Both
+    need affine 4- or 8-bit weights in groups of 64, a floating input and K a whole number of
+    groups."""
     if not (getattr(layer, "mode", "affine") == "affine" and layer.bits in BITS
             and layer.group_size == GROUP_SIZE and x.ndim and x.shape[-1] % GROUP_SIZE == 0
             and x.dtype in (mx.bfloat16, mx.float16, mx.float32)
