@@ -60,7 +60,7 @@
 #                 1..7-row product on the tensor-core layout, decode steps included, so a verify
 #                 row rounds as a decode step): its kernel test (each row of an M-row mma
 #                 product bit for bit its 1-row product), then the hybrid 27B at DTYPES (4bit):
-#                 greedy divergence over TOKENS (500) tokens with it, and decode with it beside
+#                 greedy divergence over TOKENS (300) tokens with it, and decode with it beside
 #                 MLX's in one process (real_size --decode-only)
 #   PART=row-invariant-kernels  the rest of its CUDA tests (greedy MTP = AR on the tiny dense model),
 #                 then the hybrid's matrices at 1, 2, 4 and 7 rows (mma beside MLX and the
@@ -227,7 +227,7 @@ elif [ "$PART" = row-invariant ]; then
     tests/engine/test_small_m_qmm.py
   step "divergence-hybrid-${DTYPES:-4bit}-row-invariant" 330 python3 -m mtplxd.engine.bench.real_size \
     --sizes hybrid-27b --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \
-    --repeats 2 --divergence-tokens "${TOKENS:-500}" --row-invariant \
+    --repeats 2 --divergence-tokens "${TOKENS:-300}" --row-invariant \
     --json-out "$work/divergence-hybrid-${DTYPES:-4bit}-row-invariant.json"
   step "decode-hybrid-${DTYPES:-4bit}-row-invariant" 200 python3 -m mtplxd.engine.bench.real_size \
     --sizes hybrid-27b --dtypes "${DTYPES:-4bit}" --decode-only --decode-tokens 32 --repeats 4 \
