@@ -16,8 +16,9 @@
 #                lands in its own folder and is never read)
 #
 # Between leases, here: mkdir -p .gpu-ptx && cp FILES_AT/ptx-cache.tgz.* .gpu-ptx/ (.gpu-ptx is
-# git-ignored through .git/info/exclude, as the wheel's parts are), then carry ".gpu-ptx" in a run
-# after the install: bash docs/benchmarks-data/ptx-cache.sh restore .gpu-ptx (training/README.md).
+# git-ignored through .git/info/exclude, as the wheel's parts are), then carry ".gpu-ptx" alone in a
+# run (beside a wheel part the 64 MiB a run carries is passed): bash docs/benchmarks-data/ptx-cache.sh
+# restore .gpu-ptx (training/README.md).
 set -euo pipefail
 cache_root=${MTPLX_HOME:-/root/mtplx-home}/cache
 case "${1:-}" in
