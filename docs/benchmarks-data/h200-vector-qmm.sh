@@ -65,6 +65,11 @@
 #   PART=row-invariant-kernels  the rest of its CUDA tests (greedy MTP = AR on the tiny dense model),
 #                 then the hybrid's matrices at 1, 2, 4 and 7 rows (mma beside MLX and the
 #                 other layouts, and whether each one's rows equal its 1-row products)
+#   PART=routings  the kernel as served and row-invariant side by side in one process (real_size
+#                 --row-invariant-beside, 2026-12-05, second session: two processes' decode steps
+#                 differed by up to 45%): SIZE (hybrid-27b) at DTYPES (4bit), stock beside both,
+#                 depths 1 and 3 at T=0 and 0.6; with TOKENS, then greedy divergence over TOKENS
+#                 tokens row-invariant at that size (the 32B's served routing: 32 near-ties in 289)
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
 #                 on MLX's matvec: real_size --kernel-decode-from never; since 2026-12-03 the
 #                 default for hybrid models), stock beside it, depths 1 and 3 at T=0 and 0.6
@@ -85,7 +90,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -236,6 +241,18 @@ elif [ "$PART" = row-invariant-kernels ]; then
   step cuda-tests 200 python3 -m pytest -q -p no:cacheprovider -k "cuda and row_invariant" tests/engine/test_small_m_qmm.py
   step small-m-hybrid-rows 300 python3 -m mtplxd.engine.bench.small_m "$work/small-m-hybrid-rows.json" \
     --sizes hybrid-27b --bits 4,8 --rows 1,2,4,7 --repeats 6 --shipped-only
+elif [ "$PART" = routings ]; then
+  size=${SIZE:-hybrid-27b}
+  step "routings-$size-${DTYPES:-4bit}" 400 python3 -m mtplxd.engine.bench.real_size --sizes "$size" \
+    --dtypes "${DTYPES:-4bit}" --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 \
+    --repeats 4 --small-m-kernel --small-m-loops --row-invariant-beside \
+    --json-out "$work/routings-$size-${DTYPES:-4bit}.json"
+  if [ -n "${TOKENS:-}" ]; then
+    step "divergence-$size-${DTYPES:-4bit}-row-invariant" 330 python3 -m mtplxd.engine.bench.real_size \
+      --sizes "$size" --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \
+      --repeats 2 --divergence-tokens "$TOKENS" --row-invariant \
+      --json-out "$work/divergence-$size-${DTYPES:-4bit}-row-invariant.json"
+  fi
 elif [ "$PART" = hybrid-verify ]; then
   step hybrid-verify-only 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
     --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 --repeats 6 \

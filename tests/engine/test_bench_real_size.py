@@ -361,3 +361,23 @@ def test_the_compiled_twin_is_not_timed_where_our_ar_loop_is_compiled_already(ti
         assert real_size.compiled_decode_ms(trunk, prompt, 4) is None
     finally:
         fused_ar.force(None)
+
+
+def test_row_invariant_beside_times_both_routings_in_one_process(small_m_kernel_twin, tmp_path):
+    """`--row-invariant-beside`: the kernel's forwards, decode and cycles as served, then again
+    row-invariant (1-row steps on the tensor cores too), both in the one report."""
+    calls = small_m_kernel_twin
+    out = tmp_path / "r.json"
+    assert real_size.main(["--sizes", "tiny-hybrid", "--dtypes", "4bit", "--context", "16", "--depths", "3",
+                           "--cycle-temperatures", "0", "--decode-tokens", "4", "--repeats", "1",
+                           "--cycles", "2", "--small-m-kernel", "--small-m-loops", "--row-invariant-beside",
+                           "--json-out", str(out)]) == 0
+    entry = json.loads(out.read_text())["configs"][0]
+    for suffix in ("", "_row_invariant"):
+        loops = entry["small_m_kernel" + suffix]
+        assert entry["small_m_kernel_layers" + suffix] > 0
+        assert loops["decode_ms"]["0.0"] > 0 and loops["cycles"]["0.0"]["cycle_ms_by_depth"]["3"] > 0
+        assert set(entry["forward_ms_by_tokens_small_m_kernel" + suffix]) == {str(n) for n in range(1, 7)}
+    layouts_of_one_row = {layout for rows, layout in calls if rows == 1}
+    assert layouts_of_one_row == {"mma"}  # served: a hybrid's decode steps stay on MLX
+    assert {layout for rows, layout in calls if rows > 1} > {"mma"}  # served: vector/word too

@@ -5,7 +5,7 @@
         [--cycles 16] [--repeats 10] [--cycle-temperatures 0,0.6] [--small-m-kernel]
         [--small-m-loops] [--decode-vector-values N,...] [--kernel-decode-from N|never]
         [--divergence-tokens N] [--divergence-limit 32] [--prefill-tokens N] [--decode-only]
-        [--gdn-chunked] [--row-invariant] [--json-out FILE]
+        [--gdn-chunked] [--row-invariant] [--row-invariant-beside] [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
 quantization in groups of 64 for 8bit/4bit; `f32` keeps float32, the exactness checks'
@@ -55,6 +55,9 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
   * `--row-invariant`: wherever the kernel is installed (above, and for the divergence
     below), every product of 1..7 rows takes its tensor-core layout, decode steps included
     (small_m_qmm.install's `row_invariant`: a verify row then rounds as a decode step);
+    `--row-invariant-beside` times the kernel's figures twice in one process, as served and
+    row-invariant (its keys end in `_row_invariant`: `small_m_kernel_row_invariant`...), since
+    two processes' decode steps differed by up to 45% on the H200;
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): every
     position where they differ (MTP resynchronised on AR's tokens after each, up to
@@ -400,11 +403,13 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                    divergence_tokens: int = 0, divergence_depth: int = 3,
                    divergence_limit: int = DIVERGENCE_LIMIT, kernel_decode: bool | None = None,
                    decode_only: bool = False, prefill_tokens: int = 0,
-                   row_invariant: bool = False) -> dict[str, Any]:
+                   row_invariant: bool = False, row_invariant_beside: bool = False) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready.
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
     `decode`); None follows small_m_qmm.decode_wanted. `row_invariant`: every kernel install
-    routes 1..7 rows to the tensor cores (small_m_qmm.install's `row_invariant`). `decode_only`: the
+    routes 1..7 rows to the tensor cores (small_m_qmm.install's `row_invariant`);
+    `row_invariant_beside` times the kernel's figures again routed so, in this process, under
+    keys ending in `_row_invariant`. `decode_only`: the
     decode figures alone (with the kernel's where `small_m_kernel`), no forwards or cycles."""
     from mtplxd.engine.model import gdn_kernel, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
@@ -462,23 +467,17 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     entry["forward_over_one_token"] = {k: v / forward["1"] for k, v in forward.items()}
     entry.update(_pipelined_forwards(trunk, cache, vocab, repeats, greedy_decode))
     if small_m_kernel and DTYPES[dtype] is not None:
-        phase("the small-M kernel: forwards, decode and cycles")
-        switched = small_m_qmm.install(model, force=True, decode=kernel_decode, row_invariant=row_invariant)
-        trunk.compiled_graphs.clear()  # a cycle graph traced before would replay MLX's layers
-        entry["small_m_kernel_layers"] = switched
-        if switched:
-            with_kernel = measure_forward_costs(trunk, cache, vocab, 0, repeats, token_counts=range(1, 7))
-            entry["forward_ms_by_tokens_small_m_kernel"] = with_kernel
-            entry["forward_over_one_token_small_m_kernel"] = {k: v / forward["1"] for k, v in with_kernel.items()}
-            entry.update({f"{key}_small_m_kernel": value for key, value in
-                          _pipelined_forwards(trunk, cache, vocab, repeats, greedy_decode).items()})
-            if kernel_loops:
-                entry["small_m_kernel"] = _kernel_loops(trunk, model, prompt, decode, depths, cycles,
-                                                        decode_tokens, cycle_temperatures, roofline_ms)
-                if decode_vector_values:
-                    entry["small_m_kernel"]["decode_ms_by_vector_values"] = _decode_by_vector_values(
-                        trunk, prompt, decode_tokens, decode_vector_values)
-            _uninstall(model, trunk)
+        routings = [row_invariant] + ([True] if row_invariant_beside and not row_invariant else [])
+        for invariant in routings:
+            phase("the small-M kernel" + (", row-invariant" if invariant else "") + ": forwards, decode and cycles")
+            figures = _kernel_figures(trunk, model, cache, prompt, forward, decode, depths, cycles,
+                                      decode_tokens, cycle_temperatures, roofline_ms, repeats,
+                                      kernel_decode=kernel_decode, row_invariant=invariant,
+                                      kernel_loops=kernel_loops, decode_vector_values=decode_vector_values)
+            # The run's own routing reports under the plain keys; the one timed beside it
+            # (--row-invariant-beside) under the same keys ending in _row_invariant.
+            suffix = "_row_invariant" if invariant != row_invariant else ""
+            entry.update({key + suffix: value for key, value in figures.items()})
     del cache
 
     cycle: dict[str, dict[str, Any]] = {}
@@ -508,6 +507,37 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
         _uninstall(model, trunk)
     entry["seconds"] = time.perf_counter() - started
     return entry
+
+
+def _kernel_figures(trunk, model: nn.Module, cache, prompt: list[int], forward: dict[str, float],
+                    decode: dict[str, dict[str, float]], depths: list[int], cycles: int,
+                    decode_tokens: int, cycle_temperatures: tuple[float, ...], roofline_ms: float,
+                    repeats: int, *, kernel_decode: bool | None, row_invariant: bool,
+                    kernel_loops: bool, decode_vector_values: tuple[int, ...]) -> dict[str, Any]:
+    """The forwards (and with `kernel_loops` the decode and cycles) with the small-M kernel
+    installed with this routing, then taken out again: the keys measure_config reports."""
+    from mtplxd.engine.model import small_m_qmm
+
+    vocab = trunk.text.args.vocab_size
+    greedy_decode = decode["0.0"]["ours_ms"]
+    switched = small_m_qmm.install(model, force=True, decode=kernel_decode, row_invariant=row_invariant)
+    trunk.compiled_graphs.clear()  # a cycle graph traced before would replay MLX's layers
+    out: dict[str, Any] = {"small_m_kernel_layers": switched}
+    if not switched:
+        return out
+    with_kernel = measure_forward_costs(trunk, cache, vocab, 0, repeats, token_counts=range(1, 7))
+    out["forward_ms_by_tokens_small_m_kernel"] = with_kernel
+    out["forward_over_one_token_small_m_kernel"] = {k: v / forward["1"] for k, v in with_kernel.items()}
+    out.update({f"{key}_small_m_kernel": value for key, value in
+                _pipelined_forwards(trunk, cache, vocab, repeats, greedy_decode).items()})
+    if kernel_loops:
+        out["small_m_kernel"] = _kernel_loops(trunk, model, prompt, decode, depths, cycles,
+                                              decode_tokens, cycle_temperatures, roofline_ms)
+        if decode_vector_values:
+            out["small_m_kernel"]["decode_ms_by_vector_values"] = _decode_by_vector_values(
+                trunk, prompt, decode_tokens, decode_vector_values)
+    _uninstall(model, trunk)
+    return out
 
 
 def _kernel_loops(trunk, model: nn.Module, prompt: list[int], decode: dict[str, dict[str, float]],
@@ -668,6 +698,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--row-invariant", action="store_true",
                         help="wherever the small-M kernel is installed, 1..7 rows on its tensor-core "
                              "layout, decode steps included (a verify row rounds as a decode step)")
+    parser.add_argument("--row-invariant-beside", action="store_true",
+                        help="with --small-m-kernel: time the kernel's figures a second time with "
+                             "row-invariant routing in the same process (keys ending in _row_invariant)")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
     cycle_temperatures = tuple(float(t) for t in args.cycle_temperatures.split(","))
@@ -721,7 +754,8 @@ def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[in
                                    kernel_decode=(None if args.kernel_decode_from is None
                                                   else args.kernel_decode_from != "never"),
                                    decode_only=args.decode_only, prefill_tokens=args.prefill_tokens,
-                                   row_invariant=args.row_invariant)
+                                   row_invariant=args.row_invariant,
+                                   row_invariant_beside=args.row_invariant_beside)
             # The model died with measure_config's frame: free it before the next is built.
             gc.collect()
             mx.clear_cache()
