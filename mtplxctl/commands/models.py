@@ -215,16 +215,17 @@ def ensure_default_model(pull: bool = False,
             return None
     except ConfigError:
         return None  # the daemon names the bad setting when it starts
-    pick = recommended()
+    on = accelerator()  # read once: it lists installed packages and may ask the driver
+    pick = recommended(on=on)
     if pick.id == EMBEDDED_ID:
-        if pull and accelerator() == "cpu":  # `start --recommended` asked for one: say why not
+        if pull and on == "cpu":  # `start --recommended` asked for one: say why not
             err_console.print(f"serving the embedded model: {CPU_REASON}")
         return None
     if resolve_pulled(pick.id, paths.models_dir) is not None:
         return pick.id
     if not pull and confirm is None:
         return None
-    choice = default_model_choice(paths)  # None when offline or the Hub does not know the repo
+    choice = default_model_choice(paths, pick)  # None when offline or the Hub does not know the repo
     if choice is None:
         return None
     if not pull and not confirm(f"No model is configured. Pull {choice} (about "

@@ -112,6 +112,12 @@ def _tier(entry: CatalogEntry, on: str) -> int:
     return entry.min_gpu_memory_gb if on == "cuda" else entry.min_memory_gb
 
 
+def _fits(entry: CatalogEntry, memory_gb: float, on: str) -> bool:
+    """Whether `entry`'s tier fits `memory_gb` (half a GB of slack: a 16 GB machine may report
+    15.6)."""
+    return memory_gb + 0.5 >= _tier(entry, on)
+
+
 def _machine(memory_gb: float | None, on: str | None) -> tuple[float, str]:
     """(memory in GB that the tiers read, accelerator): the GPU's memory on CUDA (the RAM where
     nvidia-smi cannot say), else the RAM."""
@@ -127,7 +133,7 @@ def recommended(memory_gb: float | None = None, on: str | None = None) -> Catalo
     memory, on = _machine(memory_gb, on)
     if on == "cpu":
         return EMBEDDED
-    fitting = [e for e in CATALOG if memory + 0.5 >= _tier(e, on)]
+    fitting = [e for e in CATALOG if _fits(e, memory, on)]
     return max(fitting, key=lambda e: _tier(e, on)) if fitting else EMBEDDED
 
 
@@ -139,7 +145,7 @@ def available_models(memory_gb: float | None = None, on: str | None = None) -> l
     pick = recommended(memory, on)
     rows = []
     for entry in (*CATALOG, EMBEDDED):
-        rows.append({**entry.to_dict(), "fits": memory + 0.5 >= _tier(entry, on),
+        rows.append({**entry.to_dict(), "fits": _fits(entry, memory, on),
                      "recommended": entry.id == pick.id, "memory_gb": round(memory, 1),
                      "tier_gb": _tier(entry, on), "accelerator": on,
                      "memory_kind": "GPU memory" if on == "cuda" else "RAM",
@@ -147,8 +153,9 @@ def available_models(memory_gb: float | None = None, on: str | None = None) -> l
     return rows
 
 
-def default_model_choice(paths: "Paths") -> str | None:
-    """The catalog's pick for this machine when `mtplxctl start` is given no model, or None.
+def default_model_choice(paths: "Paths", pick: CatalogEntry | None = None) -> str | None:
+    """The catalog's pick for this machine when `mtplxctl start` is given no model, or None
+    (`pick`: `recommended()`'s answer where the caller has it already).
 
     Returns the recommended repo id when it is already pulled, or when the Hub is reachable and
     confirms the repo exists (the caller then pulls it). Returns None, meaning "serve the
@@ -158,7 +165,7 @@ def default_model_choice(paths: "Paths") -> str | None:
     from mtplxd.models.hub import hub_endpoint, hub_offline
     from mtplxd.models.store import resolve_pulled
 
-    pick = recommended()
+    pick = recommended() if pick is None else pick
     if pick.id == EMBEDDED_ID:
         return None
     if resolve_pulled(pick.id, paths.models_dir) is not None:
