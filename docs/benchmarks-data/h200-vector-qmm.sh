@@ -69,7 +69,10 @@
 #                 --row-invariant-beside, 2026-12-05, second session: two processes' decode steps
 #                 differed by up to 45%): SIZE (hybrid-27b) at DTYPES (4bit), stock beside both,
 #                 depths 1 and 3 at T=0 and 0.6; with TOKENS, then greedy divergence over TOKENS
-#                 tokens row-invariant at that size (the 32B's served routing: 32 near-ties in 289)
+#                 tokens row-invariant at that size (the 32B's served routing: 32 near-ties in 289);
+#                 else the hybrid's matrices at 1 and 4 rows with the mma layout's warps and loads
+#                 varied (bench.small_m --mma-variants: its 1-row product lost to MLX's matvec on
+#                 the small ones, k_proj 20.3 us against 10.6)
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
 #                 on MLX's matvec: real_size --kernel-decode-from never; since 2026-12-03 the
 #                 default for hybrid models), stock beside it, depths 1 and 3 at T=0 and 0.6
@@ -252,6 +255,10 @@ elif [ "$PART" = routings ]; then
       --sizes "$size" --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \
       --repeats 2 --divergence-tokens "$TOKENS" --row-invariant \
       --json-out "$work/divergence-$size-${DTYPES:-4bit}-row-invariant.json"
+  else
+    step small-m-hybrid-mma-variants 150 python3 -m mtplxd.engine.bench.small_m \
+      "$work/small-m-hybrid-mma-variants.json" --sizes hybrid-27b --bits 4 --rows 1,4 --repeats 6 \
+      --shipped-only --mma-variants
   fi
 elif [ "$PART" = hybrid-verify ]; then
   step hybrid-verify-only 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
