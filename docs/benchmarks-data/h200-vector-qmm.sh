@@ -60,8 +60,8 @@
 #                 1..7-row product on the tensor-core layout, decode steps included, so a verify
 #                 row rounds as a decode step): its kernel test (each row of an M-row mma
 #                 product bit for bit its 1-row product), then the hybrid 27B at DTYPES (4bit):
-#                 greedy divergence over TOKENS (300) tokens with it, and decode with it beside
-#                 MLX's in one process (real_size --decode-only)
+#                 greedy divergence over TOKENS (300) tokens with it (at most DIVERGENCE_CAP, 330 s),
+#                 and decode with it beside MLX's in one process (real_size --decode-only)
 #   PART=row-invariant-kernels  the rest of its CUDA tests (greedy MTP = AR on the tiny dense model),
 #                 then the hybrid's matrices at 1, 2, 4 and 7 rows (mma beside MLX and the
 #                 other layouts, and whether each one's rows equal its 1-row products)
@@ -233,7 +233,7 @@ elif [ "$PART" = compiled-decode ]; then
 elif [ "$PART" = row-invariant ]; then
   step cuda-test 90 python3 -m pytest -q -p no:cacheprovider -k "cuda_mma_layout_is_row_invariant" \
     tests/engine/test_small_m_qmm.py
-  step "divergence-hybrid-${DTYPES:-4bit}-row-invariant" 330 python3 -m mtplxd.engine.bench.real_size \
+  step "divergence-hybrid-${DTYPES:-4bit}-row-invariant" "${DIVERGENCE_CAP:-330}" python3 -m mtplxd.engine.bench.real_size \
     --sizes hybrid-27b --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \
     --repeats 2 --divergence-tokens "${TOKENS:-300}" --row-invariant \
     --json-out "$work/divergence-hybrid-${DTYPES:-4bit}-row-invariant.json"
