@@ -156,7 +156,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     current one (`MTPLX_CPU_ATTENTION`, else auto).
     `small_m_kernel` True or False routes quantized layers through small_m_qmm's CUDA kernel
     or not; None keeps its default (`small_m_qmm.default_wanted`: 27B/32B-class 4- and 8-bit
-    models, a hybrid's verify blocks only).
+    models; a 4-bit hybrid's every 1..7-row product on its tensor-core layout, row-invariant:
+    `small_m_qmm.row_invariant_wanted`; an 8-bit hybrid's verify blocks only).
     `info.kernels` says which runs.
     `compute` "auto" upcasts where loader.compute_dtype says (float32 on the Linux CPU,
     quantized checkpoints' scales and norms included); "checkpoint" keeps the checkpoint's
@@ -210,7 +211,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     # What quantizing, upcasting or dequantizing at load changed the resident weights by.
     grown = parameter_bytes(model) - loaded_bytes
     # The model's quantized layers, MTP head included.
-    switched = small_m_qmm.install(model, force=small_m_kernel)
+    # Asked before installing: the question reads the stock layers.
+    row_invariant = small_m_qmm.row_invariant_wanted(model)
+    switched = small_m_qmm.install(model, force=small_m_kernel, row_invariant=row_invariant)
     spec = get_family(report.model_type)
     trunk = Trunk(model, spec)
     if decode_loop != "auto":
@@ -236,7 +239,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         dtype=model_dtype(model),
         kernels=kernel_paths(switched, hybrid=report.model_type in HYBRID_MODEL_TYPES,
                              kernel_decode=small_m_qmm.decode_wanted(model),
-                             row_invariant=small_m_qmm.row_invariant_wanted(),
+                             row_invariant=row_invariant,
                              ar_decode=fused_ar.path_name(trunk), dequantized=dequantized),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache(), hybrid=True) else "stepwise"),

@@ -378,6 +378,11 @@ def test_row_invariant_beside_times_both_routings_in_one_process(small_m_kernel_
         assert entry["small_m_kernel_layers" + suffix] > 0
         assert loops["decode_ms"]["0.0"] > 0 and loops["cycles"]["0.0"]["cycle_ms_by_depth"]["3"] > 0
         assert set(entry["forward_ms_by_tokens_small_m_kernel" + suffix]) == {str(n) for n in range(1, 7)}
+    # Each routing's cycles are over the fastest decode timed before them, its own included.
+    ar_ms = min([entry["decode"]["0.0"]["ours_ms"]]
+                + [entry["small_m_kernel" + suffix]["decode_ms"]["0.0"] for suffix in ("", "_row_invariant")])
+    cycles = entry["small_m_kernel_row_invariant"]["cycles"]["0.0"]
+    assert cycles["cycle_over_decode_by_depth"]["3"] == pytest.approx(cycles["cycle_ms_by_depth"]["3"] / ar_ms)
     layouts_of_one_row = {layout for rows, layout in calls if rows == 1}
     assert layouts_of_one_row == {"mma"}  # served: a hybrid's decode steps stay on MLX
     assert {layout for rows, layout in calls if rows > 1} > {"mma"}  # served: vector/word too

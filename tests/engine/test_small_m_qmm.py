@@ -261,6 +261,39 @@ def test_row_invariant_install_takes_the_environment_and_status_says_so(tiny_mod
     assert "row-invariant" not in small_m_qmm.path_name(len(layers), row_invariant=True)
 
 
+@pytest.mark.parametrize("family, quantize, served", [
+    ("qwen3_5", "4bit", True),  # a 4-bit hybrid: the one measured exact and as fast
+    ("qwen3_5", "8bit", False),  # unmeasured at 8-bit
+    ("qwen3", "4bit", False),  # dense: near-ties either way, its decode faster on the vector layout
+])
+def test_a_4_bit_hybrid_is_served_row_invariant_and_the_environment_decides_over_it(
+        tiny_model_factory, monkeypatch, family, quantize, served):
+    """Unless MTPLX_ROW_INVARIANT says "1" or "0", a hybrid whose quantized layers are all 4-bit
+    and that the kernel serves (27B/32B-class matrices: here the tiny model's, the threshold
+    lowered) loads row-invariant, and /health says so; other models keep the mixed routing."""
+    monkeypatch.setattr(small_m_qmm, "_usable", True)
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
+    monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 0)  # every matrix "27B-class"
+    path = tiny_model_factory(family, torch_dtype="bfloat16")
+
+    def loaded():
+        return load_model(path, quantize=quantize, dequantize_weights="off", compute="checkpoint")
+
+    def row_invariant(model):
+        layers = [m for _, m in model.model.named_modules() if isinstance(m, small_m_qmm.SmallMQuantizedLinear)]
+        assert layers  # the kernel is installed either way
+        assert len({m.row_invariant for m in layers}) == 1
+        said = "row-invariant" in model.info.kernels["quantized_matmul"]
+        assert said == layers[0].row_invariant
+        return said
+
+    assert row_invariant(loaded()) == served
+    for asked in ("1", "0"):
+        monkeypatch.setenv(small_m_qmm.ROW_INVARIANT_ENV, asked)
+        assert row_invariant(loaded()) == (asked == "1")
+    assert not small_m_qmm.row_invariant_wanted()  # no model, "0" set
+
+
 def test_row_invariant_routing_keeps_greedy_mtp_equal_to_ar_through_the_kernels_twin(
         tiny_model_factory, monkeypatch, small_m_kernel_twin):
     """A hybrid in bfloat16 (a GPU's activations) with every 1..MAX_ROWS-row product on the
@@ -363,8 +396,9 @@ def test_decode_rows_of_large_matrices_take_the_vector_layout(tiny_model_factory
 
 
 def test_a_hybrid_models_layers_keep_decode_steps_on_mlx(monkeypatch):
-    """install marks a hybrid model's layers so that their decode steps stay on MLX's matvec
-    while their verify blocks take the kernel; `decode` decides otherwise."""
+    """In the mixed routing (a hybrid's at 8-bit, or with MTPLX_ROW_INVARIANT=0) install marks a
+    hybrid model's layers so that their decode steps stay on MLX's matvec while their verify
+    blocks take the kernel; `decode` decides otherwise."""
     from mtplxd.engine.bench import real_size
 
     monkeypatch.setattr(small_m_qmm, "_usable", True)
@@ -372,7 +406,7 @@ def test_a_hybrid_models_layers_keep_decode_steps_on_mlx(monkeypatch):
     monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 0)  # every matrix counts as large
     monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 0)
     hybrid, _ = real_size.build_model("tiny-hybrid", "4bit")
-    assert small_m_qmm.install(hybrid, force=True) > 0
+    assert small_m_qmm.install(hybrid, force=True, row_invariant=False) > 0
     layer = next(m for _, m in hybrid.named_modules() if isinstance(m, small_m_qmm.SmallMQuantizedLinear))
     K = layer["weight"].shape[1] * 32 // layer.bits
     assert small_m_qmm.route(mx.zeros((1, K), mx.bfloat16), layer) is None
@@ -381,15 +415,15 @@ def test_a_hybrid_models_layers_keep_decode_steps_on_mlx(monkeypatch):
     assert small_m_qmm.install(dense) == 1
     assert small_m_qmm.route(mx.zeros((1, 5120), mx.bfloat16), dense.layers[0]) == "vector"
     again, _ = real_size.build_model("tiny-hybrid", "4bit")
-    small_m_qmm.install(again, force=True, decode=True)
+    small_m_qmm.install(again, force=True, decode=True, row_invariant=False)
     layer = next(m for _, m in again.named_modules() if isinstance(m, small_m_qmm.SmallMQuantizedLinear))
     assert small_m_qmm.route(mx.zeros((1, K), mx.bfloat16), layer) == "vector"
 
 
 def test_a_hybrid_models_verify_blocks_take_the_kernel_and_its_decode_steps_do_not(tiny_model_factory, monkeypatch):
-    """As served on CUDA (default routing, every matrix counted as large): the hybrid's verify
-    blocks go through the kernel, its 1-row steps through MLX, and greedy MTP still equals AR
-    through the plain-ops twin."""
+    """The mixed routing on CUDA (an 8-bit hybrid's; a 4-bit one's with MTPLX_ROW_INVARIANT=0),
+    every matrix counted as large: the hybrid's verify blocks go through the kernel, its 1-row
+    steps through MLX, and greedy MTP still equals AR through the plain-ops twin."""
     calls = []
 
     def kernel_twin(x, w, scales, biases, bits, layout=None):
@@ -401,6 +435,7 @@ def test_a_hybrid_models_verify_blocks_take_the_kernel_and_its_decode_steps_do_n
     monkeypatch.setattr(small_m_qmm, "small_m_matmul", kernel_twin)
     monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 0)
     monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 0)
+    monkeypatch.setenv(small_m_qmm.ROW_INVARIANT_ENV, "0")
     model = load_model(tiny_model_factory("qwen3_5"), quantize="4bit")  # installs it by default here
     assert model.info.kernels["quantized_matmul"].startswith("small-M CUDA kernel")
     assert model.info.kernels["quantized_matmul"].endswith("decode steps on mlx)")

@@ -55,6 +55,9 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
   * `--row-invariant`: wherever the kernel is installed (above, and for the divergence
     below), every product of 1..7 rows takes its tensor-core layout, decode steps included
     (small_m_qmm.install's `row_invariant`: a verify row then rounds as a decode step);
+    without it the kernel's figures above take the mixed routing (small_m_qmm.route's rules
+    by row count: what dense models and 8-bit hybrids serve), and the divergence below the
+    routing served (row-invariant for a 4-bit hybrid: small_m_qmm.row_invariant_wanted);
     `--row-invariant-beside` times the kernel's figures twice in one process, as served and
     row-invariant (its keys end in `_row_invariant`: `small_m_kernel_row_invariant`...), since
     two processes' decode steps differed by up to 45% on the H200;
@@ -409,7 +412,8 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     `decode`); None follows small_m_qmm.decode_wanted. `row_invariant`: every kernel install
     routes 1..7 rows to the tensor cores (small_m_qmm.install's `row_invariant`);
     `row_invariant_beside` times the kernel's figures again routed so, in this process, under
-    keys ending in `_row_invariant`. `decode_only`: the
+    keys ending in `_row_invariant` (its cycles over the fastest decode before it, the first
+    routing's included). `decode_only`: the
     decode figures alone (with the kernel's where `small_m_kernel`), no forwards or cycles."""
     from mtplxd.engine.model import gdn_kernel, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
@@ -468,9 +472,10 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     entry.update(_pipelined_forwards(trunk, cache, vocab, repeats, greedy_decode))
     if small_m_kernel and DTYPES[dtype] is not None:
         routings = [row_invariant] + ([True] if row_invariant_beside and not row_invariant else [])
+        fastest = decode  # AR at its fastest decode so far: each routing's cycles are over it
         for invariant in routings:
             phase("the small-M kernel" + (", row-invariant" if invariant else "") + ": forwards, decode and cycles")
-            figures = _kernel_figures(trunk, model, cache, prompt, forward, decode, depths, cycles,
+            figures = _kernel_figures(trunk, model, cache, prompt, forward, fastest, depths, cycles,
                                       decode_tokens, cycle_temperatures, roofline_ms, repeats,
                                       kernel_decode=kernel_decode, row_invariant=invariant,
                                       kernel_loops=kernel_loops, decode_vector_values=decode_vector_values)
@@ -478,6 +483,8 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
             # (--row-invariant-beside) under the same keys ending in _row_invariant.
             suffix = "_row_invariant" if invariant != row_invariant else ""
             entry.update({key + suffix: value for key, value in figures.items()})
+            if "small_m_kernel" in figures:
+                fastest = _faster_decode(fastest, figures["small_m_kernel"]["decode_ms"])
     del cache
 
     cycle: dict[str, dict[str, Any]] = {}
@@ -496,17 +503,22 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     entry["cycles"] = cycle
     if divergence_tokens:
         phase("greedy divergence")
-        # As served: the small-M kernel where small_m_qmm.default_wanted puts it (or
-        # everywhere, row-invariant, when asked).
+        # As served: the small-M kernel where small_m_qmm.default_wanted puts it, routed as
+        # small_m_qmm.row_invariant_wanted says (or everywhere, row-invariant, when asked).
         served_kernel = small_m_qmm.install(model, row_invariant=row_invariant or None)
         trunk.compiled_graphs.clear()
         entry["greedy_divergence"] = {**greedy_divergence(trunk, model.mtp, prompt, divergence_depth,
                                                           divergence_tokens, divergence_limit),
                                       "small_m_kernel": bool(served_kernel),
-                                      "row_invariant": row_invariant and bool(served_kernel)}
+                                      "row_invariant": small_m_qmm.routed_row_invariant(model)}
         _uninstall(model, trunk)
     entry["seconds"] = time.perf_counter() - started
     return entry
+
+
+def _faster_decode(decode: dict[str, dict[str, float]], kernel_ms: dict[str, float]) -> dict[str, dict[str, float]]:
+    """`decode` with each temperature's `ours_ms` the faster of it and the kernel's."""
+    return {t: {**v, "ours_ms": min(v["ours_ms"], kernel_ms.get(t, v["ours_ms"]))} for t, v in decode.items()}
 
 
 def _kernel_figures(trunk, model: nn.Module, cache, prompt: list[int], forward: dict[str, float],

@@ -27,25 +27,30 @@ with mx.quantized_matmul, which pins the layout the kernel reads). Where the ker
 usable (Metal, CPU, a failed compile, a probe that disagrees) everything stays on
 mx.quantized_matmul, and `path_name()` says which is active (`/health`, `mtplxctl status`).
 By default it serves only the models where whole forwards measured it faster on the H200:
-4- and 8-bit models with matrices of a 27B/32B model's size (`default_wanted`), in a hybrid
-model (Gated DeltaNet) for its verify blocks only (`decode_wanted`: its decode steps ran
-slower through it); elsewhere it is off (on the embedded model it made decoding slower).
+4- and 8-bit models with matrices of a 27B/32B model's size (`default_wanted`); a 4-bit
+hybrid model (Gated DeltaNet) row-invariantly (below: `row_invariant_wanted`), an 8-bit one
+for its verify blocks only (`decode_wanted`: its decode steps ran slower through it);
+elsewhere it is off (on the embedded model it made decoding slower).
 `load_model(path, small_m_kernel=True or False)` decides instead (the benches'
 `--small-m-kernel`).
 
-Row-invariant routing (`install(row_invariant=True)`, `MTPLX_ROW_INVARIANT=1`, the benches'
-`--row-invariant`; opt-in: its decode steps ran 3-5 ms slower than MLX's matvec on the hybrid
-27B, docs/benchmarks.md "Row-invariant routing on the H200"): every product of 1 to MAX_ROWS
-16-bit rows takes the mma layout, decode steps and small matrices included. All those row
-counts run one compiled instance of it (one 8-row tile), and a tensor-core product's output
-element depends only on its own weight row and input row, so a verify's row rounds exactly as
-the decode step's product of that row: on CUDA, greedy MTP then equals greedy AR wherever the
-rest of the step is row-invariant too (the buffer attention, the GDN kernels and the norms
-are). The served routing mixes layouts by row count (MLX's matvec or the vector layout for a
-decode step, the mma layout for a verify block), whose roundings differ; a random 64-layer
-hybrid 27B at 4-bit amplifies that into divergences at gaps well above a near-tie
-(docs/benchmarks.md, "Where issue 22's targets stand"). On the H200 that model went from 32
-divergences in 40-43 greedy tokens to none in 300 with it.
+Row-invariant routing (`install(row_invariant=True)`; the default for a 4-bit hybrid of that
+size; `MTPLX_ROW_INVARIANT=1` or `0` decides for any model; the benches' `--row-invariant`):
+every product of 1 to MAX_ROWS 16-bit rows takes the mma layout, decode steps and small
+matrices included. All those row counts run one compiled instance of it (one 8-row tile),
+and a tensor-core product's output element depends only on its own weight row and input row,
+so a verify's row rounds exactly as the decode step's product of that row: on CUDA, greedy
+MTP then equals greedy AR wherever the rest of the step is row-invariant too (the buffer
+attention, the GDN kernels and the norms are). The mixed routing mixes layouts by row count
+(MLX's matvec or the vector layout for a decode step, the mma layout for a verify block),
+whose roundings differ; a random 64-layer hybrid 27B at 4-bit amplifies that into
+divergences at gaps well above a near-tie (docs/benchmarks.md, "Where issue 22's targets
+stand"). On the H200 that model went from 32 divergences in 40-43 greedy tokens to none in
+2,000 with it, its depth-3 cycles as fast as the mixed routing's in the same process; its
+decode steps (an AR request's) ran 3-34% slower there than MLX's matvec, and 8% faster in
+another process ("Both routings in one process"). A dense model keeps the mixed routing:
+its divergences were near-ties either way, and its decode steps gain most from the vector
+layout (Qwen3-32B 4-bit: 15.5 ms against 26.8 row-invariant).
 """
 
 from __future__ import annotations
@@ -647,15 +652,32 @@ def decode_wanted(model: nn.Module) -> bool:
     MLX's 20-29; not at 8-bit, where a 1-row product of the 32B's gate_proj took 83 us through
     it against MLX's 74, and the 32B's 1-token forward 29.5 ms against 26.5 (its verify blocks
     gain in both: `default_wanted`)."""
-    if any("GatedDeltaNet" in type(m).__name__ for _, m in model.named_modules()):
-        return False
-    return {m.bits for _, m in model.named_modules() if isinstance(m, nn.QuantizedLinear)} == {4}
+    return not _hybrid(model) and _quantized_bits(model) == {4}
 
 
-def row_invariant_wanted() -> bool:
-    """Whether `install` routes row-invariantly unless told: only where MTPLX_ROW_INVARIANT
-    is "1" (its cycles are not yet timed beside the served routing's in one process)."""
-    return os.environ.get(ROW_INVARIANT_ENV, "") == "1"
+def row_invariant_wanted(model: nn.Module | None = None) -> bool:
+    """Whether `install` routes `model` row-invariantly unless told: MTPLX_ROW_INVARIANT "1"
+    or "0" decides; else a hybrid model (Gated DeltaNet) whose quantized layers are all
+    4-bit and that the kernel serves by default (`default_wanted`). There it made greedy MTP
+    equal AR (the served routing diverged 32 times in 40-43 tokens, row-invariant none in
+    2,000) with cycles as fast as the served routing's in the same process (H200, hybrid 27B
+    4-bit, depth 3: 29.0 / 28.9 ms at T=0 / 0.6 against 29.9 / 32.0; docs/benchmarks.md,
+    "Both routings in one process"). Not on dense models, whose divergences were near-ties
+    either way and whose decode steps run faster on the vector layout; not yet on 8-bit,
+    unmeasured."""
+    asked = os.environ.get(ROW_INVARIANT_ENV, "")
+    if asked in ("0", "1"):
+        return asked == "1"
+    return (model is not None and _hybrid(model) and default_wanted(model)
+            and _quantized_bits(model) == {4})
+
+
+def _hybrid(model: nn.Module) -> bool:
+    return any("GatedDeltaNet" in type(m).__name__ for _, m in model.named_modules())
+
+
+def _quantized_bits(model: nn.Module) -> set[int]:
+    return {m.bits for _, m in model.named_modules() if isinstance(m, nn.QuantizedLinear)}
 
 
 def install(model: nn.Module, *, force: bool | None = None, decode: bool | None = None,
@@ -666,10 +688,10 @@ def install(model: nn.Module, *, force: bool | None = None, decode: bool | None 
     row-invariant (asking for it asks for the kernel); True or False decides. `decode` None
     follows `decode_wanted(model)` for the decode steps' products; True or False decides.
     `row_invariant` True sends every 1..MAX_ROWS-row product to the mma layout (`route`);
-    None follows `row_invariant_wanted()`. Returns how many layers were switched (0 off CUDA,
+    None follows `row_invariant_wanted(model)`. Returns how many layers were switched (0 off CUDA,
     when off, or when the probe fails: the stock ops stay).
     """
-    invariant = row_invariant_wanted() if row_invariant is None else row_invariant
+    invariant = row_invariant_wanted(model) if row_invariant is None else row_invariant
     wanted = (invariant or default_wanted(model)) if force is None else force
     if not wanted or not usable():
         return 0
@@ -683,6 +705,12 @@ def install(model: nn.Module, *, force: bool | None = None, decode: bool | None 
             module.row_invariant = invariant
             switched += 1
     return switched
+
+
+def routed_row_invariant(model: nn.Module) -> bool:
+    """Whether `install` left `model`'s kernel layers routed row-invariantly."""
+    return any(getattr(m, "row_invariant", False) for _, m in model.named_modules()
+               if isinstance(m, SmallMQuantizedLinear))
 
 
 def path_name(switched: int, *, decode: bool = True, row_invariant: bool = False) -> str:
