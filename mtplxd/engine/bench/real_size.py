@@ -5,7 +5,8 @@
         [--cycles 16] [--repeats 10] [--cycle-temperatures 0,0.6] [--small-m-kernel]
         [--small-m-loops] [--decode-vector-values N,...] [--kernel-decode-from N|never]
         [--divergence-tokens N] [--divergence-limit 32] [--prefill-tokens N] [--decode-only]
-        [--gdn-chunked] [--row-invariant] [--row-invariant-beside] [--json-out FILE]
+        [--gdn-chunked] [--row-invariant] [--row-invariant-beside] [--mma-configs 4x4,4x2]
+        [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
 quantization in groups of 64 for 8bit/4bit; `f32` keeps float32, the exactness checks'
@@ -60,7 +61,10 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     routing served (row-invariant for a 4-bit hybrid: small_m_qmm.row_invariant_wanted);
     `--row-invariant-beside` times the kernel's figures twice in one process, as served and
     row-invariant (its keys end in `_row_invariant`: `small_m_kernel_row_invariant`...), since
-    two processes' decode steps differed by up to 45% on the H200;
+    two processes' decode steps differed by up to 45% on the H200; `--mma-configs 4x4,4x2`
+    times them again (in the run's routing) with the kernel's mma layout at 4 warps a block
+    and 4 or 2 groups a lane loads before use (`small_m_kernel_by_mma_config`; shipped:
+    small_m_qmm.MMA_WARPS and MMA_GROUPS_PER_LOAD);
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): every
     position where they differ (MTP resynchronised on AR's tokens after each, up to
@@ -406,14 +410,16 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                    divergence_tokens: int = 0, divergence_depth: int = 3,
                    divergence_limit: int = DIVERGENCE_LIMIT, kernel_decode: bool | None = None,
                    decode_only: bool = False, prefill_tokens: int = 0,
-                   row_invariant: bool = False, row_invariant_beside: bool = False) -> dict[str, Any]:
+                   row_invariant: bool = False, row_invariant_beside: bool = False,
+                   mma_configs: tuple[tuple[int, int], ...] = ()) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready.
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
     `decode`); None follows small_m_qmm.decode_wanted. `row_invariant`: every kernel install
     routes 1..7 rows to the tensor cores (small_m_qmm.install's `row_invariant`);
     `row_invariant_beside` times the kernel's figures again routed so, in this process, under
     keys ending in `_row_invariant` (its cycles over the fastest decode before it, the first
-    routing's included). `decode_only`: the
+    routing's included). `mma_configs`: (warps, groups per load) pairs of the kernel's mma
+    layout, each timed again in this process after the routings (`small_m_kernel_by_mma_config`). `decode_only`: the
     decode figures alone (with the kernel's where `small_m_kernel`), no forwards or cycles."""
     from mtplxd.engine.model import gdn_kernel, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
@@ -485,6 +491,16 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
             entry.update({key + suffix: value for key, value in figures.items()})
             if "small_m_kernel" in figures:
                 fastest = _faster_decode(fastest, figures["small_m_kernel"]["decode_ms"])
+        by_config: dict[str, Any] = {}
+        for warps, groups in mma_configs:
+            phase(f"the small-M kernel, mma layout {warps} warps x {groups} groups a load")
+            with mma_shape(warps, groups):
+                by_config[f"{warps}x{groups}"] = _kernel_figures(
+                    trunk, model, cache, prompt, forward, fastest, depths, cycles, decode_tokens,
+                    cycle_temperatures, roofline_ms, repeats, kernel_decode=kernel_decode,
+                    row_invariant=row_invariant, kernel_loops=kernel_loops, decode_vector_values=())
+        if by_config:
+            entry["small_m_kernel_by_mma_config"] = by_config
     del cache
 
     cycle: dict[str, dict[str, Any]] = {}
@@ -642,6 +658,22 @@ def decode_vector_threshold(values: int | None) -> Iterator[None]:
         small_m_qmm.LARGE_MATRIX_VALUES = before
 
 
+@contextmanager
+def mma_shape(warps: int, groups_per_load: int) -> Iterator[None]:
+    """The mma layout at `warps` warps a block and `groups_per_load` groups a lane loads
+    before using any (both bit widths) inside; the shipped ones back after. A traced graph
+    keeps the shape it saw: drop the compiled graphs on both sides."""
+    from mtplxd.engine.model import small_m_qmm
+
+    before = small_m_qmm.MMA_WARPS, dict(small_m_qmm.MMA_GROUPS_PER_LOAD)
+    small_m_qmm.MMA_WARPS = warps
+    small_m_qmm.MMA_GROUPS_PER_LOAD = {bits: groups_per_load for bits in before[1]}
+    try:
+        yield
+    finally:
+        small_m_qmm.MMA_WARPS, small_m_qmm.MMA_GROUPS_PER_LOAD = before
+
+
 def _uninstall(model: nn.Module, trunk) -> None:
     """Put the stock QuantizedLinear class back (the figures after this are MLX's own), and
     drop the compiled cycle graphs traced through the kernel: mx.compile replays a traced
@@ -713,6 +745,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--row-invariant-beside", action="store_true",
                         help="with --small-m-kernel: time the kernel's figures a second time with "
                              "row-invariant routing in the same process (keys ending in _row_invariant)")
+    parser.add_argument("--mma-configs", default="",
+                        help="with --small-m-kernel: the kernel's figures again with its mma layout at each "
+                             "WARPSxGROUPS (warps a block, groups a lane loads before use), e.g. 4x4,4x2")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
     cycle_temperatures = tuple(float(t) for t in args.cycle_temperatures.split(","))
@@ -746,6 +781,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _mma_configs(text: str) -> tuple[tuple[int, int], ...]:
+    """"4x4,4x2" as ((4, 4), (4, 2))."""
+    return tuple((int(w), int(g)) for w, g in (item.split("x") for item in text.split(",") if item))
+
+
 def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[int],
                  cycle_temperatures: tuple[float, ...], report: dict[str, Any]) -> None:
     """Every size and dtype in turn, the report rewritten after each."""
@@ -767,7 +807,8 @@ def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[in
                                                   else args.kernel_decode_from != "never"),
                                    decode_only=args.decode_only, prefill_tokens=args.prefill_tokens,
                                    row_invariant=args.row_invariant,
-                                   row_invariant_beside=args.row_invariant_beside)
+                                   row_invariant_beside=args.row_invariant_beside,
+                                   mma_configs=_mma_configs(args.mma_configs))
             # The model died with measure_config's frame: free it before the next is built.
             gc.collect()
             mx.clear_cache()
