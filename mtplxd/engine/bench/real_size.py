@@ -662,7 +662,8 @@ def decode_vector_threshold(values: int | None) -> Iterator[None]:
 def mma_shape(warps: int, groups_per_load: int) -> Iterator[None]:
     """The mma layout at `warps` warps a block and `groups_per_load` groups a lane loads
     before using any (both bit widths) inside; the shipped ones back after. A traced graph
-    keeps the shape it saw: drop the compiled graphs on both sides."""
+    keeps the shape it saw, so the caller drops the compiled graphs on both sides
+    (_kernel_figures does, installing and taking out the kernel)."""
     from mtplxd.engine.model import small_m_qmm
 
     before = small_m_qmm.MMA_WARPS, dict(small_m_qmm.MMA_GROUPS_PER_LOAD)

@@ -659,8 +659,8 @@ def row_invariant_wanted(model: nn.Module | None = None) -> bool:
     """Whether `install` routes `model` row-invariantly unless told: MTPLX_ROW_INVARIANT "1"
     or "0" decides; else a hybrid model (Gated DeltaNet) whose quantized layers are all
     4-bit and that the kernel serves by default (`default_wanted`). There it made greedy MTP
-    equal AR (the served routing diverged 32 times in 40-43 tokens, row-invariant none in
-    2,000) with cycles as fast as the served routing's in the same process (H200, hybrid 27B
+    equal AR (the mixed routing diverged 32 times in 40-43 tokens, row-invariant none in
+    2,000) with cycles as fast as the mixed routing's in the same process (H200, hybrid 27B
     4-bit, depth 3: 29.0 / 28.9 ms at T=0 / 0.6 against 29.9 / 32.0; docs/benchmarks.md,
     "Both routings in one process"). Not on dense models, whose divergences were near-ties
     either way and whose decode steps run faster on the vector layout; not yet on 8-bit,
