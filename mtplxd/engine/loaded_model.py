@@ -211,9 +211,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     # What quantizing, upcasting or dequantizing at load changed the resident weights by.
     grown = parameter_bytes(model) - loaded_bytes
     # The model's quantized layers, MTP head included.
-    # Asked before installing: the question reads the stock layers.
-    row_invariant = small_m_qmm.row_invariant_wanted(model)
-    switched = small_m_qmm.install(model, force=small_m_kernel, row_invariant=row_invariant)
+    switched = small_m_qmm.install(model, force=small_m_kernel)
     spec = get_family(report.model_type)
     trunk = Trunk(model, spec)
     if decode_loop != "auto":
@@ -239,7 +237,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         dtype=model_dtype(model),
         kernels=kernel_paths(switched, hybrid=report.model_type in HYBRID_MODEL_TYPES,
                              kernel_decode=small_m_qmm.decode_wanted(model),
-                             row_invariant=row_invariant,
+                             row_invariant=small_m_qmm.routed_row_invariant(model),
                              ar_decode=fused_ar.path_name(trunk), dequantized=dequantized),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache(), hybrid=True) else "stepwise"),
