@@ -73,10 +73,15 @@
 #                 else the hybrid's matrices at 1 and 4 rows with the mma layout's warps and loads
 #                 varied (bench.small_m --mma-variants: its 1-row product lost to MLX's matvec on
 #                 the small ones, k_proj 20.3 us against 10.6)
-#   PART=mma-shape  the mma layout at 4 warps a block (and 4 or 2 groups a lane loads) beside the
-#                 shipped 8 x 4 in whole hybrid 27B 4-bit decode steps and depth-3 cycles at T=0.6,
-#                 row-invariant as served, one process (real_size --mma-configs; 2026-12-05: 4
-#                 warps led the micro-bench on every large matrix, 2 groups at 1 row)
+#   PART=mma-shape  the mma layout at 4 warps a block (and 4 or 2 groups a lane loads), and
+#                 pipelined through shared-memory stages (8x4s2, 4x4s4: 63 registers a thread
+#                 for sm_90 against the plain layout's 106), beside the shipped 8 x 4 plain in
+#                 whole hybrid 27B 4-bit decode steps and depth-3 cycles at T=0.6,
+#                 row-invariant as served, one process (real_size --mma-configs CONFIGS;
+#                 2026-12-05: 4 warps led the micro-bench on every large matrix, 2 groups at 1 row)
+#   PART=mma-pipelined  the pipelined mma layout's CUDA tests (bit for bit the plain layout's
+#                 outputs), then the micro-bench at the hybrid's and the 32B's 4-bit matrices,
+#                 1 and 6 rows, every MMA_CONFIGS shape (bench.small_m --mma-variants)
 #   PART=hybrid-verify  the hybrid 27B 4-bit with the kernel on verify rows only (decode steps
 #                 on MLX's matvec: real_size --kernel-decode-from never; since 2026-12-03 the
 #                 default for hybrid models), stock beside it, depths 1 and 3 at T=0 and 0.6
@@ -97,7 +102,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -265,9 +270,15 @@ elif [ "$PART" = routings ]; then
       --shipped-only --mma-variants
   fi
 elif [ "$PART" = mma-shape ]; then
-  step mma-shape-hybrid-4bit 400 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
+  step mma-shape-hybrid-4bit 480 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
     --depths 3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 --repeats 3 --small-m-kernel \
-    --small-m-loops --row-invariant --mma-configs "${CONFIGS:-4x4,4x2}" --json-out "$work/mma-shape-hybrid-4bit.json"
+    --small-m-loops --row-invariant --mma-configs "${CONFIGS:-4x4,8x4s2,4x4s4}" \
+    --json-out "$work/mma-shape-hybrid-4bit.json"
+elif [ "$PART" = mma-pipelined ]; then
+  step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "cuda and (pipelined or row_invariant)" \
+    tests/engine/test_small_m_qmm.py
+  step small-m-mma-configs 240 python3 -m mtplxd.engine.bench.small_m "$work/small-m-mma-configs.json" \
+    --sizes hybrid-27b,qwen3-32b --bits 4 --rows 1,6 --repeats 6 --shipped-only --mma-variants
 elif [ "$PART" = hybrid-verify ]; then
   step hybrid-verify-only 540 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
     --depths 1,3 --cycle-temperatures 0,0.6 --decode-tokens 32 --cycles 10 --repeats 6 \

@@ -390,15 +390,16 @@ def test_row_invariant_beside_times_both_routings_in_one_process(small_m_kernel_
 
 def test_mma_configs_time_the_kernel_again_at_each_shape_and_put_the_shipped_one_back(
         small_m_kernel_twin, monkeypatch, tmp_path):
-    """`--mma-configs 4x2`: the kernel's figures again with the mma layout at 4 warps and 2
-    groups a load (what each product saw, here through the twin), then the shipped shape back."""
+    """`--mma-configs 4x2,8x4s2`: the kernel's figures again with the mma layout at 4 warps and
+    2 groups a load, then pipelined through 2 stages (what each product saw, here through the
+    twin), then the shipped shape back."""
     from mtplxd.engine.model import small_m_qmm
 
-    shipped = small_m_qmm.MMA_WARPS, dict(small_m_qmm.MMA_GROUPS_PER_LOAD)
+    shipped = small_m_qmm.MMA_WARPS, dict(small_m_qmm.MMA_GROUPS_PER_LOAD), small_m_qmm.MMA_STAGES
     twin, seen = small_m_qmm.small_m_matmul, set()
 
     def recording(*args, **kwargs):
-        seen.add((small_m_qmm.MMA_WARPS, small_m_qmm.MMA_GROUPS_PER_LOAD[4]))
+        seen.add((small_m_qmm.MMA_WARPS, small_m_qmm.MMA_GROUPS_PER_LOAD[4], small_m_qmm.MMA_STAGES))
         return twin(*args, **kwargs)
 
     monkeypatch.setattr(small_m_qmm, "small_m_matmul", recording)
@@ -406,9 +407,10 @@ def test_mma_configs_time_the_kernel_again_at_each_shape_and_put_the_shipped_one
     assert real_size.main(["--sizes", "tiny-hybrid", "--dtypes", "4bit", "--context", "16", "--depths", "3",
                            "--cycle-temperatures", "0", "--decode-tokens", "4", "--repeats", "1",
                            "--cycles", "2", "--small-m-kernel", "--small-m-loops", "--row-invariant",
-                           "--mma-configs", "4x2", "--json-out", str(out)]) == 0
+                           "--mma-configs", "4x2,8x4s2", "--json-out", str(out)]) == 0
     entry = json.loads(out.read_text())["configs"][0]
-    again = entry["small_m_kernel_by_mma_config"]["4x2"]
-    assert again["small_m_kernel"]["cycles"]["0.0"]["cycle_ms_by_depth"]["3"] > 0
-    assert seen == {(shipped[0], shipped[1][4]), (4, 2)}
-    assert (small_m_qmm.MMA_WARPS, small_m_qmm.MMA_GROUPS_PER_LOAD) == shipped
+    for name in ("4x2", "8x4s2"):
+        again = entry["small_m_kernel_by_mma_config"][name]
+        assert again["small_m_kernel"]["cycles"]["0.0"]["cycle_ms_by_depth"]["3"] > 0
+    assert seen == {(shipped[0], shipped[1][4], shipped[2]), (4, 2, 0), (8, 4, 2)}
+    assert (small_m_qmm.MMA_WARPS, small_m_qmm.MMA_GROUPS_PER_LOAD, small_m_qmm.MMA_STAGES) == shipped

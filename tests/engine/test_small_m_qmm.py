@@ -182,6 +182,42 @@ def test_cuda_mma_layout_is_row_invariant(bits, dtype):
             assert all(mx.array_equal(together[i:i + 1], alone[i]).item() for i in range(rows)), (N, K, rows)
 
 
+
+@needs_cuda
+@pytest.mark.parametrize("bits", small_m_qmm.BITS)
+@pytest.mark.parametrize("dtype", small_m_qmm.MMA_DTYPES)
+def test_cuda_pipelined_mma_layout_equals_the_plain_one_bit_for_bit(bits, dtype):
+    """The pipelined form (shared-memory stages, few registers) does the plain layout's
+    arithmetic in its order, so it may replace it without moving an output by a bit; a shape
+    it does not fit (9 groups, no whole batch of 4) runs the plain layout."""
+    configs = ((small_m_qmm.MMA_WARPS, small_m_qmm.MMA_GROUPS_PER_LOAD[bits], 8), (4, 4, 4), (8, 2, 3), (16, 2, 2))
+    for N, K in ((320, 512), (999, 1024), (1024, 5120), (320, 576)):
+        for rows in (1, 2, 5, 7, 9, 33):
+            x, w, scales, biases, truth = small_m_qmm.probe_case(rows, bits, N=N, K=K, dtype=dtype)
+            for warps, loads, stages in configs:
+                def product(stages, warps=warps, loads=loads):
+                    return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma", warps=warps,
+                                                      unroll=loads, stages=stages)
+                pipelined = product(stages)
+                assert mx.array_equal(pipelined, product(0)).item(), (N, K, rows, warps, loads, stages)
+                assert small_m_qmm.relative_error(pipelined, truth) < 0.01
+
+
+def test_the_pipelined_mma_layout_runs_the_most_stages_that_fit():
+    """A warp's stage holds its 16 weight rows' groups of a batch and their scales and biases
+    (4-bit, 4 groups: 2,048 + 256 bytes); a block's stages fit 48 KiB of shared memory, a
+    row's scales of a batch must be one 4-, 8- or 16-byte copy, and a matrix's groups whole
+    batches. Anything else runs the plain layout (0)."""
+    fits = small_m_qmm.pipelined_stages
+    assert fits(4, 8, 4, 80, 8) == 2  # 8 warps x 2 x 2,304 = 36,864 bytes; 3 stages pass 48 KiB
+    assert fits(4, 4, 4, 80, 8) == 5 and fits(4, 4, 4, 80, 3) == 3
+    assert fits(8, 8, 2, 80, 8) == 2  # 8-bit: 2 x 16 rows x 64 bytes + 128
+    assert fits(8, 8, 4, 80, 8) == 0  # one stage of 8 warps fits, two do not
+    assert fits(4, 8, 4, 81, 8) == 0  # 81 groups: no whole batches of 4
+    assert fits(4, 8, 1, 80, 8) == 0 and fits(4, 8, 3, 81, 8) == 0  # 2- or 6-byte scales: no single copy
+    assert fits(4, 8, 4, 80, 1) == 0 and fits(4, 8, 4, 80, 0) == 0
+    assert small_m_qmm.MMA_STAGES == 0  # off until whole models measure it (module constant)
+
 @needs_cuda
 def test_cuda_row_invariant_routing_keeps_greedy_mtp_equal_to_ar():
     """The dense tiny model, every linear layer 4-bit (its widths are whole groups of 64), under
@@ -522,6 +558,30 @@ def test_the_micro_bench_runs_here_and_says_the_kernel_is_not(tmp_path):
             assert row["reference_error"] < 0.02
 
 
+
+@pytest.mark.parametrize("pipelined_moves_a_bit", [False, True])
+def test_the_micro_bench_times_each_mma_config_and_checks_the_pipelined_form(monkeypatch, pipelined_moves_a_bit):
+    """`--mma-variants` on CUDA times the mma layout at every MMA_CONFIGS shape, says which
+    stages each pipelined one ran, and whether its outputs equal the plain layout's bit for
+    bit (here the kernel is its plain-ops twin, nudged where a pipelined output should move)."""
+    from mtplxd.engine.bench import small_m
+
+    seen = set()
+
+    def twin(x, w, scales, biases, bits, layout=None, warps=None, unroll=None, stages=None):
+        seen.add((layout, warps, unroll, stages))
+        out = small_m_qmm.reference(x, w, scales, biases, bits)
+        return out + 1 if pipelined_moves_a_bit and stages else out
+
+    monkeypatch.setattr(small_m_qmm, "small_m_matmul", twin)
+    x, w, scales, biases, _ = small_m_qmm.probe_case(1, 4)  # K = 512: 8 groups
+    report = small_m._mma_configs_timed(x, w, scales, biases, 4, repeats=1)
+    assert report["mma_stages_by_config"] == {"8x4": 0, "8x4s2": 2, "8x2s3": 3, "4x4": 0, "4x4s4": 4, "4x2s4": 4}
+    assert set(report["mma_us_by_config"]) == set(report["mma_stages_by_config"])
+    assert all(us > 0 for us in report["mma_us_by_config"].values())
+    assert report["mma_pipelined_equals_plain"] is not pipelined_moves_a_bit
+    assert {("mma", 8, 4, 0), ("mma", 8, 4, 2), ("mma", 4, 2, 4)} <= seen
+
 NVCC = __import__("shutil").which("nvcc")
 
 
@@ -531,6 +591,7 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
     signature mx.fast.cuda_kernel generates (uint32 weights, `w_shape`, template constants),
     compiles for sm_90 at the smallest and largest row count and both bit widths, without
     spilling registers."""
+    import re
     import subprocess
 
     def kernel(name: str, dtype: str, constants: dict, body: str) -> str:
@@ -564,6 +625,16 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                     f"k_mma_{bf16}_{tiles}_{loads}_{bits}", mma_dtype,
                     {"BF16": bf16, "BITS": bits, "GS": small_m_qmm.GROUP_SIZE, "MT": tiles,
                      "KW": small_m_qmm.MMA_WARPS, "U": loads}, small_m_qmm._SOURCE_MMA))
+            # The pipelined form at the most stages that fit, at the shipped block shape and
+            # the micro-bench's 4 warps with 4 stages.
+            for tiles, warps, loads, asked in ((1, small_m_qmm.MMA_WARPS, default, 8),
+                                               (small_m_qmm.MMA_MAX_TILES, 4, 4, 4)):
+                stages = small_m_qmm.pipelined_stages(bits, warps, loads, 80, asked)
+                assert stages >= 2
+                kernels.append(kernel(
+                    f"k_mma_pipelined_{bf16}_{tiles}_{warps}_{stages}_{bits}", mma_dtype,
+                    {"BF16": bf16, "BITS": bits, "GS": small_m_qmm.GROUP_SIZE, "MT": tiles, "KW": warps,
+                     "U": loads, "S": stages}, small_m_qmm._SOURCE_MMA_PIPELINED))
     for layout, (body, per_block, row_counts, unroll) in layouts.items():
         for bits in small_m_qmm.BITS:
             for rows in row_counts(bits):
@@ -584,3 +655,12 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
     assert "error" not in done.stderr.lower()
     assert "spill stores" in done.stderr
     assert all(" 0 bytes spill stores" in line for line in done.stderr.splitlines() if "spill stores" in line)
+    # The pipelined mma layout's point: fewer registers than the plain one at the same shape
+    # (106 a thread at 4-bit, 4 groups a load, where Nsight put the plain layout's occupancy at 25%).
+    used = dict(re.findall(r"Compiling entry function '\w*?(k_\w+?)E.*?Used (\d+) registers", done.stderr, re.S))
+    for bits in small_m_qmm.BITS:
+        default, stages = small_m_qmm.MMA_GROUPS_PER_LOAD[bits], small_m_qmm.pipelined_stages(
+            bits, small_m_qmm.MMA_WARPS, small_m_qmm.MMA_GROUPS_PER_LOAD[bits], 80, 8)
+        plain = int(used[f"k_mma_True_1_{default}_{bits}"])
+        pipelined = int(used[f"k_mma_pipelined_True_1_{small_m_qmm.MMA_WARPS}_{stages}_{bits}"])
+        assert pipelined < plain, (bits, pipelined, plain)

@@ -61,10 +61,11 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     routing served (row-invariant for a 4-bit hybrid: small_m_qmm.row_invariant_wanted);
     `--row-invariant-beside` times the kernel's figures twice in one process, as served and
     row-invariant (its keys end in `_row_invariant`: `small_m_kernel_row_invariant`...), since
-    two processes' decode steps differed by up to 45% on the H200; `--mma-configs 4x4,4x2`
+    two processes' decode steps differed by up to 45% on the H200; `--mma-configs 4x4,4x2,8x4s2`
     times them again (in the run's routing) with the kernel's mma layout at 4 warps a block
-    and 4 or 2 groups a lane loads before use (`small_m_kernel_by_mma_config`; shipped:
-    small_m_qmm.MMA_WARPS and MMA_GROUPS_PER_LOAD);
+    and 4 or 2 groups a lane loads before use, or 8 x 4 pipelined through 2 stages of shared
+    memory (`small_m_kernel_by_mma_config`; shipped: small_m_qmm.MMA_WARPS,
+    MMA_GROUPS_PER_LOAD and MMA_STAGES);
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): every
     position where they differ (MTP resynchronised on AR's tokens after each, up to
@@ -99,6 +100,7 @@ from mlx.utils import tree_flatten
 
 from mtplxd.engine.bench.ar_reference import mlx_lm_decode_ms, ours_decode_ms
 from mtplxd.engine.bench.harness import bench_parser, command_line, machine, write_report
+from mtplxd.engine.bench.small_m import mma_config_name, parse_mma_configs
 from mtplxd.engine.bench.verify import (
     DIMS, logit_gaps, measure_forward_costs, measure_pipelined_forward_costs,
 )
@@ -411,15 +413,15 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                    divergence_limit: int = DIVERGENCE_LIMIT, kernel_decode: bool | None = None,
                    decode_only: bool = False, prefill_tokens: int = 0,
                    row_invariant: bool = False, row_invariant_beside: bool = False,
-                   mma_configs: tuple[tuple[int, int], ...] = ()) -> dict[str, Any]:
+                   mma_configs: tuple[tuple[int, int, int], ...] = ()) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready.
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
     `decode`); None follows small_m_qmm.decode_wanted. `row_invariant`: every kernel install
     routes 1..7 rows to the tensor cores (small_m_qmm.install's `row_invariant`);
     `row_invariant_beside` times the kernel's figures again routed so, in this process, under
     keys ending in `_row_invariant` (its cycles over the fastest decode before it, the first
-    routing's included). `mma_configs`: (warps, groups per load) pairs of the kernel's mma
-    layout, each timed again in this process after the routings (`small_m_kernel_by_mma_config`). `decode_only`: the
+    routing's included). `mma_configs`: (warps, groups per load, stages) of the kernel's mma
+    layout (stages 0: the plain layout), each timed again in this process after the routings (`small_m_kernel_by_mma_config`). `decode_only`: the
     decode figures alone (with the kernel's where `small_m_kernel`), no forwards or cycles."""
     from mtplxd.engine.model import gdn_kernel, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
@@ -492,10 +494,10 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
             if "small_m_kernel" in figures:
                 fastest = _faster_decode(fastest, figures["small_m_kernel"]["decode_ms"])
         by_config: dict[str, Any] = {}
-        for warps, groups in mma_configs:
-            phase(f"the small-M kernel, mma layout {warps} warps x {groups} groups a load")
-            with mma_shape(warps, groups):
-                by_config[f"{warps}x{groups}"] = _kernel_figures(
+        for warps, groups, stages in mma_configs:
+            phase(f"the small-M kernel, mma layout {warps} warps x {groups} groups a load, {stages} stages")
+            with mma_shape(warps, groups, stages):
+                by_config[mma_config_name(warps, groups, stages)] = _kernel_figures(
                     trunk, model, cache, prompt, forward, fastest, depths, cycles, decode_tokens,
                     cycle_temperatures, roofline_ms, repeats, kernel_decode=kernel_decode,
                     row_invariant=row_invariant, kernel_loops=kernel_loops, decode_vector_values=())
@@ -659,20 +661,22 @@ def decode_vector_threshold(values: int | None) -> Iterator[None]:
 
 
 @contextmanager
-def mma_shape(warps: int, groups_per_load: int) -> Iterator[None]:
+def mma_shape(warps: int, groups_per_load: int, stages: int = 0) -> Iterator[None]:
     """The mma layout at `warps` warps a block and `groups_per_load` groups a lane loads
-    before using any (both bit widths) inside; the shipped ones back after. A traced graph
+    before using any (both bit widths), pipelined through `stages` stages of shared memory
+    where they fit (0: the plain layout), inside; the shipped ones back after. A traced graph
     keeps the shape it saw, so the caller drops the compiled graphs on both sides
     (_kernel_figures does, installing and taking out the kernel)."""
     from mtplxd.engine.model import small_m_qmm
 
-    before = small_m_qmm.MMA_WARPS, dict(small_m_qmm.MMA_GROUPS_PER_LOAD)
+    before = small_m_qmm.MMA_WARPS, dict(small_m_qmm.MMA_GROUPS_PER_LOAD), small_m_qmm.MMA_STAGES
     small_m_qmm.MMA_WARPS = warps
     small_m_qmm.MMA_GROUPS_PER_LOAD = {bits: groups_per_load for bits in before[1]}
+    small_m_qmm.MMA_STAGES = stages
     try:
         yield
     finally:
-        small_m_qmm.MMA_WARPS, small_m_qmm.MMA_GROUPS_PER_LOAD = before
+        small_m_qmm.MMA_WARPS, small_m_qmm.MMA_GROUPS_PER_LOAD, small_m_qmm.MMA_STAGES = before
 
 
 def _uninstall(model: nn.Module, trunk) -> None:
@@ -748,7 +752,8 @@ def main(argv: list[str] | None = None) -> int:
                              "row-invariant routing in the same process (keys ending in _row_invariant)")
     parser.add_argument("--mma-configs", default="",
                         help="with --small-m-kernel: the kernel's figures again with its mma layout at each "
-                             "WARPSxGROUPS (warps a block, groups a lane loads before use), e.g. 4x4,4x2")
+                             "WARPSxGROUPS[sSTAGES] (warps a block, groups a lane loads before use, "
+                             "stages of shared memory it is pipelined through), e.g. 4x4,4x2,8x4s2")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
     cycle_temperatures = tuple(float(t) for t in args.cycle_temperatures.split(","))
@@ -782,11 +787,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _mma_configs(text: str) -> tuple[tuple[int, int], ...]:
-    """"4x4,4x2" as ((4, 4), (4, 2))."""
-    return tuple((int(w), int(g)) for w, g in (item.split("x") for item in text.split(",") if item))
-
-
 def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[int],
                  cycle_temperatures: tuple[float, ...], report: dict[str, Any]) -> None:
     """Every size and dtype in turn, the report rewritten after each."""
@@ -809,7 +809,7 @@ def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[in
                                    decode_only=args.decode_only, prefill_tokens=args.prefill_tokens,
                                    row_invariant=args.row_invariant,
                                    row_invariant_beside=args.row_invariant_beside,
-                                   mma_configs=_mma_configs(args.mma_configs))
+                                   mma_configs=parse_mma_configs(args.mma_configs))
             # The model died with measure_config's frame: free it before the next is built.
             gc.collect()
             mx.clear_cache()

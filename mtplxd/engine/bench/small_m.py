@@ -22,7 +22,8 @@ that many times fewer threads), and `vector_unroll_error` is their worst error. 
 fields time the tensor-core layout (small_m_qmm._SOURCE_MMA: short verify blocks of large
 matrices); with `--mma-variants`, `mma_us_by_warps` with 4, 8 and 16 warps a block splitting K,
 and at 1 and 6 rows `mma_us_by_groups_per_load` with 2, 4 and 8 groups a lane loads before
-using any. From 2 rows, `mma_rows_equal_one_row` (and `mlx_`, `vector_`, `word_`) say whether each
+using any, and `mma_us_by_config` the plain and pipelined forms at MMA_CONFIGS (the stages
+each ran in `mma_stages_by_config`; `mma_pipelined_equals_plain`: bit for bit, as it must). From 2 rows, `mma_rows_equal_one_row` (and `mlx_`, `vector_`, `word_`) say whether each
 row of the product equals that row's 1-row product bit for bit (row invariance:
 small_m_qmm's module docstring; the other layouts compile another instance per row count). Off CUDA the
 kernel columns are null (the kernel is CUDA only) and the plain-ops reference's error is
@@ -66,6 +67,24 @@ VECTOR_COLUMNS = (8, 4, 16)  # output columns per block of the vector layout, ti
 UNROLLS = (2, 4)  # 16-byte vectors a thread loads before using them, timed at one row (shipped: 1)
 MMA_WARPS = (8, 4, 16)  # warps a block of the mma layout, timed (the default first)
 MMA_LOADS = (2, 4, 8)  # groups a lane of the mma layout loads before using any, timed at 1 and 6 rows
+# Warps x groups a load [s stages of shared memory] of the mma layout, plain and pipelined,
+# timed at 1 and 6 rows (the shipped shape first; a pipelined one runs the most stages that fit).
+MMA_CONFIGS = "8x4,8x4s2,8x2s3,4x4,4x4s4,4x2s4"
+
+
+def parse_mma_configs(text: str) -> tuple[tuple[int, int, int], ...]:
+    """"4x4,8x4s2" as ((4, 4, 0), (8, 4, 2)): warps x groups a load, then s and the stages."""
+    configs = []
+    for item in filter(None, text.split(",")):
+        shape, _, stages = item.partition("s")
+        warps, groups = shape.split("x")
+        configs.append((int(warps), int(groups), int(stages or 0)))
+    return tuple(configs)
+
+
+def mma_config_name(warps: int, groups: int, stages: int) -> str:
+    """The report's key of an mma config: what `--mma-configs` takes."""
+    return f"{warps}x{groups}" + (f"s{stages}" if stages else "")
 
 
 def _per_call_us(fn, x, repeats: int) -> float:
@@ -77,6 +96,24 @@ def _rows_equal_one_row(product, x: mx.array) -> bool:
     verify row needs to round as the decode step of the same row)."""
     together = product(x)
     return all(mx.array_equal(together[i:i + 1], product(x[i:i + 1])).item() for i in range(x.shape[0]))
+
+
+def _mma_configs_timed(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
+                       repeats: int) -> dict[str, Any]:
+    """The mma layout at each of MMA_CONFIGS: microseconds a call, the stages each pipelined
+    one ran (0 where it did not fit: the plain layout), and whether every pipelined output
+    equals the plain layout's at the same warps and groups bit for bit (it should)."""
+    us, stages_run, equal = {}, {}, True
+    for warps, loads, stages in parse_mma_configs(MMA_CONFIGS):
+        def product(x, warps=warps, loads=loads, stages=stages):
+            return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma", warps=warps,
+                                              unroll=loads, stages=stages)
+        name = mma_config_name(warps, loads, stages)
+        us[name] = _per_call_us(product, x, repeats)
+        stages_run[name] = small_m_qmm.pipelined_stages(bits, warps, loads, x.shape[-1] // small_m_qmm.GROUP_SIZE, stages)
+        if stages:
+            equal = equal and mx.array_equal(product(x), product(x, stages=0)).item()
+    return {"mma_us_by_config": us, "mma_stages_by_config": stages_run, "mma_pipelined_equals_plain": equal}
 
 
 def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
@@ -160,6 +197,7 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
                 row["mma_us_by_groups_per_load"] = {
                     loads: _per_call_us(lambda x, u=loads: small_m_qmm.small_m_matmul(
                         x, w, scales, biases, bits, layout="mma", unroll=u), x, repeats) for loads in MMA_LOADS}
+                row.update(_mma_configs_timed(x, w, scales, biases, bits, repeats))
             if M == 1:  # decode rows: more vectors in flight per thread, fewer threads
                 by_unroll = {u: _per_call_us(lambda x, u=u: kernel(x, small_m_qmm.VECTOR_ROWS, "vector", unroll=u),
                                              x, repeats) for u in UNROLLS}

@@ -20,7 +20,9 @@ which reads the weights again. The kernel takes any row count, but from MLX_TILE
 the H200 it was faster there than every layout of the kernel.
 Two more layouts of the same product: "vector" (16-byte loads, for decode steps of large
 matrices, _SOURCE_VECTOR) and "mma" (the tensor cores, for short verify blocks of large
-matrices, _SOURCE_MMA); `route` picks one per product.
+matrices, _SOURCE_MMA); `route` picks one per product. The mma layout has a pipelined
+form (_SOURCE_MMA_PIPELINED: its loads through shared memory, fewer registers; the same
+outputs bit for bit), off until measured (MMA_STAGES).
 
 `reference` spells the same arithmetic in plain MLX ops (the CPU runs it; a test compares it
 with mx.quantized_matmul, which pins the layout the kernel reads). Where the kernel is not
@@ -133,6 +135,103 @@ __device__ __forceinline__ void mtplx_mma(float (&d)[4], uint32_t a0, uint32_t a
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
     }
 }
+// One group of GS inputs through the mma layout: a warp's weight rows a (column n0 + g) and b
+// (n0 + g + 8), this lane's TW words of each (`wa`, `wb`) with their scales and biases, against
+// MT tiles of 8 input rows from row m0 (the lane's inputs from k0); adds the group's products to
+// acc[mt] (d[0], d[1]: column a, rows 2t, 2t+1 of the tile; d[2], d[3]: column b).
+template <bool BF16, int BITS, int GS, int MT, typename T>
+__device__ __forceinline__ void mtplx_mma_group(float (&acc)[MT][4], const uint32_t* wa, const uint32_t* wb,
+                                                float sa, float sb, float ba, float bb, const T* x, int K,
+                                                int k0, int m0, int rows, int g) {
+    constexpr int TW = GS / (32 / BITS) / 4;            // words of a group per lane: 2 (4-bit), 4 (8-bit)
+    constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;  // 128 / 1024 in both halves
+    constexpr uint32_t ONES = BF16 ? 0x3F803F80u : 0x3C003C00u;   // 1.0 in both halves
+    constexpr float OFFSET_SUM = (BF16 ? 128.f : 1024.f) * (BITS == 8 ? 17.f : 1.f);
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const int m = mt * 8 + g;
+        uint4 xv[2] = {};                       // the lane's 16 inputs of row m in this group
+        if (m < rows) {
+            const uint4* src = reinterpret_cast<const uint4*>(x + (size_t)(m0 + m) * K + k0);
+            xv[0] = src[0];
+            xv[1] = src[1];
+        }
+        const uint32_t* xw = reinterpret_cast<const uint32_t*>(xv);  // 8 pairs of inputs
+        float d[4] = {0.f, 0.f, 0.f, 0.f}, dh[4] = {0.f, 0.f, 0.f, 0.f}, s[4] = {0.f, 0.f, 0.f, 0.f};
+        #pragma unroll
+        for (int j = 0; j < TW; ++j) {
+            if constexpr (BITS == 4) {
+                // word j: values 8j..8j+7; steps take the pairs (0,4), (1,5) and (2,6), (3,7)
+                #pragma unroll
+                for (int step = 0; step < 2; ++step) {
+                    const uint32_t lo = xw[4 * j + step], hi = xw[4 * j + step + 2];
+                    const uint32_t b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
+                    const int sh = 8 * step;
+                    mtplx_mma<BF16>(d, ((wa[j] >> sh) & 0x000F000Fu) | MAGIC, ((wb[j] >> sh) & 0x000F000Fu) | MAGIC,
+                                    ((wa[j] >> (sh + 4)) & 0x000F000Fu) | MAGIC,
+                                    ((wb[j] >> (sh + 4)) & 0x000F000Fu) | MAGIC, b0, b1);
+                    mtplx_mma<BF16>(s, ONES, ONES, ONES, ONES, b0, b1);
+                }
+            } else {
+                // word j: values 4j..4j+3, pairs (0,2), (1,3); low nibbles, then high
+                const uint32_t lo = xw[2 * j], hi = xw[2 * j + 1];
+                const uint32_t b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
+                mtplx_mma<BF16>(d, (wa[j] & 0x000F000Fu) | MAGIC, (wb[j] & 0x000F000Fu) | MAGIC,
+                                ((wa[j] >> 8) & 0x000F000Fu) | MAGIC, ((wb[j] >> 8) & 0x000F000Fu) | MAGIC,
+                                b0, b1);
+                mtplx_mma<BF16>(dh, ((wa[j] >> 4) & 0x000F000Fu) | MAGIC, ((wb[j] >> 4) & 0x000F000Fu) | MAGIC,
+                                ((wa[j] >> 12) & 0x000F000Fu) | MAGIC,
+                                ((wb[j] >> 12) & 0x000F000Fu) | MAGIC, b0, b1);
+                mtplx_mma<BF16>(s, ONES, ONES, ONES, ONES, b0, b1);
+            }
+        }
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float sc = i < 2 ? sa : sb;
+            const float bi = i < 2 ? ba : bb;
+            const float D = BITS == 8 ? d[i] + 16.f * dh[i] : d[i];
+            acc[mt][i] += sc * (D - OFFSET_SUM * s[i]) + bi * s[i];
+        }
+    }
+}
+// The mma layout's end: each warp's sums (acc, as mtplx_mma_group leaves them) into `partial`,
+// then the block's outputs, the warps' sums added in warp order (columns n0.., rows m0..).
+template <int KW, int MT, typename T>
+__device__ __forceinline__ void mtplx_mma_store(float (*partial)[MT][16][8], const float (&acc)[MT][4], T* out,
+                                                int N, int n0, int m0, int rows) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) partial[wid][mt][g + (i >> 1) * 8][2 * t + (i & 1)] = acc[mt][i];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < MT * 16 * 8; e += blockDim.x) {
+        const int c = e % 16, r = (e / 16) % 8, mt = e / 128;    // consecutive threads: consecutive columns
+        const int n = n0 + c, m = mt * 8 + r;
+        if (n >= N || m >= rows) continue;
+        float total = 0.f;
+        #pragma unroll
+        for (int i = 0; i < KW; ++i) total += partial[i][mt][c][r];
+        out[(size_t)(m0 + m) * N + n] = static_cast<T>(total);
+    }
+}
+// Asynchronous copies global -> shared (sm_80 on): BYTES of 4, 8 (through L1) or 16 (L2
+// only: each weight is read once), then a commit closing the copies issued so far into a
+// group, and a wait until at most N groups of this thread's are in flight.
+template <int BYTES>
+__device__ __forceinline__ void mtplx_cp_async(void* dst, const void* src) {
+    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(to), "l"(src) : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" :: "r"(to), "l"(src), "n"(BYTES) : "memory");
+    }
+}
+__device__ __forceinline__ void mtplx_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void mtplx_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
 """
 
 _SOURCE = r"""
@@ -336,9 +435,6 @@ _SOURCE_MMA = r"""
     constexpr int VALS = 32 / BITS;                     // values in a word
     constexpr int TW = GS / VALS / 4;                   // words of a group per lane: 2 (4-bit), 4 (8-bit)
     constexpr int ROWS = 8 * MT;
-    constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;  // 128 / 1024 in both halves
-    constexpr uint32_t ONES = BF16 ? 0x3F803F80u : 0x3C003C00u;   // 1.0 in both halves
-    constexpr float OFFSET_SUM = (BF16 ? 128.f : 1024.f) * (BITS == 8 ? 17.f : 1.f);
     struct alignas(4 * TW) WLoad { uint32_t v[TW]; };  // a lane's words of one group, one load
     __shared__ float partial[KW][MT][16][8];
 
@@ -377,73 +473,97 @@ _SOURCE_MMA = r"""
         for (int u = 0; u < U; ++u) {
             const int gi = base + u;
             if (gi >= groups) break;                    // the same for the whole warp
-            const int k0 = gi * GS + t * (GS / 4);
-            const uint32_t* wa = qa[u].v;
-            const uint32_t* wb = qb[u].v;
-            #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                const int m = mt * 8 + g;
-                uint4 xv[2] = {};                       // the lane's 16 inputs of row m in this group
-                if (m < rows) {
-                    const uint4* src = reinterpret_cast<const uint4*>(x + (size_t)(m0 + m) * K + k0);
-                    xv[0] = src[0];
-                    xv[1] = src[1];
-                }
-                const uint32_t* xw = reinterpret_cast<const uint32_t*>(xv);  // 8 pairs of inputs
-                float d[4] = {0.f, 0.f, 0.f, 0.f}, dh[4] = {0.f, 0.f, 0.f, 0.f}, s[4] = {0.f, 0.f, 0.f, 0.f};
-                #pragma unroll
-                for (int j = 0; j < TW; ++j) {
-                    if constexpr (BITS == 4) {
-                        // word j: values 8j..8j+7; steps take the pairs (0,4), (1,5) and (2,6), (3,7)
-                        #pragma unroll
-                        for (int step = 0; step < 2; ++step) {
-                            const uint32_t lo = xw[4 * j + step], hi = xw[4 * j + step + 2];
-                            const uint32_t b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
-                            const int sh = 8 * step;
-                            mtplx_mma<BF16>(d, ((wa[j] >> sh) & 0x000F000Fu) | MAGIC, ((wb[j] >> sh) & 0x000F000Fu) | MAGIC,
-                                            ((wa[j] >> (sh + 4)) & 0x000F000Fu) | MAGIC,
-                                            ((wb[j] >> (sh + 4)) & 0x000F000Fu) | MAGIC, b0, b1);
-                            mtplx_mma<BF16>(s, ONES, ONES, ONES, ONES, b0, b1);
-                        }
-                    } else {
-                        // word j: values 4j..4j+3, pairs (0,2), (1,3); low nibbles, then high
-                        const uint32_t lo = xw[2 * j], hi = xw[2 * j + 1];
-                        const uint32_t b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
-                        mtplx_mma<BF16>(d, (wa[j] & 0x000F000Fu) | MAGIC, (wb[j] & 0x000F000Fu) | MAGIC,
-                                        ((wa[j] >> 8) & 0x000F000Fu) | MAGIC, ((wb[j] >> 8) & 0x000F000Fu) | MAGIC,
-                                        b0, b1);
-                        mtplx_mma<BF16>(dh, ((wa[j] >> 4) & 0x000F000Fu) | MAGIC, ((wb[j] >> 4) & 0x000F000Fu) | MAGIC,
-                                        ((wa[j] >> 12) & 0x000F000Fu) | MAGIC,
-                                        ((wb[j] >> 12) & 0x000F000Fu) | MAGIC, b0, b1);
-                        mtplx_mma<BF16>(s, ONES, ONES, ONES, ONES, b0, b1);
-                    }
-                }
-                // d[0], d[1]: column n0+g (row a), rows 2t, 2t+1 of the tile; d[2], d[3]: column n0+g+8 (row b)
-                #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float sc = i < 2 ? sa[u] : sb[u];
-                    const float bi = i < 2 ? ba[u] : bb[u];
-                    const float D = BITS == 8 ? d[i] + 16.f * dh[i] : d[i];
-                    acc[mt][i] += sc * (D - OFFSET_SUM * s[i]) + bi * s[i];
-                }
-            }
+            mtplx_mma_group<BF16, BITS, GS, MT>(acc, qa[u].v, qb[u].v, sa[u], sb[u], ba[u], bb[u], x, K,
+                                                gi * GS + t * (GS / 4), m0, rows, g);
         }
     }
+    mtplx_mma_store<KW, MT>(partial, acc, out, N, n0, m0, rows);
+"""
+
+# The mma layout with its weights copied into shared memory S batches ahead (cp.async), so a
+# warp has S - 1 batches of U groups in flight while it multiplies one, in few registers (the
+# plain layout holds its U groups' words, scales and biases in registers: 106 a thread at
+# 4-bit, U = 4, so 25% occupancy on the H200 under Nsight). Each warp runs its own pipeline
+# over the same groups, in the same order, with the same arithmetic (mtplx_mma_group) as the
+# plain layout at the same KW and U, so its outputs equal the plain layout's bit for bit and
+# it is as row-invariant. It needs K's groups a whole number of U, U of 2, 4 or 8, and 16-bit
+# scales and biases (a row's U scales in one 4-, 8- or 16-byte copy): `pipelined_stages`.
+_SOURCE_MMA_PIPELINED = r"""
+    constexpr int VALS = 32 / BITS;                     // values in a word
+    constexpr int TW = GS / VALS / 4;                   // words of a group per lane: 2 (4-bit), 4 (8-bit)
+    constexpr int GW = GS / VALS;                       // words of a group of one weight row
+    constexpr int PIECES = GW / 4;                      // 16-byte copies of them
+    constexpr int ROWS = 8 * MT;
+    // A warp's stage: U groups of its 16 weight rows, then the rows' U scales and U biases.
+    constexpr int STAGE_WORDS = U * 16 * GW + 16 * U;
+    constexpr int PARTIAL_WORDS = KW * MT * 16 * 8;     // the warps' sums at the end reuse the stages
+    constexpr int SMEM_WORDS = KW * S * STAGE_WORDS > PARTIAL_WORDS ? KW * S * STAGE_WORDS : PARTIAL_WORDS;
+    __shared__ __align__(16) uint32_t smem[SMEM_WORDS];
+    static_assert(sizeof(*scales) == 2 && sizeof(*biases) == 2, "a row's U scales are one copy of 2U bytes");
+
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int N = w_shape[0];
+    const int words = w_shape[1];
+    const int K = words * VALS;
+    const int groups = K / GS;                          // a whole number of U (pipelined_stages)
+    const int n0 = blockIdx.x * 16;
+    const int m0 = blockIdx.y * ROWS;
+    const int rows = x_shape[0] - m0 < ROWS ? x_shape[0] - m0 : ROWS;
+    uint32_t* const stages = smem + wid * S * STAGE_WORDS;
+
+    // Batch b (the U groups from (b * KW + wid) * U, as the plain layout's loop takes them) into
+    // stage b % S: lane l copies 16-byte pieces of the weights (two lanes a row's group at
+    // 4-bit), lanes 0-15 then row l's U scales, 16-31 row l - 16's U biases. Past the last
+    // batch it copies nothing but still commits, so a wait counts batches alike every time.
+    auto issue = [&](int b) {
+        const int base = (b * KW + wid) * U;
+        if (base < groups) {
+            uint32_t* const stage = stages + (b % S) * STAGE_WORDS;
+            #pragma unroll
+            for (int i = 0; i < U * 16 * PIECES / 32; ++i) {
+                const int c = i * 32 + lane;
+                const int u = c / (16 * PIECES), r = (c / PIECES) % 16, piece = c % PIECES;
+                const int n = min(n0 + r, N - 1);       // past the edge: read a real row, never store it
+                mtplx_cp_async<16>(stage + (u * 16 + r) * GW + piece * 4,
+                                   w + (size_t)n * words + (size_t)(base + u) * GW + piece * 4);
+            }
+            const int n = min(n0 + (lane & 15), N - 1);
+            mtplx_cp_async<2 * U>(reinterpret_cast<char*>(stage + U * 16 * GW) + lane * U * sizeof(*scales),
+                                  (lane < 16 ? scales : biases) + (size_t)n * groups + base);
+        }
+        mtplx_cp_async_commit();
+    };
+
+    float acc[MT][4];
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
         #pragma unroll
-        for (int i = 0; i < 4; ++i) partial[wid][mt][g + (i >> 1) * 8][2 * t + (i & 1)] = acc[mt][i];
+        for (int i = 0; i < 4; ++i) acc[mt][i] = 0.f;
     }
-    __syncthreads();
-    for (int e = threadIdx.x; e < MT * 16 * 8; e += blockDim.x) {
-        const int c = e % 16, r = (e / 16) % 8, mt = e / 128;    // consecutive threads: consecutive columns
-        const int n = n0 + c, m = mt * 8 + r;
-        if (n >= N || m >= rows) continue;
-        float total = 0.f;
+
+    #pragma unroll
+    for (int b = 0; b < S - 1; ++b) issue(b);
+    for (int b = 0; (b * KW + wid) * U < groups; ++b) {
+        issue(b + S - 1);                               // into the stage batch b - 1 was read from
+        mtplx_cp_async_wait<S - 1>();                   // batch b has landed (this lane's copies)
+        __syncwarp();                                   // and every lane's
+        const uint32_t* const stage = stages + (b % S) * STAGE_WORDS;
+        const auto sb = reinterpret_cast<decltype(scales)>(stage + U * 16 * GW);  // scales, then biases
+        const int base = (b * KW + wid) * U;
         #pragma unroll
-        for (int i = 0; i < KW; ++i) total += partial[i][mt][c][r];
-        out[(size_t)(m0 + m) * N + n] = static_cast<T>(total);
+        for (int u = 0; u < U; ++u) {
+            mtplx_mma_group<BF16, BITS, GS, MT>(
+                acc, stage + (u * 16 + g) * GW + t * TW, stage + (u * 16 + g + 8) * GW + t * TW,
+                static_cast<float>(sb[g * U + u]), static_cast<float>(sb[(g + 8) * U + u]),
+                static_cast<float>(sb[(16 + g) * U + u]), static_cast<float>(sb[(24 + g) * U + u]), x, K,
+                (base + u) * GS + t * (GS / 4), m0, rows, g);
+        }
+        __syncwarp();                                   // every lane is done with the stage before its refill
     }
+    mtplx_cp_async_wait<0>();
+    __syncthreads();                                    // every warp is done with its stages
+    mtplx_mma_store<KW, MT>(reinterpret_cast<float (*)[MT][16][8]>(smem), acc, out, N, n0, m0, rows);
 """
 
 LAYOUTS = ("word", "vector", "mma")
@@ -451,6 +571,12 @@ MMA_WARPS = 8  # warps of a block of the mma layout, splitting the groups of K b
 MMA_MAX_TILES = 4  # 8-row tiles a block takes (32 rows a read of the weights); more take grid y
 MMA_GROUPS_PER_LOAD = {4: 4, 8: 2}  # groups a lane loads before using any (32 bytes of each row)
 MMA_DTYPES = (mx.bfloat16, mx.float16)
+# Stages of the pipelined mma layout (_SOURCE_MMA_PIPELINED): at most this many batches of
+# groups a warp keeps in shared memory, S - 1 of them in flight; 0 runs the plain layout. Off
+# until whole models measure it on the H200 (`bench.real_size --mma-configs 8x4s2`): where it
+# fits, its outputs are the plain layout's bit for bit.
+MMA_STAGES = 0
+SHARED_MEMORY_BYTES = 48 * 1024  # a block's static shared memory
 VECTOR_ROWS = 8  # output columns a block of the vector layout computes together (H200: 8 beat 2 and 4)
 VECTOR_MAX_THREADS = 256
 # Weights (N x K) from which a decode step's product (under MIN_ROWS rows) takes the vector
@@ -484,14 +610,15 @@ _mma_usable: bool | None = None  # probed apart: a GPU without bf16 mma.sync kee
 
 @functools.cache
 def _small_m_kernel(layout: str = "word"):
-    source = {"vector": _SOURCE_VECTOR, "mma": _SOURCE_MMA}.get(layout, _SOURCE)
+    source = {"vector": _SOURCE_VECTOR, "mma": _SOURCE_MMA, "mma_pipelined": _SOURCE_MMA_PIPELINED}.get(layout, _SOURCE)
     return mx.fast.cuda_kernel(name=f"mtplx_small_m_qmm_{layout}", input_names=["x", "w", "scales", "biases"],
                                output_names=["out"], source=source, header=_HEADER)
 
 
 def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
                    rows_per_warp: int | None = None, layout: str | None = None,
-                   convert: bool = False, unroll: int | None = None, warps: int | None = None) -> mx.array:
+                   convert: bool = False, unroll: int | None = None, warps: int | None = None,
+                   stages: int | None = None) -> mx.array:
     """x (..., K) times the dequantized W (N, K) transposed: (..., N), as
     mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=64, bits=bits).
     CUDA only (see `usable`); any number of rows, ROW_CHUNK at a time per block.
@@ -507,13 +634,14 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     None is 1.
     "mma" (bfloat16/float16 inputs: the tensor cores, a block per 16 columns and up to
     32 rows, see _SOURCE_MMA) takes `warps` (MMA_WARPS) warps a block and `unroll` groups a
-    lane loads before using any (MMA_GROUPS_PER_LOAD)."""
+    lane loads before using any (MMA_GROUPS_PER_LOAD), pipelined through `stages`
+    (MMA_STAGES) stages of shared memory where that fits (`pipelined_stages`)."""
     layout = layout or "word"
     lead, K = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, K)
     M, N = rows.shape[0], w.shape[0]
     if layout == "mma":
-        return _mma_matmul(rows, w, scales, biases, bits, warps, unroll).reshape(*lead, N)
+        return _mma_matmul(rows, w, scales, biases, bits, warps, unroll, stages).reshape(*lead, N)
     unroll = unroll or 1
     chunk = min(M, ROW_CHUNK)  # the kernel's M: rows per block
     if layout == "vector":
@@ -535,21 +663,42 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
 
 
 def _mma_matmul(rows: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
-                warps: int | None, groups_per_load: int | None) -> mx.array:
+                warps: int | None, groups_per_load: int | None, stages: int | None) -> mx.array:
     """The mma layout on (M, K) rows: a block per 16 output columns and up to MMA_MAX_TILES
     tiles of 8 rows, `warps` (MMA_WARPS) warps splitting K's groups, each loading
-    `groups_per_load` groups before using any."""
+    `groups_per_load` groups before using any, through `stages` (MMA_STAGES) stages of shared
+    memory where they fit."""
     if rows.dtype not in MMA_DTYPES:
         raise ValueError(f"the mma layout takes bfloat16 or float16 inputs, not {rows.dtype}")
     M, N = rows.shape[0], w.shape[0]
     tiles = min(MMA_MAX_TILES, _ceil_div(M, 8))
-    threads = 32 * (warps or MMA_WARPS)
-    return _small_m_kernel("mma")(
-        inputs=[rows, w, scales, biases],
-        template=[("T", rows.dtype), ("BF16", rows.dtype == mx.bfloat16), ("BITS", bits), ("GS", GROUP_SIZE),
-                  ("MT", tiles), ("KW", threads // 32), ("U", groups_per_load or MMA_GROUPS_PER_LOAD[bits])],
-        grid=(_ceil_div(N, 16) * threads, _ceil_div(M, 8 * tiles), 1), threadgroup=(threads, 1, 1),
-        output_shapes=[(M, N)], output_dtypes=[rows.dtype])[0]
+    warps = warps or MMA_WARPS
+    groups_per_load = groups_per_load or MMA_GROUPS_PER_LOAD[bits]
+    stages = pipelined_stages(bits, warps, groups_per_load, rows.shape[1] // GROUP_SIZE,
+                              MMA_STAGES if stages is None else stages)
+    if scales.dtype.size != 2 or biases.dtype.size != 2:
+        stages = 0  # the pipelined form copies a row's scales of a batch as 16-bit values
+    template = [("T", rows.dtype), ("BF16", rows.dtype == mx.bfloat16), ("BITS", bits), ("GS", GROUP_SIZE),
+                ("MT", tiles), ("KW", warps), ("U", groups_per_load)]
+    kernel = _small_m_kernel("mma_pipelined" if stages else "mma")
+    return kernel(inputs=[rows, w, scales, biases], template=template + ([("S", stages)] if stages else []),
+                  grid=(_ceil_div(N, 16) * 32 * warps, _ceil_div(M, 8 * tiles), 1), threadgroup=(32 * warps, 1, 1),
+                  output_shapes=[(M, N)], output_dtypes=[rows.dtype])[0]
+
+
+def pipelined_stages(bits: int, warps: int, groups_per_load: int, groups: int, stages: int) -> int:
+    """The stages the pipelined mma layout runs with when asked for `stages`: the most, up to
+    `stages`, whose shared memory fits a block (each warp keeps `stages` batches of
+    `groups_per_load` groups of its 16 weight rows, with their scales and biases); 0 (the
+    plain layout) below 2 stages, or where a row's scales of one batch are no single 4-, 8- or
+    16-byte copy (`groups_per_load` of 2, 4 or 8 dividing the matrix's `groups`). It depends
+    on the matrix and the shape only, never on the rows, so every row count of a matrix takes
+    one layout."""
+    if groups_per_load not in (2, 4, 8) or groups % groups_per_load:
+        return 0
+    stage_bytes = groups_per_load * 16 * (GROUP_SIZE * bits // 8) + 16 * groups_per_load * 4
+    fitting = min(stages, SHARED_MEMORY_BYTES // (warps * stage_bytes))
+    return fitting if fitting >= 2 else 0
 
 
 def _ceil_div(a: int, b: int) -> int:
