@@ -106,8 +106,8 @@ def test_ar_reference_runs_ours_before_and_mlx_lm_side_by_side(tiny_model_factor
 
 
 def test_taking_the_kernel_out_drops_the_cycle_graphs_traced_through_it():
-    """mx.compile replays a traced graph: after the kernel's layers are swapped back, a cycle
-    graph traced through them must not be replayed for the stock figures."""
+    """mx.compile replays a traced graph: a cycle graph traced through MLX's layers must not be
+    replayed once the kernel is in, nor one traced through the kernel after it is taken out."""
     import mlx.nn as nn
 
     from mtplxd.engine.bench import real_size
@@ -117,9 +117,11 @@ def test_taking_the_kernel_out_drops_the_cycle_graphs_traced_through_it():
     model, spec = real_size.build_model("tiny", "4bit")
     trunk = Trunk(model, spec)
     layer = next(m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear)
-    layer.__class__ = small_m_qmm.SmallMQuantizedLinear
     trunk.compiled_graphs[("cycle", 3)] = object()
-    real_size._uninstall(model, trunk)
+    with real_size.kernel_installed(model, trunk, force=True) as switched:
+        assert switched == 0 and trunk.compiled_graphs == {}  # off CUDA it switches nothing
+        layer.__class__ = small_m_qmm.SmallMQuantizedLinear  # as an install on CUDA would
+        trunk.compiled_graphs[("cycle", 3)] = object()
     assert type(layer) is nn.QuantizedLinear and trunk.compiled_graphs == {}
 
 

@@ -463,11 +463,10 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     if decode_only:
         if small_m_kernel and DTYPES[dtype] is not None:
             phase("the small-M kernel: decode")
-            entry["small_m_kernel_layers"] = small_m_qmm.install(model, force=True, decode=kernel_decode,
-                                                                 row_invariant=row_invariant)
-            trunk.compiled_graphs.clear()
-            entry["small_m_kernel"] = _kernel_decode(trunk, prompt, decode_tokens, roofline_ms, phase)
-            _uninstall(model, trunk)
+            with kernel_installed(model, trunk, force=True, decode=kernel_decode,
+                                  row_invariant=row_invariant) as switched:
+                entry["small_m_kernel_layers"] = switched
+                entry["small_m_kernel"] = _kernel_decode(trunk, prompt, decode_tokens, roofline_ms, phase)
         entry["seconds"] = time.perf_counter() - started
         return entry
 
@@ -523,13 +522,11 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
         phase("greedy divergence")
         # As served: the small-M kernel where small_m_qmm.default_wanted puts it, routed as
         # small_m_qmm.row_invariant_wanted says (or everywhere, row-invariant, when asked).
-        served_kernel = small_m_qmm.install(model, row_invariant=row_invariant or None)
-        trunk.compiled_graphs.clear()
-        entry["greedy_divergence"] = {**greedy_divergence(trunk, model.mtp, prompt, divergence_depth,
-                                                          divergence_tokens, divergence_limit),
-                                      "small_m_kernel": bool(served_kernel),
-                                      "row_invariant": small_m_qmm.routed_row_invariant(model)}
-        _uninstall(model, trunk)
+        with kernel_installed(model, trunk, row_invariant=row_invariant or None) as served_kernel:
+            entry["greedy_divergence"] = {**greedy_divergence(trunk, model.mtp, prompt, divergence_depth,
+                                                              divergence_tokens, divergence_limit),
+                                          "small_m_kernel": bool(served_kernel),
+                                          "row_invariant": small_m_qmm.routed_row_invariant(model)}
     entry["seconds"] = time.perf_counter() - started
     return entry
 
@@ -550,23 +547,21 @@ def _kernel_figures(trunk, model: nn.Module, cache, prompt: list[int], forward: 
 
     vocab = trunk.text.args.vocab_size
     greedy_decode = decode["0.0"]["ours_ms"]
-    switched = small_m_qmm.install(model, force=True, decode=kernel_decode, row_invariant=row_invariant)
-    trunk.compiled_graphs.clear()  # a cycle graph traced before would replay MLX's layers
-    out: dict[str, Any] = {"small_m_kernel_layers": switched}
-    if not switched:
-        return out
-    with_kernel = measure_forward_costs(trunk, cache, vocab, 0, repeats, token_counts=range(1, 7))
-    out["forward_ms_by_tokens_small_m_kernel"] = with_kernel
-    out["forward_over_one_token_small_m_kernel"] = {k: v / forward["1"] for k, v in with_kernel.items()}
-    out.update({f"{key}_small_m_kernel": value for key, value in
-                _pipelined_forwards(trunk, cache, vocab, repeats, greedy_decode).items()})
-    if kernel_loops:
-        out["small_m_kernel"] = _kernel_loops(trunk, model, prompt, decode, depths, cycles,
-                                              decode_tokens, cycle_temperatures, roofline_ms)
-        if decode_vector_values:
-            out["small_m_kernel"]["decode_ms_by_vector_values"] = _decode_by_vector_values(
-                trunk, prompt, decode_tokens, decode_vector_values)
-    _uninstall(model, trunk)
+    with kernel_installed(model, trunk, force=True, decode=kernel_decode, row_invariant=row_invariant) as switched:
+        out: dict[str, Any] = {"small_m_kernel_layers": switched}
+        if not switched:
+            return out
+        with_kernel = measure_forward_costs(trunk, cache, vocab, 0, repeats, token_counts=range(1, 7))
+        out["forward_ms_by_tokens_small_m_kernel"] = with_kernel
+        out["forward_over_one_token_small_m_kernel"] = {k: v / forward["1"] for k, v in with_kernel.items()}
+        out.update({f"{key}_small_m_kernel": value for key, value in
+                    _pipelined_forwards(trunk, cache, vocab, repeats, greedy_decode).items()})
+        if kernel_loops:
+            out["small_m_kernel"] = _kernel_loops(trunk, model, prompt, decode, depths, cycles,
+                                                  decode_tokens, cycle_temperatures, roofline_ms)
+            if decode_vector_values:
+                out["small_m_kernel"]["decode_ms_by_vector_values"] = _decode_by_vector_values(
+                    trunk, prompt, decode_tokens, decode_vector_values)
     return out
 
 
@@ -679,16 +674,23 @@ def mma_shape(warps: int, groups_per_load: int, stages: int = 0) -> Iterator[Non
         small_m_qmm.MMA_WARPS, small_m_qmm.MMA_GROUPS_PER_LOAD, small_m_qmm.MMA_STAGES = before
 
 
-def _uninstall(model: nn.Module, trunk) -> None:
-    """Put the stock QuantizedLinear class back (the figures after this are MLX's own), and
-    drop the compiled cycle graphs traced through the kernel: mx.compile replays a traced
-    graph, so a class swap alone would leave the stock cycles on the kernel."""
-    from mtplxd.engine.model.small_m_qmm import SmallMQuantizedLinear
+@contextmanager
+def kernel_installed(model: nn.Module, trunk, **install: Any) -> Iterator[int]:
+    """The small-M kernel installed (small_m_qmm.install's keywords) inside, yielding the
+    layers it switched; outside, the stock QuantizedLinear class back (the figures after are
+    MLX's own). Both sides drop the compiled graphs: mx.compile replays a traced graph, so a
+    class swap alone would leave the cycles on the layers they were traced through."""
+    from mtplxd.engine.model.small_m_qmm import SmallMQuantizedLinear, install as install_kernel
 
-    for _, module in model.named_modules():
-        if isinstance(module, SmallMQuantizedLinear):
-            module.__class__ = nn.QuantizedLinear
+    switched = install_kernel(model, **install)
     trunk.compiled_graphs.clear()
+    try:
+        yield switched
+    finally:
+        for _, module in model.named_modules():
+            if isinstance(module, SmallMQuantizedLinear):
+                module.__class__ = nn.QuantizedLinear
+        trunk.compiled_graphs.clear()
 
 
 def _summary_line(entry: dict[str, Any]) -> str:

@@ -8,7 +8,6 @@ a rank reads and keeps only its own weights.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any, Callable
 
@@ -75,8 +74,8 @@ def resident_bytes(modules: list[nn.Module]) -> int:
 
 
 def physical_memory() -> int:
-    """This machine's physical memory in bytes (what the split is proportional to)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 0
+    """This machine's physical memory in bytes (what the split is proportional to), as the
+    memory guard reads it (psutil)."""
+    import psutil
+
+    return psutil.virtual_memory().total
