@@ -543,8 +543,6 @@ def _kernel_figures(trunk, model: nn.Module, cache, prompt: list[int], forward: 
                     kernel_loops: bool, decode_vector_values: tuple[int, ...]) -> dict[str, Any]:
     """The forwards (and with `kernel_loops` the decode and cycles) with the small-M kernel
     installed with this routing, then taken out again: the keys measure_config reports."""
-    from mtplxd.engine.model import small_m_qmm
-
     vocab = trunk.text.args.vocab_size
     greedy_decode = decode["0.0"]["ours_ms"]
     with kernel_installed(model, trunk, force=True, decode=kernel_decode, row_invariant=row_invariant) as switched:
