@@ -10,13 +10,13 @@ import sys
 
 import trio
 
-from mtplxd import POWERED_BY, __version__, blas
+from mtplxd import POWERED_BY, __version__, blas, fd_limits
 from mtplxd.api.address import is_loopback, port_owner
 from mtplxd.api.auth import load_key
 from mtplxd.config import ConfigError, load_config
-from mtplxd.daemon import Daemon
 from mtplxd.instance import AlreadyRunning, InstanceLock
 from mtplxd.logs import setup_logging
+from mtplxd.daemon import Daemon
 from mtplxd.paths import HomeUnusable, Paths
 
 EXIT_OK = 0
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    fd_limits.raise_soft_limit()  # every connection is a descriptor: as many as the machine allows
     paths = Paths.from_env()
     try:
         config = load_config(paths.config_file)
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     except AlreadyRunning as exc:
         print(f"mtplxd: {exc}; stop it with `mtplxctl stop`", file=sys.stderr)
         return EXIT_ERROR
+    daemon = None
     try:
         setup_logging(paths.log_file, config.log_level, to_stderr=args.log_stderr)
         _log_blas()
@@ -91,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         error = _first_os_error(exc)
         if error is None:
             raise
+        if daemon is not None and daemon.ready:
+            # It served, then failed: say so, with the traceback in the log.
+            logging.getLogger("mtplxd").error("mtplxd stopped by an error", exc_info=exc)
+            print(f"mtplxd: stopped by an error after it had started: {error.strerror or error} "
+                  f"(the traceback is in {paths.log_file})", file=sys.stderr)
+            return EXIT_ERROR
         print(f"mtplxd: {_start_error_text(error, config)}", file=sys.stderr)
         return EXIT_PORT_IN_USE if error.errno == errno.EADDRINUSE else EXIT_ERROR
     finally:

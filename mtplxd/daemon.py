@@ -78,6 +78,7 @@ class Daemon:
             log.warning("not serving %s", problem)
         self.registry = MethodRegistry()
         self.http_binds: list[str] = []
+        self.ready = False  # True once it serves: a failure after that is no failure to start
         self._shutdown = trio.Event()
         register_daemon_methods(self.registry, self)
         register_model_store_methods(self.registry, self.paths)
@@ -114,6 +115,7 @@ class Daemon:
                 log.info("mtplxd %s ready: control %s, http %s", __version__, self.paths.socket,
                          ", ".join(self.http_binds))
                 sd_notify("READY=1")
+                self.ready = True
                 task_status.started()
                 if self.load_model_at_start:
                     nursery.start_soon(self._load_initial_model)

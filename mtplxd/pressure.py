@@ -55,11 +55,20 @@ async def watch_pressure(bank_bytes: Callable[[], int], release: Callable[[int],
                          read_pressure: Callable[[], str] = memory_pressure,
                          interval: float = CHECK_INTERVAL_SECONDS, what: str = "bytes of session bank") -> None:
     """Forever: under warn release half of what is held (`bank_bytes()`: the session bank's
-    idle bytes, or another holder's count), under critical all of it."""
+    idle bytes, or another holder's count), under critical all of it. A reading the OS refuses
+    (no descriptor left to open /proc/meminfo with, say) skips that round, said once a streak:
+    the watcher must never take the daemon down."""
+    failing = False
     while True:
-        level = read_pressure()
-        held = bank_bytes()
-        if level != "normal" and held > 0:
-            freed = release(held if level == "critical" else held // 2)
-            log.warning("memory pressure %s: released %d %s", level, freed, what)
+        try:
+            level = read_pressure()
+            held = bank_bytes()
+            if level != "normal" and held > 0:
+                freed = release(held if level == "critical" else held // 2)
+                log.warning("memory pressure %s: released %d %s", level, freed, what)
+            failing = False
+        except OSError as exc:
+            if not failing:
+                log.warning("memory pressure: cannot read it (%s); trying again every %.0f s", exc, interval)
+            failing = True
         await trio.sleep(interval)

@@ -61,13 +61,14 @@ def invalid(message: str, param: str | None = None, code: str = "invalid_request
     return APIError(400, message, code=code, param=param)
 
 
-def context_length_exceeded(prompt_tokens: int, context_length: int) -> APIError:
-    """A 400 for a prompt that cannot fit the model's context."""
+def context_length_exceeded(prompt_tokens: int, context_length: int, param: str = "messages") -> APIError:
+    """A 400 for a prompt that cannot fit the model's context (`param`: the request field
+    that holds it: `messages`, `prompt` or `input`)."""
     return APIError(
         400,
         f"This model's maximum context length is {context_length} tokens; the prompt is "
         f"{prompt_tokens} tokens, which leaves no room for output. Shorten the conversation.",
-        code="context_length_exceeded", param="messages")
+        code="context_length_exceeded", param=param)
 
 
 def model_not_loaded(state: str) -> APIError:

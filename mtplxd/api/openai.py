@@ -303,7 +303,8 @@ async def completions(gen: Generations, data: dict[str, Any]) -> Response | tupl
         prompt_ids = list(prompt)
     response_id = "cmpl-" + secrets.token_hex(12)
     if params.max_tokens == 0:
-        return await _score_prompt(gen, model.info.id, response_id, prompt, prompt_ids, echo, logprobs)
+        return await _score_prompt(gen, model.info.id, response_id, prompt, prompt_ids, echo, logprobs,
+                                   stream, include_usage)
     plan = await gen.plan_prompt("completions", model_name, prompt_ids, params)
     echo_text = ""
     if echo:
@@ -333,7 +334,7 @@ async def _prompt_logprobs(gen: Generations, prompt_ids: list[int]) -> dict[str,
     """The prompt's tokens scored (legacy completions' shape): the first has no logprob and
     no prompt position has alternatives (the scorer returns the chosen token's only)."""
     tokens = await gen.on_tokenizer(lambda m: chat_format.decode_tokens(m, prompt_ids))
-    scores = await gen.on_model(lambda m: m.score(prompt_ids))
+    scores = await gen.score_prompt(prompt_ids)
     offsets, position = [], 0
     for token in tokens:
         offsets.append(position)
@@ -350,22 +351,33 @@ def join_logprobs(first: dict[str, Any] | None, second: dict[str, Any]) -> dict[
 
 
 async def _score_prompt(gen: Generations, model_id: str, response_id: str, prompt: Any,
-                        prompt_ids: list[int], echo: bool, logprobs: int | None) -> tuple[dict, int, dict]:
-    """max_tokens 0: nothing is generated; with echo + logprobs the prompt is scored."""
+                        prompt_ids: list[int], echo: bool, logprobs: int | None, stream: bool,
+                        include_usage: bool) -> Response | tuple[dict, int, dict]:
+    """max_tokens 0: nothing is generated; with echo + logprobs the prompt is scored. The
+    prompt must fit the context as a generation's would (the score is a prefill); streamed,
+    the answer is one chunk, then the usage chunk when asked, then `[DONE]`."""
     import time
 
+    gen.check_window(prompt_ids, output_tokens=0, param="prompt")
     choice: dict[str, Any] = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
     if echo:
         tokens = await gen.on_tokenizer(lambda m: chat_format.decode_tokens(m, prompt_ids))
         choice["text"] = prompt if isinstance(prompt, str) else "".join(tokens)
         if logprobs is not None:
             choice["logprobs"] = await _prompt_logprobs(gen, prompt_ids)
-    body = {
-        "id": response_id, "object": "text_completion", "created": int(time.time()), "model": model_id,
-        "choices": [choice],
-        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": 0, "total_tokens": len(prompt_ids)},
-    }
-    return body, 200, {}
+    base = {"id": response_id, "object": "text_completion", "created": int(time.time()), "model": model_id}
+    usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": 0, "total_tokens": len(prompt_ids)}
+    headers = {"X-MTPLX-Max-Tokens": "0"}
+    if not stream:
+        return {**base, "choices": [choice], "usage": usage}, 200, headers
+
+    async def frames() -> AsyncIterator[bytes]:
+        yield sse.openai_frame({**base, "choices": [choice]})
+        if include_usage:
+            yield sse.openai_frame({**base, "choices": [], "usage": usage})
+        yield sse.OPENAI_DONE
+
+    return sse.sse_response(frames(), headers)
 
 
 async def _completion_stream(gen: Generations, plan: Plan, response_id: str, echo_text: str,

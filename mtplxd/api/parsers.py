@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from mtplxd.api.tool_stream import (
-    JsonArguments, XmlArguments, open_header, partial_suffix, strip_one_newline, typed_value,
+    FORCED_JSON_HEADER, JsonArguments, XmlArguments, open_header, partial_suffix, strip_one_newline, typed_value,
 )
 
 THINK_OPEN = "<think>"
@@ -158,8 +158,13 @@ class OutputParser:
 
     def feed_prefix(self, text: str) -> None:
         """Feed text the prompt already wrote (a forced call opener); its events (a call's
-        start) come out of the next `feed` or `finish`."""
+        start) come out of the next `feed` or `finish`. A forced call whose name the prompt
+        wrote is a call from here on, whatever the model writes as its arguments."""
         self._held += self.feed(text)
+        if self.mode == "tool" and self._call is None and self.dialect.streams and self.dialect.block is None:
+            forced = FORCED_JSON_HEADER.fullmatch(self._buffer)
+            if forced:
+                self._open_call(self._held, "json", forced.group(1), forced.end())
 
     @property
     def in_reasoning(self) -> bool:

@@ -33,10 +33,13 @@ from mtplxd.engine.interface import (
     GenerationRequest, GenerationResult, GroupLost, QueueFull, RepetitionPolicy, SamplingParams,
     TokenDelta, TokenLogprob,
 )
-from mtplxd.guard import ContextWindow, InsufficientMemory, context_window
+from mtplxd.guard import DEFAULT_PREFILL_CHUNK, ContextWindow, InsufficientMemory, context_window
 from mtplxd.runtime import ModelNotLoaded, Runtime
 
 UNKNOWN_CONTEXT = 1 << 31
+# The request field a prompt arrives in, by endpoint (a context_length_exceeded names it).
+PROMPT_FIELD = {"completions": "prompt", "responses": "input"}
+SCORE_WAIT_SECONDS = 0.05  # how often a prompt score waiting for memory asks the guard again
 
 
 class Tick:
@@ -236,16 +239,48 @@ class Generations:
             plan.client.prompt_excerpt = await self.on_tokenizer(lambda m: m.tokenizer.decode(tail))
         return plan
 
-    def _plan(self, endpoint: str, model: Any, prompt_ids: list[int], params: GenParams) -> Plan:
+    def check_window(self, prompt_ids: list[int], *, output_tokens: int = 1,
+                      param: str = "messages") -> ContextWindow:
+        """The served context window, once `prompt_ids` and `output_tokens` more fit in it: a
+        400 past the model's context, a 507 past what memory serves (before any prefill)."""
         if not prompt_ids:
             raise invalid("the prompt is empty", "prompt")
         window = served_window(self.runtime)
         prompt = len(prompt_ids)
-        if window.model and prompt >= window.model:
-            raise context_length_exceeded(prompt, window.model)
-        if window.limited_by == "memory" and prompt >= window.served:
+        if window.model and prompt + output_tokens > window.model:
+            raise context_length_exceeded(prompt, window.model, param)
+        if window.limited_by == "memory" and prompt + output_tokens > window.served:
             # The model could take it; memory cannot: a 507 before any prefill, not a 400.
             raise _translate(self.runtime.guard.refuse_prompt(prompt, window))
+        return window
+
+    async def score_prompt(self, prompt_ids: list[int]) -> list[float | None]:
+        """log p of each prompt token given those before it (legacy completions' echo with
+        logprobs), admitted as a generation is: the context window, then the memory guard,
+        priced with the float32 logits of every position a prefill chunk holds; while running
+        requests hold what it needs it waits, as a queued request does."""
+        self.check_window(prompt_ids, output_tokens=0, param="prompt")
+        guard = getattr(self.runtime, "guard", None)
+        reservation = None
+        if guard is not None:
+            model = self.require_model(None)
+            logits_bytes = 2 * min(DEFAULT_PREFILL_CHUNK, len(prompt_ids)) * model.info.vocab_size * 4
+            while reservation is None:
+                try:
+                    reservation = guard.try_admit(len(prompt_ids), 0, DEFAULT_PREFILL_CHUNK, extra_bytes=logits_bytes)
+                except InsufficientMemory as refused:
+                    raise _translate(refused) from None
+                if reservation is None:
+                    await trio.sleep(SCORE_WAIT_SECONDS)
+        try:
+            return await self.on_model(lambda m: m.score(prompt_ids))
+        finally:
+            if reservation is not None:
+                reservation.release()
+
+    def _plan(self, endpoint: str, model: Any, prompt_ids: list[int], params: GenParams) -> Plan:
+        window = self.check_window(prompt_ids, param=PROMPT_FIELD.get(endpoint, "messages"))
+        prompt = len(prompt_ids)
         room = (window.served or UNKNOWN_CONTEXT) - prompt
         # The client's cap is the user's intent; it is lowered (visibly) only to what fits.
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)

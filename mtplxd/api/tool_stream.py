@@ -29,8 +29,12 @@ PARAM_CLOSE = "</parameter>"
 FUNCTION_CLOSE = "</function>"
 
 # The committed header of each body style. The JSON one ends just before the arguments'
-# `{` (a lookahead, so a header never depends on text that has not arrived yet).
-JSON_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\<>\n]+)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+# `{` (a lookahead, so a header never depends on text that has not arrived yet; a model that
+# writes its arguments as a JSON string is read whole at the block's end instead). The same
+# header written by the prompt (a forced call's opener) is committed whatever follows it.
+_JSON_HEAD = r'\s*\{\s*"name"\s*:\s*"([^"\\<>\n]+)"\s*,\s*"arguments"\s*:\s*'
+JSON_HEADER = re.compile(_JSON_HEAD + r"(?=\{)")
+FORCED_JSON_HEADER = re.compile(_JSON_HEAD)
 XML_HEADER = re.compile(r"\s*<function=([^>\n<]+)>")
 XML_PARAMETER = re.compile(r"<parameter=([^>\n<]+)>")
 TYPED_KINDS = {"integer", "number", "boolean", "object", "array", "null"}

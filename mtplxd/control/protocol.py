@@ -26,14 +26,18 @@ APP_ERROR = -32000
 
 
 class RpcError(Exception):
-    """An error to send back to the caller; `reason` is the stable machine-readable name."""
+    """An error to send back to the caller; `reason` is the stable machine-readable name.
+    `request_id`: the id of the request it answers, where the request got as far as a valid
+    one (a parse error answers with a null id)."""
 
-    def __init__(self, code: int, message: str, reason: str, data: dict[str, Any] | None = None):
+    def __init__(self, code: int, message: str, reason: str, data: dict[str, Any] | None = None,
+                 request_id: int | str | None = None):
         super().__init__(message)
         self.code = code
         self.message = message
         self.reason = reason
         self.data = data or {}
+        self.request_id = request_id
 
     def to_json(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "data": {"reason": self.reason, **self.data}}
@@ -79,7 +83,7 @@ def parse_request(line: bytes) -> Request:
     if params is None:
         params = {}
     if not isinstance(params, dict):
-        raise RpcError(INVALID_PARAMS, "params must be an object", "invalid_params")
+        raise RpcError(INVALID_PARAMS, "params must be an object", "invalid_params", request_id=request_id)
     return Request(method=method, params=params, id=request_id, notification="id" not in message)
 
 

@@ -23,6 +23,14 @@ from mtplxd.control.registry import MethodRegistry
 
 log = logging.getLogger(__name__)
 
+# Connections served at once: each holds a descriptor, and a client that opens many and sends
+# nothing must not take the daemon's last ones (the HTTP API and the model need them too). One
+# past it gets an error line and a closed connection. `mtplxctl` opens one per call.
+MAX_CONNECTIONS = 128
+# A connection that sends no request for this long is closed (a hung or stopped client keeps no
+# slot for ever); a request being answered is never timed out.
+IDLE_SECONDS = 120.0
+
 
 async def bind_control_socket(path: Path) -> trio.socket.SocketType:
     """Bind and listen on `path` with mode 0600.
@@ -55,6 +63,7 @@ async def serve_control(
     """Accept control connections until cancelled; removes the socket file on the way out."""
     listener = await bind_control_socket(path)
     own_uid = os.getuid()
+    open_connections = [0]  # served now; a list so each connection's task can count itself out
     try:
         async with trio.open_nursery() as nursery:
             task_status.started()
@@ -67,13 +76,37 @@ async def serve_control(
                         await trio.sleep(0.1)
                         continue
                     raise
-                nursery.start_soon(_serve_connection, trio.SocketStream(conn), registry, own_uid)
+                stream = trio.SocketStream(conn)
+                if open_connections[0] >= MAX_CONNECTIONS:
+                    nursery.start_soon(_refuse_busy, stream)
+                    continue
+                open_connections[0] += 1
+                nursery.start_soon(_serve_counted, stream, registry, own_uid, open_connections)
     finally:
         listener.close()
         try:
             path.unlink()
         except FileNotFoundError:
             pass
+
+
+async def _serve_counted(stream: trio.SocketStream, registry: MethodRegistry, own_uid: int,
+                         open_connections: list[int]) -> None:
+    try:
+        await _serve_connection(stream, registry, own_uid)
+    finally:
+        open_connections[0] -= 1
+
+
+async def _refuse_busy(stream: trio.SocketStream) -> None:
+    """One connection past MAX_CONNECTIONS: say why in one error line, then close."""
+    async with stream:
+        log.warning("control: %d connections open; refused one more", MAX_CONNECTIONS)
+        error = RpcError(protocol.APP_ERROR, f"the daemon is serving {MAX_CONNECTIONS} control "
+                         "connections already; try again when some have closed", "busy")
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError), trio.move_on_after(1):
+            await stream.send_all(protocol.error_message(None, error))
+            await _discard_input(stream)
 
 
 async def _serve_connection(stream: trio.SocketStream, registry: MethodRegistry, own_uid: int) -> None:
@@ -117,8 +150,15 @@ async def _request_loop(stream: trio.SocketStream, registry: MethodRegistry) -> 
             await _discard_input(stream)
             return
         if newline < 0:
-            chunk = await stream.receive_some(65536)
+            with trio.move_on_after(IDLE_SECONDS) as idle:
+                chunk = await stream.receive_some(65536)
+            if idle.cancelled_caught:
+                log.info("control: closed a connection idle for %.0f s", IDLE_SECONDS)
+                return
             if not chunk:
+                # The peer closed its side: a last request without its newline is still one.
+                if bytes(buffer).strip():
+                    await _handle_line(stream, registry, bytes(buffer))
                 return
             buffer += chunk
             continue
@@ -140,7 +180,7 @@ async def _handle_line(stream: trio.SocketStream, registry: MethodRegistry, line
     try:
         request = protocol.parse_request(line)
     except RpcError as error:
-        await stream.send_all(protocol.error_message(None, error))
+        await stream.send_all(protocol.error_message(error.request_id, error))
         return
     reply = await _dispatch(stream, registry, request)
     if not request.notification:

@@ -128,3 +128,13 @@ def test_an_image_block_for_a_text_only_model_is_a_400_naming_the_model(client):
     error = err.value.body["error"]
     assert error["type"] == "invalid_request_error" and MODEL_ID in error["message"]
     assert "no vision tower" in error["message"]
+
+
+def test_a_forced_named_tool_is_a_tool_use_block_whatever_the_model_writes(client):
+    """`tool_choice` naming a tool writes its name in the prompt: the reply is a tool_use of
+    that tool, the tiny model's non-JSON arguments kept under `_malformed_arguments`."""
+    reply = client.messages.create(model=MODEL_ID, max_tokens=24, messages=USER, tools=TOOLS,
+                                   tool_choice={"type": "tool", "name": "read_file"}, **GREEDY)
+    assert [b.type for b in reply.content] == ["tool_use"] and reply.content[0].name == "read_file"
+    assert reply.stop_reason in ("tool_use", "max_tokens")
+    assert isinstance(reply.content[0].input, dict)

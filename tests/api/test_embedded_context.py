@@ -58,6 +58,20 @@ def test_one_token_past_the_advertised_context_is_refused_before_prefill(embedde
     assert str(SERVED) in error["message"]
 
 
+
+def test_scoring_a_prompt_past_the_context_is_refused_as_a_generation_is(embedded_daemon):
+    """max_tokens 0 with echo and logprobs scores the prompt (a prefill): one token past the
+    context is the same 400, naming `prompt`, streamed or not, before any scoring."""
+    prompt = [30] * (SERVED + 1)
+    with embedded_daemon.http() as http:
+        for stream in (False, True):
+            reply = http.post("/v1/completions", json={
+                "model": "mtplx-tiny-coder", "prompt": prompt, "max_tokens": 0, "echo": True,
+                "logprobs": 0, "stream": stream})
+            assert reply.status_code == 400, reply.text
+            error = reply.json()["error"]
+            assert (error["code"], error["param"]) == ("context_length_exceeded", "prompt")
+
 def test_agents_install_writes_the_context_the_daemon_serves(embedded_daemon, monkeypatch):
     monkeypatch.setenv("MTPLX_HOME", str(embedded_daemon.home))
     done = run_ctl("agents", "install", "pi", "opencode", "codex", "hermes", "claude")

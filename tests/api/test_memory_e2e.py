@@ -64,6 +64,20 @@ def test_a_prompt_that_memory_cannot_hold_is_a_507_that_names_memory_not_a_400(t
         assert small.status_code == 200  # and a small one is still served
 
 
+
+def test_scoring_a_prompt_that_memory_cannot_hold_is_a_507_and_the_daemon_serves_on(tight):
+    """max_tokens 0 with echo and logprobs scores the prompt, a prefill whose every position's
+    logits it keeps: priced by the guard as a generation is, refused before it runs."""
+    with tight.http() as http:
+        for stream in (False, True):
+            scored = http.post("/v1/completions", json={
+                "prompt": [30] * (FITS_TOKENS + 8), "max_tokens": 0, "echo": True, "logprobs": 0,
+                "stream": stream})
+            assert scored.status_code == 507, scored.text
+            assert scored.json()["error"]["code"] == "insufficient_memory"
+        answer = http.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 2})
+        assert answer.status_code == 200
+
 def test_concurrent_requests_queue_for_the_model_instead_of_being_refused(tight):
     """Requests run one at a time on the model thread: a second one waits its turn, even when
     both could not be held at once (an agent's title request beside its main turn)."""

@@ -109,10 +109,26 @@ def test_forced_tool_choice_puts_the_call_opener_in_the_prompt(client):
     named = client.chat.completions.create(
         tool_choice={"type": "function", "function": {"name": "read_file"}}, **base)
     # The prompt ends inside the call (`<tool_call>\n{"name": "read_file", "arguments": `), so it
-    # is longer, and an unfinished call is never reported as one.
+    # is longer; the name is written, so it is a call, cut off by the cap with what the model
+    # wrote of its arguments (one token).
     assert named.usage.prompt_tokens > auto.usage.prompt_tokens
     assert named.choices[0].finish_reason == "length"
-    assert not named.choices[0].message.tool_calls
+    assert [c.function.name for c in named.choices[0].message.tool_calls] == ["read_file"]
+    assert not named.choices[0].message.content
+
+
+def test_a_forced_named_call_is_a_call_whatever_the_model_writes_as_arguments(client):
+    """The tiny model does not write JSON after the forced opener: the call still ends as a
+    call, its raw text as `arguments` (never as content), in both the streamed and the
+    non-streamed reply."""
+    base = dict(model=MODEL_ID, messages=USER, tools=TOOLS, max_tokens=24, temperature=0,
+                tool_choice={"type": "function", "function": {"name": "read_file"}})
+    reply = client.chat.completions.create(**base)
+    calls = reply.choices[0].message.tool_calls
+    assert [c.function.name for c in calls] == ["read_file"] and not reply.choices[0].message.content
+    streamed = "".join(c.function.arguments or "" for chunk in client.chat.completions.create(stream=True, **base)
+                       for choice in chunk.choices for c in (choice.delta.tool_calls or []))
+    assert streamed == calls[0].function.arguments
 
 
 def test_thinking_switch_reaches_the_chat_template(client):
@@ -238,6 +254,24 @@ def test_echo_logprobs_max_tokens_zero_scores_the_prompt(client):
     assert "".join(lp.tokens) == prompt
     assert reply.usage.completion_tokens == 0
 
+
+
+def test_scoring_streamed_is_one_chunk_with_the_same_scores_then_done(client, api):
+    """stream with max_tokens 0: an SSE answer (the SDK yields it), its one chunk the
+    non-streamed choice, then the usage chunk when asked, then [DONE]."""
+    kwargs = dict(model=MODEL_ID, prompt="def add(a, b):", max_tokens=0, echo=True, logprobs=1)
+    whole = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    assert [len(c.choices) for c in chunks] == [1, 0]
+    assert chunks[0].choices[0].text == whole.choices[0].text
+    assert chunks[0].choices[0].logprobs.token_logprobs == whole.choices[0].logprobs.token_logprobs
+    assert chunks[0].choices[0].finish_reason == "length"
+    assert chunks[1].usage.prompt_tokens == whole.usage.prompt_tokens and chunks[1].usage.completion_tokens == 0
+    with httpx.stream("POST", api.base_url + "/v1/completions", json={**kwargs, "stream": True}) as raw:
+        assert raw.headers["content-type"].startswith("text/event-stream")
+        assert raw.headers["x-mtplx-max-tokens"] == "0"
+        lines = [line for line in raw.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and len(lines) == 2
 
 def test_plain_completion_streams_the_same_text(client):
     kwargs = dict(model=MODEL_ID, prompt="import json\n", max_tokens=25, temperature=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,9 +30,11 @@ SCHEMAS = {"bash": {"type": "object", "properties": {"command": {"type": "string
                                                      "timeout": {"type": "integer"}}}}
 
 
-def stream(text: str, cuts: list[int], **kwargs) -> ParsedOutput:
-    """Feed `text` split at `cuts` through one parser, as the streamed path does."""
+def stream(text: str, cuts: list[int], prefix: str = "", **kwargs) -> ParsedOutput:
+    """Feed `text` split at `cuts` through one parser, as the streamed path does (after the
+    `prefix` the prompt wrote)."""
     parser = OutputParser(**kwargs)
+    parser.feed_prefix(prefix)
     events, last = [], 0
     for cut in sorted(set(cuts)) + [len(text)]:
         events += parser.feed(text[last:cut])
@@ -141,6 +144,23 @@ def test_forced_opener_prefix_completes_a_call():
     out = parse_text('{"path": "a.py"}}\n</tool_call>', parse_tools=True, prefix=prefix)
     assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [("read_file", {"path": "a.py"})]
     assert out.content == ""
+
+
+@pytest.mark.parametrize("output, arguments", [
+    ("# pragma: no cover\n</tool_call>", "# pragma: no cover"),  # not JSON: the raw text
+    ('"{\\"path\\": 1}"}\n</tool_call>', '"{\\"path\\": 1}"'),
+    ("", ""),                                                  # cut off before any argument
+    ("{", "{"),
+])
+def test_a_call_the_prompt_named_stays_a_call_whatever_its_arguments(output, arguments):
+    """The prompt wrote the name (tool_choice naming a function): once the name is written it is
+    a call, so arguments that are not a JSON object end it with the raw text, never as content."""
+    prefix = '<tool_call>\n{"name": "read_file", "arguments": '
+    whole = parse_text(output, parse_tools=True, prefix=prefix)
+    assert [(c.name, c.arguments) for c in whole.tool_calls] == [("read_file", arguments)]
+    assert whole.content == ""
+    for cut in range(len(output) + 1):  # streamed in two pieces: the same call
+        assert comparable(stream(output, [cut], parse_tools=True, prefix=prefix)) == comparable(whole)
 
 
 def test_raw_mode_keeps_every_character():

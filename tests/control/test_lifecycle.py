@@ -287,3 +287,24 @@ def test_cpu_attention_setting_picks_the_long_prefill_path_and_serves_exactly(
         assert answers[0] == answers[1] and answers[0]
     finally:
         assert run_ctl("stop").returncode == 0
+
+
+def test_a_failure_after_the_daemon_served_is_not_called_a_failure_to_start(monkeypatch, capsys):
+    """In process: a background task that raises an OSError once the daemon is up ends it with
+    a line that says it had started and where the traceback is, not "cannot start"."""
+    import errno
+
+    import mtplxd.__main__ as daemon_main
+    import mtplxd.daemon
+    from mtplxd.paths import Paths
+
+    async def failing_watch(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(mtplxd.daemon, "watch_pressure", failing_watch)
+    assert daemon_main.main(["--no-model", "--port", "0"]) == daemon_main.EXIT_ERROR
+    said = capsys.readouterr().err
+    assert "stopped by an error after it had started: Input/output error" in said
+    assert "cannot start" not in said
+    log = Paths.from_env().log_file.read_text()
+    assert "mtplxd stopped by an error" in log and "Traceback" in log

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -294,3 +295,102 @@ def test_a_connection_from_another_uid_is_refused(daemon):
     assert answer["error"]["data"]["reason"] == "permission_denied"
     assert "uid 65534" in answer["error"]["message"]
     assert daemon.client.is_running()
+
+
+def test_a_last_request_without_its_newline_is_answered_when_the_peer_half_closes(daemon):
+    message = {"jsonrpc": "2.0", "id": 9, "method": "daemon.status"}
+    [answer] = _exchange(daemon.paths.socket, json.dumps(message).encode())
+    assert answer["id"] == 9 and answer["result"]["pid"] == daemon.pid
+
+
+def test_an_error_about_the_params_answers_the_requests_own_id(daemon):
+    message = {"jsonrpc": "2.0", "id": 7, "method": "daemon.status", "params": [1]}
+    [answer] = _exchange(daemon.paths.socket, json.dumps(message).encode() + b"\n")
+    assert answer["id"] == 7 and answer["error"]["code"] == protocol.INVALID_PARAMS
+
+
+def test_connections_past_the_cap_are_refused_in_one_line_and_the_daemon_serves_on(daemon):
+    """Clients that open many connections and send nothing take MAX_CONNECTIONS descriptors at
+    most: the next is told why and closed, and a slot freed is served again."""
+    from mtplxd.control.server import MAX_CONNECTIONS
+
+    idle = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(str(daemon.paths.socket))
+            idle.append(sock)
+        status = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "daemon.status"}).encode() + b"\n"
+        [refused] = _exchange_when_accepted(daemon.paths.socket, status)
+        assert refused["error"]["data"]["reason"] == "busy"
+        assert str(MAX_CONNECTIONS) in refused["error"]["message"]
+        idle.pop().close()
+        assert _answered_once_a_slot_frees(daemon, status)["result"]["pid"] == daemon.pid
+    finally:
+        for sock in idle:
+            sock.close()
+    assert _answered_once_a_slot_frees(daemon, status)["result"]["pid"] == daemon.pid
+
+
+def _exchange_when_accepted(path, payload: bytes) -> list[dict]:
+    """`_exchange` once the listen backlog has room (a connect to a full one fails at once)."""
+    for _ in range(100):
+        try:
+            return _exchange(path, payload)
+        except BlockingIOError:
+            time.sleep(0.05)
+    return _exchange(path, payload)
+
+
+def _answered_once_a_slot_frees(daemon, request: bytes) -> dict:
+    """The daemon counts a closed connection out when it reads the close: ask until it has."""
+    for _ in range(100):
+        [answer] = _exchange_when_accepted(daemon.paths.socket, request)
+        if answer.get("error", {}).get("data", {}).get("reason") != "busy":
+            return answer
+        time.sleep(0.05)
+    return answer
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_idle_time(tmp_path, monkeypatch):
+    """In process, with the idle time cut to 0.2 s: the server hangs up on a silent client, and
+    a client that asks in time is answered."""
+    import trio
+
+    from mtplxd.control import server
+    from mtplxd.control.registry import MethodRegistry
+
+    monkeypatch.setattr(server, "IDLE_SECONDS", 0.2)
+    registry = MethodRegistry()
+
+    async def ping(params, notify):
+        return "pong"
+
+    registry.add("ping", ping)
+    path = tmp_path / "control.sock"
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve_control, path, registry)
+            silent = await trio.open_unix_socket(str(path))
+            with trio.fail_after(5):
+                assert await silent.receive_some(100) == b""  # closed by the server
+            talker = await trio.open_unix_socket(str(path))
+            await talker.send_all(b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}\n')
+            with trio.fail_after(5):
+                assert json.loads(await talker.receive_some(1000))["result"] == "pong"
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/limits"), reason="reads the daemon's limits from /proc")
+def test_the_daemon_keeps_the_open_file_limit_it_was_given_not_mlx_lms(daemon):
+    """Importing mlx_lm.utils sets the open-file limit to (2048, 4096); the daemon raises its
+    soft limit to the hard one it inherited and lets mlx-lm lower neither (fd_limits.py)."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # what the daemon inherited
+    line = next(line for line in open(f"/proc/{daemon.pid}/limits") if line.startswith("Max open files"))
+    soft_seen, hard_seen = (int(v) for v in line.split()[3:5])
+    assert (soft_seen, hard_seen) == (hard, hard)

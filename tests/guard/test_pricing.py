@@ -181,6 +181,38 @@ def test_pressure_loop_sheds_the_bank():
 
 
 
+def test_pressure_loop_survives_a_reading_the_os_refuses(caplog):
+    """Out of descriptors, /proc/meminfo cannot be opened: that round is skipped (said once),
+    the loop goes on, and sheds the bank once readings come back."""
+    import errno
+
+    import trio
+
+    from mtplxd.pressure import watch_pressure
+
+    bank = {"bytes": 1000}
+    readings = iter([OSError(errno.EMFILE, "Too many open files")] * 3 + ["critical"])
+
+    def read() -> str:
+        reading = next(readings, "normal")
+        if isinstance(reading, OSError):
+            raise reading
+        return reading
+
+    def release(needed: int) -> int:
+        bank["bytes"] -= needed
+        return needed
+
+    async def main() -> None:
+        with trio.move_on_after(1):
+            await watch_pressure(lambda: bank["bytes"], release, read, 0.01)
+
+    trio.run(main)
+    assert bank["bytes"] == 0
+    assert [r.getMessage() for r in caplog.records].count(
+        "memory pressure: cannot read it ([Errno 24] Too many open files); trying again every 0 s") == 1
+
+
 def test_served_window_keeps_the_models_context_and_is_zero_not_unbounded_when_nothing_fits():
     plan = plan_for_config(QWEN3_4B, weights_bytes=8 * GIB)
     tight = context_window(plan.context_length, MemoryGuard(plan, limit_bytes=9 * GIB))
