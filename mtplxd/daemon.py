@@ -35,6 +35,9 @@ from mtplxd.supervisor import detect_supervisor, sd_notify
 
 log = logging.getLogger(__name__)
 
+# At shutdown, once no generation runs: how long the HTTP server gets to write its last frames.
+HTTP_DRAIN_SECONDS = 2.0
+
 
 def serving_group(config: Config, paths: Paths) -> Any:
     """The distributed group the `hosts` setting asks for (docs/distributed.md)."""
@@ -128,8 +131,10 @@ class Daemon:
                 sd_notify("STOPPING=1")
                 with trio.move_on_after(self.config.shutdown_grace_seconds):
                     await self.runtime.wait_idle()
-                    # The engine is done; the last frames still have to reach the clients:
-                    # hypercorn ends by itself once its in-flight responses are written.
+                # The engine is done; the last frames still have to reach the clients. Hypercorn
+                # would also wait out its grace for idle keep-alive connections (agents' pools),
+                # which it never closes here: the frames get HTTP_DRAIN_SECONDS, then it stops.
+                with trio.move_on_after(HTTP_DRAIN_SECONDS):
                     await http_done.wait()
                 nursery.cancel_scope.cancel()
         finally:

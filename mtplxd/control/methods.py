@@ -98,7 +98,10 @@ def register_daemon_methods(registry: MethodRegistry, daemon: "Daemon") -> None:
 
     async def config_get(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
         """Effective settings with their source; `key` narrows to one."""
-        current = load_config(daemon.paths.config_file)
+        try:
+            current = load_config(daemon.paths.config_file)
+        except ConfigError as exc:  # a file the user broke since the start: say so, not a bug
+            raise app_error("invalid_config", str(exc)) from None
         table = current.to_dict()
         key = _optional_str(params, "key")
         if key is None:
@@ -177,7 +180,10 @@ def model_snapshot(daemon: "Daemon") -> dict[str, Any] | None:
         snapshot.update(info)
         # What clients are told is what fits under the memory limit; the model's own stays.
         snapshot.update(context_window(info.get("context_length") or 0, runtime.guard).to_dict())
-        snapshot["max_output_tokens"] = min(snapshot.get("context_length") or 32768, 32768)
+        served = snapshot.get("context_length") or 0
+        # Nothing fits under the memory limit: no output either (an unknown context stays 32k).
+        nothing_fits = not served and snapshot.get("context_limited_by") == "memory"
+        snapshot["max_output_tokens"] = 0 if nothing_fits else min(served or 32768, 32768)
         template = getattr(runtime.model.tokenizer, "chat_template", None) or ""
         snapshot["reasoning"] = "<think>" in template
         # What a request's reasoning effort may be (others are a 400): agents' writers pick one.

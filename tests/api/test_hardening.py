@@ -175,3 +175,27 @@ def test_a_refused_field_name_cannot_forge_a_log_line(api):
     log = (api.home / "logs" / "mtplxd.log").read_text(errors="replace")
     assert "POST /v1/chat/completions 400 " in log and "refused: invalid_unicode" in log
     assert not any(line.startswith("2026-01-01") for line in log.splitlines())
+
+
+def test_an_idle_keep_alive_connection_does_not_hold_up_stop(tiny_checkpoint, tmp_path, monkeypatch):
+    """Agents keep pooled connections open between requests. With one idle after a request and
+    a long shutdown grace, `stop` (which waits 30 s) still finds the daemon gone: the grace is
+    for generations in flight, not for idle connections."""
+    import socket
+
+    from support.api_daemon import start_api_daemon
+    from support.daemon import run_ctl
+
+    daemon = start_api_daemon(tmp_path / "home", MTPLX_MODEL=str(tiny_checkpoint),
+                              MTPLX_SHUTDOWN_GRACE_SECONDS="45")
+    try:
+        pooled = socket.create_connection(("127.0.0.1", daemon.port))
+        pooled.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert pooled.recv(65536).startswith(b"HTTP/1.1 200")
+        monkeypatch.setenv("MTPLX_HOME", str(daemon.home))
+        done = run_ctl("stop")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert daemon.process.wait(5) == 0
+        pooled.close()
+    finally:
+        daemon.stop()

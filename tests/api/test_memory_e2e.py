@@ -137,5 +137,6 @@ def test_requests_that_cannot_fit_get_507_before_any_prefill_and_the_daemon_surv
     assert status["requests"]["started"] == 0  # no request reached the engine: no prefill ran
     # Memory fits nothing: the served window is 0, never an unbounded stand-in.
     assert status["model"]["context_length"] == 0 and status["model"]["context_limited_by"] == "memory"
+    assert status["model"]["max_output_tokens"] == 0  # and no output: nothing to advertise
     assert status["guard"]["refused"] == 5 * len(bodies)
     assert starved.process.poll() is None

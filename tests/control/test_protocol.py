@@ -149,6 +149,18 @@ def test_config_set_and_get_round_trip_and_name_the_bad_key(daemon):
     assert failure.value.message == 'port cannot be "eighty": it must be a whole number from 0 to 65535'
 
 
+
+def test_config_get_over_a_config_file_broken_since_the_start_says_so(daemon):
+    """The user breaks config.toml while the daemon runs: `config.get` answers `invalid_config`
+    naming the file's fault, not an internal error, and the daemon serves on."""
+    from mtplxctl.client import ControlError
+
+    daemon.paths.config_file.write_text("depth = [unclosed\n")
+    with pytest.raises(ControlError) as failure:
+        daemon.client.call("config.get", {"key": "depth"})
+    assert failure.value.reason == "invalid_config" and "config.toml" in failure.value.message
+    assert daemon.client.call("daemon.status")["pid"] == daemon.pid
+
 def test_a_load_setting_set_over_the_socket_applies_at_the_next_model_load(daemon):
     """`config set kv_bits 8` answers next_load, and the next model.load serves it: the load
     reads config.toml as it is then, not as it was when the daemon started."""

@@ -146,5 +146,10 @@ def test_bank_settings_from_config(tmp_path):
     auto = bank_settings("auto", True, tmp_path, limit_bytes=40 * gib, weights_bytes=8 * gib)
     assert auto.ram_bytes == 8 * gib and auto.ssd_dir == tmp_path
     assert bank_settings(0, True, tmp_path) is None
+    # A limit that leaves little after the weights: the bank never takes more than half of it
+    # (the 1 GiB floor held 23 MiB of a 13 MiB room), and none when nothing is left.
+    small = bank_settings("auto", True, tmp_path, limit_bytes=1 * gib, weights_bytes=1 * gib - 13 * 2**20)
+    assert small.ram_bytes == 13 * 2**20 // 2
+    assert bank_settings("auto", True, tmp_path, limit_bytes=gib, weights_bytes=2 * gib) is None
     assert bank_settings(1.5, False, tmp_path).ssd_dir is None
     assert bank_settings("auto", True, tmp_path, 0).ssd_dir is None

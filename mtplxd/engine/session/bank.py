@@ -684,13 +684,15 @@ def bank_settings(ram: str | float, ssd_enabled: bool, ssd_dir: Path, ssd: str |
     """Settings from the config keys `session_bank_bytes`, `session_bank_ssd`,
     `session_bank_ssd_bytes` (GiB or "auto"); None when the bank is off (0 GiB).
 
-    RAM "auto": a quarter of what the memory limit leaves after the weights (1 to 48 GiB)
-    when the memory guard's limit is known, else 2 GiB. SSD "auto": 32 GiB (the store
-    also never takes more than half the free disk).
+    RAM "auto": a quarter of what the memory limit leaves after the weights (1 to 48 GiB,
+    never more than half of it: a bank past the limit would only be shed again by every
+    request) when the memory guard's limit is known, else 2 GiB. SSD "auto": 32 GiB (the
+    store also never takes more than half the free disk).
     """
     if ram == "auto":
         if limit_bytes is not None and weights_bytes is not None:
-            ram_bytes = int(min(max((limit_bytes - weights_bytes) // 4, GIB), 48 * GIB))
+            room = max(limit_bytes - weights_bytes, 0)
+            ram_bytes = int(min(max(room // 4, GIB), 48 * GIB, room // 2))
         else:
             ram_bytes = DEFAULT_RAM_BYTES
     else:
