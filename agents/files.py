@@ -3,7 +3,8 @@
 Every writer goes through `write_config`: it backs the old file up next to itself, writes the
 new text through a temp file and a rename (mtplxd.atomic), and keeps the file's permission
 bits. A file it creates gets 0600 (agent configs often end up holding secrets). A symlinked
-config (dotfile managers) is written through to its target so the link survives.
+config (dotfile managers) is written through to its target so the link survives. Text is read
+with its line breaks untranslated, so a CRLF file can be written back as CRLF.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from mtplxd.atomic import write_atomic
 NEW_FILE_MODE = 0o600
 NEW_DIR_MODE = 0o700
 BACKUP_TAG = "mtplx-backup"
+CRLF = "\r\n"
 
 
 def real_path(path: Path) -> Path:
@@ -26,11 +28,31 @@ def real_path(path: Path) -> Path:
 
 
 def read_text(path: Path) -> str | None:
-    """The file's text, or None when it does not exist."""
+    """The file's text exactly as stored (line breaks untranslated), or None when it does not exist."""
     try:
-        return path.read_text(encoding="utf-8")
+        with path.open(encoding="utf-8", newline="") as handle:
+            return handle.read()
     except FileNotFoundError:
         return None
+
+
+def line_break(text: str) -> str:
+    """The line break a file uses: CRLF when every line ends so, else LF.
+
+    A file mixing the two is edited as it is (new lines get LF), so nothing of it changes.
+    """
+    breaks = text.count("\n")
+    return CRLF if breaks and text.count(CRLF) == breaks else "\n"
+
+
+def with_lf(text: str, newline: str) -> str:
+    """`text` of a file whose line break is `newline`, with LF line breaks (what the editors write)."""
+    return text.replace(CRLF, "\n") if newline == CRLF else text
+
+
+def with_newline(text: str, newline: str) -> str:
+    """Text with LF line breaks written back with the file's own `newline`."""
+    return text.replace("\n", CRLF) if newline == CRLF else text
 
 
 def backup(path: Path, now: datetime | None = None) -> Path:

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import SyntaxProblem
+from .errors import EditProblem, SyntaxProblem
 
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _LITERALS = {"true": True, "false": False, "null": None}
@@ -284,7 +284,7 @@ class JsoncDocument:
             if member is None:
                 break
             if member.value.kind != "object":
-                raise SyntaxProblem(f"{'.'.join(path[: depth + 1])} is not an object")
+                raise EditProblem(f"{'.'.join(path[: depth + 1])} is not an object")
             node = member.value
             depth += 1
         created = [path[: i + 1] for i in range(depth, len(path) - 1)]

@@ -82,8 +82,10 @@ def install_agent(name: str, target: AgentTarget, env: Mapping[str, str], mtplx_
                   dry_run: bool = False) -> AgentResult:
     """Write one agent's config for `target`; keep the record unless `dry_run`.
 
-    Every file of the agent is parsed (and checked for conflicts) before any is written, so a
-    file that cannot be edited leaves all of the agent's files untouched.
+    Every file of the agent is parsed and edited in memory (and checked for conflicts) before
+    any is written, the files of an earlier install that this one no longer writes included,
+    so a file that cannot be edited leaves all of the agent's files untouched and is reported
+    as this agent's error.
     """
     module = AGENTS[name]
     found = detected(module, env)  # before writing: the write creates its config folder
@@ -101,13 +103,17 @@ def install_agent(name: str, target: AgentTarget, env: Mapping[str, str], mtplx_
             result, file_record = install_file(plan, prior_files.pop(str(plan.path), None), dry_run=True)
             results.append(result)
             file_records.append(file_record)
+        # Files of an earlier install that this one no longer writes (a moved override).
+        stale = list(prior_files.values())
+        for file_record in stale:
+            _check_cleanup(file_record)
+        if not dry_run:
+            for file_record in stale:
+                uninstall_file(file_record)
+            results = [install_file(plan, prior_record_for(prior, plan.path))[0] for plan in plans]
     except AgentConfigError as exc:
         return AgentResult(name, "error", error=str(exc))
     if not dry_run:
-        # Files of an earlier install that this one no longer writes (a moved override).
-        for stale in prior_files.values():
-            uninstall_file(stale)
-        results = [install_file(plan, prior_record_for(prior, plan.path))[0] for plan in plans]
         records[name] = {"installed_at": prior.get("installed_at") or now_utc(), "target": target.to_json(),
                          "files": file_records}
         save_record(mtplx_home, records)
@@ -117,6 +123,15 @@ def install_agent(name: str, target: AgentTarget, env: Mapping[str, str], mtplx_
         notes.insert(0, f"{not_found_reason(name, env)} yet; the config is written and takes "
                         f"effect once it is installed")
     return AgentResult(name, "installed" if changed else "unchanged", results, notes)
+
+
+def _check_cleanup(file_record: dict[str, Any]) -> None:
+    """Raise AgentConfigError, saying it is the earlier install's file, unless its entries can
+    be taken out of it."""
+    try:
+        uninstall_file(file_record, dry_run=True)
+    except AgentConfigError as exc:
+        raise AgentConfigError(f"cannot remove the earlier install from {file_record['path']}: {exc}") from None
 
 
 def prior_record_for(prior: dict[str, Any], path: Path) -> dict[str, Any] | None:
@@ -130,9 +145,9 @@ def uninstall_agent(name: str, mtplx_home: Path, dry_run: bool = False) -> Agent
     if name not in records:
         return AgentResult(name, "not-installed")
     try:
-        # Check that every file still parses before changing any of them.
+        # Check that every file still parses and can be restored before changing any of them.
         for file_record in records[name]["files"]:
-            load(Path(file_record["path"]), file_record["format"])
+            uninstall_file(file_record, dry_run=True)
         results = [uninstall_file(f, dry_run=dry_run) for f in records[name]["files"]]
     except AgentConfigError as exc:
         return AgentResult(name, "error", error=str(exc))

@@ -5,18 +5,27 @@ file held there before (the exact source text) and which parent objects it had t
 that uninstall restores the file to what it was. An entry the user has changed since install
 is theirs: uninstall leaves it. Nothing is written when nothing would change; an existing file
 is backed up before it is rewritten; a file that does not parse is refused untouched.
+
+Before anything is written, the new text is parsed again and must read as exactly the data
+the file held with the entries set (or restored): an editor that would change anything else
+of the user's (a TOML table header landing among another table's keys) gets the file refused,
+untouched, instead. Files are edited with LF line breaks and written back with their own.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from tomlkit.exceptions import TOMLKitError
 
 from . import files
-from .errors import AgentConfigError, ConfigParseError, SyntaxProblem
+from .data import same_data
+from .errors import AgentConfigError, ConfigEditError, ConfigParseError, SyntaxProblem
 from .jsonc import MISSING as JSON_MISSING, JsoncDocument
 from .tomldoc import MISSING as TOML_MISSING, TomlDocument
 from .yamlblocks import MISSING as YAML_MISSING, YamlDocument
@@ -68,17 +77,80 @@ class FileResult:
         }
 
 
-def load(path: Path, fmt: str) -> tuple[Any, str | None]:
-    """Parse `path` as `fmt`; return (document, original text or None when absent).
+class Loaded(NamedTuple):
+    """A parsed config file: the document, its text with LF line breaks (None when the file
+    does not exist), and the line break the file uses, to write it back with."""
+
+    doc: Any
+    text: str | None
+    newline: str
+
+
+def load(path: Path, fmt: str) -> Loaded:
+    """Parse `path` as `fmt`.
 
     Raises ConfigParseError naming the file when it does not parse.
     """
     cls = FORMATS[fmt]
-    text = files.read_text(path)
+    raw = files.read_text(path)
+    newline = files.line_break(raw or "")
+    text = files.with_lf(raw, newline) if raw is not None else None
     try:
-        return (cls(text) if text is not None else cls.empty()), text
+        return Loaded(cls(text) if text is not None else cls.empty(), text, newline)
     except SyntaxProblem as exc:
         raise ConfigParseError(str(path), cls.fmt, str(exc)) from None
+
+
+def _put(data: dict, key: tuple[str, ...], value: Any) -> None:
+    """Set `key` in plain `data`, creating parent dicts."""
+    node = data
+    for part in key[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[key[-1]] = copy.deepcopy(value)
+
+
+def _drop(data: dict, key: tuple[str, ...]) -> None:
+    """Delete `key` from plain `data` when it is there."""
+    node: Any = data
+    for part in key[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(key[-1], None)
+
+
+def _after_reverts(before: dict, doc: Any, reverted: list[dict[str, Any]]) -> dict:
+    """`before` with each reverted entry as `doc` now holds it: restored, kept, or removed
+    (with the parents it had created, where the revert removed them too)."""
+    expected = copy.deepcopy(before)
+    for entry in reverted:
+        key = tuple(entry["key"])
+        value = doc.get(key)
+        if is_missing(value):
+            _drop(expected, key)
+        else:
+            _put(expected, key, value)
+        for parent in reversed([tuple(p) for p in entry.get("created_parents", [])]):
+            if is_missing(doc.get(parent)):
+                _drop(expected, parent)
+    return expected
+
+
+def _check_reads_as(path: Path, fmt: str, text: str, expected: dict) -> None:
+    """Raise ConfigEditError unless `text`, parsed afresh, is exactly `expected`.
+
+    The last guard before a write: whatever an editor did, the file must hold the user's
+    settings unchanged beside (or restored around) the entries.
+    """
+    cls = FORMATS[fmt]
+    try:
+        reading = cls(text).data()
+    except SyntaxProblem as exc:
+        raise ConfigEditError(str(path), cls.fmt, f"the edited text would not parse: {exc}") from None
+    if not same_data(reading, expected):
+        moved = sorted(k for k in set(reading) | set(expected) if not same_data(reading.get(k), expected.get(k)))
+        raise ConfigEditError(str(path), cls.fmt, f"the edit would also change {', '.join(moved)}")
 
 
 def _revert(doc: Any, entry: dict[str, Any], kept: list[str]) -> None:
@@ -142,8 +214,15 @@ def _type_clash(doc: Any, current: Any, value: Any) -> bool:
     return isinstance(doc, TomlDocument) and not is_missing(current) and isinstance(current, dict) != isinstance(value, dict)
 
 
-def _edit_error(path: Path, fmt: str, exc: SyntaxProblem) -> ConfigParseError:
-    return ConfigParseError(str(path), FORMATS[fmt].fmt, str(exc))
+# What an editor raises for a file it cannot edit; each becomes a ConfigEditError naming the file.
+EDIT_FAILURES = (ValueError, TOMLKitError)
+
+
+def _edit_error(path: Path, fmt: str, exc: Exception) -> AgentConfigError:
+    """The error to report for an editor's failure on the parsed file at `path`."""
+    if isinstance(exc, SyntaxProblem):
+        return ConfigParseError(str(path), FORMATS[fmt].fmt, str(exc))
+    return ConfigEditError(str(path), FORMATS[fmt].fmt, str(exc) or type(exc).__name__)
 
 
 def install_file(plan: FilePlan, prior: dict[str, Any] | None, dry_run: bool = False) -> tuple[FileResult, dict[str, Any]]:
@@ -153,16 +232,17 @@ def install_file(plan: FilePlan, prior: dict[str, Any] | None, dry_run: bool = F
     holding the value written then keep their original `previous`, so repeated installs never
     lose what the user had before the first one.
     """
-    doc, original = load(plan.path, plan.fmt)
+    doc, original, newline = load(plan.path, plan.fmt)
+    before = doc.data()
     # A file holding no settings (blank, comments only, `{}`) is given back as it was.
     empty_original = original if original is not None and doc.data() == {} else None
     prior_entries = {tuple(e["key"]): e for e in (prior or {}).get("entries", [])}
     wanted = {entry.key for entry in plan.entries}
     kept: list[str] = []
+    reverted = [old for key, old in prior_entries.items() if key not in wanted]
     try:
-        for key, old in prior_entries.items():
-            if key not in wanted:
-                _revert(doc, old, kept)
+        for old in reverted:
+            _revert(doc, old, kept)
         entries = []
         for entry in plan.entries:
             current = doc.get(entry.key)
@@ -180,7 +260,7 @@ def install_file(plan: FilePlan, prior: dict[str, Any] | None, dry_run: bool = F
                 created = created + [list(p) for p in doc.set(entry.key, entry.value)]
             entries.append({"key": list(entry.key), "value": entry.value, "previous": previous,
                             "created_parents": created})
-    except SyntaxProblem as exc:
+    except EDIT_FAILURES as exc:
         raise _edit_error(plan.path, plan.fmt, exc) from None
     record = {
         "path": str(plan.path),
@@ -195,8 +275,13 @@ def install_file(plan: FilePlan, prior: dict[str, Any] | None, dry_run: bool = F
     }
     text = doc.dumps()
     if original is not None and text == original:
-        return FileResult(plan.path, "unchanged", text=text), record
+        return FileResult(plan.path, "unchanged", text=files.with_newline(text, newline)), record
+    expected = _after_reverts(before, doc, reverted)
+    for entry in plan.entries:
+        _put(expected, entry.key, entry.value)
+    _check_reads_as(plan.path, plan.fmt, text, expected)
     action = "created" if original is None else "updated"
+    text = files.with_newline(text, newline)
     saved = None if dry_run else files.write_config(plan.path, text, existed=original is not None)
     return FileResult(plan.path, action, backup=saved, kept=kept, text=text), record
 
@@ -208,14 +293,15 @@ def uninstall_file(record: dict[str, Any], dry_run: bool = False) -> FileResult:
     directories install created for it when they are empty.
     """
     path, fmt = Path(record["path"]), record["format"]
-    doc, original = load(path, fmt)
+    doc, original, newline = load(path, fmt)
     if original is None:
         return FileResult(path, "missing")
+    before = doc.data()
     kept: list[str] = []
     try:
         for entry in reversed(record["entries"]):
             _revert(doc, entry, kept)
-    except SyntaxProblem as exc:
+    except EDIT_FAILURES as exc:
         raise _edit_error(path, fmt, exc) from None
     text = doc.dumps()
     if record.get("trailing") is not None:
@@ -230,6 +316,8 @@ def uninstall_file(record: dict[str, Any], dry_run: bool = False) -> FileResult:
         files.remove_empty_dirs([Path(d) for d in record.get("created_dirs", [])])
         return FileResult(path, "deleted", backup=saved, kept=kept, text="")
     if text == original:
-        return FileResult(path, "unchanged", kept=kept, text=text)
+        return FileResult(path, "unchanged", kept=kept, text=files.with_newline(text, newline))
+    _check_reads_as(path, fmt, text, _after_reverts(before, doc, list(reversed(record["entries"]))))
+    text = files.with_newline(text, newline)
     saved = None if dry_run else files.write_config(path, text, existed=True)
     return FileResult(path, "updated", backup=saved, kept=kept, text=text)

@@ -4,8 +4,9 @@ PyYAML drops comments and ruamel.yaml re-indents what it rewrites, so neither ca
 user's file back byte for byte. Hermes' settings that mtplx owns are whole top-level blocks
 (`model:`), so this module edits text: it finds the lines of a top-level key's block, replaces
 or appends exactly those lines, and leaves every other line as it was. After each edit the
-result is parsed again with PyYAML and must equal the intended data; when it does not (anchors,
-flow-style top level, multi-document files), the edit is refused rather than guessed.
+result is parsed again with PyYAML and must equal the intended data; when it does not (an
+alias left pointing at a replaced block's anchor, flow-style top level, multi-document files),
+the edit is refused rather than guessed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from .errors import SyntaxProblem
+from .data import same_data
+from .errors import EditProblem, SyntaxProblem
 
 MISSING = object()
 _EMPTY_FLOW = re.compile(r"^\{\}[ \t]*(#.*)?\n?$")
@@ -112,20 +114,40 @@ class YamlDocument:
         if len(path) != 1:
             raise ValueError("YamlDocument edits top-level keys only")
 
+    @staticmethod
+    def _reading(new_text: str) -> dict:
+        """The data of an edited text; EditProblem when the edit broke it (an alias whose anchor
+        went with a replaced block)."""
+        try:
+            return _load(new_text)
+        except SyntaxProblem as exc:
+            raise EditProblem(f"the edited file would not parse: {exc}") from None
+
     def _apply(self, new_text: str, expected: dict) -> None:
-        if _load(new_text) != expected:
-            raise SyntaxProblem("an edit of one block changed other settings (anchors or aliases?)")
+        if not same_data(self._reading(new_text), expected):
+            raise EditProblem("an edit of one block changed other settings (anchors or aliases?)")
         self.text = new_text
         self._data = expected
         self._blocks = self._scan()
 
     def set(self, path: tuple[str, ...], value: Any, raw: str | None = None) -> list[tuple[str, ...]]:
-        """Replace (or append) the top-level block `path` with `value`, or with the lines `raw`."""
+        """Replace (or append) the top-level block `path` with `value`, or with the lines `raw`.
+
+        Raises EditProblem, changing nothing, when the result would change another block.
+        """
         self._top_only(path)
         key = path[0]
         block = raw if raw is not None else yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False)
+        new_text = self._with_block(key, block)
         if raw is not None:
-            value = _load(raw)[key]
+            # The recorded lines may use an alias of an anchor in another block (`<<: *defaults`),
+            # so their value is what they mean inside the whole file, not on their own.
+            value = self._reading(new_text).get(key)
+        self._apply(new_text, {**self._data, key: value})
+        return []
+
+    def _with_block(self, key: str, block: str) -> str:
+        """The text with top-level block `key` replaced by (or appended as) the lines `block`."""
         lines = self.text.splitlines(keepends=True)
         if key in self._blocks:
             start, end = self._blocks[key]
@@ -138,8 +160,7 @@ class YamlDocument:
                 base = "".join(line for line in lines if not _EMPTY_FLOW.match(line))
             sep = "" if not base or base.endswith("\n") else "\n"
             new_text = base + sep + block
-        self._apply(new_text, {**self._data, key: value})
-        return []
+        return new_text
 
     def remove(self, path: tuple[str, ...]) -> bool:
         """Delete the lines of top-level block `path`; False when it was not there."""

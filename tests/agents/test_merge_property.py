@@ -65,23 +65,57 @@ def _implicit_features_table(data: dict) -> bool:
     return isinstance(features, dict) and bool(features) and all(isinstance(v, dict) for v in features.values())
 
 
-def _round_trip(agent: str, text: str, target: AgentTarget, exact: bool = True) -> None:
+def _dotted_toml(data: dict) -> str:
+    """`data` as TOML with every table written as dotted keys among the top-level keys
+    (`a.b.c = 1`), the form in which tomlkit used to put new tables in the wrong place."""
+    lines = []
+
+    def leaves(node: dict, prefix: tuple[str, ...]) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                leaves(value, prefix + (key,))
+            else:
+                spelled = " = {}\n" if value == {} else tomli_w.dumps({"v": value})[1:]
+                lines.append(".".join(prefix + (key,)) + spelled)
+
+    leaves(data, ())
+    return "".join(lines)
+
+
+def _with_entries(data: dict, agent: str, target: AgentTarget, home: Path) -> dict:
+    """`data` with each entry of `agent`'s plan set: what the installed file must read as."""
+    out = json.loads(json.dumps(data))
+    for entry in manager.AGENTS[agent].plans(target, {"HOME": str(home)})[0].entries:
+        node = out
+        for key in entry.key[:-1]:
+            node = node.setdefault(key, {})
+        node[entry.key[-1]] = entry.value
+    return out
+
+
+def _round_trip(agent: str, text: str, target: AgentTarget, exact: bool = True, crlf: bool = False) -> None:
+    if crlf:
+        text = text.replace("\n", "\r\n")
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "home"
         path = home / FILES[agent]
         path.parent.mkdir(parents=True)
-        path.write_text(text)
+        path.write_bytes(text.encode())
         env = {"HOME": str(home), "PATH": ""}
         result = manager.install_agent(agent, target, env, Path(tmp) / "mtplx")
         if result.status == "error":
             # Only a user value of the wrong type where mtplx needs an object may stop it.
             assert any(reason in result.error for reason in
                        ("is not an object", "is not a table", "where mtplx writes", "custom_providers")), result.error
-            assert path.read_text() == text
+            assert path.read_bytes() == text.encode()
             return
+        installed = path.read_bytes()
+        assert (crlf and "\n" in text) == (installed.count(b"\r\n") == installed.count(b"\n"))
+        if agent == "codex":
+            assert tomllib.loads(installed.decode()) == _with_entries(tomllib.loads(text), agent, target, home)
         manager.uninstall_agent(agent, Path(tmp) / "mtplx")
         if exact:
-            assert path.read_text() == text
+            assert path.read_bytes() == text.encode()
         else:
             assert tomllib.loads(path.read_text()) == tomllib.loads(text)
             assert [l for l in path.read_text().splitlines() if "#" in l] == [l for l in text.splitlines() if "#" in l]
@@ -92,26 +126,32 @@ settings_ = settings(max_examples=60, deadline=None, suppress_health_check=[Heal
 
 @settings_
 @given(data=json_configs, indent=st.sampled_from([None, 2, 4, "\t"]), agent=st.sampled_from(["opencode", "pi", "claude"]),
-       picks=st.lists(st.booleans(), max_size=40), keyed=st.booleans())
-def test_json_install_then_uninstall_is_identity(data, indent, agent, picks, keyed):
+       picks=st.lists(st.booleans(), max_size=40), keyed=st.booleans(), crlf=st.booleans())
+def test_json_install_then_uninstall_is_identity(data, indent, agent, picks, keyed, crlf):
     text = json.dumps(data, indent=indent) + "\n"
     if indent is not None:
         text = _with_comments(text, "//", picks)
-    _round_trip(agent, text, KEYED if keyed else TARGET)
+    _round_trip(agent, text, KEYED if keyed else TARGET, crlf=crlf)
+
+
+@settings_
+@given(data=toml_configs, picks=st.lists(st.booleans(), max_size=40), keyed=st.booleans(), crlf=st.booleans())
+def test_toml_install_then_uninstall_is_identity(data, picks, keyed, crlf):
+    text = _with_comments(tomli_w.dumps(data), "#", picks)
+    _round_trip("codex", text, KEYED if keyed else TARGET, exact=not _implicit_features_table(data), crlf=crlf)
 
 
 @settings_
 @given(data=toml_configs, picks=st.lists(st.booleans(), max_size=40), keyed=st.booleans())
-def test_toml_install_then_uninstall_is_identity(data, picks, keyed):
-    text = _with_comments(tomli_w.dumps(data), "#", picks)
-    _round_trip("codex", text, KEYED if keyed else TARGET, exact=not _implicit_features_table(data))
+def test_toml_written_with_dotted_keys_installs_into_the_merged_data_and_uninstalls_to_itself(data, picks, keyed):
+    _round_trip("codex", _with_comments(_dotted_toml(data), "#", picks), KEYED if keyed else TARGET)
 
 
 @settings_
-@given(data=yaml_configs, picks=st.lists(st.booleans(), max_size=40), keyed=st.booleans())
-def test_yaml_install_then_uninstall_is_identity(data, picks, keyed):
+@given(data=yaml_configs, picks=st.lists(st.booleans(), max_size=40), keyed=st.booleans(), crlf=st.booleans())
+def test_yaml_install_then_uninstall_is_identity(data, picks, keyed, crlf):
     text = _with_comments(yaml.safe_dump(data, sort_keys=False), "#", picks)
-    _round_trip("hermes", text, KEYED if keyed else TARGET)
+    _round_trip("hermes", text, KEYED if keyed else TARGET, crlf=crlf)
 
 
 @settings_
