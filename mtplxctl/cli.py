@@ -11,8 +11,10 @@ import importlib
 import sys
 
 from mtplxd import POWERED_BY, __version__
+from mtplxd.instance import read_pid
+from mtplxd.models.hub import ModelStoreError
 from mtplxd.paths import HomeUnusable, Paths, unusable_home
-from mtplxctl.client import ControlError, DaemonNotRunning
+from mtplxctl.client import ControlError, DaemonNotAnswering, DaemonNotRunning
 from mtplxctl.output import EXIT_ERROR, EXIT_USAGE, fail, not_running
 
 # Command groups, in the order `mtplxctl --help` lists them. A module that is not there yet is
@@ -62,8 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except DaemonNotRunning:
         return not_running(getattr(args, "json", False))
+    except DaemonNotAnswering as exc:
+        return fail(*not_answering_text(exc, read_pid(Paths.from_env().pid_file)))
     except ControlError as exc:
         # The daemon's messages already say what to do next.
+        return fail(exc.message)
+    except ModelStoreError as exc:  # the store run in this process (no daemon): same messages
         return fail(exc.message)
     except HomeUnusable as exc:
         return fail(str(exc))
@@ -78,6 +84,31 @@ def main(argv: list[str] | None = None) -> int:
         return fail("interrupted", code=130)
     except BrokenPipeError:
         return EXIT_ERROR
+
+
+def not_answering_text(exc: DaemonNotAnswering, pid: int | None) -> tuple[str, str]:
+    """(error, what to do) for a daemon that holds its socket but does not answer."""
+    who = f"mtplxd (pid {pid})" if pid else "mtplxd"
+    error = f"{who} did not answer on {exc.socket_path} within {exc.timeout:g}s"
+    if pid is None:
+        return error, "see `mtplxctl logs`; if it stays silent, end the process that holds the socket"
+    if _is_stopped(pid):
+        # A stopped process keeps SIGTERM pending, so only SIGCONT (or SIGKILL) reaches it.
+        return (f"{error}; it is stopped (SIGSTOP or Ctrl-Z)",
+                f"resume it with `kill -CONT {pid}`, or end it with `kill -9 {pid}` and run "
+                "`mtplxctl start`")
+    return (f"{error}; it may be hung or very busy",
+            f"see `mtplxctl logs`; end it with `kill {pid}` (`kill -9 {pid}` if it stays), then "
+            "`mtplxctl start`")
+
+
+def _is_stopped(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
 
 
 if __name__ == "__main__":

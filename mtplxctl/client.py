@@ -18,6 +18,15 @@ class DaemonNotRunning(Exception):
     """Nothing answers on the control socket."""
 
 
+class DaemonNotAnswering(Exception):
+    """A daemon holds the control socket but did not answer in time (stopped, or hung)."""
+
+    def __init__(self, socket_path: Path, timeout: float) -> None:
+        super().__init__(f"no answer on {socket_path} within {timeout:g}s")
+        self.socket_path = socket_path
+        self.timeout = timeout
+
+
 class ControlError(RpcError):
     """The daemon answered with a JSON-RPC error (the wire shape the server's RpcError
     sends); `reason` is the stable name."""
@@ -40,12 +49,21 @@ class ControlClient:
              on_notification: Notification | None = None, timeout: float | None = -1) -> Any:
         """Call `method`; notifications before the result go to `on_notification`.
 
-        Raises DaemonNotRunning when nothing listens, ControlError for an error answer.
-        `timeout` (seconds, None for no limit) defaults to the client's.
+        Raises DaemonNotRunning when nothing listens, DaemonNotAnswering when the daemon does
+        not answer within `timeout` (seconds, None for no limit; defaults to the client's),
+        ControlError for an error answer.
         """
+        limit = self.timeout if timeout == -1 else timeout
+        try:
+            return self._exchange(method, params, on_notification, limit)
+        except TimeoutError:  # socket.timeout: the socket is there, the daemon does not answer
+            raise DaemonNotAnswering(self.socket_path, limit) from None
+
+    def _exchange(self, method: str, params: dict[str, Any] | None,
+                  on_notification: Notification | None, timeout: float | None) -> Any:
         request_id = next(self._ids)
         payload = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}}
-        with self._connect(self.timeout if timeout == -1 else timeout) as sock:
+        with self._connect(timeout) as sock:
             sock.sendall(encode(payload))
             reader = sock.makefile("rb")
             for line in reader:

@@ -128,7 +128,19 @@ def _first_os_error(exc: BaseException) -> OSError | None:
 
 
 def _start_error_text(error: OSError, config) -> str:
-    """One sentence for an OS error at start: who holds the port, and what to do."""
+    """One sentence for an OS error at start: who holds the port, which address cannot be
+    bound, and what to do."""
+    import socket
+
+    where = f"{config.host}:{config.port}"
+    use_local = ("use 127.0.0.1 or an address of this machine (`mtplxctl start --host "
+                 "127.0.0.1`, or `mtplxctl config set host 127.0.0.1`)")
+    if isinstance(error, socket.gaierror):
+        return (f"cannot listen on {where}: the host {config.host!r} does not resolve "
+                f"({error.strerror or error}); {use_local}")
+    if error.errno == errno.EADDRNOTAVAIL:
+        return (f"cannot listen on {where}: {config.host} is not an address of this machine "
+                f"({error.strerror}); {use_local}")
     if error.errno != errno.EADDRINUSE:
         return f"cannot start: {error.strerror or error}"
     owner = port_owner(config.port)

@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 from rich.table import Table
 
-from mtplxd.config import settings_now
+from mtplxd.config import Config, ConfigError, load_config, settings_now
 from mtplxd.instance import lock_is_held
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, DaemonNotRunning
@@ -179,12 +179,9 @@ def _launch(paths: Paths, args: argparse.Namespace) -> int | None:
     """Start the daemon: through the service manager when installed, else detached."""
     manager = _installed_service_manager()
     if manager is not None:
-        refused = _start_only_options(args)
-        if refused:
-            flags = ", ".join("--" + key.replace("_", "-") for key in refused)
-            saves = "; ".join(f"`mtplxctl config set {key} VALUE`" for key in refused)
-            return fail(f"the login service runs mtplxd with the saved configuration, so it cannot take {flags}",
-                        f"save them instead ({saves}), then `mtplxctl restart`")
+        refused = _service_refusal(args)
+        if refused is not None:
+            return fail(*refused)
         error = _start_service(manager)
         if error is not None:
             return error
@@ -200,6 +197,18 @@ def _launch(paths: Paths, args: argparse.Namespace) -> int | None:
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, close_fds=True)
         out.close()
     return _wait_until_up(paths, process)
+
+
+def _service_refusal(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(error, what to do) when the installed login service would start mtplxd and `args`
+    hold start-only options it cannot pass; None otherwise."""
+    refused = _start_only_options(args)
+    if not refused or _installed_service_manager() is None:
+        return None
+    flags = ", ".join("--" + key.replace("_", "-") for key in refused)
+    saves = "; ".join(f"`mtplxctl config set {key} VALUE`" for key in refused)
+    return (f"the login service runs mtplxd with the saved configuration, so it cannot take {flags}",
+            f"save them instead ({saves}), then `mtplxctl restart`")
 
 
 def _installed_service_manager() -> Any:
@@ -400,7 +409,14 @@ def cmd_restart(args: argparse.Namespace) -> int:
     paths = Paths.from_env()
     client = ControlClient(paths.socket)
     if client.is_running():
-        carried = carry_running_options(client.call("daemon.status"), args, paths)
+        status = client.call("daemon.status")
+        carried = carry_running_options(status, args, paths)
+        # Stopping first would leave nothing running when the next daemon cannot start.
+        blocker = restart_blocker(paths, args, any(flag.startswith("--model ") for flag in carried))
+        if blocker is not None:
+            error, hint = blocker
+            return fail(f"cannot restart: {error}",
+                        f"{hint}; mtplxd (pid {status['pid']}) is still running, nothing was stopped")
         pid, stopped = _stop_daemon(paths, client)
         if not stopped:
             return fail(f"mtplxd (pid {pid}) did not stop within {STOP_TIMEOUT:.0f}s",
@@ -409,6 +425,80 @@ def cmd_restart(args: argparse.Namespace) -> int:
             err_console.print(f"restarting as it ran: {' '.join(carried)} (give an option to "
                               "change it)")
     return cmd_start(args)
+
+
+def restart_blocker(paths: Paths, args: argparse.Namespace,
+                    model_carried: bool = False) -> tuple[str, str] | None:
+    """What would keep the next daemon from starting (or from loading its model) as `args`
+    ask, checked while the running one still serves: (error, what to do), or None.
+
+    `model_carried`: `args.model` is the running daemon's model, not one given to restart.
+    """
+    refused = _service_refusal(args)
+    if refused is not None:
+        return refused
+    try:
+        config = _next_config(paths, args)
+    except ConfigError as exc:
+        return (f"configuration error: {exc}",
+                f"fix {paths.config_file} (`mtplxctl config set KEY VALUE` writes valid values)")
+    if args.model:
+        source = "the model it runs now" if model_carried else "given with --model"
+    else:
+        source = "the `model` of config.toml"
+    return _listen_blocker(config, paths) or _model_blocker(args.model or config.model, source, paths)
+
+
+def _next_config(paths: Paths, args: argparse.Namespace) -> Config:
+    """The settings the next daemon would run with: config.toml, the environment, and the
+    start-only options of `args` (as the daemon applies its flags). Raises ConfigError."""
+    config = load_config(paths.config_file)
+    for key in _start_only_options(args):
+        config.override(key, getattr(args, key))
+    return config
+
+
+def _listen_blocker(config: Config, paths: Paths) -> tuple[str, str] | None:
+    """Why the next daemon could not listen on `config.host`, or None."""
+    import socket
+
+    from mtplxd.api.address import is_loopback
+    from mtplxd.api.auth import load_key
+
+    use_local = "restart with `--host 127.0.0.1` or an address of this machine"
+    if not is_loopback(config.host) and load_key(paths) is None:
+        return (f"mtplxd does not listen on {config.host} without an API key",
+                f"create one with `mtplxctl key rotate` (or set MTPLX_API_KEY), or {use_local}")
+    try:  # any port: the running daemon still holds the one it will use
+        family, kind, proto, _, address = socket.getaddrinfo(
+            config.host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.bind(address)
+    except OSError as exc:
+        return f"mtplxd could not listen on {config.host}: {exc.strerror or exc}", use_local
+    return None
+
+
+def _model_blocker(spec: str | None, source: str, paths: Paths) -> tuple[str, str] | None:
+    """Why the next daemon could not find model `spec` ("" or None: the default), or None."""
+    from mtplxd.models.hub import ModelStoreError
+    from mtplxd.models.store import EMBEDDED_MODEL_ID, parse_spec, resolve_pulled
+
+    if not spec or spec == EMBEDDED_MODEL_ID or Path(spec).expanduser().is_dir():
+        return None
+    try:
+        if resolve_pulled(spec, paths.models_dir) is not None:
+            return None
+        why = "it is neither a local folder nor a pulled model"
+    except ModelStoreError as exc:  # a damaged manifest
+        why = exc.message
+    other = "restart with another model (`mtplxctl restart --model PATH_OR_REPO`)"
+    try:
+        parse_spec(spec)
+    except ModelStoreError:  # a folder that is gone: nothing to pull
+        return f"model {spec} ({source}) cannot be loaded: {why}", other
+    return (f"model {spec} ({source}) cannot be loaded: {why}",
+            f"{other}, or pull it (`mtplxctl models pull {spec}`)")
 
 
 def carry_running_options(status: dict[str, Any], args: argparse.Namespace,

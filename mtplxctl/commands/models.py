@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     rm = verbs.add_parser("rm", help="remove a pulled model (or one REPO@REVISION of it)")
     rm.add_argument("model", metavar="REPO[@REVISION]")
+    rm.add_argument("--force", action="store_true",
+                    help="remove it even when it is the model the daemon serves (the next start "
+                         "or restart then cannot load it)")
     rm.add_argument("--json", action="store_true", help="machine-readable output")
     rm.set_defaults(func=cmd_rm)
 
@@ -441,13 +444,19 @@ def _check_folder(path: Path, as_json: bool) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     try:
-        result = run_operation("models.rm", {"model": args.model},
+        result = run_operation("models.rm", {"model": args.model, "force": args.force},
                                lambda store, emit: store.remove(args.model))
     except OperationFailed as exc:
         return _failed(exc, args.json)
     if args.json:
         print_json(result)
         return EXIT_OK
-    revisions = ", ".join(sha[:12] for sha in result["removed"]) or "partial download"
-    console.print(f"removed {result['repo']} ({revisions}), freed {human_bytes(result['freed_bytes'])}")
+    if result.get("damaged"):
+        what = "damaged manifest"
+    else:
+        what = ", ".join(sha[:12] for sha in result["removed"]) or "partial download"
+    console.print(f"removed {result['repo']} ({what}), freed {human_bytes(result['freed_bytes'])}")
+    if result.get("was_serving"):
+        err_console.print("[yellow]it was the model mtplxd serves: the next start or restart "
+                          "needs another (`--model`)[/yellow]")
     return EXIT_OK

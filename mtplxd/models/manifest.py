@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from mtplxd.atomic import write_atomic
+from mtplxd.control.protocol import APP_ERROR, RpcError
+from mtplxd.models.hub import ModelStoreError
 
 MANIFEST_FORMAT = 1
 
@@ -97,6 +99,32 @@ def repo_slug(repo: str) -> str:
     return repo.replace("/", "--")
 
 
+def repo_of(manifest_file: Path) -> str:
+    """`org--name.json` -> `org/name` (Hub repo ids never hold `--`, so the first is the slash)."""
+    return manifest_file.stem.replace("--", "/", 1)
+
+
+class DamagedManifest(ModelStoreError, RpcError):
+    """A manifest that cannot be read (not JSON, or not a manifest's shape).
+
+    Also an RpcError: `model.load` reaches it through the runtime's model lookup, and as an
+    RpcError the control server answers it as the application error it is (reason
+    `damaged_manifest`) instead of as an internal error.
+    """
+
+    def __init__(self, repo: str, path: Path, why: str) -> None:
+        message = (f"the manifest of {repo} ({path}) is damaged ({why}); remove it with "
+                   f"`mtplxctl models rm {repo}`, or pull it again with `mtplxctl models pull {repo}`")
+        Exception.__init__(self, message)  # two bases with their own __init__: set both by hand
+        self.reason = "damaged_manifest"
+        self.message = message
+        self.code = APP_ERROR
+        self.data = {}
+        self.request_id = None
+        self.repo = repo
+        self.path = path
+
+
 class Manifests:
     """Reads and writes `models/manifests/<org>--<name>.json` (atomically) and their locks."""
 
@@ -110,12 +138,30 @@ class Manifests:
         """The repo's manifest, or None when nothing of it was pulled.
 
         Hub repo ids are case-insensitive, so `qwen/x` finds the manifest of `Qwen/X`.
+        Raises DamagedManifest when the file cannot be read as a manifest.
         """
+        file = self._file_of(repo)
+        return self._read(file) if file is not None else None
+
+    def _file_of(self, repo: str) -> Path | None:
+        exact = self.path(repo)
+        if exact.is_file():
+            return exact
+        wanted = exact.name.lower()
+        return next((file for file in self._files() if file.name.lower() == wanted), None)
+
+    def _files(self) -> list[Path]:
+        return sorted(self.directory.glob("*.json")) if self.directory.is_dir() else []
+
+    @staticmethod
+    def _read(file: Path) -> RepoManifest:
         try:
-            data = json.loads(self.path(repo).read_text())
-        except FileNotFoundError:
-            return next((m for m in self.all() if m.repo.lower() == repo.lower()), None)
-        return RepoManifest.from_dict(data)
+            return RepoManifest.from_dict(json.loads(file.read_text()))
+        except ValueError as exc:  # not JSON (or not UTF-8)
+            raise DamagedManifest(repo_of(file), file, f"not JSON: {exc}") from None
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise DamagedManifest(repo_of(file), file,
+                                  f"not a manifest: {type(exc).__name__} {exc}") from None
 
     def save(self, manifest: RepoManifest) -> None:
         """Write the manifest; an empty one is removed."""
@@ -125,16 +171,24 @@ class Manifests:
         write_atomic(self.path(manifest.repo), json.dumps(manifest.to_dict(), indent=2).encode())
 
     def all(self) -> list[RepoManifest]:
-        """Every manifest on disk, by repo id."""
-        if not self.directory.is_dir():
-            return []
+        """Every readable manifest on disk, by repo id (`damaged()` lists the others)."""
         found = []
-        for file in sorted(self.directory.glob("*.json")):
+        for file in self._files():
             try:
-                found.append(RepoManifest.from_dict(json.loads(file.read_text())))
-            except (json.JSONDecodeError, KeyError, TypeError):
+                found.append(self._read(file))
+            except DamagedManifest:
                 continue  # a damaged manifest hides one repo, never the whole list
         return sorted(found, key=lambda m: m.repo.lower())
+
+    def damaged(self) -> list[DamagedManifest]:
+        """The manifests on disk that cannot be read, each as the error that says what to do."""
+        found = []
+        for file in self._files():
+            try:
+                self._read(file)
+            except DamagedManifest as exc:
+                found.append(exc)
+        return found
 
     @contextmanager
     def locked(self, repo: str) -> Iterator[None]:

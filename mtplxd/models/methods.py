@@ -10,7 +10,9 @@ next chunk; files already finished stay in the store.
 from __future__ import annotations
 
 import math
+import os
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 import trio
@@ -57,9 +59,17 @@ def register_model_store_methods(registry: MethodRegistry, paths: Paths) -> None
         return await _streaming(store.update, spec, notify)
 
     async def models_rm(params: dict[str, Any], notify: Notify) -> dict[str, Any]:
-        """Remove a pulled repo, or one `org/name@revision` of it."""
+        """Remove a pulled repo, or one `org/name@revision` of it. Refused (reason
+        `model_in_use`) for the model the daemon serves, unless `force` is true."""
         spec = _required_str(params, "model")
-        return await _blocking(store.remove, spec)
+        force = params.get("force", False)
+        if not isinstance(force, bool):
+            raise invalid_params("force must be true or false")
+        serving = await _serving_folder(registry)
+        in_use = serving is not None and store.would_delete(spec, serving)
+        if in_use and not force:
+            raise in_use_error(spec)
+        return {**await _blocking(store.remove, spec), "was_serving": in_use}
 
     registry.add("models.list", models_list)
     registry.add("models.catalog", models_catalog)
@@ -71,9 +81,38 @@ def register_model_store_methods(registry: MethodRegistry, paths: Paths) -> None
 
 def _required_str(params: dict[str, Any], key: str) -> str:
     value = params.get(key)
-    if not isinstance(value, str) or not value.strip():
+    if value is not None and not isinstance(value, str):
+        raise invalid_params(f"{key} must be a string naming a model: a Hub repo id like "
+                             f"org/name[@revision], not a {type(value).__name__}")
+    if not value or not value.strip():
         raise invalid_params(f"{key} is required: a Hub repo id like org/name[@revision]")
     return value.strip()
+
+
+async def _no_notify(method: str, params: dict[str, Any]) -> None:
+    return None
+
+
+async def _serving_folder(registry: MethodRegistry) -> Path | None:
+    """The folder of the model the daemon serves, from its own `daemon.status`; None when no
+    model is loaded, or in a registry without the daemon's methods."""
+    status = registry.get("daemon.status")
+    if status is None:
+        return None
+    model = (await status.handler({}, _no_notify)).get("model") or {}
+    if model.get("state") != "loaded" or not model.get("path"):
+        return None
+    return Path(model["path"])
+
+
+def in_use_error(spec: str) -> RpcError:
+    """The refusal to remove the model being served: removing it would leave the next start
+    (and `restart`, which loads the same model again) without a model."""
+    return app_error("model_in_use",
+                     f"{spec} is the model mtplxd (pid {os.getpid()}) is serving; the next "
+                     "start or restart could not load it. Load another model first (`mtplxctl "
+                     "start --model OTHER`) or stop the daemon (`mtplxctl stop`), then remove it; `mtplxctl "
+                     "models rm --force` removes it now")
 
 
 def store_error(exc: ModelStoreError) -> RpcError:

@@ -26,7 +26,8 @@ from typing import Any
 
 from mtplxd.models.hub import (ModelStoreError, hub_endpoint, hub_errors, hub_offline,
                                require_online)
-from mtplxd.models.manifest import Manifests, PulledRevision, RemoteFile, RepoManifest
+from mtplxd.models.manifest import (DamagedManifest, Manifests, PulledRevision, RemoteFile,
+                                    RepoManifest)
 from mtplxd.models.progress import (ProgressCallback, PullCancelled, ShouldStop, file_progress,
                                     no_progress)
 from mtplxd.models.verify import inspect_model, mismatch
@@ -40,6 +41,9 @@ DOWNLOAD_WORKERS = 4
 PULL_TIMEOUT = 30.0
 CHECK_TIMEOUT = 10.0
 _SHA = re.compile(r"^[0-9a-f]{40}$")
+# The model that ships inside the package (mtplxd.runtime.EMBEDDED_MODEL_ID; the runtime
+# imports this module, so the name is repeated here rather than imported).
+EMBEDDED_MODEL_ID = "mtplx-tiny-coder"
 
 
 def is_commit_sha(revision: str | None) -> bool:
@@ -67,7 +71,7 @@ def resolve_pulled(spec: str, models_dir: Path) -> tuple[Path, str] | None:
 
     A bare repo id serves its current revision (the last one pulled or updated); `@revision`
     picks a pulled commit by sha, sha prefix (7+ characters) or the ref it was pulled as.
-    Never touches the network.
+    Never touches the network. Raises DamagedManifest when the repo's manifest cannot be read.
     """
     try:
         repo, revision = parse_spec(spec)
@@ -159,13 +163,21 @@ class ModelStore:
         report = inspect_model(self.snapshot_path(repo, sha))
         pulled = PulledRevision(repo=repo, sha=sha, requested=ref, files=files, report=report,
                                 pulled_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        manifest = self.manifests.load(repo) or RepoManifest(repo=repo)
+        manifest = self._manifest_to_extend(repo)
         manifest.repo = repo
         manifest.revisions[sha] = pulled
         manifest.current = sha
         self.manifests.save(manifest)
         # `downloaded` lists every file that crossed the network, repairs included.
         return pulled, sorted(set(fetched) | set(repaired)), repaired
+
+    def _manifest_to_extend(self, repo: str) -> RepoManifest:
+        """The repo's manifest to add a revision to; a new one where it has none or where it
+        is damaged (pulling again is how a damaged manifest is repaired)."""
+        try:
+            return self.manifests.load(repo) or RepoManifest(repo=repo)
+        except DamagedManifest:
+            return RepoManifest(repo=repo)
 
     def _drop_partial_files(self, repo: str) -> None:
         """Delete partial downloads left by a process that was killed mid-file.
@@ -267,7 +279,23 @@ class ModelStore:
             for pulled in sorted(manifest.revisions.values(), key=lambda r: r.pulled_at, reverse=True):
                 folder = self.snapshot_path(pulled.repo, pulled.sha)
                 rows.append(describe(pulled, folder, current=pulled.sha == manifest.current))
+        rows += [self._describe_damaged(damaged) for damaged in self.manifests.damaged()]
         return rows
+
+    def _describe_damaged(self, damaged: DamagedManifest) -> dict[str, Any]:
+        """A `models.list` row for a repo whose manifest cannot be read: nothing of it is
+        known but its name, its files on disk, and what to do."""
+        folder = self.repo_dir(damaged.repo)
+        return {
+            "id": damaged.repo, "repo": damaged.repo, "revision": "", "requested": None,
+            "current": True, "path": str(folder), "present": folder.is_dir(),
+            "size_bytes": _disk_usage(folder), "files": 0, "pulled_at": "",
+            "model_type": None, "family": None, "mode": "damaged", "damaged": True,
+            "reason": (f"damaged manifest: `mtplxctl models rm {damaged.repo}`, or pull it "
+                       "again"),
+            "error": damaged.message, "quantization": None, "has_mtp_tensors": None,
+            "context_length": None, "tokenizer": None,
+        }
 
     # ------------------------------------------------------------------ check
 
@@ -349,9 +377,22 @@ class ModelStore:
     # ------------------------------------------------------------------ remove
 
     def remove(self, spec: str) -> dict[str, Any]:
-        """Delete a pulled repo (every revision) or one `repo@revision`; returns what was freed."""
+        """Delete a pulled repo (every revision) or one `repo@revision`; returns what was freed.
+
+        A repo whose manifest is damaged is removed whole (its revisions are unknown).
+        """
+        if spec.strip() == EMBEDDED_MODEL_ID:
+            raise ModelStoreError("built_in", f"{EMBEDDED_MODEL_ID} is built into mtplx (it ships "
+                                              "in the package, not in the model store), so it "
+                                              "cannot be removed; `mtplxctl models list` shows "
+                                              "the models that can")
         repo, revision = parse_spec(spec)
-        manifest = self.manifests.load(repo)
+        try:
+            manifest = self.manifests.load(repo)
+        except DamagedManifest as damaged:
+            if revision is not None:
+                raise
+            return self._remove_damaged(damaged)
         repo = manifest.repo if manifest else repo
         with self.manifests.locked(repo):
             if revision is None:
@@ -367,6 +408,32 @@ class ModelStore:
                 raise not_pulled(f"{repo}@{revision}")
             freed = self._remove_revisions(repo, [pulled.sha])
             return {"repo": repo, "removed": [pulled.sha], "freed_bytes": freed}
+
+    def _remove_damaged(self, damaged: DamagedManifest) -> dict[str, Any]:
+        """Delete a repo whose manifest cannot be read: its files and the manifest."""
+        with self.manifests.locked(damaged.repo):
+            folder = self.repo_dir(damaged.repo)
+            freed = _disk_usage(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            damaged.path.unlink(missing_ok=True)
+        return {"repo": damaged.repo, "removed": [], "freed_bytes": freed, "damaged": True}
+
+    def would_delete(self, spec: str, folder: Path) -> bool:
+        """True when `remove(spec)` would delete `folder` (a model folder, say the served one)."""
+        folder = Path(folder).resolve()
+        try:
+            repo, revision = parse_spec(spec)
+        except ModelStoreError:
+            return False  # remove() fails on it too, deleting nothing
+        try:
+            manifest = self.manifests.load(repo)
+        except DamagedManifest as damaged:  # removed whole, or not at all
+            return revision is None and folder.is_relative_to(self.repo_dir(damaged.repo).resolve())
+        repo = manifest.repo if manifest else repo
+        if revision is None:
+            return folder.is_relative_to(self.repo_dir(repo).resolve())
+        pulled = manifest.find(revision) if manifest else None
+        return pulled is not None and folder == self.snapshot_path(repo, pulled.sha).resolve()
 
     def _remove_revisions(self, repo: str, shas: list[str]) -> int:
         """Drop commits from the manifest and the cache (blobs still used elsewhere stay)."""
@@ -400,6 +467,7 @@ def describe(pulled: PulledRevision, folder: Path, current: bool) -> dict[str, A
         "revision": pulled.sha,
         "requested": pulled.requested,
         "current": current,
+        "damaged": False,
         "path": str(folder),
         "present": folder.is_dir(),
         "size_bytes": pulled.size_bytes,

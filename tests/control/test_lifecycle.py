@@ -308,3 +308,77 @@ def test_a_failure_after_the_daemon_served_is_not_called_a_failure_to_start(monk
     assert "cannot start" not in said
     log = Paths.from_env().log_file.read_text()
     assert "mtplxd stopped by an error" in log and "Traceback" in log
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())  # rich wraps long lines
+
+
+def test_restart_with_a_broken_config_leaves_the_daemon_running(daemon):
+    daemon.paths.config_file.write_text("{not toml\n")
+    result = run_ctl("restart")
+    said = _one_line(result.stderr)
+    assert result.returncode == 1
+    assert "cannot restart: configuration error" in said and "is not valid TOML" in said
+    assert f"mtplxd (pid {daemon.pid}) is still running, nothing was stopped" in said
+    assert daemon.process.poll() is None
+    assert daemon.client.call("daemon.status")["pid"] == daemon.pid
+
+
+def test_restart_on_a_host_it_cannot_listen_on_leaves_the_daemon_running(daemon, monkeypatch):
+    monkeypatch.setenv("MTPLX_API_KEY", "sk-test-restart")  # a key, so only the bind can fail
+    result = run_ctl("restart", "--host", "10.255.255.1")
+    said = _one_line(result.stderr)
+    assert result.returncode == 1
+    assert "could not listen on 10.255.255.1" in said and "--host 127.0.0.1" in said
+    assert daemon.process.poll() is None
+
+
+@pytest.mark.parametrize("host, why", [
+    ("10.255.255.1", "10.255.255.1 is not an address of this machine"),
+    ("not-a-host.invalid", "the host 'not-a-host.invalid' does not resolve"),
+])
+def test_a_host_it_cannot_bind_is_named_with_what_to_do(host, why, monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("MTPLX_API_KEY", "sk-test-bind")  # non-loopback needs a key
+    result = subprocess.run([sys.executable, "-m", "mtplxd", "--host", host, "--port", "8123"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    said = result.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"mtplxd: cannot listen on {host}:8123: {why}"), said
+    assert "use 127.0.0.1 or an address of this machine" in said
+
+
+def test_a_stopped_daemon_is_named_with_its_pid_socket_and_what_to_do(daemon):
+    from mtplxctl.client import ControlClient, DaemonNotAnswering
+
+    os.kill(daemon.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(DaemonNotAnswering):
+            ControlClient(daemon.paths.socket, timeout=0.5).call("daemon.status")
+        result = run_ctl("stop")  # its first call waits 5s
+        said = _one_line(result.stderr)
+        assert result.returncode == 1
+        assert (f"mtplxd (pid {daemon.pid}) did not answer on {daemon.paths.socket} within 5s; "
+                "it is stopped") in said
+        assert f"kill -CONT {daemon.pid}" in said and "timed out" not in said
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
+    assert daemon.client.is_running()
+
+
+def test_a_daemon_that_does_not_answer_but_runs_is_called_hung_with_a_way_out():
+    from pathlib import Path
+
+    from mtplxctl.cli import not_answering_text
+    from mtplxctl.client import DaemonNotAnswering
+
+    error = DaemonNotAnswering(Path("/run/mtplx.sock"), 30.0)
+    said, hint = not_answering_text(error, os.getpid())  # this process: running, not stopped
+    assert said == f"mtplxd (pid {os.getpid()}) did not answer on /run/mtplx.sock within 30s; " \
+                   "it may be hung or very busy"
+    assert f"kill {os.getpid()}" in hint and "mtplxctl start" in hint
+    said, hint = not_answering_text(error, None)
+    assert said.startswith("mtplxd did not answer on /run/mtplx.sock") and "mtplxctl logs" in hint

@@ -125,3 +125,24 @@ def test_models_list_keeps_every_character_in_80_columns(hub, monkeypatch):
         if argv == ["models", "list"]:
             revision = json.loads(run_ctl("models", "list", "--json").stdout)["models"][0]["revision"]
             assert REPO.replace(" ", "") in _unfold(shown) and revision[:12] in shown
+
+
+def test_a_damaged_manifest_is_listed_and_removed_without_a_daemon(capsys):
+    from mtplxd.paths import Paths
+    from support.pulled import write_damaged_manifest
+
+    manifest = write_damaged_manifest(Paths.from_env().models_dir, "bad/repo")
+    assert main(["models", "list", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["models"]
+    assert row["id"] == "bad/repo" and row["damaged"] is True
+    assert main(["models", "list"]) == 0
+    assert "bad/repo" in capsys.readouterr().out
+    assert main(["models", "rm", "bad/repo"]) == 0
+    assert "removed bad/repo" in capsys.readouterr().out and not manifest.exists()
+
+
+def test_rm_of_the_embedded_model_says_it_is_built_in(capsys):
+    assert main(["models", "rm", "mtplx-tiny-coder"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "mtplx-tiny-coder is built into mtplx" in err and "cannot be removed" in err
+    assert "models pull" not in err

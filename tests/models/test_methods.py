@@ -58,3 +58,27 @@ def test_catalog_method_lists_the_embedded_fallback_last():
 
     rows = call("models.catalog", {}, ignore)["models"]
     assert rows[-1]["id"] == "mtplx-tiny-coder" and sum(r["recommended"] for r in rows) == 1
+
+
+@pytest.mark.parametrize("method", ["models.rm", "models.pull"])
+@pytest.mark.parametrize("value", [5, ["org/name"], {"repo": "org/name"}])
+def test_a_model_that_is_not_a_string_is_named_as_such(method, value):
+    async def ignore(name, params):
+        pass
+
+    with pytest.raises(RpcError) as caught:
+        call(method, {"model": value}, ignore)
+    assert caught.value.reason == "invalid_params"
+    assert "must be a string naming a model" in caught.value.message
+    with pytest.raises(RpcError) as caught:
+        call(method, {"model": "  "}, ignore)
+    assert "model is required" in caught.value.message
+
+
+def test_force_must_be_a_boolean():
+    async def ignore(name, params):
+        pass
+
+    with pytest.raises(RpcError) as caught:
+        call("models.rm", {"model": REPO, "force": "yes"}, ignore)
+    assert caught.value.reason == "invalid_params" and "force" in caught.value.message

@@ -287,3 +287,44 @@ def test_a_repo_without_safetensors_is_refused_before_downloading(hub, store):
         store.pull("mtplx-test/TorchOnly")
     assert caught.value.reason == "no_weights"
     assert hub.resolve_gets() == []
+
+
+def test_a_damaged_manifest_is_listed_named_and_removable(store):
+    from mtplxd.models.manifest import DamagedManifest
+    from support.pulled import write_damaged_manifest
+
+    manifest = write_damaged_manifest(store.models_dir, "bad/repo")
+    [row] = store.list_models()
+    assert row["id"] == "bad/repo" and row["damaged"] is True and row["mode"] == "damaged"
+    assert row["size_bytes"] == 4096 and "mtplxctl models rm bad/repo" in row["reason"]
+    with pytest.raises(DamagedManifest) as caught:
+        resolve_pulled("bad/repo", store.models_dir)
+    assert caught.value.reason == "damaged_manifest"
+    assert "mtplxctl models rm bad/repo" in caught.value.message
+    assert "mtplxctl models pull bad/repo" in caught.value.message
+    with pytest.raises(DamagedManifest):  # its revisions are unknown: only the whole repo goes
+        store.remove("bad/repo@main")
+    removed = store.remove("BAD/repo")  # repo ids are case-insensitive
+    assert removed["repo"] == "bad/repo" and removed["freed_bytes"] == 4096
+    assert not manifest.exists() and not store.repo_dir("bad/repo").exists()
+    assert store.list_models() == []
+
+
+def test_pulling_again_repairs_a_damaged_manifest(hub, store):
+    from support.pulled import write_damaged_manifest
+
+    write_damaged_manifest(store.models_dir, REPO)
+    store.pull(REPO)
+    [row] = store.list_models()
+    assert row["damaged"] is False and row["revision"] == hub.repos[REPO].refs["main"]
+
+
+def test_the_embedded_model_cannot_be_removed(store):
+    from mtplxd.models.store import EMBEDDED_MODEL_ID
+    from mtplxd.runtime import EMBEDDED_MODEL_ID as SERVED_ID
+
+    assert EMBEDDED_MODEL_ID == SERVED_ID
+    with pytest.raises(ModelStoreError) as caught:
+        store.remove("mtplx-tiny-coder")
+    assert caught.value.reason == "built_in"
+    assert "built into mtplx" in caught.value.message and "pull" not in caught.value.message

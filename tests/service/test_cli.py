@@ -119,3 +119,24 @@ def test_start_through_the_service_refuses_every_start_only_option_in_one_messag
         assert f"mtplxctl config set {key} VALUE" in err
     assert "--hosts" not in err and "reranker" not in err  # only what was passed
     assert not any(call[:3] == ["systemctl", "--user", "start"] for call in systemd_tools.calls())
+
+
+def test_restart_through_the_service_refuses_start_only_options_before_stopping(systemd_tools, capsys):
+    """With the service installed the next daemon could not take --port: say so while the
+    running daemon still serves, instead of stopping it first."""
+    from mtplxctl.launchd import service_manager
+    from support.daemon import start_daemon
+
+    assert main(["service", "install", "--no-wait"]) == 0
+    service_manager().stop()
+    running = start_daemon("--no-model")
+    try:
+        capsys.readouterr()
+        assert main(["restart", "--port", "28742"]) == 1
+        err = " ".join(capsys.readouterr().err.split())
+        assert "cannot restart: the login service runs mtplxd with the saved configuration, so it " \
+               "cannot take --port" in err
+        assert f"mtplxd (pid {running.pid}) is still running, nothing was stopped" in err
+        assert running.process.poll() is None and running.client.is_running()
+    finally:
+        running.stop()
