@@ -221,3 +221,14 @@ def test_the_daemon_imports_no_benchmark_or_fixture_module():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert [m for m in json.loads(done.stdout) if m.startswith(NOT_RUNTIME)] == []
+
+
+def test_mtplxctl_starts_without_loading_mlx():
+    """Every `mtplxctl` command builds the whole parser first: importing the engine there
+    (MLX, mlx-lm, transformers) cost each command, `status` included, about a second."""
+    script = ("import json, sys, mtplxctl.cli; mtplxctl.cli.build_parser(); "
+              "print(json.dumps(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout)
+    assert [m for m in loaded if m in ("mlx.core", "mlx_lm", "transformers") or m.startswith(ENGINE)] == []

@@ -12,7 +12,6 @@ import time
 
 from mtplxd.config import ConfigError, load_config
 from mtplxd.paths import Paths
-from mtplxd.runtime import ModelLoadFailed, resolve_model
 from mtplxctl.output import fail, whole_number
 
 
@@ -39,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    # Imported here: the engine brings MLX, a second of startup no other command should pay.
     from mtplxd.engine.bench import decode as bench
+    from mtplxd.runtime import ModelLoadFailed, resolve_model
 
     paths = Paths.from_env()
     try:

@@ -12,11 +12,13 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mtplxd.engine.interface import GenerationResult
 from mtplxd.flight import FlightRecorder
 from mtplxd.logs import printable
+
+if TYPE_CHECKING:  # importing the engine loads MLX: `mtplxctl trace` reads PREFIX_BLOCK only
+    from mtplxd.engine.interface import GenerationResult
 
 log = logging.getLogger("mtplxd.requests")
 
