@@ -333,8 +333,9 @@ class Generations:
             async with self._generate(plan) as items:
                 async for item in items:
                     if isinstance(item, TokenDelta):
-                        reasoning_tokens += len(item.token_ids) if parser.in_reasoning else 0
-                        events += parser.feed(item.text)
+                        fed, reasoning = feed_counting_reasoning(parser, item)
+                        reasoning_tokens += reasoning
+                        events += fed
                         logprobs += item.logprobs or []
                         flight.on_delta(len(item.token_ids), item.text)
                     elif isinstance(item, GenerationResult):
@@ -401,11 +402,11 @@ class Generations:
                         ending = "error"
                         raise _translate(item) from item
                     if isinstance(item, TokenDelta):
-                        reasoning_tokens += len(item.token_ids) if parser.in_reasoning else 0
                         flight.on_delta(len(item.token_ids), item.text)
                         if item.logprobs:
                             yield LogprobItems(item.logprobs)
-                        events = parser.feed(item.text)
+                        events, reasoning = feed_counting_reasoning(parser, item)
+                        reasoning_tokens += reasoning
                         calls += [e for e in events if isinstance(e, ToolCallEvent)]
                         if events:
                             last_sent = trio.current_time()
@@ -556,6 +557,15 @@ def _pick(value: Any, default: Any, fallback: Any) -> Any:
     if value is not None:
         return value
     return default if default is not None else fallback
+
+
+def feed_counting_reasoning(parser: OutputParser, delta: TokenDelta) -> tuple[list[Event], int]:
+    """The parser's events for `delta`, and how many of its tokens are reasoning: all of a
+    delta that opens, continues or closes the reasoning (its `<think>` and `</think>` count,
+    as the reasoning block's own tokens)."""
+    was_reasoning = parser.in_reasoning
+    events = parser.feed(delta.text)
+    return events, len(delta.token_ids) if was_reasoning or parser.in_reasoning else 0
 
 
 def _translate(exc: BaseException) -> BaseException:

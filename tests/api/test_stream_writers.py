@@ -168,3 +168,15 @@ def test_parser_of_a_plan_with_a_forced_opener_completes_the_call():
     events = parser.feed('{"path": "x"}}\n</tool_call>') + parser.finish()
     calls = collect(events).tool_calls
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("read_file", {"path": "x"})]
+
+
+def test_reasoning_tokens_count_the_think_tags_with_the_reasoning_between_them():
+    """A 1-token turn whose token is `<think>` is one reasoning token, as is `</think>`; the
+    answer after it is not."""
+    from mtplxd.api.service import feed_counting_reasoning
+    from mtplxd.engine.interface import TokenDelta
+
+    parser = OutputParser(parse_tools=False)
+    counted = [feed_counting_reasoning(parser, TokenDelta([i], text))[1]
+               for i, text in enumerate(["<think>", "plan", " more", "</think>", "\n\n", "answer"])]
+    assert counted == [1, 1, 1, 1, 0, 0]
