@@ -74,7 +74,8 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
             raise APIError(403, f"browser requests from {origin} are not allowed; add the origin "
                                 "with `mtplxctl config set cors_origins ORIGIN`", code="cors_forbidden")
         if request.method == "OPTIONS" and origin is not None:
-            return Response("", status=204, headers=cors_headers(origin))
+            return Response("", status=204, headers=cors_headers(
+                origin, request.headers.get("Access-Control-Request-Headers")))
         if key_required and request.path not in OPEN_PATHS:
             if api_key is None or not is_authorized(request.headers, api_key):
                 raise APIError(401, "missing or invalid API key: send `Authorization: Bearer KEY` or "
@@ -85,9 +86,10 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
     @app.after_request
     async def finish(response: Response) -> Response:
         origin = browser_origin(request.headers)
-        if origin is not None:
+        # A refused origin's 403 gets no CORS headers: its page must not read the answer.
+        if origin is not None and origin_allowed(origin, request.headers.get("Host"), allowed_origins):
             for name, value in cors_headers(origin).items():
-                response.headers[name] = value
+                response.headers.setdefault(name, value)
         if request.url_rule is not None:
             metrics.observe_request(request.url_rule.rule, response.status_code)
         if response.status_code < 400 and g.get("mtplx_plan") is None and g.get("mtplx_client"):

@@ -24,12 +24,15 @@ def origin_allowed(origin: str, host: str | None, allowed: list[str]) -> bool:
     return bool(host) and netloc.lower() == host.lower()
 
 
-def cors_headers(origin: str) -> dict[str, str]:
-    """Headers that let the browser read the answer."""
+def cors_headers(origin: str, requested_headers: str | None = None) -> dict[str, str]:
+    """Headers that let the browser at `origin` (an allowed one) read the answer. A preflight's
+    `Access-Control-Request-Headers` are allowed as asked: the origin is trusted, and the SDKs
+    send headers of their own (`x-stainless-*`, the session headers) that no fixed list keeps
+    up with."""
     return {
         "Access-Control-Allow-Origin": origin,
         "Access-Control-Allow-Methods": ALLOWED_METHODS,
-        "Access-Control-Allow-Headers": ALLOWED_HEADERS,
+        "Access-Control-Allow-Headers": requested_headers or ALLOWED_HEADERS,
         "Access-Control-Expose-Headers": EXPOSED_HEADERS,
         "Access-Control-Max-Age": "600",
         "Vary": "Origin",

@@ -286,9 +286,11 @@ def _response_object(response_id: str, plan: Plan, status: str, output: list[dic
     return obj
 
 
-def _finished(item: dict[str, Any]) -> dict[str, Any]:
+def _finished(item: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    """`item` with its final status: "incomplete" for the one the output cap cut off (a call's
+    arguments may then be cut mid-JSON: an agent must not run it as if whole)."""
     if "status" in item:
-        item["status"] = "completed"
+        item["status"] = status
     return item
 
 
@@ -321,6 +323,8 @@ async def responses(gen: Generations, data: dict[str, Any]) -> Response | tuple[
             # Every generated token's logprob, in order, goes with the (first) answer text.
             item["content"][0]["logprobs"], logprobs = logprobs, []
         _finished(item)
+    if outcome.result.finish_reason == "length" and items.items:
+        _finished(items.items[-1], "incomplete")  # the item the cap cut off
     body = _response_object(response_id, plan, "completed", items.items, data, outcome)
     return body, 200, _headers(plan, tools)
 
@@ -339,7 +343,7 @@ async def _stream(gen: Generations, plan: Plan, response_id: str, body: dict[str
             elif isinstance(item, LogprobItems):
                 writer.logprobs += chat_content(await gen.show_logprobs(item.entries))
             elif isinstance(item, Outcome):
-                yield writer.finish()
+                yield writer.finish(cut=item.result.finish_reason == "length")
                 final = _response_object(response_id, plan, "completed", items.items, body, item)
                 name = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
                 yield events.frame(name, {"response": final})
@@ -367,18 +371,19 @@ class _StreamWriter:
     def index(self) -> int:
         return len(self.items.items) - 1
 
-    def finish(self) -> bytes:
-        """Close the open item at the end of the stream. Tokens decoded after the last message
-        closed (a trailing tool call, the end-of-turn token) no text delta can carry; their
-        logprobs join the last message's part, as the whole response puts every token's."""
-        out = self.close()
+    def finish(self, cut: bool = False) -> bytes:
+        """Close the open item at the end of the stream, "incomplete" when the output cap
+        (`cut`) ended it. Tokens decoded after the last message closed (a trailing tool call,
+        the end-of-turn token) no text delta can carry; their logprobs join the last message's
+        part, as the whole response puts every token's."""
+        out = self.close("incomplete" if cut else "completed")
         messages = [item for item in self.items.items if item["type"] == "message"]
         if messages and self.logprobs:
             messages[-1]["content"][0]["logprobs"].extend(self.logprobs)
             self.logprobs = []
         return out
 
-    def close(self) -> bytes:
+    def close(self, status: str = "completed") -> bytes:
         item, self.current, self.kind = self.current, None, None
         if item is None:
             return b""
@@ -398,7 +403,7 @@ class _StreamWriter:
             out += self.events.frame("response.content_part.done", {
                 "item_id": item["id"], "output_index": self.index, "content_index": 0, "part": part})
         return out + self.events.frame("response.output_item.done",
-                                       {"output_index": self.index, "item": _finished(item)})
+                                       {"output_index": self.index, "item": _finished(item, status)})
 
     def write(self, event: Event) -> bytes:
         """The frames for one parser event. A function call's arguments stream as
@@ -454,4 +459,6 @@ class _StreamWriter:
                 "item_id": item["id"], "output_index": self.index, "delta": item["input"]})
             out += self.events.frame("response.custom_tool_call_input.done", {
                 "item_id": item["id"], "output_index": self.index, "input": item["input"]})
-        return out + self.close()
+        # The item stays open until the next one starts or the stream ends: only then is it
+        # known whether the output cap cut it (finish), and its output_item.done says so.
+        return out

@@ -40,6 +40,8 @@ UNKNOWN_CONTEXT = 1 << 31
 # The request field a prompt arrives in, by endpoint (a context_length_exceeded names it).
 PROMPT_FIELD = {"completions": "prompt", "responses": "input"}
 SCORE_WAIT_SECONDS = 0.05  # how often a prompt score waiting for memory asks the guard again
+# An admitted stream whose response body has not started by then lost its client: cancelled.
+STREAM_START_SECONDS = 5.0
 
 
 class Tick:
@@ -368,16 +370,40 @@ class Generations:
         except Exception as exc:
             raise _translate(exc) from exc
         plan.opened = _OpenStream(receive, scope)
+        self._nursery().start_soon(self._cancel_if_never_read, plan)
+
+    async def _cancel_if_never_read(self, plan: Plan) -> None:
+        """A client that leaves between the admission and the response's first byte cancels
+        the handler before its body starts, and nothing else would stop the generation: it
+        would run to its cap unseen. Unless `stream` starts within STREAM_START_SECONDS, the
+        generation is cancelled and recorded as the client's leaving."""
+        opened = plan.opened
+        with trio.move_on_after(STREAM_START_SECONDS):
+            await opened.body_started.wait()
+        if opened.body_started.is_set():
+            return
+        opened.abandoned = True
+        opened.scope.cancel()
+        opened.receive.close()
+        flight = self._flight(plan, stream=True)
+        self.flights.end(flight)
+        self.metrics.observe_unfinished("cancelled")
+        self._receipt(plan, flight, None, "cancelled")
 
     async def stream(self, plan: Plan) -> AsyncIterator[Tick | list[Event] | LogprobItems | Outcome]:
         """Run `plan` (opened by `open_stream`, or opened here), yielding parsed events as they
         are decided (each delta's LogprobItems first, when the request asked), TICKs while
         quiet, then the Outcome. Leaving the iteration early (a disconnect) cancels the engine."""
+        if plan.opened is not None:
+            plan.opened.body_started.set()
+            if plan.opened.abandoned:  # cancelled and recorded already (_cancel_if_never_read)
+                return
         flight = self._flight(plan, stream=True)
         ending = "cancelled"  # a client that leaves mid-stream; cleared by a result, set by errors
         try:
             if plan.opened is None:
                 await self.open_stream(plan)
+                plan.opened.body_started.set()
         except BaseException:
             self.flights.end(flight)
             self.metrics.observe_unfinished("error")
@@ -529,10 +555,14 @@ def _remember_plan(plan: Plan) -> None:
 
 @dataclass
 class _OpenStream:
-    """The engine side of an admitted streamed generation."""
+    """The engine side of an admitted streamed generation. `body_started`: the response's
+    body is being sent (`stream` runs); `abandoned`: it never started, and the generation
+    was cancelled for it (`_cancel_if_never_read`)."""
 
     receive: trio.MemoryReceiveChannel
     scope: trio.CancelScope
+    body_started: trio.Event = field(default_factory=trio.Event)
+    abandoned: bool = False
 
 
 def served_window(runtime: Runtime) -> ContextWindow:

@@ -153,6 +153,10 @@ def test_cors_is_same_origin_by_default_with_an_allow_list(exposed):
     url = daemon.base_url + "/v1/models"
     evil = httpx.get(url, headers={**auth, "Origin": "http://evil.example"})
     assert evil.status_code == 403 and evil.json()["error"]["code"] == "cors_forbidden"
+    assert "access-control-allow-origin" not in evil.headers  # its page cannot read the refusal
+    evil_preflight = httpx.options(url, headers={"Origin": "http://evil.example",
+                                                 "Access-Control-Request-Method": "POST"})
+    assert evil_preflight.status_code == 403 and "access-control-allow-origin" not in evil_preflight.headers
     listed = httpx.get(url, headers={**auth, "Origin": "http://app.example"})
     assert listed.status_code == 200
     assert listed.headers["access-control-allow-origin"] == "http://app.example"
@@ -162,4 +166,9 @@ def test_cors_is_same_origin_by_default_with_an_allow_list(exposed):
                                             "Access-Control-Request-Method": "POST"})
     assert preflight.status_code == 204
     assert "Authorization" in preflight.headers["access-control-allow-headers"]
+    # What the SDKs send from a browser, and the session header the docs name, are allowed as asked.
+    asked = "content-type,x-mtplx-session-id,x-stainless-os,x-stainless-retry-count"
+    sdk = httpx.options(url, headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+                                      "Access-Control-Request-Headers": asked})
+    assert sdk.status_code == 204 and sdk.headers["access-control-allow-headers"] == asked
     assert httpx.get(url, headers=auth).headers.get("access-control-allow-origin") is None

@@ -118,3 +118,16 @@ def test_reasoning_effort_maps_to_the_thinking_switch(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(**codex_request(reasoning={"effort": "maximum"}))
     assert err.value.body["param"] == "reasoning.effort"
+
+
+def test_a_call_the_output_cap_cuts_off_is_incomplete_not_completed(client):
+    """A forced call given 3 output tokens ends mid-arguments: the response is `incomplete`,
+    and so is the call (Codex must not run a cut call as if whole), streamed or not."""
+    request = codex_request(tool_choice={"type": "function", "name": "shell"}, max_output_tokens=3)
+    whole = client.responses.create(**request)
+    assert whole.status == "incomplete"
+    assert [(item.type, item.status) for item in whole.output][-1] == ("function_call", "incomplete")
+    events = list(client.responses.create(stream=True, **request))
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert (done[-1].type, done[-1].status) == ("function_call", "incomplete")
+    assert events[-1].type == "response.incomplete"

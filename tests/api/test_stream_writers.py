@@ -151,6 +151,27 @@ def test_responses_stream_rebuilds_reasoning_message_and_function_calls():
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
 
 
+
+def test_responses_stream_marks_the_item_the_cap_cut_off_incomplete():
+    """A call cut off by max_output_tokens (its arguments cut mid-JSON) is `incomplete`, in its
+    output_item.done and in the final response, so an agent does not run it as if whole; the
+    items before it are `completed`."""
+    tools = responses.ToolMap()
+    tools.add({"type": "function", "name": "read_file", "parameters": SCHEMAS["read_file"]}, "tools[0]")
+    cut = 'Sure.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "src/ma'
+    body = render(responses._stream(RecordedGenerations(cut, "length"), plan(), "resp_x", {}, tools))
+    events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: ")]
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [(i["type"], i["status"]) for i in done] == [("message", "completed"), ("function_call", "incomplete")]
+    assert done[1]["arguments"] == '{"path": "src/ma'
+    final = events[-1]
+    assert final["type"] == "response.incomplete"
+    assert [i["status"] for i in final["response"]["output"]] == ["completed", "incomplete"]
+    whole = render(responses._stream(RecordedGenerations(cut.replace("src/ma", "x\"}}\n</tool_call>"), "stop"),
+                                     plan(), "resp_y", {}, tools))
+    ended = [json.loads(line[6:]) for line in whole.decode().splitlines() if line.startswith("data: ")]
+    assert [i["status"] for i in ended[-1]["response"]["output"]] == ["completed", "completed"]
+
 def test_openai_stream_of_a_cut_off_call_reports_length_and_keeps_the_text():
     cut = 'Sure.\n<tool_call>\n{"name": "read_file", "argu'
     body = render(openai._chat_stream(RecordedGenerations(cut, "length"), plan(), "c", include_usage=False))

@@ -85,6 +85,34 @@ def test_engine_failure_mid_stream_ends_with_an_error_frame_then_done(tiny_check
     assert b'"type":"error"' in anthropic_frames[-1]
 
 
+
+def test_a_stream_whose_body_never_starts_is_cancelled_and_counted(tiny_checkpoint, tmp_path, monkeypatch):
+    """A client that leaves between the admission and the first byte cancels the handler before
+    its body starts; the generation must not run on to its cap unseen: it is cancelled within
+    STREAM_START_SECONDS and counted as the client's leaving, and a late body yields nothing."""
+    from mtplxd.api import service
+
+    monkeypatch.setattr(service, "STREAM_START_SECONDS", 0.3)
+    seen = {}
+
+    async def body(gen, runtime):
+        plan = await gen.plan_chat("chat", None, Conversation([{"role": "user", "content": "hi"}]),
+                                   GenParams(max_tokens=20000, **ENDLESS))
+        await gen.open_stream(plan)  # what a handler does before it returns the response
+        started = time.monotonic()
+        await trio.sleep(0.5)  # past the deadline: the body never started
+        seen["abandoned"] = plan.opened.abandoned
+        with trio.fail_after(20):
+            await runtime.wait_idle()
+        seen["ran"] = time.monotonic() - started
+        seen["late"] = [item async for item in gen.stream(plan)]
+        seen["metrics"] = gen.metrics.render().decode()
+
+    run_in_process(tiny_checkpoint, tmp_path, body)
+    assert seen["abandoned"] and seen["late"] == []
+    assert 'mtplx_generations_total{finish_reason="cancelled"} 1.0' in seen["metrics"]
+    assert seen["ran"] < 10  # a 20,000-token run cut at the start deadline, not run out
+
 def test_client_disconnect_cancels_the_generation_and_frees_the_engine(api):
     body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "go"}], "max_tokens": 3000,
             "stream": True, **ENDLESS}
