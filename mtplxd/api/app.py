@@ -122,6 +122,9 @@ def create_app(runtime: Runtime, config: Config, *, keepalive_seconds: float = K
         if error.code not in (408, 413):  # a body too slow or too large is not read on
             await _drain_body()
         answer = from_http_status(error.code or 500, error.description or error.name)
+        allow = dict(error.get_headers()).get("Allow")
+        if allow:  # a 405 names the methods the route takes (RFC 9110)
+            answer.headers["Allow"] = allow
         _refused(answer)
         return _error_response(answer)
 

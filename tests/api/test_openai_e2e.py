@@ -238,6 +238,9 @@ def test_malformed_json_and_unknown_route_are_json_errors(api):
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
     missing = httpx.get(api.base_url + "/v1/nothing-here")
     assert missing.status_code == 404 and "error" in missing.json()
+    wrong_method = httpx.get(api.base_url + "/v1/responses")
+    assert wrong_method.status_code == 405 and "POST" in wrong_method.headers["allow"]
+    assert wrong_method.json()["error"]["code"] == "method_not_allowed"
 
 
 # -- legacy completions ---------------------------------------------------------------------
