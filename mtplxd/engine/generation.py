@@ -376,7 +376,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
             decoder.pending_hidden = feed_pending_pairs(trunk, head, decoder.head_cache, unfed,
                                                         prompt, first, pending_from)
         turn.store(produced, decoder.head_cache if decoder else None,
-                   decoder.pending_hidden if decoder else None)
+                   decoder.pending_hidden if decoder else None, returned=finish.generated)
 
 
 def _hybrid_may_fuse(params: SamplingParams, positions: RowPositions | None) -> bool:

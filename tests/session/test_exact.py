@@ -158,3 +158,31 @@ def test_a_one_token_turn_stores_the_head_kv_and_serves_a_later_mtp_request_exac
     assert warm.token_ids == cold.token_ids
     assert warm.stats.drafted_by_depth == cold.stats.drafted_by_depth
     assert warm.stats.accepted_by_depth == cold.stats.accepted_by_depth
+
+
+@pytest.mark.parametrize("loop", ["stepwise", "fused"])
+def test_a_capped_mtp_turn_is_banked_as_returned_and_the_next_turn_supersedes_it(loaded, gen, toks, loop):
+    """A depth-3 cycle that reaches the cap may commit tokens past it; they are in no later
+    prompt, so the dense model's entry ends with the returned tokens: every entry stays a
+    prefix of prompt + answer, each longer turn supersedes the last (one entry left, not one
+    per turn), and a follow-up restored from it equals a cold one."""
+    model = loaded("qwen3")
+    default = model.trunk.decode_loop
+    model.trunk.decode_loop = loop
+    first = toks(8, 60)
+    bank = model.enable_session_bank(BankSettings())
+    try:
+        for cap in range(5, 13):  # caps that end mid-cycle and caps that end on a cycle's end
+            answer = tuple(first + gen(model, first, depth=3, max_tokens=cap).token_ids)
+            assert all(len(e.tokens) <= len(answer) and answer[:len(e.tokens)] == e.tokens
+                       for e in bank.entries()), cap
+        assert bank.stats()["entries"] == 1
+        follow = list(answer) + toks(9, 20)
+        warm = gen(model, follow, depth=3)
+    finally:
+        model.bank = None
+        model.trunk.decode_loop = default
+    cold = gen(model, follow, depth=3)
+    assert warm.stats.cached_tokens > len(first)  # the answer's tokens came from the bank too
+    assert warm.token_ids == cold.token_ids
+    assert warm.stats.accepted_by_depth == cold.stats.accepted_by_depth

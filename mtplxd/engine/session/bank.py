@@ -288,15 +288,16 @@ class BankTurn:
         return hiddens, logits[0, -1]
 
     def store(self, produced: list[int], head_cache: list[Any] | None,
-              pending_hidden: mx.array | None) -> None:
+              pending_hidden: mx.array | None, returned: int | None = None) -> None:
         """Keep the committed state: the trunk cache holds a prefix of prompt + produced
         (the tokens the decoder committed, a final stop token included); `head_cache` and
         `pending_hidden` (hiddens of the head's unfed pairs) come from the speculative
-        decoder, None for AR."""
+        decoder, None for AR. `returned`: how many of `produced` the request returned (a
+        cycle that reached the cap or a stop token may have committed more)."""
         if self.kinds is None:
             return
         try:
-            self.bank.store_turn(self, produced, head_cache, pending_hidden)
+            self.bank.store_turn(self, produced, head_cache, pending_hidden, returned)
         except Exception:  # the bank is an optimisation: never fail a finished request
             log.exception("session bank: could not store the turn")
 
@@ -540,11 +541,19 @@ class SessionBank:
                 head_cache[0].offset = p
 
     def store_turn(self, turn: BankTurn, produced: list[int], head_cache: list[Any] | None,
-                   pending_hidden: mx.array | None) -> None:
-        """Build an entry from a finished request's caches and insert it (see BankTurn.store)."""
+                   pending_hidden: mx.array | None, returned: int | None = None) -> None:
+        """Build an entry from a finished request's caches and insert it (see BankTurn.store).
+
+        A dense model's entry ends with the tokens the request returned: tokens the last
+        cycle committed past the cap or a stop token are in no later prompt, so an entry
+        holding them would never be an exact prefix of the next turn's, and each turn of a
+        conversation would leave one such entry behind instead of superseding it. A hybrid's
+        recurrent state cannot be cut back, so its entry keeps every committed token."""
         cache, kinds = turn.cache, turn.kinds
-        length = next(c.offset for c, k in zip(cache, kinds) if k in ATTENTION)
-        tokens = tuple((turn.key + produced)[:length])
+        committed = next(c.offset for c, k in zip(cache, kinds) if k in ATTENTION)
+        kept = produced if turn.hybrid or returned is None else produced[:returned]
+        length = min(committed, len(turn.key) + len(kept))
+        tokens = tuple((turn.key + kept)[:length])
         if len(tokens) != length or length == 0:
             return
         kv: list[tuple[mx.array, mx.array] | None] = []
@@ -565,10 +574,12 @@ class SessionBank:
                           rope_delta=turn.rope_delta)
         if head_cache is not None and head_cache[0].keys is not None:
             head = head_cache[0]
-            entry.head_len = head.offset
-            entry.head_kv = (_copy_rows(head.keys, 2, head.offset),
-                             _copy_rows(head.values, 2, head.offset))
-            if pending_hidden is not None and pending_hidden.shape[1] == length - head.offset \
+            # The head's pair j reads token j + 1: a cut entry keeps the pairs within it.
+            entry.head_len = head.offset if length == committed else min(head.offset, length - 1)
+            entry.head_kv = (_copy_rows(head.keys, 2, entry.head_len),
+                             _copy_rows(head.values, 2, entry.head_len))
+            if length == committed and pending_hidden is not None \
+                    and pending_hidden.shape[1] == length - head.offset \
                     and pending_hidden.shape[1] <= MAX_TAIL_HIDDEN_ROWS:
                 entry.tail_hidden = _copy_rows(pending_hidden, 1, pending_hidden.shape[1])
         mx.eval(entry.arrays())
