@@ -14,9 +14,9 @@ from mtplxd import POWERED_BY, __version__, blas, fd_limits
 from mtplxd.api.address import is_loopback, port_owner
 from mtplxd.api.auth import load_key
 from mtplxd.config import ConfigError, load_config
+from mtplxd.daemon import Daemon
 from mtplxd.instance import AlreadyRunning, InstanceLock
 from mtplxd.logs import setup_logging
-from mtplxd.daemon import Daemon
 from mtplxd.paths import HomeUnusable, Paths
 
 EXIT_OK = 0

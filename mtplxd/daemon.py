@@ -30,7 +30,8 @@ from mtplxd.flight import FlightRecorder
 from mtplxd.models.methods import register_model_store_methods
 from mtplxd.paths import Paths
 from mtplxd.pressure import CHECK_INTERVAL_SECONDS, memory_pressure, watch_pressure
-from mtplxd.runtime import BankOptions, ModelLoadFailed, Runtime
+from mtplxd.models.resolve import ModelLoadFailed
+from mtplxd.runtime import BankOptions, Runtime
 from mtplxd.supervisor import detect_supervisor, sd_notify
 
 log = logging.getLogger(__name__)

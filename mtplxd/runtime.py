@@ -25,6 +25,7 @@ import trio
 from mtplxd.engine.interface import RetrievalError
 from mtplxd.guard import (DEFAULT_PREFILL_CHUNK, MemoryGuard, is_unified_memory,
                           plan_for_config, resolve_limit, verify_state_bytes)
+from mtplxd.models.resolve import ModelLoadFailed, resolve_model
 
 if TYPE_CHECKING:  # the engine (and MLX) loads lazily
     from mtplxd.config import Config
@@ -32,8 +33,6 @@ if TYPE_CHECKING:  # the engine (and MLX) loads lazily
 
 log = logging.getLogger(__name__)
 
-EMBEDDED_MODEL_DIR = Path(__file__).parent / "models" / "embedded"
-EMBEDDED_MODEL_ID = "mtplx-tiny-coder"
 SYSTEM_HEADROOM_BYTES = 512 * 1024 * 1024
 # Loads of one retrieval model a request may wait for when each is evicted before it runs.
 RETRIEVAL_LOAD_TRIES = 3
@@ -41,39 +40,6 @@ RETRIEVAL_LOAD_TRIES = 3
 
 class ModelNotLoaded(Exception):
     """Generation was asked for while no model is loaded."""
-
-
-class ModelLoadFailed(Exception):
-    """The model could not be resolved or loaded; the message says what to do."""
-
-
-def embedded_model_available() -> bool:
-    """True when the package ships the embedded demo model's weights."""
-    return (EMBEDDED_MODEL_DIR / "config.json").is_file()
-
-
-def resolve_model(spec: str | None, models_dir: Path) -> tuple[Path, str]:
-    """Map a model spec (None, a local folder, or a pulled repo id) to (folder, served id)."""
-    if not spec:
-        if not embedded_model_available():
-            raise ModelLoadFailed("no model configured and the embedded model is not installed; "
-                                  "run `mtplxctl start --model PATH_OR_REPO`")
-        return EMBEDDED_MODEL_DIR, EMBEDDED_MODEL_ID
-    if spec == EMBEDDED_MODEL_ID:
-        return resolve_model(None, models_dir)
-    candidate = Path(spec).expanduser()
-    if candidate.is_dir():
-        return candidate.resolve(), candidate.resolve().name
-    try:
-        from mtplxd.models.store import resolve_pulled
-    except ImportError:
-        resolve_pulled = None
-    if resolve_pulled is not None:
-        pulled = resolve_pulled(spec, models_dir)
-        if pulled is not None:
-            return pulled
-    raise ModelLoadFailed(f"model {spec} is neither a local folder nor a pulled model; "
-                          f"pull it with `mtplxctl models pull {spec}` or pass a folder path")
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     # Imported here: the engine brings MLX, a second of startup no other command should pay.
     from mtplxd.engine.bench import decode as bench
-    from mtplxd.runtime import ModelLoadFailed, resolve_model
+    from mtplxd.models.resolve import ModelLoadFailed, resolve_model
 
     paths = Paths.from_env()
     try:

@@ -482,13 +482,15 @@ def _listen_blocker(config: Config, paths: Paths) -> tuple[str, str] | None:
 def _model_blocker(spec: str | None, source: str, paths: Paths) -> tuple[str, str] | None:
     """Why the next daemon could not find model `spec` ("" or None: the default), or None."""
     from mtplxd.models.hub import ModelStoreError
-    from mtplxd.models.store import EMBEDDED_MODEL_ID, parse_spec, resolve_pulled
+    from mtplxd.models.resolve import ModelLoadFailed, resolve_model
+    from mtplxd.models.store import parse_spec
 
-    if not spec or spec == EMBEDDED_MODEL_ID or Path(spec).expanduser().is_dir():
-        return None
+    if not spec:
+        return None  # the embedded model
     try:
-        if resolve_pulled(spec, paths.models_dir) is not None:
-            return None
+        resolve_model(spec, paths.models_dir)  # as the next daemon's load will
+        return None
+    except ModelLoadFailed:
         why = "it is neither a local folder nor a pulled model"
     except ModelStoreError as exc:  # a damaged manifest
         why = exc.message

@@ -20,7 +20,8 @@ from mtplxd.control.protocol import PROTOCOL_VERSION, app_error, invalid_params
 from mtplxd.control.registry import MethodRegistry, Notify
 from mtplxd.guard import context_window
 from mtplxd.logs import tail
-from mtplxd.runtime import EMBEDDED_MODEL_ID, ModelLoadFailed
+from mtplxd.models.builtin import EMBEDDED_MODEL_ID
+from mtplxd.models.resolve import ModelLoadFailed
 from mtplxd.tuning import tuning_key
 
 if TYPE_CHECKING:

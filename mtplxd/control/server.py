@@ -63,7 +63,6 @@ async def serve_control(
     """Accept control connections until cancelled; removes the socket file on the way out."""
     listener = await bind_control_socket(path)
     own_uid = os.getuid()
-    open_connections = [0]  # served now; a list so each connection's task can count itself out
     try:
         async with trio.open_nursery() as nursery:
             task_status.started()
@@ -77,25 +76,17 @@ async def serve_control(
                         continue
                     raise
                 stream = trio.SocketStream(conn)
-                if open_connections[0] >= MAX_CONNECTIONS:
+                # Each connection is one task of this nursery (a refusal's too, for its second).
+                if len(nursery.child_tasks) >= MAX_CONNECTIONS:
                     nursery.start_soon(_refuse_busy, stream)
-                    continue
-                open_connections[0] += 1
-                nursery.start_soon(_serve_counted, stream, registry, own_uid, open_connections)
+                else:
+                    nursery.start_soon(_serve_connection, stream, registry, own_uid)
     finally:
         listener.close()
         try:
             path.unlink()
         except FileNotFoundError:
             pass
-
-
-async def _serve_counted(stream: trio.SocketStream, registry: MethodRegistry, own_uid: int,
-                         open_connections: list[int]) -> None:
-    try:
-        await _serve_connection(stream, registry, own_uid)
-    finally:
-        open_connections[0] -= 1
 
 
 async def _refuse_busy(stream: trio.SocketStream) -> None:

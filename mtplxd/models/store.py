@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from mtplxd.models.builtin import EMBEDDED_MODEL_ID
 from mtplxd.models.hub import (ModelStoreError, hub_endpoint, hub_errors, hub_offline,
                                require_online)
 from mtplxd.models.manifest import (DamagedManifest, Manifests, PulledRevision, RemoteFile,
@@ -41,9 +42,6 @@ DOWNLOAD_WORKERS = 4
 PULL_TIMEOUT = 30.0
 CHECK_TIMEOUT = 10.0
 _SHA = re.compile(r"^[0-9a-f]{40}$")
-# The model that ships inside the package (mtplxd.runtime.EMBEDDED_MODEL_ID; the runtime
-# imports this module, so the name is repeated here rather than imported).
-EMBEDDED_MODEL_ID = "mtplx-tiny-coder"
 
 
 def is_commit_sha(revision: str | None) -> bool:

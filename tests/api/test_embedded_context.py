@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from mtplxd.runtime import EMBEDDED_MODEL_DIR
+from mtplxd.models.builtin import EMBEDDED_MODEL_DIR
 from support.api_daemon import start_api_daemon
 from support.daemon import run_ctl
 

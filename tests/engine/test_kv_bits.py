@@ -18,7 +18,7 @@ from mtplxd.engine import GenerationRequest, SamplingParams, load_model
 from mtplxd.engine.interface import ModelLoadError
 from mtplxd.engine.bench.harness import PROMPTS, prompt_ids_for
 from mtplxd.guard import plan_for_config
-from mtplxd.runtime import EMBEDDED_MODEL_DIR
+from mtplxd.models.builtin import EMBEDDED_MODEL_DIR
 from support.numerics import ROWS_ALONE, run_on_reference_blas
 
 bitwise_only = pytest.mark.skipif(not ROWS_ALONE, reason="bitwise only where matmul rows are computed "

@@ -16,7 +16,7 @@ import pytest
 from mtplxd.engine import GenerationRequest, SamplingParams, load_model
 from mtplxd.engine.interface import ModelLoadError
 from mtplxd.engine.model.loader import CUDA_QUANTIZATION_KEY
-from mtplxd.runtime import EMBEDDED_MODEL_DIR
+from mtplxd.models.builtin import EMBEDDED_MODEL_DIR
 
 PROMPT = [5, 17, 3, 99, 42, 8, 23, 61]
 

@@ -7,7 +7,7 @@ import shutil
 
 from mtplxd.engine import load_model
 from mtplxd.engine.model.loader import DEFAULT_DEPTH, MAX_DEPTH, recommended_depth
-from mtplxd.runtime import EMBEDDED_MODEL_DIR
+from mtplxd.models.builtin import EMBEDDED_MODEL_DIR
 
 
 def test_checkpoint_recommended_depth_is_the_default_and_an_explicit_depth_wins(tiny_model_factory, tmp_path):

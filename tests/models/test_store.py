@@ -320,11 +320,11 @@ def test_pulling_again_repairs_a_damaged_manifest(hub, store):
 
 
 def test_the_embedded_model_cannot_be_removed(store):
-    from mtplxd.models.store import EMBEDDED_MODEL_ID
-    from mtplxd.runtime import EMBEDDED_MODEL_ID as SERVED_ID
+    from mtplxd.models.builtin import EMBEDDED_MODEL_ID  # the id the daemon serves it under
 
-    assert EMBEDDED_MODEL_ID == SERVED_ID
-    with pytest.raises(ModelStoreError) as caught:
-        store.remove("mtplx-tiny-coder")
-    assert caught.value.reason == "built_in"
+    assert EMBEDDED_MODEL_ID == "mtplx-tiny-coder"
+    for spec in (EMBEDDED_MODEL_ID, "mtplx-tiny-coder"):
+        with pytest.raises(ModelStoreError) as caught:
+            store.remove(spec)
+        assert caught.value.reason == "built_in"
     assert "built into mtplx" in caught.value.message and "pull" not in caught.value.message
