@@ -490,10 +490,9 @@ def _model_blocker(spec: str | None, source: str, paths: Paths) -> tuple[str, st
     try:
         resolve_model(spec, paths.models_dir)  # as the next daemon's load will
         return None
-    except ModelLoadFailed:
-        why = "it is neither a local folder nor a pulled model"
-    except ModelStoreError as exc:  # a damaged manifest
-        why = exc.message
+    except ModelLoadFailed as exc:
+        damaged = isinstance(exc.__cause__, ModelStoreError)  # the message says what to do
+        why = str(exc) if damaged else "it is neither a local folder nor a pulled model"
     other = "restart with another model (`mtplxctl restart --model PATH_OR_REPO`)"
     try:
         parse_spec(spec)

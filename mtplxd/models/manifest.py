@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from mtplxd.atomic import write_atomic
-from mtplxd.control.protocol import APP_ERROR, RpcError
 from mtplxd.models.hub import ModelStoreError
 
 MANIFEST_FORMAT = 1
@@ -104,23 +103,14 @@ def repo_of(manifest_file: Path) -> str:
     return manifest_file.stem.replace("--", "/", 1)
 
 
-class DamagedManifest(ModelStoreError, RpcError):
-    """A manifest that cannot be read (not JSON, or not a manifest's shape).
-
-    Also an RpcError: `model.load` reaches it through the runtime's model lookup, and as an
-    RpcError the control server answers it as the application error it is (reason
-    `damaged_manifest`) instead of as an internal error.
-    """
+class DamagedManifest(ModelStoreError):
+    """A manifest that cannot be read (not JSON, or not a manifest's shape). A model load
+    meets it as ModelLoadFailed (models/resolve.py), with this message."""
 
     def __init__(self, repo: str, path: Path, why: str) -> None:
-        message = (f"the manifest of {repo} ({path}) is damaged ({why}); remove it with "
-                   f"`mtplxctl models rm {repo}`, or pull it again with `mtplxctl models pull {repo}`")
-        Exception.__init__(self, message)  # two bases with their own __init__: set both by hand
-        self.reason = "damaged_manifest"
-        self.message = message
-        self.code = APP_ERROR
-        self.data = {}
-        self.request_id = None
+        super().__init__("damaged_manifest",
+                         f"the manifest of {repo} ({path}) is damaged ({why}); remove it with "
+                         f"`mtplxctl models rm {repo}`, or pull it again with `mtplxctl models pull {repo}`")
         self.repo = repo
         self.path = path
 
@@ -171,24 +161,20 @@ class Manifests:
         write_atomic(self.path(manifest.repo), json.dumps(manifest.to_dict(), indent=2).encode())
 
     def all(self) -> list[RepoManifest]:
-        """Every readable manifest on disk, by repo id (`damaged()` lists the others)."""
-        found = []
+        """Every readable manifest on disk, by repo id (`scan` gives the damaged ones too)."""
+        return self.scan()[0]
+
+    def scan(self) -> tuple[list[RepoManifest], list[DamagedManifest]]:
+        """Every manifest on disk read once: the readable ones by repo id, and the ones that
+        cannot be read, each as the error that says what to do (a damaged manifest hides
+        one repo, never the whole list)."""
+        found, damaged = [], []
         for file in self._files():
             try:
                 found.append(self._read(file))
-            except DamagedManifest:
-                continue  # a damaged manifest hides one repo, never the whole list
-        return sorted(found, key=lambda m: m.repo.lower())
-
-    def damaged(self) -> list[DamagedManifest]:
-        """The manifests on disk that cannot be read, each as the error that says what to do."""
-        found = []
-        for file in self._files():
-            try:
-                self._read(file)
             except DamagedManifest as exc:
-                found.append(exc)
-        return found
+                damaged.append(exc)
+        return sorted(found, key=lambda m: m.repo.lower()), damaged
 
     @contextmanager
     def locked(self, repo: str) -> Iterator[None]:

@@ -15,7 +15,7 @@ class ModelLoadFailed(Exception):
 
 def resolve_model(spec: str | None, models_dir: Path) -> tuple[Path, str]:
     """Map a model spec (None, a local folder, or a pulled repo id) to (folder, served id).
-    Raises ModelLoadFailed, or the store's ModelStoreError for a damaged manifest."""
+    Raises ModelLoadFailed, saying what to do (a damaged manifest's message included)."""
     if not spec:
         if not embedded_model_available():
             raise ModelLoadFailed("no model configured and the embedded model is not installed; "
@@ -26,9 +26,13 @@ def resolve_model(spec: str | None, models_dir: Path) -> tuple[Path, str]:
     candidate = Path(spec).expanduser()
     if candidate.is_dir():
         return candidate.resolve(), candidate.resolve().name
+    from mtplxd.models.hub import ModelStoreError
     from mtplxd.models.store import resolve_pulled  # the store (Hub client) loads only when asked
 
-    pulled = resolve_pulled(spec, models_dir)
+    try:
+        pulled = resolve_pulled(spec, models_dir)
+    except ModelStoreError as exc:  # a damaged manifest: every loader reports it as a failed load
+        raise ModelLoadFailed(exc.message) from exc
     if pulled is not None:
         return pulled
     raise ModelLoadFailed(f"model {spec} is neither a local folder nor a pulled model; "

@@ -273,12 +273,12 @@ class ModelStore:
     def list_models(self) -> list[dict[str, Any]]:
         """Every pulled revision: id, revision, size, family, serving mode and why, quantization."""
         rows = []
-        for manifest in self.manifests.all():
+        readable, damaged = self.manifests.scan()
+        for manifest in readable:
             for pulled in sorted(manifest.revisions.values(), key=lambda r: r.pulled_at, reverse=True):
                 folder = self.snapshot_path(pulled.repo, pulled.sha)
                 rows.append(describe(pulled, folder, current=pulled.sha == manifest.current))
-        rows += [self._describe_damaged(damaged) for damaged in self.manifests.damaged()]
-        return rows
+        return rows + [self._describe_damaged(one) for one in damaged]
 
     def _describe_damaged(self, damaged: DamagedManifest) -> dict[str, Any]:
         """A `models.list` row for a repo whose manifest cannot be read: nothing of it is

@@ -62,3 +62,27 @@ def test_start_names_a_damaged_manifest_and_how_to_fix_it():
         assert json.loads(removed.stdout)["damaged"] is True
     finally:
         running.stop()
+
+
+def test_a_configured_model_with_a_damaged_manifest_leaves_the_daemon_up_and_says_why():
+    """The model config.toml names has a damaged manifest: the load at start fails as any load
+    that finds no model does (the daemon serves on, with no model, and logs what to do); it
+    used to escape the start as the store's own error and end the daemon."""
+    import time
+
+    paths = Paths.from_env()
+    write_damaged_manifest(paths.models_dir, "bad/repo")
+    paths.config_file.parent.mkdir(parents=True, exist_ok=True)
+    paths.config_file.write_text('model = "bad/repo"\n')
+    running = start_daemon()
+    try:
+        for _ in range(100):  # the load runs in the background after the daemon answers
+            if "no model loaded at start" in paths.log_file.read_text():
+                break
+            time.sleep(0.1)
+        assert running.process.poll() is None
+        assert running.client.call("daemon.status")["model"] is None
+        log = paths.log_file.read_text()
+        assert "the manifest of bad/repo" in log and "mtplxctl models rm bad/repo" in log
+    finally:
+        running.stop()
