@@ -148,6 +148,7 @@ class OutputParser:
         self._buffer = ""          # undecided text (a possible tag, or a tool-call body)
         self._pending_ws = ""      # whitespace held back (dropped before a tool call / think end)
         self._reasoning_started = False
+        self.reasoning_ended = False  # a </think> closed the reasoning
         self._content_started = raw
         self._call: _OpenCall | None = None
         self._block: BlockStream | None = None
@@ -232,6 +233,7 @@ class OutputParser:
                 self._emit_reasoning(events, self._pending_ws + body)
             self._buffer = self._buffer[end + len(THINK_CLOSE):]
             self.mode = "content"
+            self.reasoning_ended = True
             self._pending_ws = ""
             return
         keep = _partial_tag_suffix(self._buffer, [THINK_CLOSE])

@@ -66,6 +66,7 @@ class Plan:
     start_in_reasoning: bool = False
     output_prefix: str = ""
     dialect: ToolDialect = QWEN_TOOLS  # the model's tool-call markup
+    think_close_id: int | None = None  # the model's `</think>` token, where it is one token
     raw_text: bool = False  # legacy completions: output is plain text, verbatim
     opened: "_OpenStream | None" = None  # set by Generations.open_stream
     client: Client = field(default_factory=Client)  # who asked (request log, flight record)
@@ -228,6 +229,7 @@ class Generations:
         plan.start_in_reasoning = rendered.start_in_reasoning
         plan.output_prefix = rendered.output_prefix
         plan.dialect = rendered.dialect
+        plan.think_close_id = rendered.think_close_id
         return plan
 
     async def plan_prompt(self, endpoint: str, requested: str | None, prompt_ids: list[int],
@@ -335,7 +337,7 @@ class Generations:
             async with self._generate(plan) as items:
                 async for item in items:
                     if isinstance(item, TokenDelta):
-                        fed, reasoning = feed_counting_reasoning(parser, item)
+                        fed, reasoning = feed_counting_reasoning(parser, item, plan.think_close_id)
                         reasoning_tokens += reasoning
                         events += fed
                         logprobs += item.logprobs or []
@@ -431,7 +433,7 @@ class Generations:
                         flight.on_delta(len(item.token_ids), item.text)
                         if item.logprobs:
                             yield LogprobItems(item.logprobs)
-                        events, reasoning = feed_counting_reasoning(parser, item)
+                        events, reasoning = feed_counting_reasoning(parser, item, plan.think_close_id)
                         reasoning_tokens += reasoning
                         calls += [e for e in events if isinstance(e, ToolCallEvent)]
                         if events:
@@ -589,13 +591,19 @@ def _pick(value: Any, default: Any, fallback: Any) -> Any:
     return default if default is not None else fallback
 
 
-def feed_counting_reasoning(parser: OutputParser, delta: TokenDelta) -> tuple[list[Event], int]:
-    """The parser's events for `delta`, and how many of its tokens are reasoning: all of a
-    delta that opens, continues or closes the reasoning (its `<think>` and `</think>` count,
-    as the reasoning block's own tokens)."""
-    was_reasoning = parser.in_reasoning
+def feed_counting_reasoning(parser: OutputParser, delta: TokenDelta,
+                            think_close_id: int | None = None) -> tuple[list[Event], int]:
+    """The parser's events for `delta`, and how many of its tokens are reasoning: the
+    reasoning block's own tokens, its `<think>` and `</think>` included. A delta that closes
+    the reasoning (an MTP cycle commits several tokens at once, so it may also carry the
+    answer's first ones) counts through its `think_close_id` token where the model has one,
+    so the count does not depend on the draft depth."""
+    was_reasoning, had_ended = parser.in_reasoning, parser.reasoning_ended
     events = parser.feed(delta.text)
-    return events, len(delta.token_ids) if was_reasoning or parser.in_reasoning else 0
+    ids = delta.token_ids
+    if parser.reasoning_ended and not had_ended:
+        return events, ids.index(think_close_id) + 1 if think_close_id in ids else len(ids)
+    return events, len(ids) if was_reasoning or parser.in_reasoning else 0
 
 
 def _translate(exc: BaseException) -> BaseException:

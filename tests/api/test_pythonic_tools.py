@@ -196,3 +196,19 @@ def test_any_chunking_of_any_text_streams_fragments_that_join_to_the_non_streame
     whole = parse_text(body, parse_tools=True, dialect=PYTHONIC_TOOLS)
     events, _ = streamed_calls(body, [c for c in cuts if c <= len(body)])  # checks the joins
     assert comparable(collect(events)) == comparable(whole)
+
+
+def test_the_dialect_is_pythonic_where_the_vocabulary_has_the_call_marker_as_a_token():
+    """A template that never names the markers still gets LFM2's dialect when the tokenizer
+    holds `<|tool_call_start|>` as one token; `</think>` is found the same way."""
+    from transformers import PreTrainedTokenizerFast
+
+    from mtplxd.api.chat_format import single_token_id, tool_dialect
+    from mtplxd.api.parsers import QWEN_TOOLS, THINK_CLOSE
+    from mtplxd.models.builtin import EMBEDDED_MODEL_DIR
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(EMBEDDED_MODEL_DIR / "tokenizer.json"))
+    assert tool_dialect(tokenizer, "{{ messages }}") is QWEN_TOOLS
+    assert single_token_id(tokenizer, THINK_CLOSE) == 4
+    tokenizer.add_special_tokens({"additional_special_tokens": [CALL_OPEN]})
+    assert tool_dialect(tokenizer, "{{ messages }}") is PYTHONIC_TOOLS

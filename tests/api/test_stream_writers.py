@@ -201,3 +201,23 @@ def test_reasoning_tokens_count_the_think_tags_with_the_reasoning_between_them()
     counted = [feed_counting_reasoning(parser, TokenDelta([i], text))[1]
                for i, text in enumerate(["<think>", "plan", " more", "</think>", "\n\n", "answer"])]
     assert counted == [1, 1, 1, 1, 0, 0]
+
+
+def test_reasoning_tokens_do_not_depend_on_how_many_tokens_a_cycle_commits():
+    """An MTP cycle commits several tokens at once: a delta that closes the reasoning may
+    carry the answer's first tokens, and one may open and close it. The count runs through
+    the `</think>` token, as one token a delta would count it."""
+    from mtplxd.api.service import feed_counting_reasoning
+    from mtplxd.engine.interface import TokenDelta
+
+    pieces = [(3, "<think>"), (10, "plan"), (4, "</think>"), (11, "\n\n"), (12, "answer"), (13, " on")]
+
+    def count(sizes: list[int]) -> int:
+        parser, total, at = OutputParser(parse_tools=False), 0, 0
+        for size in sizes:
+            ids, texts = zip(*pieces[at:at + size])
+            total += feed_counting_reasoning(parser, TokenDelta(list(ids), "".join(texts)), think_close_id=4)[1]
+            at += size
+        return total
+
+    assert [count(sizes) for sizes in ([1] * 6, [2, 4], [3, 3], [6], [1, 5], [4, 1, 1])] == [3] * 6
