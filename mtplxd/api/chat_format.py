@@ -74,7 +74,7 @@ def tool_dialect(tokenizer: Any, template: str) -> ToolDialect:
     if marker in template or "<|tool_list_start|>" in template:
         return pythonic_tools.PYTHONIC_TOOLS
     # One token in the vocabulary, asked through encode: get_vocab() builds the whole vocabulary
-    # as a dict, ~35 ms a request at Qwen's 151k tokens.
+    # as a dict, 86 ms on this CPU at a 151k-token vocabulary (Qwen's size), encode 0.2 ms.
     if single_token_id(tokenizer, marker) is not None:
         return pythonic_tools.PYTHONIC_TOOLS
     return QWEN_TOOLS
