@@ -13,6 +13,12 @@ from mtplxd.paths import Paths
 
 Notification = Callable[[str, dict[str, Any]], None]
 
+# How long a question waits by default (status, config, stop's request): the daemon answers
+# them on its event loop from what it holds, never behind the engine, so a daemon silent this
+# long is stopped or hung, and a person should hear so promptly. Long operations (a model
+# load, a pull) pass their own limit, or none.
+QUICK_TIMEOUT = 10.0
+
 
 class DaemonNotRunning(Exception):
     """Nothing answers on the control socket."""
@@ -35,13 +41,13 @@ class ControlError(RpcError):
 class ControlClient:
     """One connection per call keeps the client simple and the daemon's state per call."""
 
-    def __init__(self, socket_path: Path, timeout: float | None = 30.0) -> None:
+    def __init__(self, socket_path: Path, timeout: float | None = QUICK_TIMEOUT) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
         self._ids = itertools.count(1)
 
     @classmethod
-    def from_env(cls, timeout: float | None = 30.0) -> "ControlClient":
+    def from_env(cls, timeout: float | None = QUICK_TIMEOUT) -> "ControlClient":
         """A client of the daemon that `MTPLX_HOME` / `MTPLX_SOCKET` point at."""
         return cls(Paths.from_env().socket, timeout)
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from rich.console import Console
+from rich.segment import Segment
 from rich.table import Table
 
 from mtplxd.config import as_whole_number
@@ -38,6 +40,42 @@ def wrapping_table(*headers: str, title: str | None = None) -> Table:
     for header in headers:
         table.add_column(header, overflow="fold")
     return table
+
+
+def fitting_table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int, *,
+                  title: str | None = None, keep_wide: dict[str, int] | None = None,
+                  optional: Sequence[str] = ()) -> Table:
+    """A wrapping_table of `rows` that fits `width` columns without cutting anything off.
+
+    `keep_wide` {header: characters}: a column that keeps that width before the others wrap
+    (a repo id folded into a narrow column is hard to read). Rich keeps such a min_width even
+    where the other columns leave it no room, and the console then cuts the table's right side
+    off; so while the table would not fit, the `optional` columns go, in the order given, and
+    if it still would not, the widths kept go too (every column then wraps or folds)."""
+    for dropped in range(len(optional) + 1):
+        table = _table_of(headers, rows, set(optional[:dropped]), keep_wide or {}, title)
+        if table_fits(table, width):
+            return table
+    return _table_of(headers, rows, set(optional), {}, title)
+
+
+def _table_of(headers: Sequence[str], rows: Sequence[Sequence[str]], dropped: set[str],
+              keep_wide: dict[str, int], title: str | None) -> Table:
+    shown = [i for i, header in enumerate(headers) if header not in dropped]
+    table = wrapping_table(*(headers[i] for i in shown), title=title)
+    for column, i in zip(table.columns, shown):
+        column.min_width = keep_wide.get(headers[i])
+    for row in rows:
+        table.add_row(*(row[i] for i in shown))
+    return table
+
+
+def table_fits(table: Table, width: int) -> bool:
+    """Whether rich lays `table` out within `width` columns (a console of that width would
+    otherwise cut its right side off)."""
+    probe = Console(width=width, file=io.StringIO())
+    lines = Segment.split_lines(probe.render(table, probe.options))
+    return all(Segment.get_line_length(line) <= width for line in lines)
 
 
 def print_json(data: Any) -> None:

@@ -108,6 +108,7 @@ class Runtime:
         from mtplxd.engine.retrieval import RetrievalPool
 
         self.retrieval = RetrievalPool([])  # embedding and reranker models (configure_retrieval)
+        self.retrieval_refused: dict[str, list[str]] = {}  # kind -> why each spec is not served
         self._retrieval_locks: dict[str, trio.Lock] = {}  # one load at a time per retrieval model
 
     def configure_retrieval(self, specs: list[tuple[str, str]], limit: int, trust_remote_code: bool) -> list[str]:
@@ -117,11 +118,13 @@ class Runtime:
         from mtplxd.engine.retrieval import RetrievalPool, RetrievalSpec
 
         resolved, problems = [], []
+        self.retrieval_refused = {}
         for spec, kind in specs:
             try:
                 path, model_id = resolve_model(spec, self.models_dir)
             except ModelLoadFailed as exc:
                 problems.append(f"{kind} model {spec}: {exc}")
+                self.retrieval_refused.setdefault(kind, []).append(f"{spec}, which cannot be loaded ({exc})")
                 continue
             resolved.append(RetrievalSpec(model_id, path, kind))
         self.retrieval = RetrievalPool(resolved, limit, trust_remote_code)

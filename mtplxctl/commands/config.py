@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from mtplxd.config import (
-    SETTINGS, ConfigError, load_config, set_in_file, toml_value, unknown_setting,
+    SETTINGS, ConfigError, load_config, parse_value, set_in_file, toml_value, unknown_setting,
 )
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, ControlError, DaemonNotRunning
@@ -63,9 +64,10 @@ def cmd_get(args: argparse.Namespace) -> int:
 def cmd_set(args: argparse.Namespace) -> int:
     paths = Paths.from_env()
     try:
-        answer = _via_daemon("config.set", {"key": args.key, "value": args.value})
+        wanted = model_setting(args.key, args.value) if args.key in MODEL_SETTINGS else args.value
+        answer = _via_daemon("config.set", {"key": args.key, "value": wanted})
         if answer is None:
-            value = set_in_file(paths.config_file, args.key, args.value)
+            value = set_in_file(paths.config_file, args.key, wanted)
             answer = {"key": args.key, "value": value, "applies": "start", "restart_required": False}
     except (ConfigError, ControlError) as exc:
         hint = None if args.key not in SETTINGS else \
@@ -78,6 +80,25 @@ def cmd_set(args: argparse.Namespace) -> int:
         console.print(f"{args.key} = {shown}", markup=False)
         console.print(WHEN[answer.get("applies", "start")])
     return EXIT_OK
+
+
+# The settings that name models: a folder there is checked and made absolute as it is set.
+MODEL_SETTINGS = ("model", "embedding_model", "reranker_model")
+
+
+def model_setting(key: str, value: str) -> Any:
+    """`value` for a model setting with each path made absolute (the daemon reads it from its
+    own working folder); raises ConfigError for a path that names no folder, as `start
+    --model` and `models pull` refuse it. A repo id is kept as given: it may be pulled later."""
+    from mtplxd.models.spec import absolute_spec, folder_problem, looks_like_path
+
+    if value == "":
+        return value  # removes the key
+    specs = parse_value(key, value)
+    for spec in [specs] if isinstance(specs, str) else specs:
+        if looks_like_path(spec) and not Path(spec).expanduser().is_dir():
+            raise ConfigError(f"{key}: {folder_problem(spec)}")
+    return absolute_spec(specs) if isinstance(specs, str) else [absolute_spec(s) for s in specs]
 
 
 # What `config set` says about when the change takes effect (the daemon's "applies").

@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 from rich.table import Table
 
-from mtplxd.config import Config, ConfigError, load_config, settings_now
+from mtplxd.config import Config, ConfigError, env_name, load_config, settings_now
 from mtplxd.instance import lock_is_held
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, DaemonNotRunning
@@ -76,13 +76,24 @@ def _add_start_args(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------- start
 
 
-def cmd_start(args: argparse.Namespace) -> int:
+def cmd_start(args: argparse.Namespace, checked: bool = False) -> int:
+    """`mtplxctl start`; `checked`: restart_blocker has already passed what `args` name (a
+    restart keeps an embedding model the stopped daemon ran without, so it is not refused
+    here after the stop)."""
     paths = Paths.from_env()
+    absolute_model_args(args)
     client = ControlClient(paths.socket)
     was_running = client.is_running()  # before this start: what it launches is not "already running"
+    if args.foreground and was_running:
+        return fail("mtplxd is already running", "stop it first with `mtplxctl stop`")
+    # Before anything starts (or is pulled): the login service could not take the options, or
+    # a model named here could not load.
+    launches_service = not was_running and not args.foreground
+    refused = (_service_refusal(args) if launches_service else None) or (
+        None if checked else named_model_blocker(args, paths))
+    if refused is not None:
+        return fail(*refused)
     if args.foreground:
-        if was_running:
-            return fail("mtplxd is already running", "stop it first with `mtplxctl stop`")
         os.execv(sys.executable, [sys.executable, "-m", "mtplxd", "--log-stderr", *_daemon_flags(args)])
 
     if not args.model and not was_running:
@@ -113,11 +124,59 @@ def cmd_start(args: argparse.Namespace) -> int:
             err_console.print("[yellow]mtplxd is already running on "
                               f"{http['host']}:{http['port']}; --host/--port apply at the next "
                               "`mtplxctl restart`[/]")
+    if was_running:
+        _note_retrieval_options(args)
 
     if args.model or args.depth is not None:
         _load_model(client, args.model, args.depth)
     status = _wait_for_model(client)
     return _report_started(status, args.json)
+
+
+RETRIEVAL_KEYS = {"embedding_model": "embedding", "reranker_model": "reranker"}
+
+
+def absolute_model_args(args: argparse.Namespace) -> None:
+    """Make the model paths of `start`/`restart` absolute (`~` expanded): the daemon, and
+    config.toml at a later start, read them from another working folder."""
+    from mtplxd.models.spec import absolute_spec
+
+    if getattr(args, "model", None):
+        args.model = absolute_spec(args.model)
+    for key in RETRIEVAL_KEYS:
+        if getattr(args, key, None):
+            setattr(args, key, [absolute_spec(spec) for spec in getattr(args, key)])
+
+
+def named_model_blocker(args: argparse.Namespace, paths: Paths) -> tuple[str, str | None] | None:
+    """(error, what to do) when a model named on the command line cannot load: a `--model`
+    path that names no folder, or an embedding or reranker model that resolves to nothing
+    (a repo id too: unlike `--model`, those are only resolved when the daemon starts, which
+    would then serve without them). None when every one of them can load."""
+    from mtplxd.models.resolve import ModelLoadFailed, resolve_model
+    from mtplxd.models.spec import folder_problem, looks_like_path
+
+    if args.model and looks_like_path(args.model) and not Path(args.model).is_dir():
+        return folder_problem(args.model), None
+    for key, kind in RETRIEVAL_KEYS.items():
+        for spec in getattr(args, key, None) or []:
+            try:
+                resolve_model(spec, paths.models_dir)
+            except ModelLoadFailed as exc:
+                return f"{kind} model {spec} (--{kind}-model) cannot be loaded: {exc}", None
+    return None
+
+
+def _note_retrieval_options(args: argparse.Namespace) -> None:
+    """Say that the embedding and reranker options of `start` wait for the next start: a
+    running daemon keeps the ones it was started with."""
+    flags = [f"--{kind}-model {spec}" for key, kind in RETRIEVAL_KEYS.items()
+             for spec in getattr(args, key, None) or []]
+    if getattr(args, "retrieval_trust_remote_code", False):
+        flags.append("--retrieval-trust-remote-code")
+    if flags:
+        err_console.print("[yellow]mtplxd is already running; the embedding and reranker "
+                          f"options apply when it starts: `mtplxctl restart {' '.join(flags)}`[/]")
 
 
 def _serves_no_model(client: ControlClient) -> bool:
@@ -178,10 +237,7 @@ def _start_only_options(args: argparse.Namespace) -> list[str]:
 def _launch(paths: Paths, args: argparse.Namespace) -> int | None:
     """Start the daemon: through the service manager when installed, else detached."""
     manager = _installed_service_manager()
-    if manager is not None:
-        refused = _service_refusal(args)
-        if refused is not None:
-            return fail(*refused)
+    if manager is not None:  # cmd_start has refused the options it cannot take
         error = _start_service(manager)
         if error is not None:
             return error
@@ -408,11 +464,12 @@ def _pid_alive(pid: int) -> bool:
 def cmd_restart(args: argparse.Namespace) -> int:
     paths = Paths.from_env()
     client = ControlClient(paths.socket)
+    absolute_model_args(args)
     if client.is_running():
         status = client.call("daemon.status")
         carried = carry_running_options(status, args, paths)
         # Stopping first would leave nothing running when the next daemon cannot start.
-        blocker = restart_blocker(paths, args, any(flag.startswith("--model ") for flag in carried))
+        blocker = restart_blocker(paths, args, carried)
         if blocker is not None:
             error, hint = blocker
             return fail(f"cannot restart: {error}",
@@ -424,16 +481,20 @@ def cmd_restart(args: argparse.Namespace) -> int:
         if carried and not args.json:
             err_console.print(f"restarting as it ran: {' '.join(carried)} (give an option to "
                               "change it)")
+        return cmd_start(args, checked=True)
     return cmd_start(args)
 
 
 def restart_blocker(paths: Paths, args: argparse.Namespace,
-                    model_carried: bool = False) -> tuple[str, str] | None:
-    """What would keep the next daemon from starting (or from loading its model) as `args`
-    ask, checked while the running one still serves: (error, what to do), or None.
+                    carried: list[str] | tuple[str, ...] = ()) -> tuple[str, str] | None:
+    """What would keep the next daemon from starting (or from loading its model or its
+    embedding and reranker models) as `args` ask, checked while the running one still serves:
+    (error, what to do), or None.
 
-    `model_carried`: `args.model` is the running daemon's model, not one given to restart.
+    `carried`: the options `args` hold from the running daemon (carry_running_options), not
+    given to restart.
     """
+    model_carried = any(flag.startswith("--model ") for flag in carried)
     refused = _service_refusal(args)
     if refused is not None:
         return refused
@@ -446,7 +507,9 @@ def restart_blocker(paths: Paths, args: argparse.Namespace,
         source = "the model it runs now" if model_carried else "given with --model"
     else:
         source = "the `model` of config.toml"
-    return _listen_blocker(config, paths) or _model_blocker(args.model or config.model, source, paths)
+    return (_listen_blocker(config, paths)
+            or _model_blocker(args.model or config.model, source, paths)
+            or _retrieval_blocker(config, paths, carried))
 
 
 def _next_config(paths: Paths, args: argparse.Namespace) -> Config:
@@ -483,7 +546,7 @@ def _model_blocker(spec: str | None, source: str, paths: Paths) -> tuple[str, st
     """Why the next daemon could not find model `spec` ("" or None: the default), or None."""
     from mtplxd.models.hub import ModelStoreError
     from mtplxd.models.resolve import ModelLoadFailed, resolve_model
-    from mtplxd.models.store import parse_spec
+    from mtplxd.models.spec import looks_like_path
 
     if not spec:
         return None  # the embedded model
@@ -491,15 +554,42 @@ def _model_blocker(spec: str | None, source: str, paths: Paths) -> tuple[str, st
         resolve_model(spec, paths.models_dir)  # as the next daemon's load will
         return None
     except ModelLoadFailed as exc:
-        damaged = isinstance(exc.__cause__, ModelStoreError)  # the message says what to do
-        why = str(exc) if damaged else "it is neither a local folder nor a pulled model"
+        # A damaged manifest's message and a missing folder's say what to do themselves.
+        said = isinstance(exc.__cause__, ModelStoreError) or looks_like_path(spec)
+        why = str(exc) if said else "it is neither a local folder nor a pulled model"
     other = "restart with another model (`mtplxctl restart --model PATH_OR_REPO`)"
-    try:
-        parse_spec(spec)
-    except ModelStoreError:  # a folder that is gone: nothing to pull
+    if looks_like_path(spec):  # a folder that is gone: nothing to pull
         return f"model {spec} ({source}) cannot be loaded: {why}", other
     return (f"model {spec} ({source}) cannot be loaded: {why}",
             f"{other}, or pull it (`mtplxctl models pull {spec}`)")
+
+
+def _retrieval_blocker(config: Config, paths: Paths,
+                       carried: list[str] | tuple[str, ...]) -> tuple[str, str] | None:
+    """Why an embedding or reranker model the next daemon would serve cannot load, or None.
+
+    The ones carried from the running daemon are left out: it already runs without them (its
+    log says why), and a restart keeps what it runs."""
+    from mtplxd.models.resolve import ModelLoadFailed, resolve_model
+
+    for key, kind in RETRIEVAL_KEYS.items():
+        flag = f"--{kind}-model"
+        if config.sources[key] == "cli" and any(f.startswith(flag + " ") for f in carried):
+            continue
+        for spec in config.values[key]:
+            try:
+                resolve_model(spec, paths.models_dir)
+            except ModelLoadFailed as exc:
+                if config.sources[key] == "cli":
+                    return (f"{kind} model {spec} (given with {flag}) cannot be loaded: {exc}",
+                            f"restart with another ({flag} PATH_OR_REPO)")
+                if config.sources[key] == "env":
+                    return (f"{kind} model {spec} ({env_name(key)}) cannot be loaded: {exc}",
+                            f"change or unset {env_name(key)}")
+                return (f"{kind} model {spec} (the `{key}` of config.toml) cannot be loaded: "
+                        f"{exc}", f"change it with `mtplxctl config set {key} VALUE` (an empty "
+                        "VALUE removes it)")
+    return None
 
 
 def carry_running_options(status: dict[str, Any], args: argparse.Namespace,

@@ -21,11 +21,13 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColu
 from mtplxd.models.hub import ModelStoreError
 from mtplxd.models.methods import PROGRESS_METHOD
 from mtplxd.models.progress import ProgressCallback, no_progress
+from mtplxd.models.spec import absolute_spec
 from mtplxd.models.store import ModelStore
 from mtplxd.paths import Paths
 from mtplxctl.client import ControlClient, ControlError, DaemonNotRunning
 from mtplxctl.output import (
-    EXIT_ERROR, EXIT_OK, console, err_console, fail, human_bytes, print_json, wrapping_table,
+    EXIT_ERROR, EXIT_OK, console, err_console, fail, fitting_table, human_bytes, print_json,
+    wrapping_table,
 )
 
 SPEC_HELP = "a Hugging Face repo id, org/name, optionally @REVISION (branch, tag or commit sha)"
@@ -243,6 +245,7 @@ def ensure_default_model(pull: bool = False,
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    args.model = absolute_spec(args.model)  # a path is refused as one, from any working folder
     try:
         with ProgressView(args.json) as view:
             result = run_operation("models.pull", {"model": args.model},
@@ -277,6 +280,7 @@ def _mode_text(row: dict[str, Any]) -> str:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
+    args.model = absolute_spec(args.model)
     try:
         with ProgressView(args.json) as view:
             result = run_operation("models.update", {"model": args.model},
@@ -313,17 +317,20 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not pulled:
         console.print("no models pulled — `mtplxctl models list --available` shows recommended ones")
         return EXIT_OK
-    # A repo id or a sha cut short is useless: they fold (every character kept) when a narrow
-    # terminal has no room for them on one line.
-    table = wrapping_table("model", "revision", "size", "family", "mode", "quant", "pulled")
-    table.columns[0].min_width = min(max(len(row["id"]) for row in pulled), 24)
+    rows = []
     for row in pulled:
         revision = row["revision"][:12] + (f" ({row['requested']})" if row.get("requested") else "")
         name = row["id"] if row["current"] else f"[dim]{row['id']}[/]"
         if not row["present"]:
             revision += " [red]missing[/]"
-        table.add_row(name, revision, human_bytes(row["size_bytes"]), row.get("family") or "-",
-                      _mode_text(row), row.get("quantization") or "-", row.get("pulled_at", "")[:10])
+        rows.append((name, revision, human_bytes(row["size_bytes"]), row.get("family") or "-",
+                     _mode_text(row), row.get("quantization") or "-", row.get("pulled_at", "")[:10]))
+    # A repo id or a sha cut short is useless: they fold (every character kept) when a narrow
+    # terminal has no room for them on one line, and the id keeps a readable width before the
+    # date, quantization and family columns go (`--json` has them all).
+    table = fitting_table(("model", "revision", "size", "family", "mode", "quant", "pulled"), rows,
+                          console.width, keep_wide={"model": _id_width(pulled)},
+                          optional=("pulled", "quant", "family"))
     console.print(table)
     return EXIT_OK
 
@@ -338,10 +345,7 @@ def _list_available(pulled: list[dict[str, Any]], as_json: bool) -> int:
         return EXIT_OK
     machine = rows[-1]  # every row carries the machine's figures
     on_cpu = machine["accelerator"] == "cpu"
-    table = wrapping_table("model", f"for {machine['memory_kind']}", "download", "quant", "",
-                           title=f"recommended for this machine ({machine['memory_gb']:.0f} GB "
-                                 f"{machine['memory_kind']}{', CPU only' if on_cpu else ''})")
-    table.columns[0].min_width = min(max((len(row["id"]) for row in rows), default=10), 24)
+    table_rows = []
     for row in rows:
         marks = []
         if row["recommended"]:
@@ -354,7 +358,13 @@ def _list_available(pulled: list[dict[str, Any]], as_json: bool) -> int:
             marks.append("[dim]unverified id[/]")
         size = f"{row['download_gb']:.1f} GB" if row["download_gb"] else "built in"
         memory = f"{row['tier_gb']} GB+" if row["tier_gb"] else "any"
-        table.add_row(row["id"], memory, size, row["quantization"], ", ".join(marks))
+        # One mark a line: the column stays narrow, and the repo id keeps the room.
+        table_rows.append((row["id"], memory, size, row["quantization"], "\n".join(marks)))
+    title = (f"recommended for this machine ({machine['memory_gb']:.0f} GB "
+             f"{machine['memory_kind']}{', CPU only' if on_cpu else ''})")
+    table = fitting_table(("model", f"for {machine['memory_kind']}", "download", "quant", ""),
+                          table_rows, console.width, title=title,
+                          keep_wide={"model": _id_width(rows)}, optional=("quant",))
     console.print(table)
     if on_cpu:
         console.print(f"[yellow]{machine['cpu_reason']}[/]")
@@ -362,11 +372,18 @@ def _list_available(pulled: list[dict[str, Any]], as_json: bool) -> int:
     return EXIT_OK
 
 
+def _id_width(rows: list[dict[str, Any]]) -> int:
+    """The width a model id column keeps before other columns wrap: its longest id, at most 24."""
+    return min(max((len(row["id"]) for row in rows), default=10), 24)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     if args.families:
         return _check_families(args.json)
     if args.model and Path(args.model).expanduser().is_dir():
         return _check_folder(Path(args.model).expanduser(), args.json)
+    if args.model:
+        args.model = absolute_spec(args.model)  # a folder that is not there: "no such folder"
     params = {"model": args.model} if args.model else {}
     try:
         answer = run_operation("models.check", params, lambda store, emit: {"models": store.check(args.model)})
@@ -443,6 +460,7 @@ def _check_folder(path: Path, as_json: bool) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
+    args.model = absolute_spec(args.model)
     try:
         result = run_operation("models.rm", {"model": args.model, "force": args.force},
                                lambda store, emit: store.remove(args.model))

@@ -97,8 +97,12 @@ def _to_chat(raw: Any, name: str) -> list[dict[str, Any]]:
                         "content": text_of(b.raw("content"), f"{where}.content")})
         elif kind == "image" and role == "user":
             text.append(image_part(kind, block, where))
-        elif kind in ("image", "document"):
-            raise invalid(f"`{where}` is a {kind} block; only user turns may carry images", where,
+        elif kind == "image":
+            raise invalid(f"`{where}` is an image block in an {role} turn; only user turns may "
+                          "carry images", where, code="unsupported_content")
+        elif kind == "document":
+            raise invalid(f"`{where}` is a document block (a PDF or text document), which this "
+                          "server does not read; send the document's text as a text block", where,
                           code="unsupported_content")
         else:
             raise invalid(f"`{where}.type` {kind!r} is not valid in a {role} message", f"{where}.type")

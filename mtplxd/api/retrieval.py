@@ -27,8 +27,13 @@ def retrieval_id(runtime: Runtime, requested: str | None, kind: str) -> str:
     specs = [s for s in runtime.retrieval.specs.values() if s.kind == kind]
     route = "/v1/embeddings" if kind == EMBEDDING else "/v1/rerank"
     if not specs:
-        raise APIError(404, f"no {kind} model is configured; start the daemon with "
-                            f"--{'embedding' if kind == EMBEDDING else 'reranker'}-model PATH_OR_REPO",
+        flag = f"--{'embedding' if kind == EMBEDDING else 'reranker'}-model PATH_OR_REPO"
+        refused = runtime.retrieval_refused.get(kind)
+        if refused:  # configured, but it named no model when the daemon started
+            raise APIError(404, f"no {kind} model is served: the daemon started with "
+                                f"{' and '.join(refused)}; restart it with one that loads "
+                                f"(`mtplxctl restart {flag}`)", code="model_not_found", param="model")
+        raise APIError(404, f"no {kind} model is configured; start the daemon with {flag}",
                        code="model_not_found", param="model")
     if requested is None:
         return specs[0].id

@@ -31,6 +31,7 @@ from mtplxd.models.manifest import (DamagedManifest, Manifests, PulledRevision, 
                                     RepoManifest)
 from mtplxd.models.progress import (ProgressCallback, PullCancelled, ShouldStop, file_progress,
                                     no_progress)
+from mtplxd.models.spec import absolute_spec, folder_problem, looks_like_path
 from mtplxd.models.verify import inspect_model, mismatch
 
 # What a model folder needs; other files (PyTorch .bin twins, GGUF, ONNX, images, `original/`
@@ -53,6 +54,8 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     """`org/name[@revision]` -> (repo id, revision or None); raises ModelStoreError if malformed."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+    if looks_like_path(spec):
+        raise ModelStoreError("local_path", _not_a_repo(spec))
     repo, sep, revision = spec.strip().partition("@")
     if sep and not revision:
         raise ModelStoreError("invalid_spec", f"{spec!r}: nothing after '@'; write REPO@REVISION "
@@ -62,6 +65,15 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     except HFValidationError as exc:
         raise ModelStoreError("invalid_spec", f"{spec!r} is not a Hub repo id (org/name): {exc}") from None
     return repo, revision or None
+
+
+def _not_a_repo(spec: str) -> str:
+    """The store's answer to a path: a folder is served as it is, never pulled or checked."""
+    folder = absolute_spec(spec)
+    if Path(folder).is_dir():
+        return (f"{folder} is a folder on this machine, not a Hub repo: serve it with "
+                f"`mtplxctl start --model {folder}` (`mtplxctl models check {folder}` says how)")
+    return folder_problem(spec)
 
 
 def resolve_pulled(spec: str, models_dir: Path) -> tuple[Path, str] | None:

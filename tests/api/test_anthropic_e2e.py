@@ -130,6 +130,31 @@ def test_an_image_block_for_a_text_only_model_is_a_400_naming_the_model(client):
     assert "no vision tower" in error["message"]
 
 
+def test_a_document_block_in_a_user_turn_is_refused_saying_to_send_its_text(client):
+    """A PDF or text `document` block is not read here: the 400 says so and what to send
+    instead, not that only user turns carry images (it is a user turn)."""
+    document = {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                               "data": "the spec"}}
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model=MODEL_ID, max_tokens=5, messages=[
+            {"role": "user", "content": [document, {"type": "text", "text": "summarize it"}]}])
+    message = err.value.body["error"]["message"]
+    assert "`messages[0].content[0]` is a document block" in message
+    assert "send the document's text as a text block" in message
+    assert "image" not in message
+
+
+def test_an_image_block_in_an_assistant_turn_is_refused_as_one(client):
+    source = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model=MODEL_ID, max_tokens=5, messages=[
+            {"role": "user", "content": "draw"},
+            {"role": "assistant", "content": [{"type": "image", "source": source}]},
+            {"role": "user", "content": "again"}])
+    assert ("`messages[1].content[0]` is an image block in an assistant turn; only user turns "
+            "may carry images") in err.value.body["error"]["message"]
+
+
 def test_a_forced_named_tool_is_a_tool_use_block_whatever_the_model_writes(client):
     """`tool_choice` naming a tool writes its name in the prompt: the reply is a tool_use of
     that tool, the tiny model's non-JSON arguments kept under `_malformed_arguments`."""

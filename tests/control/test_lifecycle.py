@@ -382,3 +382,117 @@ def test_a_daemon_that_does_not_answer_but_runs_is_called_hung_with_a_way_out():
     assert f"kill {os.getpid()}" in hint and "mtplxctl start" in hint
     said, hint = not_answering_text(error, None)
     assert said.startswith("mtplxd did not answer on /run/mtplx.sock") and "mtplxctl logs" in hint
+
+
+def test_a_status_check_of_a_stopped_daemon_answers_within_ten_seconds(daemon):
+    """`status` is a person's quick look: a daemon that cannot answer (SIGSTOP) is named as
+    stopped after 10 s, not after the 30 s a long operation may wait."""
+    import time
+
+    os.kill(daemon.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        result = run_ctl("status")
+        waited = time.monotonic() - started
+        said = _one_line(result.stderr)
+        assert result.returncode == 1
+        assert (f"mtplxd (pid {daemon.pid}) did not answer on {daemon.paths.socket} within 10s; "
+                "it is stopped") in said
+        assert waited < 13, waited  # the 10 s limit and mtplxctl's own start
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
+    assert daemon.client.is_running()
+
+
+def _missing_folder(daemon) -> str:
+    return str(daemon.paths.home.parent / "missing" / "folder")
+
+
+@pytest.mark.parametrize("flag", ["--embedding-model", "--reranker-model"])
+def test_restart_refuses_a_retrieval_model_folder_that_is_not_there_before_stopping(daemon, flag):
+    missing = _missing_folder(daemon)
+    result = run_ctl("restart", flag, missing)
+    said = _one_line(result.stderr)
+    assert result.returncode == 1
+    assert f"cannot restart: {flag.strip('-').removesuffix('-model')} model {missing} (given with {flag}) " \
+           f"cannot be loaded: no such folder: {missing}" in said
+    assert f"mtplxd (pid {daemon.pid}) is still running, nothing was stopped" in said
+    assert "models pull" not in said
+    assert daemon.process.poll() is None and daemon.client.call("daemon.status")["pid"] == daemon.pid
+
+
+def test_restart_refuses_an_embedding_repo_that_is_not_pulled_saying_to_pull_it(daemon):
+    """As for `--model`: a repo id that is not pulled would load nothing, so restart says so
+    (with the pull that fixes it) while the running daemon still serves."""
+    result = run_ctl("restart", "--embedding-model", "no-such-org/no-such-embedder")
+    said = _one_line(result.stderr)
+    assert result.returncode == 1
+    assert "embedding model no-such-org/no-such-embedder (given with --embedding-model) cannot be " \
+           "loaded" in said
+    assert "mtplxctl models pull no-such-org/no-such-embedder" in said
+    assert daemon.process.poll() is None
+
+
+def test_restart_refuses_an_embedding_model_of_config_toml_that_is_not_there(daemon):
+    missing = _missing_folder(daemon)
+    daemon.paths.config_file.write_text(f'embedding_model = ["{missing}"]\n')
+    result = run_ctl("restart")
+    said = _one_line(result.stderr)
+    assert result.returncode == 1
+    assert f"embedding model {missing} (the `embedding_model` of config.toml) cannot be loaded: " \
+           f"no such folder: {missing}" in said
+    assert "mtplxctl config set embedding_model VALUE" in said
+    assert daemon.process.poll() is None
+
+
+def test_start_on_a_running_daemon_refuses_a_missing_embedding_folder_and_notes_a_good_one(
+        daemon, tmp_path):
+    """`start --embedding-model` on a running daemon: a folder that is not there is an error;
+    a good one is noted as waiting for a restart (the running daemon keeps what it serves)."""
+    from mtplxd.engine.fixtures.retrieval import write_tiny_embedding_checkpoint
+
+    missing = _missing_folder(daemon)
+    refused = run_ctl("start", "--embedding-model", missing)
+    assert refused.returncode == 1
+    assert f"no such folder: {missing}" in _one_line(refused.stderr)
+    embedder = write_tiny_embedding_checkpoint(tmp_path / "embedder")
+    noted = run_ctl("start", "--embedding-model", str(embedder))
+    assert noted.returncode == 0, noted.stderr
+    assert ("mtplxd is already running; the embedding and reranker options apply when it starts: "
+            f"`mtplxctl restart --embedding-model {embedder}`") in _one_line(noted.stderr)
+    assert daemon.process.poll() is None
+
+
+def test_a_daemon_given_a_missing_embedding_folder_says_no_such_folder_in_its_log_and_404():
+    """The daemon serves on without it; its log and the 404 name the folder that is not
+    there, not a `models pull` of a filesystem path."""
+    paths = Paths.from_env()
+    missing = str(paths.home.parent / "missing" / "Qwen3-Embedding-0.6B")
+    running = start_daemon("--no-model", "--embedding-model", missing)
+    try:
+        log = paths.log_file.read_text()
+        assert f"not serving embedding model {missing}: no such folder: {missing}" in log
+        assert "models pull" not in log
+        base_url = running.client.call("daemon.status")["http"]["base_url"]
+        reply = httpx.post(base_url + "/embeddings", json={"input": "hello"}, timeout=30)
+        assert reply.status_code == 404
+        message = reply.json()["error"]["message"]
+        assert f"the daemon started with {missing}, which cannot be loaded (no such folder" in message
+        assert "mtplxctl restart --embedding-model PATH_OR_REPO" in message
+    finally:
+        running.stop()
+
+
+def test_restart_keeps_a_missing_embedding_folder_the_running_daemon_was_started_with():
+    """The running daemon already serves without it: restart carries it as it ran (the new
+    daemon logs why again) rather than refusing, or stopping and then refusing."""
+    paths = Paths.from_env()
+    missing = str(paths.home.parent / "missing" / "embedder")
+    running = start_daemon("--no-model", "--embedding-model", missing)
+    try:
+        result = run_ctl("restart", "--json")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["pid"] != running.pid
+        assert running.process.wait(10) == 0
+    finally:
+        run_ctl("stop")

@@ -108,6 +108,29 @@ def test_mtplxctl_bench_measures_the_configured_decode_loop_and_weights(tiny_mod
         assert report["decode_loop"] == loop and report["model"]["quantization"] == weights
 
 
+def test_mtplxctl_bench_table_fits_80_columns_without_cutting_a_value(tiny_model_factory, tmp_path):
+    """At 80 columns headers wrap between words and a long acceptance list wraps between
+    depths: no header or value ends in an ellipsis, no line is wider than the terminal."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "mtplxctl", "bench", "--model", str(tiny_model_factory("qwen3")),
+         "--repeats", "1", "--max-tokens", "6", "--depth", "6", "--json-out", str(tmp_path / "b.json")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "…" not in result.stdout and max(map(len, lines)) <= 80, result.stdout
+    table = [line for line in lines if line[:1] in "┏┃┡│└"]
+    assert all(line[-1] in "┓┃┩│┘" for line in table), result.stdout
+    assert "MTP tok/s" in result.stdout and "acceptance" in result.stdout
+    report = json.loads((tmp_path / "b.json").read_text())
+    shown = " ".join(line.split("│")[5].strip() for line in table if line.startswith("│"))
+    for entry in report["temperatures"].values():  # every depth's acceptance, whole
+        assert " ".join(f"{a:.0%}" for a in entry["mtp"]["acceptance_by_depth"]) in shown, result.stdout
+
+
 def test_bench_ops_times_ops_by_section(tmp_path):
     from mtplxd.engine.bench.ops import main as ops_main
 

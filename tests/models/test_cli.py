@@ -109,6 +109,42 @@ def _unfold(text: str) -> str:
     return "".join(ch for ch in text if ch not in "│┃┏┓┗┛┡┩━─┼╇╋┳┻┃ \n└┘┌┐├┤┬┴╭╮╰╯")
 
 
+def assert_uncut(shown: str, width: int) -> None:
+    """Nothing cut: no ellipsis, no line over `width`, and every table line still ends in its
+    right border (a table wider than the terminal loses its right side, not its ellipses)."""
+    lines = shown.splitlines()
+    assert "…" not in shown and max(map(len, lines)) <= width, shown
+    for line in lines:
+        if line[:1] in "┏┃┡│└":
+            assert line.rstrip()[-1] in "┓┃┩│┘", shown
+
+
+def test_a_pulled_list_of_long_ids_fits_80_columns_dropping_the_date_before_cutting(monkeypatch):
+    """Real repo ids and an AR reason: the table loses its optional columns (pulled date,
+    quant, family) rather than its right side; every id stays whole."""
+    from rich.console import Console
+
+    import mtplxctl.commands.models as models_cmd
+
+    pulled = [{"id": "Youssofal/Qwen3.5-4B-MTPLX-Optimized-Speed", "revision": "0123456789ab" * 3,
+               "requested": "main", "current": True, "present": True, "size_bytes": 3 << 30,
+               "family": "qwen3_5", "mode": "mtp", "quantization": "4bit", "pulled_at": "2026-12-01T00:00"},
+              {"id": "mlx-community/Llama-3.2-1B-Instruct-4bit", "revision": "fedcba987654" * 3,
+               "current": True, "present": True, "size_bytes": 1 << 30, "family": "llama", "mode": "ar",
+               "reason": "no MTP head in the checkpoint", "quantization": "4bit",
+               "pulled_at": "2026-12-01T00:00"}]
+    monkeypatch.setattr(models_cmd, "run_operation", lambda *args, **kwargs: {"models": pulled})
+    for width in (80, 100, 200):
+        narrow = Console(width=width, record=True, highlight=False)
+        monkeypatch.setattr(models_cmd, "console", narrow)
+        assert main(["models", "list"]) == 0
+        shown = narrow.export_text()
+        assert_uncut(shown, width)
+        ids = "".join(line.split("│")[1].strip() for line in shown.splitlines() if line.startswith("│"))
+        assert ids == "".join(row["id"] for row in pulled), shown  # folded, every character kept
+        assert ("2026-12-01" in shown) is (width == 200), shown
+
+
 def test_models_list_keeps_every_character_in_80_columns(hub, monkeypatch):
     """A narrow terminal folds long ids onto a second line instead of cutting them off."""
     from rich.console import Console
@@ -121,7 +157,7 @@ def test_models_list_keeps_every_character_in_80_columns(hub, monkeypatch):
         monkeypatch.setattr(models_cmd, "console", narrow)
         assert main(argv) == 0
         shown = narrow.export_text()
-        assert "…" not in shown and max(map(len, shown.splitlines())) <= 80, shown
+        assert_uncut(shown, 80)
         if argv == ["models", "list"]:
             revision = json.loads(run_ctl("models", "list", "--json").stdout)["models"][0]["revision"]
             assert REPO.replace(" ", "") in _unfold(shown) and revision[:12] in shown
@@ -146,3 +182,61 @@ def test_rm_of_the_embedded_model_says_it_is_built_in(capsys):
     err = " ".join(capsys.readouterr().err.split())
     assert "mtplx-tiny-coder is built into mtplx" in err and "cannot be removed" in err
     assert "models pull" not in err
+
+
+@pytest.mark.parametrize("spec, is_path", [
+    ("/abs/folder", True), ("~/models/LFM2-1.2B", True), ("./LFM2", True), ("../LFM2", True),
+    ("models/org/name", True), ("org/name", False), ("org/name@refs/pr/1", False),
+    ("mtplx-tiny-coder", False), ("LFM2", False)])
+def test_a_spec_is_a_path_when_it_looks_like_one(spec, is_path):
+    from mtplxd.models.spec import looks_like_path
+
+    assert looks_like_path(spec) is is_path
+
+
+def test_a_path_that_names_no_folder_is_called_that_by_every_command(capsys, tmp_path, monkeypatch):
+    """models check|pull|rm, config set and start --model read a path as a path: "no such
+    folder", never a Hub repo-id error, and start launches nothing."""
+    from mtplxd.paths import Paths
+
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "models" / "LFM2-1.2B"
+    for argv in (["models", "check", str(missing)], ["models", "pull", str(missing)],
+                 ["models", "check", "./models/LFM2-1.2B"], ["models", "rm", "./models/LFM2-1.2B"],
+                 ["config", "set", "model", str(missing)],
+                 ["config", "set", "embedding_model", f"org/embedder,{missing}"],
+                 ["start", "--model", "./models/LFM2-1.2B"]):
+        assert main(argv) == 1, argv
+        said = " ".join(capsys.readouterr().err.split())
+        assert f"no such folder: {missing}" in said, (argv, said)
+        assert "Repo id" not in said and "org/name, or org/name@REVISION" not in said, said
+    assert not Paths.from_env().socket.exists()  # start refused before launching a daemon
+    assert main(["models", "check", "--json", str(missing)]) == 1
+    assert json.loads(capsys.readouterr().out)["reason"] == "local_path"
+    assert main(["models", "pull", str(tmp_path)]) == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"{tmp_path} is a folder on this machine, not a Hub repo" in said
+
+
+def test_config_set_stores_a_model_folder_as_an_absolute_path(capsys, tmp_path, monkeypatch):
+    """The daemon reads config.toml from its own working folder: a relative path is stored
+    absolute; a repo id as given (it may be pulled later)."""
+    from mtplxd.config import load_config
+    from mtplxd.paths import Paths
+
+    (tmp_path / "mine").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["config", "set", "model", "./mine"]) == 0
+    assert main(["config", "set", "embedding_model", "org/embedder,mine"]) == 0
+    config = load_config(Paths.from_env().config_file)
+    assert config.model == str(tmp_path / "mine")
+    assert config.embedding_model == ["org/embedder", str(tmp_path / "mine")]
+
+
+def test_the_daemons_load_of_a_missing_folder_says_no_such_folder(tmp_path):
+    from mtplxd.models.resolve import ModelLoadFailed, resolve_model
+
+    with pytest.raises(ModelLoadFailed) as failed:
+        resolve_model(str(tmp_path / "gone"), tmp_path)
+    assert str(failed.value).startswith(f"no such folder: {tmp_path / 'gone'}")
+    assert "models pull" not in str(failed.value)
