@@ -6,12 +6,17 @@ Layout under the bank directory (`$MTPLX_HOME/session-bank/`):
 - `manifest.sqlite`: one row per blob: identity key, token ids (int32 little-endian), the
   restore facts (length, head_len, tail rows, hybrid boundaries), size and timestamps.
 
-Writes happen off the request path: `put` (owner thread) only copies the entry's arrays to
-host bytes and queues them; a writer thread builds the file, hashes it, writes it to a temp
-name, fsyncs, renames, and records it in the manifest. A queue backlog budget drops writes
-rather than letting memory grow. The store is capped by bytes and by free disk (never more
-than half of what is free when it writes); the least recently used blobs go first, and a
-new entry supersedes stored entries of the same identity whose tokens it extends.
+Writes happen off the request path: `put` (owner thread) only takes host views of the
+entry's evaluated arrays (no copy: MLX arrays are immutable, so the views read the very bytes
+the RAM entry holds, and keep them alive until written) and queues them; a writer thread, at
+a low CPU priority where the OS allows it, hashes the file's bytes straight from those views,
+writes them to a temp name, fsyncs, renames, and records it in the manifest. Nothing of that
+runs on the model thread, so the next request is admitted while the blob is still being
+written. A queue backlog budget drops writes rather than letting memory grow (a queued entry
+that the RAM tier evicts meanwhile stays in memory until its write is done). The store is
+capped by bytes and by free disk (never more than half of what is free when it writes); the
+least recently used blobs go first, and a new entry supersedes stored entries of the same
+identity whose tokens it extends.
 
 Reads verify the sha256 of the whole blob before decoding it: a corrupt or truncated blob
 is deleted with its manifest row and never served.
@@ -75,17 +80,24 @@ _ST_DTYPES = {
 _FROM_ST = {name: (dtype, np_dtype) for dtype, (name, np_dtype) in _ST_DTYPES.items()}
 
 
+# How much lower than the daemon's the writer thread's CPU priority is (Linux: a thread's
+# own nice value). Hashing and writing a long conversation takes seconds of CPU; on a machine
+# with few cores it must not take them from the model thread's next prefill.
+WRITER_NICENESS = 10
+
+# A tensor on its way to disk: (name, safetensors dtype, shape, data), the data being bytes or
+# a host view (numpy array) of an evaluated MLX array.
+HostTensor = tuple[str, str, tuple[int, ...], Any]
+
+
 @dataclass
 class _Pending:
-    """An entry copied to host memory, waiting for the writer thread."""
+    """An entry's tensors as host views, waiting for the writer thread."""
 
     identity: str
     meta: dict[str, Any]
-    tensors: list[tuple[str, str, tuple[int, ...], bytes]]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(len(t[3]) for t in self.tensors)
+    tensors: list[HostTensor]
+    nbytes: int = 0  # what `put` counted against the backlog
 
 
 def lead_hash(tokens: Any) -> str:
@@ -98,23 +110,50 @@ def lead_hash(tokens: Any) -> str:
 
 def to_host(name: str, array: mx.array) -> tuple[str, str, tuple[int, ...], bytes]:
     """(name, safetensors dtype, shape, raw little-endian bytes) of an evaluated array."""
+    name, st_name, shape, host = host_view(name, array)
+    return name, st_name, shape, bytes(_raw(host))
+
+
+def host_view(name: str, array: mx.array) -> HostTensor:
+    """(name, safetensors dtype, shape, numpy view) of `array`, without copying its data
+    (2-byte floats are viewed as uint16, numpy having no bfloat16). Owner thread: the array
+    is evaluated here if it is not yet; the view may then be read from any thread."""
     st_name, np_dtype = _ST_DTYPES[array.dtype]
-    host = np.array(array.view(mx.uint16) if np_dtype is np.uint16 else array)
-    return name, st_name, tuple(array.shape), host.astype(host.dtype.newbyteorder("<")).tobytes()
+    host = np.asarray(array.view(mx.uint16) if np_dtype is np.uint16 else array)
+    return name, st_name, tuple(array.shape), host
 
 
-def encode_safetensors(tensors: list[tuple[str, str, tuple[int, ...], bytes]],
-                       metadata: dict[str, str]) -> bytes:
-    """A safetensors file: u64 header length, JSON header, then the tensors' bytes."""
+def _raw(data: Any) -> memoryview:
+    """The little-endian bytes of a tensor's data in C order, as a flat memoryview (no copy
+    for bytes or a C-contiguous little-endian array, the usual case)."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return memoryview(data).cast("B")
+    host = np.ascontiguousarray(data)
+    host = host.astype(host.dtype.newbyteorder("<"), copy=False)
+    return memoryview(host).cast("B")
+
+
+def _data_len(data: Any) -> int:
+    return len(data) if isinstance(data, (bytes, bytearray)) else int(data.nbytes)
+
+
+def safetensors_header(tensors: list[HostTensor], metadata: dict[str, str]) -> bytes:
+    """The bytes before the tensors' data in a safetensors file: u64 header length, JSON."""
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
     for name, dtype, shape, data in tensors:
+        size = _data_len(data)
         header[name] = {"dtype": dtype, "shape": list(shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
+                        "data_offsets": [offset, offset + size]}
+        offset += size
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes
-    return struct.pack("<Q", len(head)) + head + b"".join(t[3] for t in tensors)
+    return struct.pack("<Q", len(head)) + head
+
+
+def encode_safetensors(tensors: list[HostTensor], metadata: dict[str, str]) -> bytes:
+    """A safetensors file: u64 header length, JSON header, then the tensors' bytes."""
+    return safetensors_header(tensors, metadata) + b"".join(_raw(t[3]) for t in tensors)
 
 
 def decode_safetensors(data: bytes) -> tuple[dict[str, mx.array], dict[str, str]]:
@@ -272,8 +311,8 @@ class SessionStore:
             "rope_delta": entry.rope_delta,
             "tokens": np.asarray(entry.tokens, dtype="<i4").tobytes(),
         }
-        tensors = [to_host(name, array) for name, array in _tensor_names(entry)]
-        self._queue.put(_Pending(identity, meta, tensors))
+        tensors = [host_view(name, array) for name, array in _tensor_names(entry)]
+        self._queue.put(_Pending(identity, meta, tensors, entry.nbytes))
         return True
 
     def best_match(self, identity: str, prompt: list[int], need_head: bool,
@@ -361,6 +400,7 @@ class SessionStore:
     # -- writer thread --------------------------------------------------------------------
 
     def _write_loop(self) -> None:
+        _lower_thread_priority(WRITER_NICENESS)
         while True:
             item = self._queue.get()
             try:
@@ -379,19 +419,28 @@ class SessionStore:
     def _write(self, item: _Pending) -> None:
         # rope_delta (mRoPE, prompts with images) rides in the blob's header: the manifest
         # only needs what picks a match.
-        data = encode_safetensors(item.tensors, {"format": "mtplx-session-bank/1",
+        head = safetensors_header(item.tensors, {"format": "mtplx-session-bank/1",
                                                  "rope_delta": str(item.meta.get("rope_delta", 0))})
-        sha = hashlib.sha256(data).hexdigest()
+        # The file is its header followed by each tensor's bytes: hashed and written piece by
+        # piece from the host views (the same bytes encode_safetensors would join, uncopied).
+        pieces = [memoryview(head)] + [_raw(t[3]) for t in item.tensors]
+        digest = hashlib.sha256()
+        for piece in pieces:
+            digest.update(piece)
+        sha = digest.hexdigest()
+        size = sum(piece.nbytes for piece in pieces)
         path = self._blob_path(sha)
         if not path.exists():
-            self._make_room(len(data))
+            self._make_room(size)
             path.parent.mkdir(parents=True, exist_ok=True)
             temp = path.with_suffix(".tmp")
             with open(temp, "wb") as f:
-                f.write(data)
+                for piece in pieces:
+                    f.write(piece)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(temp, path)
+        del pieces
         m = item.meta
         now = time.time()
         with self._db_lock:
@@ -400,7 +449,7 @@ class SessionStore:
                 (sha, item.identity, m["length"], m["tokens"],
                  lead_hash(np.frombuffer(m["tokens"], dtype="<i4")), m["head_len"], m["tail_rows"],
                  int(m["has_head"]), json.dumps(m["boundaries"]) if m["boundaries"] else None,
-                 json.dumps(m["kinds"]), len(data), m["session_id"], now, now))
+                 json.dumps(m["kinds"]), size, m["session_id"], now, now))
         self.written += 1
         self._supersede(sha, item)
 
@@ -445,3 +494,14 @@ class SessionStore:
     def _remove_temp_files(self) -> None:
         for temp in self.blobs.glob("*/*.tmp"):
             temp.unlink(missing_ok=True)
+
+
+def _lower_thread_priority(niceness: int) -> None:
+    """Raise the calling thread's nice value by `niceness` where threads have their own
+    (Linux); elsewhere nothing changes. Never fails: the priority is only a courtesy."""
+    try:
+        tid = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(current + niceness, 19))
+    except (AttributeError, OSError):
+        pass
