@@ -73,12 +73,12 @@
 #                 else the hybrid's matrices at 1 and 4 rows with the mma layout's warps and loads
 #                 varied (bench.small_m --mma-variants: its 1-row product lost to MLX's matvec on
 #                 the small ones, k_proj 20.3 us against 10.6)
-#   PART=mma-shape  the mma layout at 4 warps a block (and 4 or 2 groups a lane loads), and
-#                 pipelined through shared-memory stages (8x4s2, 4x4s4: 63 registers a thread
-#                 for sm_90 against the plain layout's 106), beside the shipped 8 x 4 plain in
-#                 whole hybrid 27B 4-bit decode steps and depth-3 cycles at T=0.6,
-#                 row-invariant as served, one process (real_size --mma-configs CONFIGS;
-#                 2026-12-05: 4 warps led the micro-bench on every large matrix, 2 groups at 1 row)
+#   PART=mma-shape  the mma layout's shapes in whole hybrid 27B 4-bit decode steps and depth-3
+#                 cycles at T=0.6, row-invariant as served, one process (real_size --mma-configs
+#                 CONFIGS): the served 8 x 4 pipelined in 2 stages (MMA_STAGES, since 2026-12-05,
+#                 fourth session: it beat the plain layout on every large matrix in an H100's
+#                 micro-bench) beside the plain 8x4 it replaced and 4x2s4 (the micro-bench's
+#                 fastest at 1 row on the hybrid's GDN projections and gate_proj)
 #   PART=mma-pipelined  the pipelined mma layout's CUDA tests (bit for bit the plain layout's
 #                 outputs), then the micro-bench at the hybrid's and the 32B's 4-bit matrices,
 #                 1 and 6 rows, every MMA_CONFIGS shape (bench.small_m --mma-variants)
@@ -272,7 +272,7 @@ elif [ "$PART" = routings ]; then
 elif [ "$PART" = mma-shape ]; then
   step mma-shape-hybrid-4bit 480 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
     --depths 3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 --repeats 3 --small-m-kernel \
-    --small-m-loops --row-invariant --mma-configs "${CONFIGS:-4x4,8x4s2,4x4s4}" \
+    --small-m-loops --row-invariant --mma-configs "${CONFIGS:-8x4,4x2s4}" \
     --json-out "$work/mma-shape-hybrid-4bit.json"
 elif [ "$PART" = mma-pipelined ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "cuda and (pipelined or row_invariant)" \

@@ -216,7 +216,10 @@ def test_the_pipelined_mma_layout_runs_the_most_stages_that_fit():
     assert fits(4, 8, 4, 81, 8) == 0  # 81 groups: no whole batches of 4
     assert fits(4, 8, 1, 80, 8) == 0 and fits(4, 8, 3, 81, 8) == 0  # 2- or 6-byte scales: no single copy
     assert fits(4, 8, 4, 80, 1) == 0 and fits(4, 8, 4, 80, 0) == 0
-    assert small_m_qmm.MMA_STAGES == 0  # off until whole models measure it (module constant)
+    # 16 warps with 5 row tiles asked an H100 for more registers than an SM has (the launch
+    # failed); 16 warps of 2 groups would fit shared memory.
+    assert fits(4, 16, 2, 80, 2) == 0 and fits(4, 8, 2, 80, 2) == 2
+    assert small_m_qmm.MMA_STAGES == 2  # served: the shipped 8 x 4 takes 2 stages (above)
 
 @needs_cuda
 def test_cuda_row_invariant_routing_keeps_greedy_mtp_equal_to_ar():
@@ -285,7 +288,7 @@ def test_row_invariant_install_takes_the_environment_and_status_says_so(tiny_mod
     assert layers and all(m.row_invariant for m in layers)
     assert model.info.kernels["quantized_matmul"] == (
         f"small-M CUDA kernel, row-invariant (1..{small_m_qmm.MAX_ROWS} rows on the tensor cores, "
-        "decode steps included)")
+        "pipelined in 2 stages, decode steps included)")
     monkeypatch.delenv(small_m_qmm.ROW_INVARIANT_ENV)
     assert small_m_qmm.install(loaded().model, row_invariant=True) > 0  # asking for it asks for the kernel
     assert small_m_qmm.install(loaded().model, force=False, row_invariant=True) == 0
@@ -519,7 +522,7 @@ def test_route_sends_short_verify_blocks_of_large_matrices_to_the_tensor_cores(m
     assert [small_m_qmm.route(mx.zeros((rows, 128), mx.bfloat16), four_bit) for rows in (2, 3, 6, 7, 8)] == [
         "mma", "mma", "mma", "mma", None]
     assert [small_m_qmm.route(mx.zeros((rows, 128)), four_bit) for rows in (3, 6, 7)] == ["vector", "vector", "word"]
-    assert "2..7 on the tensor cores" in small_m_qmm.path_name(1)  # what /health says
+    assert "2..7 on the tensor cores, pipelined in 2 stages" in small_m_qmm.path_name(1)  # what /health says
     # A GPU where the tensor-core layout failed its probe keeps the vector layout there.
     monkeypatch.setattr(small_m_qmm, "_mma_usable", False)
     assert small_m_qmm.route(mx.zeros((4, 128), mx.bfloat16), layer) == "vector"

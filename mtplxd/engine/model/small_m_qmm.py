@@ -22,7 +22,7 @@ Two more layouts of the same product: "vector" (16-byte loads, for decode steps 
 matrices, _SOURCE_VECTOR) and "mma" (the tensor cores, for short verify blocks of large
 matrices, _SOURCE_MMA); `route` picks one per product. The mma layout has a pipelined
 form (_SOURCE_MMA_PIPELINED: its loads through shared memory, fewer registers; the same
-outputs bit for bit), off until measured (MMA_STAGES).
+outputs bit for bit), served wherever it fits (MMA_STAGES).
 
 `reference` spells the same arithmetic in plain MLX ops (the CPU runs it; a test compares it
 with mx.quantized_matmul, which pins the layout the kernel reads). Where the kernel is not
@@ -572,10 +572,18 @@ MMA_MAX_TILES = 4  # 8-row tiles a block takes (32 rows a read of the weights); 
 MMA_GROUPS_PER_LOAD = {4: 4, 8: 2}  # groups a lane loads before using any (32 bytes of each row)
 MMA_DTYPES = (mx.bfloat16, mx.float16)
 # Stages of the pipelined mma layout (_SOURCE_MMA_PIPELINED): at most this many batches of
-# groups a warp keeps in shared memory, S - 1 of them in flight; 0 runs the plain layout. Off
-# until whole models measure it on the H200 (`bench.real_size --mma-configs 8x4s2`): where it
-# fits, its outputs are the plain layout's bit for bit.
-MMA_STAGES = 0
+# groups a warp keeps in shared memory, S - 1 of them in flight; 0 runs the plain layout.
+# Where it fits, its outputs are the plain layout's bit for bit. On an H100 (2026-12-05,
+# bench.small_m --mma-variants) 2 stages at 8 x 4 beat the plain layout on every matrix of the
+# hybrid 27B and the 32B from 40M weights, at 1 row and at 6 (lm_head at 1 row: 297 and 193
+# us against 494 and 313), and lost 1-3 us on the small k_proj. Whole models: not yet measured
+# (`bench.real_size --mma-configs 8x4,8x4s2`).
+MMA_STAGES = 2
+# A block of the pipelined layout has at most this many warps: its registers a thread grow
+# with the row tiles, and on an H100 16 warps (512 threads) over 5 row tiles asked for more
+# registers than an SM has ("too many resources requested for launch"). 256 threads fit at
+# any register count.
+MMA_PIPELINED_MAX_WARPS = 8
 SHARED_MEMORY_BYTES = 48 * 1024  # a block's static shared memory
 VECTOR_ROWS = 8  # output columns a block of the vector layout computes together (H200: 8 beat 2 and 4)
 VECTOR_MAX_THREADS = 256
@@ -693,8 +701,8 @@ def pipelined_stages(bits: int, warps: int, groups_per_load: int, groups: int, s
     plain layout) below 2 stages, or where a row's scales of one batch are no single 4-, 8- or
     16-byte copy (`groups_per_load` of 2, 4 or 8 dividing the matrix's `groups`). It depends
     on the matrix and the shape only, never on the rows, so every row count of a matrix takes
-    one layout."""
-    if groups_per_load not in (2, 4, 8) or groups % groups_per_load:
+    one layout. A block of more than MMA_PIPELINED_MAX_WARPS warps runs the plain layout."""
+    if groups_per_load not in (2, 4, 8) or groups % groups_per_load or warps > MMA_PIPELINED_MAX_WARPS:
         return 0
     stage_bytes = groups_per_load * 16 * (GROUP_SIZE * bits // 8) + 16 * groups_per_load * 4
     fitting = min(stages, SHARED_MEMORY_BYTES // (warps * stage_bytes))
@@ -867,11 +875,11 @@ def path_name(switched: int, *, decode: bool = True, row_invariant: bool = False
     returned for it (and whether its decode steps take the kernel: `decode_wanted`, and
     whether it routed row-invariantly): the kernel, or MLX's own (and why)."""
     if switched and row_invariant and _mma_usable is not False:
-        return (f"small-M CUDA kernel, row-invariant (1..{MAX_ROWS} rows on the tensor cores, "
+        return (f"small-M CUDA kernel, row-invariant (1..{MAX_ROWS} rows on {_tensor_cores()}, "
                 f"decode steps included)")
     if switched:
         steps = "decode steps of large matrices too" if decode else "decode steps on mlx"
-        tensor_cores = "" if _mma_usable is False else f", 2..{MAX_ROWS} on the tensor cores for large matrices"
+        tensor_cores = "" if _mma_usable is False else f", 2..{MAX_ROWS} on {_tensor_cores()} for large matrices"
         return (f"small-M CUDA kernel (verify blocks of {MIN_ROWS[4]}..{MAX_ROWS} rows at 4-bit, "
                 f"{MIN_ROWS[8]}..{MAX_ROWS} at 8-bit{tensor_cores}; {steps})")
     if not fixed_shapes_wanted():
@@ -879,6 +887,11 @@ def path_name(switched: int, *, decode: bool = True, row_invariant: bool = False
     if _usable is False:  # probed (at install) and failed; an unprobed kernel is not compiled here
         return "mlx (the small-M kernel failed its probe)"
     return "mlx (the small-M kernel is on by default for 27B/32B-class 4- and 8-bit models only)"
+
+
+def _tensor_cores() -> str:
+    """The mma layout as path_name names it: pipelined through shared memory (MMA_STAGES)."""
+    return f"the tensor cores, pipelined in {MMA_STAGES} stages" if MMA_STAGES >= 2 else "the tensor cores"
 
 
 def usable() -> bool:
