@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from mtplxd.config import (
@@ -90,14 +89,15 @@ def model_setting(key: str, value: str) -> Any:
     """`value` for a model setting with each path made absolute (the daemon reads it from its
     own working folder); raises ConfigError for a path that names no folder, as `start
     --model` and `models pull` refuse it. A repo id is kept as given: it may be pulled later."""
-    from mtplxd.models.spec import absolute_spec, folder_problem, looks_like_path
+    from mtplxd.models.spec import absolute_spec, missing_folder
 
     if value == "":
         return value  # removes the key
     specs = parse_value(key, value)
     for spec in [specs] if isinstance(specs, str) else specs:
-        if looks_like_path(spec) and not Path(spec).expanduser().is_dir():
-            raise ConfigError(f"{key}: {folder_problem(spec)}")
+        problem = missing_folder(spec)
+        if problem is not None:
+            raise ConfigError(f"{key}: {problem}")
     return absolute_spec(specs) if isinstance(specs, str) else [absolute_spec(s) for s in specs]
 
 

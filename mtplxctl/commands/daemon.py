@@ -153,17 +153,28 @@ def named_model_blocker(args: argparse.Namespace, paths: Paths) -> tuple[str, st
     path that names no folder, or an embedding or reranker model that resolves to nothing
     (a repo id too: unlike `--model`, those are only resolved when the daemon starts, which
     would then serve without them). None when every one of them can load."""
-    from mtplxd.models.resolve import ModelLoadFailed, resolve_model
-    from mtplxd.models.spec import folder_problem, looks_like_path
+    from mtplxd.models.spec import missing_folder
 
-    if args.model and looks_like_path(args.model) and not Path(args.model).is_dir():
-        return folder_problem(args.model), None
+    problem = missing_folder(args.model) if args.model else None
+    if problem is not None:
+        return problem, None
     for key, kind in RETRIEVAL_KEYS.items():
         for spec in getattr(args, key, None) or []:
-            try:
-                resolve_model(spec, paths.models_dir)
-            except ModelLoadFailed as exc:
-                return f"{kind} model {spec} (--{kind}-model) cannot be loaded: {exc}", None
+            failure = _load_failure(spec, paths)
+            if failure is not None:
+                return f"{kind} model {spec} (--{kind}-model) cannot be loaded: {failure}", None
+    return None
+
+
+def _load_failure(spec: str, paths: Paths) -> Exception | None:
+    """What the daemon's load of model `spec` would fail with (resolve_model's
+    ModelLoadFailed, the message saying what to do), or None when it resolves."""
+    from mtplxd.models.resolve import ModelLoadFailed, resolve_model
+
+    try:
+        resolve_model(spec, paths.models_dir)
+    except ModelLoadFailed as exc:
+        return exc
     return None
 
 
@@ -545,18 +556,14 @@ def _listen_blocker(config: Config, paths: Paths) -> tuple[str, str] | None:
 def _model_blocker(spec: str | None, source: str, paths: Paths) -> tuple[str, str] | None:
     """Why the next daemon could not find model `spec` ("" or None: the default), or None."""
     from mtplxd.models.hub import ModelStoreError
-    from mtplxd.models.resolve import ModelLoadFailed, resolve_model
     from mtplxd.models.spec import looks_like_path
 
-    if not spec:
-        return None  # the embedded model
-    try:
-        resolve_model(spec, paths.models_dir)  # as the next daemon's load will
+    failure = _load_failure(spec, paths) if spec else None  # no spec: the embedded model
+    if failure is None:
         return None
-    except ModelLoadFailed as exc:
-        # A damaged manifest's message and a missing folder's say what to do themselves.
-        said = isinstance(exc.__cause__, ModelStoreError) or looks_like_path(spec)
-        why = str(exc) if said else "it is neither a local folder nor a pulled model"
+    # A damaged manifest's message and a missing folder's say what to do themselves.
+    said = isinstance(failure.__cause__, ModelStoreError) or looks_like_path(spec)
+    why = str(failure) if said else "it is neither a local folder nor a pulled model"
     other = "restart with another model (`mtplxctl restart --model PATH_OR_REPO`)"
     if looks_like_path(spec):  # a folder that is gone: nothing to pull
         return f"model {spec} ({source}) cannot be loaded: {why}", other
@@ -570,25 +577,23 @@ def _retrieval_blocker(config: Config, paths: Paths,
 
     The ones carried from the running daemon are left out: it already runs without them (its
     log says why), and a restart keeps what it runs."""
-    from mtplxd.models.resolve import ModelLoadFailed, resolve_model
-
     for key, kind in RETRIEVAL_KEYS.items():
         flag = f"--{kind}-model"
         if config.sources[key] == "cli" and any(f.startswith(flag + " ") for f in carried):
             continue
         for spec in config.values[key]:
-            try:
-                resolve_model(spec, paths.models_dir)
-            except ModelLoadFailed as exc:
-                if config.sources[key] == "cli":
-                    return (f"{kind} model {spec} (given with {flag}) cannot be loaded: {exc}",
-                            f"restart with another ({flag} PATH_OR_REPO)")
-                if config.sources[key] == "env":
-                    return (f"{kind} model {spec} ({env_name(key)}) cannot be loaded: {exc}",
-                            f"change or unset {env_name(key)}")
-                return (f"{kind} model {spec} (the `{key}` of config.toml) cannot be loaded: "
-                        f"{exc}", f"change it with `mtplxctl config set {key} VALUE` (an empty "
-                        "VALUE removes it)")
+            failure = _load_failure(spec, paths)
+            if failure is None:
+                continue
+            if config.sources[key] == "cli":
+                return (f"{kind} model {spec} (given with {flag}) cannot be loaded: {failure}",
+                        f"restart with another ({flag} PATH_OR_REPO)")
+            if config.sources[key] == "env":
+                return (f"{kind} model {spec} ({env_name(key)}) cannot be loaded: {failure}",
+                        f"change or unset {env_name(key)}")
+            return (f"{kind} model {spec} (the `{key}` of config.toml) cannot be loaded: "
+                    f"{failure}", f"change it with `mtplxctl config set {key} VALUE` (an empty "
+                    "VALUE removes it)")
     return None
 
 

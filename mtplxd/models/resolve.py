@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mtplxd.models.builtin import EMBEDDED_MODEL_DIR, EMBEDDED_MODEL_ID, embedded_model_available
-from mtplxd.models.spec import folder_problem, looks_like_path
+from mtplxd.models.spec import missing_folder
 
 
 class ModelLoadFailed(Exception):
@@ -27,8 +27,9 @@ def resolve_model(spec: str | None, models_dir: Path) -> tuple[Path, str]:
     candidate = Path(spec).expanduser()
     if candidate.is_dir():
         return candidate.resolve(), candidate.resolve().name
-    if looks_like_path(spec):  # a folder that is not there: nothing to pull either
-        raise ModelLoadFailed(folder_problem(spec))
+    problem = missing_folder(spec)
+    if problem is not None:  # a folder that is not there: nothing to pull either
+        raise ModelLoadFailed(problem)
     from mtplxd.models.hub import ModelStoreError
     from mtplxd.models.store import resolve_pulled  # the store (Hub client) loads only when asked
 

@@ -32,6 +32,14 @@ def folder_problem(spec: str) -> str:
     return f"no such folder: {path}; check the path, or give a Hub repo id (org/name)"
 
 
+def missing_folder(spec: str) -> str | None:
+    """folder_problem for a path-like `spec` that names no folder; None for a folder or a
+    repo id."""
+    if looks_like_path(spec) and not Path(spec).expanduser().is_dir():
+        return folder_problem(spec)
+    return None
+
+
 def absolute_spec(spec: str) -> str:
     """`spec` with a path made absolute (`~` expanded), so whoever reads it later (the daemon,
     config.toml at the next start) finds the same folder from any working directory; a repo id

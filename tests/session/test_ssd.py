@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mtplxd.engine.session.bank import BankSettings
-from mtplxd.engine.session.store import SessionStore, decode_safetensors, encode_safetensors, to_host
+from mtplxd.engine.session.store import SessionStore, decode_safetensors, encode_safetensors, host_view
 from mtplxd.engine.session.types import KV, BankEntry
 
 from .conftest import cold
@@ -119,7 +119,7 @@ def test_blob_format_is_safetensors_readable_by_mlx(tmp_path):
     arrays = {"a": mx.arange(12, dtype=mx.float32).reshape(3, 4),
               "b": (mx.arange(6).reshape(2, 3) / 7).astype(mx.bfloat16),
               "c": mx.array([1, 2, 3], dtype=mx.int32)}
-    data = encode_safetensors([to_host(k, v) for k, v in arrays.items()], {"format": "t"})
+    data = encode_safetensors([host_view(k, v) for k, v in arrays.items()], {"format": "t"})
     path = tmp_path / "x.safetensors"
     path.write_bytes(data)
     for loaded_arrays in (mx.load(str(path)), decode_safetensors(data)[0]):

@@ -85,9 +85,9 @@ _FROM_ST = {name: (dtype, np_dtype) for dtype, (name, np_dtype) in _ST_DTYPES.it
 # with few cores it must not take them from the model thread's next prefill.
 WRITER_NICENESS = 10
 
-# A tensor on its way to disk: (name, safetensors dtype, shape, data), the data being bytes or
-# a host view (numpy array) of an evaluated MLX array.
-HostTensor = tuple[str, str, tuple[int, ...], Any]
+# A tensor on its way to disk: (name, safetensors dtype, shape, host view), the view a numpy
+# array reading an evaluated MLX array's memory.
+HostTensor = tuple[str, str, tuple[int, ...], np.ndarray]
 
 
 @dataclass
@@ -108,12 +108,6 @@ def lead_hash(tokens: Any) -> str:
 # --- codec -------------------------------------------------------------------------------
 
 
-def to_host(name: str, array: mx.array) -> tuple[str, str, tuple[int, ...], bytes]:
-    """(name, safetensors dtype, shape, raw little-endian bytes) of an evaluated array."""
-    name, st_name, shape, host = host_view(name, array)
-    return name, st_name, shape, bytes(_raw(host))
-
-
 def host_view(name: str, array: mx.array) -> HostTensor:
     """(name, safetensors dtype, shape, numpy view) of `array`, without copying its data
     (2-byte floats are viewed as uint16, numpy having no bfloat16). Owner thread: the array
@@ -123,37 +117,36 @@ def host_view(name: str, array: mx.array) -> HostTensor:
     return name, st_name, tuple(array.shape), host
 
 
-def _raw(data: Any) -> memoryview:
+def _raw(host: np.ndarray) -> memoryview:
     """The little-endian bytes of a tensor's data in C order, as a flat memoryview (no copy
-    for bytes or a C-contiguous little-endian array, the usual case)."""
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return memoryview(data).cast("B")
-    host = np.ascontiguousarray(data)
+    for a C-contiguous little-endian array, the usual case)."""
+    host = np.ascontiguousarray(host)
     host = host.astype(host.dtype.newbyteorder("<"), copy=False)
     return memoryview(host).cast("B")
 
 
-def _data_len(data: Any) -> int:
-    return len(data) if isinstance(data, (bytes, bytearray)) else int(data.nbytes)
-
-
-def safetensors_header(tensors: list[HostTensor], metadata: dict[str, str]) -> bytes:
+def _safetensors_header(tensors: list[HostTensor], metadata: dict[str, str]) -> bytes:
     """The bytes before the tensors' data in a safetensors file: u64 header length, JSON."""
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
-    for name, dtype, shape, data in tensors:
-        size = _data_len(data)
+    for name, dtype, shape, host in tensors:
         header[name] = {"dtype": dtype, "shape": list(shape),
-                        "data_offsets": [offset, offset + size]}
-        offset += size
+                        "data_offsets": [offset, offset + host.nbytes]}
+        offset += host.nbytes
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes
     return struct.pack("<Q", len(head)) + head
 
 
+def safetensors_pieces(tensors: list[HostTensor], metadata: dict[str, str]) -> list[memoryview]:
+    """A safetensors file as its pieces, in order: the header (u64 length, JSON), then each
+    tensor's bytes, read from the host views uncopied."""
+    return [memoryview(_safetensors_header(tensors, metadata))] + [_raw(t[3]) for t in tensors]
+
+
 def encode_safetensors(tensors: list[HostTensor], metadata: dict[str, str]) -> bytes:
-    """A safetensors file: u64 header length, JSON header, then the tensors' bytes."""
-    return safetensors_header(tensors, metadata) + b"".join(_raw(t[3]) for t in tensors)
+    """A safetensors file's bytes (its pieces joined)."""
+    return b"".join(safetensors_pieces(tensors, metadata))
 
 
 def decode_safetensors(data: bytes) -> tuple[dict[str, mx.array], dict[str, str]]:
@@ -419,11 +412,9 @@ class SessionStore:
     def _write(self, item: _Pending) -> None:
         # rope_delta (mRoPE, prompts with images) rides in the blob's header: the manifest
         # only needs what picks a match.
-        head = safetensors_header(item.tensors, {"format": "mtplx-session-bank/1",
-                                                 "rope_delta": str(item.meta.get("rope_delta", 0))})
-        # The file is its header followed by each tensor's bytes: hashed and written piece by
-        # piece from the host views (the same bytes encode_safetensors would join, uncopied).
-        pieces = [memoryview(head)] + [_raw(t[3]) for t in item.tensors]
+        # Hashed and written piece by piece, from the host views: no copy of the entry's data.
+        pieces = safetensors_pieces(item.tensors, {"format": "mtplx-session-bank/1",
+                                                   "rope_delta": str(item.meta.get("rope_delta", 0))})
         digest = hashlib.sha256()
         for piece in pieces:
             digest.update(piece)
