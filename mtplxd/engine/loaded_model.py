@@ -156,8 +156,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     current one (`MTPLX_CPU_ATTENTION`, else auto).
     `small_m_kernel` True or False routes quantized layers through small_m_qmm's CUDA kernel
     or not; None keeps its default (`small_m_qmm.default_wanted`: 27B/32B-class 4- and 8-bit
-    models; a 4-bit hybrid's every 1..7-row product on its tensor-core layout, row-invariant:
-    `small_m_qmm.row_invariant_wanted`; an 8-bit hybrid's verify blocks only).
+    models; a hybrid's every 1..7-row product on its tensor-core layout, row-invariant:
+    `small_m_qmm.row_invariant_wanted`; a dense model's so inside its MTP cycles only:
+    `small_m_qmm.cycle_row_invariant_wanted`).
     `info.kernels` says which runs.
     `compute` "auto" upcasts where loader.compute_dtype says (float32 on the Linux CPU,
     quantized checkpoints' scales and norms included); "checkpoint" keeps the checkpoint's
@@ -238,6 +239,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         kernels=kernel_paths(switched, hybrid=report.model_type in HYBRID_MODEL_TYPES,
                              kernel_decode=small_m_qmm.decode_wanted(model),
                              row_invariant=small_m_qmm.routed_row_invariant(model),
+                             cycle_row_invariant=small_m_qmm.routed_row_invariant(model, in_cycles=True),
                              ar_decode=fused_ar.path_name(trunk), dequantized=dequantized),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache(), hybrid=True) else "stepwise"),
@@ -270,12 +272,12 @@ def _mx():
 
 
 def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode: bool = True,
-                 row_invariant: bool = False, ar_decode: str = "op by op",
-                 dequantized: bool = False) -> dict[str, str]:
+                 row_invariant: bool = False, cycle_row_invariant: bool = False,
+                 ar_decode: str = "op by op", dequantized: bool = False) -> dict[str, str]:
     """Which implementation each fast path runs on this machine (`ModelInfo.kernels`):
     quantized matmuls (`kernel_decode`: whether decode steps take the small-M kernel, the rule
     `small_m_qmm.install` applied; `row_invariant`: whether it routed every row count to the
-    tensor cores), attention over the fused loop's cache buffer, for hybrid
+    tensor cores, `cycle_row_invariant` inside MTP cycles), attention over the fused loop's cache buffer, for hybrid
     models the Gated DeltaNet verify and decode step, an AR request's decode step
     (`ar_decode`: fused_ar.path_name) and the precision of float32 matmuls. Off CUDA every
     kernel entry names MLX's own ops (or mlx-lm's). A model `dequantized` at load has no
@@ -283,7 +285,8 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode:
     paths = {
         "quantized_matmul": (DEQUANTIZED_PATH if dequantized else
                              small_m_qmm.path_name(quantized_layers_switched, decode=kernel_decode,
-                                                   row_invariant=row_invariant)),
+                                                   row_invariant=row_invariant,
+                                                   cycle_row_invariant=cycle_row_invariant)),
         "cache_attention": ("buffer CUDA kernel" if buffer_attention.usable()
                             else "mlx scaled_dot_product_attention"),
         "prefill_attention": cpu_attention_path.path_name(),

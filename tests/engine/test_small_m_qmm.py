@@ -300,37 +300,108 @@ def test_row_invariant_install_takes_the_environment_and_status_says_so(tiny_mod
     assert "row-invariant" not in small_m_qmm.path_name(len(layers), row_invariant=True)
 
 
-@pytest.mark.parametrize("family, quantize, served", [
-    ("qwen3_5", "4bit", True),  # a 4-bit hybrid: the one measured exact and as fast
-    ("qwen3_5", "8bit", False),  # unmeasured at 8-bit
-    ("qwen3", "4bit", False),  # dense: near-ties either way, its decode faster on the vector layout
+@pytest.mark.parametrize("family, quantize, everywhere", [
+    ("qwen3_5", "4bit", True),  # a hybrid: measured exact and as fast (H200)
+    ("qwen3_5", "8bit", True),  # cycles cheaper, decode level, exact over 300 tokens (H100)
+    ("qwen3", "4bit", False),  # dense: its AR decode faster mixed, its cycles row-invariant
 ])
-def test_a_4_bit_hybrid_is_served_row_invariant_and_the_environment_decides_over_it(
-        tiny_model_factory, monkeypatch, family, quantize, served):
-    """Unless MTPLX_ROW_INVARIANT says "1" or "0", a hybrid whose quantized layers are all 4-bit
-    and that the kernel serves (27B/32B-class matrices: here the tiny model's, the threshold
-    lowered) loads row-invariant, and /health says so; other models keep the mixed routing."""
+def test_the_routing_a_model_loads_with_and_the_environment_decides_over_it(
+        tiny_model_factory, monkeypatch, family, quantize, everywhere):
+    """Unless MTPLX_ROW_INVARIANT says "1" or "0", a hybrid that the kernel serves (27B/32B-class
+    matrices: here the tiny model's, the threshold lowered) loads row-invariant everywhere, a
+    dense model row-invariant inside its MTP cycles only, and /health says which; "1" routes
+    every model row-invariantly everywhere, "0" nowhere."""
     monkeypatch.setattr(small_m_qmm, "_usable", True)
     monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
     monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 0)  # every matrix "27B-class"
     path = tiny_model_factory(family, torch_dtype="bfloat16")
 
+    def routing(model):
+        layers = [m for _, m in model.model.named_modules() if isinstance(m, small_m_qmm.SmallMQuantizedLinear)]
+        assert layers  # the kernel is installed either way
+        assert len({(m.row_invariant, m.cycle_row_invariant) for m in layers}) == 1
+        said = model.info.kernels["quantized_matmul"]
+        if layers[0].row_invariant:
+            assert said.startswith("small-M CUDA kernel, row-invariant (")
+            return "everywhere"
+        if layers[0].cycle_row_invariant:
+            assert said.startswith("small-M CUDA kernel, row-invariant in MTP cycles (")
+            return "cycles"
+        assert "row-invariant" not in said
+        return "nowhere"
+
     def loaded():
         return load_model(path, quantize=quantize, dequantize_weights="off", compute="checkpoint")
 
-    def row_invariant(model):
-        layers = [m for _, m in model.model.named_modules() if isinstance(m, small_m_qmm.SmallMQuantizedLinear)]
-        assert layers  # the kernel is installed either way
-        assert len({m.row_invariant for m in layers}) == 1
-        said = "row-invariant" in model.info.kernels["quantized_matmul"]
-        assert said == layers[0].row_invariant
-        return said
-
-    assert row_invariant(loaded()) == served
-    for asked in ("1", "0"):
+    assert routing(loaded()) == ("everywhere" if everywhere else "cycles")
+    for asked, want in (("1", "everywhere"), ("0", "nowhere")):
         monkeypatch.setenv(small_m_qmm.ROW_INVARIANT_ENV, asked)
-        assert row_invariant(loaded()) == (asked == "1")
-    assert not small_m_qmm.row_invariant_wanted()  # no model, "0" set
+        assert routing(loaded()) == want
+    assert not small_m_qmm.row_invariant_wanted() and not small_m_qmm.cycle_row_invariant_wanted()
+
+
+def test_cycle_routing_marks_each_resume_of_an_mtp_loop_and_nothing_between(monkeypatch):
+    """The scheduler steps other requests between one request's cycles: only the cycle's own
+    resumes (sends and the closing write-back included) run as an MTP cycle."""
+    seen = []
+
+    def loop():
+        try:
+            while True:
+                got = yield small_m_qmm.in_mtp_cycle()
+                seen.append(("sent", got, small_m_qmm.in_mtp_cycle()))
+        finally:
+            seen.append(("closed", small_m_qmm.in_mtp_cycle()))
+
+    cycles = small_m_qmm.cycle_routed(loop())
+    assert next(cycles) is True and not small_m_qmm.in_mtp_cycle()
+    assert cycles.send("answer") is True and not small_m_qmm.in_mtp_cycle()
+    cycles.close()
+    assert seen == [("sent", "answer", True), ("closed", True)] and not small_m_qmm.in_mtp_cycle()
+
+    def finite():
+        yield 1
+        return "done"
+
+    cycles = small_m_qmm.cycle_routed(finite())
+    assert next(cycles) == 1
+    with pytest.raises(StopIteration) as stop:
+        next(cycles)
+    assert stop.value.value == "done" and not small_m_qmm.in_mtp_cycle()
+
+
+@pytest.mark.parametrize("loop", ["fused", "stepwise"])
+def test_a_dense_model_routes_its_mtp_cycles_row_invariant_and_its_ar_steps_mixed(
+        tiny_model_factory, monkeypatch, small_m_kernel_twin, loop):
+    """A dense 4-bit model in bfloat16 that the kernel serves (threshold lowered), through the
+    kernel's plain-ops twin: an AR request's 1-row products keep the mixed routing (the vector
+    layout, never the tensor cores), an MTP request's cycles put every 1..MAX_ROWS-row product
+    on the tensor-core layout (the head's 1-row drafts included), and greedy MTP equals AR."""
+    calls, twin, in_cycles = small_m_kernel_twin, small_m_qmm.small_m_matmul, []
+
+    def recording(x, w, scales, biases, bits, layout=None):
+        if small_m_qmm.in_mtp_cycle():
+            in_cycles.append((x.size // x.shape[-1], layout))
+        return twin(x, w, scales, biases, bits, layout=layout)
+
+    monkeypatch.setattr(small_m_qmm, "small_m_matmul", recording)
+    monkeypatch.setattr(small_m_qmm, "VERIFY_VECTOR_VALUES", 0)
+    monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 0)
+    model = load_model(tiny_model_factory("qwen3", torch_dtype="bfloat16"), quantize="4bit",
+                       dequantize_weights="off", compute="checkpoint", decode_loop=loop)
+    assert "row-invariant in MTP cycles" in model.info.kernels["quantized_matmul"]
+    ids = model.tokenizer.encode("def add(a, b):")
+
+    def run(depth):
+        calls.clear(), in_cycles.clear()
+        request = GenerationRequest(ids, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), depth=depth)
+        return model.complete(request).token_ids
+
+    ar = run(0)
+    assert not in_cycles and {layout for rows, layout in calls if rows == 1} == {"vector"}  # mixed
+    assert run(3) == ar
+    assert {layout for _, layout in in_cycles} == {"mma"}
+    assert {1, 4} <= {rows for rows, _ in in_cycles}  # the head's drafts, depth 3's verify
 
 
 def test_row_invariant_routing_keeps_greedy_mtp_equal_to_ar_through_the_kernels_twin(

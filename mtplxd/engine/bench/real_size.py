@@ -57,8 +57,10 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     below), every product of 1..7 rows takes its tensor-core layout, decode steps included
     (small_m_qmm.install's `row_invariant`: a verify row then rounds as a decode step);
     without it the kernel's figures above take the mixed routing (small_m_qmm.route's rules
-    by row count: what dense models and 8-bit hybrids serve), and the divergence below the
-    routing served (row-invariant for a 4-bit hybrid: small_m_qmm.row_invariant_wanted);
+    by row count), row-invariant inside the MTP cycles where served so (a dense 27B/32B-class
+    model: small_m_qmm.cycle_row_invariant_wanted; the report's `cycle_row_invariant`;
+    MTPLX_ROW_INVARIANT=0 for the mixed routing there too), and the divergence below the
+    routing served (row-invariant for a hybrid: small_m_qmm.row_invariant_wanted);
     `--row-invariant-beside` times the kernel's figures twice in one process, as served and
     row-invariant (its keys end in `_row_invariant`: `small_m_kernel_row_invariant`...), since
     two processes' decode steps differed by up to 45% on the H200; `--mma-configs 4x4,4x2,8x4s2`
@@ -526,7 +528,9 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
             entry["greedy_divergence"] = {**greedy_divergence(trunk, model.mtp, prompt, divergence_depth,
                                                               divergence_tokens, divergence_limit),
                                           "small_m_kernel": bool(served_kernel),
-                                          "row_invariant": small_m_qmm.routed_row_invariant(model)}
+                                          "row_invariant": small_m_qmm.routed_row_invariant(model),
+                                          "cycle_row_invariant": small_m_qmm.routed_row_invariant(
+                                              model, in_cycles=True)}
     entry["seconds"] = time.perf_counter() - started
     return entry
 
@@ -545,8 +549,11 @@ def _kernel_figures(trunk, model: nn.Module, cache, prompt: list[int], forward: 
     installed with this routing, then taken out again: the keys measure_config reports."""
     vocab = trunk.text.args.vocab_size
     greedy_decode = decode["0.0"]["ours_ms"]
+    from mtplxd.engine.model import small_m_qmm
+
     with kernel_installed(model, trunk, force=True, decode=kernel_decode, row_invariant=row_invariant) as switched:
-        out: dict[str, Any] = {"small_m_kernel_layers": switched}
+        out: dict[str, Any] = {"small_m_kernel_layers": switched,
+                               "cycle_row_invariant": small_m_qmm.routed_row_invariant(model, in_cycles=True)}
         if not switched:
             return out
         with_kernel = measure_forward_costs(trunk, cache, vocab, 0, repeats, token_counts=range(1, 7))

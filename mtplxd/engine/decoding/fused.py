@@ -50,7 +50,7 @@ from mtplxd.engine.decoding.speculative import (
 from mtplxd.engine.decoding.fused_gdn import FusedGDNCache
 from mtplxd.engine.decoding.split import CycleSplit, evaluated_at
 from mtplxd.engine.interface import SamplingParams
-from mtplxd.engine.model import cpu_attention
+from mtplxd.engine.model import cpu_attention, small_m_qmm
 from mtplxd.engine.model.mtp_head import MTPHead
 from mtplxd.engine.model.rollback import RollbackArraysCache
 from mtplxd.engine.model.trunk import Trunk
@@ -372,12 +372,16 @@ class FusedSpeculativeDecoder:
         self._cycle = compiled_graph(trunk, ("mtp", depth, graph_key(params)),
                                 lambda: _speculative_cycle(trunk, head, params, depth, self.layout))
 
+    @small_m_qmm.routed_as_cycles
     def cycles(self, prompt_hiddens: list[mx.array], prompt_ids: list[int],
                first_token: int, *, pending_from: int = 0) -> Iterator[list[int]]:
         """Yield each cycle's committed tokens, forever (see SpeculativeDecoder.cycles).
 
         On close the trunk `cache` list, `head_cache` and `pending_hidden` hold exactly the
         committed state, as the stepwise decoder leaves them.
+
+        Each cycle runs as an MTP cycle (small_m_qmm.routed_as_cycles: a dense model's
+        quantized layers route row-invariantly there).
         """
         K = self.depth
         state, capacity = self._initial_state(prompt_hiddens, prompt_ids, first_token,

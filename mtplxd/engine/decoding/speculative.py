@@ -34,6 +34,7 @@ from mtplxd.engine.decoding.sampling import (
 )
 from mtplxd.engine.decoding.split import CycleSplit, evaluated_at
 from mtplxd.engine.interface import SamplingParams
+from mtplxd.engine.model import small_m_qmm
 from mtplxd.engine.model.mtp_head import MTPHead
 from mtplxd.engine.model.trunk import PREFILL_CHUNK, Trunk
 
@@ -121,6 +122,7 @@ class SpeculativeDecoder:
             if not (hasattr(entry, "trim") and entry.is_trimmable()):
                 raise ValueError(f"speculative decoding needs trimmable caches, got {type(entry).__name__}")
 
+    @small_m_qmm.routed_as_cycles
     def cycles(self, prompt_hiddens: list[mx.array], prompt_ids: list[int],
                first_token: int, *, pending_from: int = 0) -> Iterator[list[int]]:
         """Yield the tokens committed by each cycle, forever (the caller stops iterating).
@@ -129,6 +131,9 @@ class SpeculativeDecoder:
         from position `pending_from` on, and `first_token` the token sampled from the last
         prompt row (already committed). `pending_from` > 0 when the head's cache already
         holds the pairs before it (a session-bank restore).
+
+        Each cycle runs as an MTP cycle (small_m_qmm.routed_as_cycles: a dense model's
+        quantized layers route row-invariantly there).
         """
         n, pending_h, pending_tokens = self._begin(prompt_hiddens, prompt_ids, first_token,
                                                    pending_from)

@@ -29,15 +29,16 @@ with mx.quantized_matmul, which pins the layout the kernel reads). Where the ker
 usable (Metal, CPU, a failed compile, a probe that disagrees) everything stays on
 mx.quantized_matmul, and `path_name()` says which is active (`/health`, `mtplxctl status`).
 By default it serves only the models where whole forwards measured it faster on the H200:
-4- and 8-bit models with matrices of a 27B/32B model's size (`default_wanted`); a 4-bit
-hybrid model (Gated DeltaNet) row-invariantly (below: `row_invariant_wanted`), an 8-bit one
-for its verify blocks only (`decode_wanted`: its decode steps ran slower through it);
-elsewhere it is off (on the embedded model it made decoding slower).
+4- and 8-bit models with matrices of a 27B/32B model's size (`default_wanted`); a hybrid
+model (Gated DeltaNet) row-invariantly (below: `row_invariant_wanted`), a dense one so in
+its MTP cycles (`cycle_row_invariant_wanted`); elsewhere it is off (on the embedded model it
+made decoding slower).
 `load_model(path, small_m_kernel=True or False)` decides instead (the benches'
 `--small-m-kernel`).
 
-Row-invariant routing (`install(row_invariant=True)`; the default for a 4-bit hybrid of that
-size; `MTPLX_ROW_INVARIANT=1` or `0` decides for any model; the benches' `--row-invariant`):
+Row-invariant routing (`install(row_invariant=True)`; the default for a hybrid of that size,
+and inside a dense one's MTP cycles; `MTPLX_ROW_INVARIANT=1` or `0` decides for any model;
+the benches' `--row-invariant`):
 every product of 1 to MAX_ROWS 16-bit rows takes the mma layout, decode steps and small
 matrices included. All those row counts run one compiled instance of it (one 8-row tile),
 and a tensor-core product's output element depends only on its own weight row and input row,
@@ -50,16 +51,24 @@ divergences at gaps well above a near-tie (docs/benchmarks.md, "Where issue 22's
 stand"). On the H200 that model went from 32 divergences in 40-43 greedy tokens to none in
 2,000 with it, its depth-3 cycles as fast as the mixed routing's in the same process; its
 decode steps (an AR request's) ran 3-34% slower there than MLX's matvec, and 8% faster in
-another process ("Both routings in one process"). A dense model keeps the mixed routing:
-its divergences were near-ties either way, and its decode steps gain most from the vector
-layout (Qwen3-32B 4-bit: 15.5 ms against 26.8 row-invariant).
+another process ("Both routings in one process"). Since 2026-12-05 (fifth session, an H100) an 8-bit hybrid takes it too: in one process its
+depth-3 cycles took 1.66 / 1.44 decode steps (T=0 / 0.6) against the mixed routing's 2.04 /
+1.78, its decode steps level (16.6 against 16.4 ms), and greedy MTP equalled AR over 300
+tokens. A dense model routes row-invariantly inside its MTP cycles only (`cycle_routed`):
+its AR decode steps keep the mixed routing, which reads them faster (Qwen3-32B 4-bit on the
+H100: 13.5-14.7 ms against 19.3-20.8 row-invariant), while its cycles are cheaper
+row-invariant (depth 3: 1.26-1.38 decode steps at T=0 against 1.60-1.68; 8-bit 1.31 against
+1.56). Its greedy divergences were near-ties either way (32 in 289 tokens mixed, 18 in 300
+row-invariant, all within 0.031).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from typing import Any
+import threading
+from typing import Any, Callable, Generator, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -611,6 +620,10 @@ VECTOR_MAX_ROWS = {4: 6, 8: 7}
 
 # Opt-in to row-invariant routing for a load (module docstring) where `install` is not told.
 ROW_INVARIANT_ENV = "MTPLX_ROW_INVARIANT"
+# Set while this thread runs a solo MTP decoder's cycle (`cycle_routed`): layers marked
+# `cycle_row_invariant` route row-invariantly then. Per thread: each thread traces its own
+# compiled graphs (decoding/compiled.py).
+_cycle = threading.local()
 
 _usable: bool | None = None
 _mma_usable: bool | None = None  # probed apart: a GPU without bf16 mma.sync keeps the other layouts
@@ -741,8 +754,9 @@ def route(x: mx.array, layer: Any) -> str | None:
     - fewer rows (decode steps): "vector" on a matrix of at least LARGE_MATRIX_VALUES
       weights, where its 16-byte loads beat MLX's matvec (H200, docs/benchmarks.md), unless
       the layer's `kernel_decode` is False (`install` sets it: a hybrid model's);
-    the rest stays on MLX. A layer marked `row_invariant` (`install`) sends every 1..MAX_ROWS
-    rows of 16-bit inputs to "mma", whatever the matrix (the module docstring says why). Both
+    the rest stays on MLX. A layer marked `row_invariant` (`install`), or `cycle_row_invariant`
+    inside an MTP cycle (`cycle_routed`), sends every 1..MAX_ROWS rows of 16-bit inputs to
+    "mma", whatever the matrix (the module docstring says why). Both
     need affine 4- or 8-bit weights in groups of 64, a floating input and K a whole number of
     groups."""
     if not (getattr(layer, "mode", "affine") == "affine" and layer.bits in BITS
@@ -753,7 +767,7 @@ def route(x: mx.array, layer: Any) -> str | None:
     rows = x.size // x.shape[-1]
     if rows > MAX_ROWS:
         return None
-    if getattr(layer, "row_invariant", False) and x.dtype in MMA_DTYPES and _mma_usable is not False:
+    if _routed_row_invariant(layer) and x.dtype in MMA_DTYPES and _mma_usable is not False:
         return "mma"  # one layout at every row count: a verify row rounds as a decode step
     values = layer["weight"].shape[0] * x.shape[-1]
     large = values >= VERIFY_VECTOR_VALUES
@@ -764,6 +778,53 @@ def route(x: mx.array, layer: Any) -> str | None:
     if rows >= 1 and values >= LARGE_MATRIX_VALUES and getattr(layer, "kernel_decode", True):
         return "vector"
     return None
+
+
+def _routed_row_invariant(layer: Any) -> bool:
+    return getattr(layer, "row_invariant", False) or (
+        getattr(layer, "cycle_row_invariant", False) and in_mtp_cycle())
+
+
+def in_mtp_cycle() -> bool:
+    """Whether this thread is running a solo MTP decoder's cycle (`cycle_routed`)."""
+    return getattr(_cycle, "active", False)
+
+
+def cycle_routed(cycles: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
+    """`cycles` (a solo MTP decoder's generator) with each of its resumes run as an MTP cycle
+    (`in_mtp_cycle`), so layers marked `cycle_row_invariant` route row-invariantly there,
+    in the graphs the cycle traces too, while an AR request's decode steps keep the mixed
+    routing. Only the resume is marked: the scheduler steps other requests between cycles."""
+    sent = None
+    try:
+        while True:
+            with _marked_as_cycle():
+                try:
+                    item = cycles.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+            sent = yield item
+    finally:
+        with _marked_as_cycle():  # closing writes the committed state back
+            cycles.close()
+
+
+def routed_as_cycles(method: Callable[..., Generator[Any, Any, Any]]) -> Callable[..., Generator[Any, Any, Any]]:
+    """A decoder's `cycles` generator method whose generators are `cycle_routed`."""
+    @functools.wraps(method)
+    def cycles(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        return cycle_routed(method(*args, **kwargs))
+    return cycles
+
+
+@contextlib.contextmanager
+def _marked_as_cycle() -> Iterator[None]:
+    outer = in_mtp_cycle()
+    _cycle.active = True
+    try:
+        yield
+    finally:
+        _cycle.active = outer
 
 
 def supported(x: mx.array, layer: Any) -> bool:
@@ -819,14 +880,26 @@ def row_invariant_wanted(model: nn.Module | None = None) -> bool:
     equal AR (the mixed routing diverged 32 times in 40-43 tokens, row-invariant none in
     2,000) with cycles as fast as the mixed routing's in the same process (H200, hybrid 27B
     4-bit, depth 3: 29.0 / 28.9 ms at T=0 / 0.6 against 29.9 / 32.0; docs/benchmarks.md,
-    "Both routings in one process"). Not on dense models, whose divergences were near-ties
-    either way and whose decode steps run faster on the vector layout; not yet on 8-bit,
-    unmeasured."""
+    "Both routings in one process"); at 8-bit since an H100 measured it (module docstring).
+    Not dense models, whose AR decode steps run faster in the mixed routing: they route
+    row-invariantly inside their MTP cycles only (`cycle_row_invariant_wanted`)."""
     asked = os.environ.get(ROW_INVARIANT_ENV, "")
     if asked in ("0", "1"):
         return asked == "1"
-    return (model is not None and _hybrid(model) and default_wanted(model)
-            and _quantized_bits(model) == {4})
+    return model is not None and _hybrid(model) and default_wanted(model)
+
+
+def cycle_row_invariant_wanted(model: nn.Module | None = None) -> bool:
+    """Whether `install` routes `model` row-invariantly inside its MTP cycles
+    (`cycle_routed`) unless told: MTPLX_ROW_INVARIANT "1" or "0" decides; else any model the
+    kernel serves by default (`default_wanted`). A dense Qwen3-32B's depth-3 cycle took
+    1.26-1.38 decode steps so at 4-bit against the mixed routing's 1.60-1.68, and 1.31 against
+    1.56 at 8-bit (H100, T=0, one process each, 2026-12-05), while its AR decode steps keep the
+    mixed routing's speed."""
+    asked = os.environ.get(ROW_INVARIANT_ENV, "")
+    if asked in ("0", "1"):
+        return asked == "1"
+    return model is not None and default_wanted(model)
 
 
 def _hybrid(model: nn.Module) -> bool:
@@ -838,17 +911,20 @@ def _quantized_bits(model: nn.Module) -> set[int]:
 
 
 def install(model: nn.Module, *, force: bool | None = None, decode: bool | None = None,
-            row_invariant: bool | None = None) -> int:
+            row_invariant: bool | None = None, cycle_row_invariant: bool | None = None) -> int:
     """Route `model`'s quantized linear layers through the kernel where it is usable.
 
     `force` None follows `default_wanted(model)`, or installs wherever routing is
     row-invariant (asking for it asks for the kernel); True or False decides. `decode` None
     follows `decode_wanted(model)` for the decode steps' products; True or False decides.
     `row_invariant` True sends every 1..MAX_ROWS-row product to the mma layout (`route`);
-    None follows `row_invariant_wanted(model)`. Returns how many layers were switched (0 off CUDA,
-    when off, or when the probe fails: the stock ops stay).
+    None follows `row_invariant_wanted(model)`. `cycle_row_invariant` does so inside MTP
+    cycles only (`cycle_routed`); None follows `cycle_row_invariant_wanted(model)`. Returns how
+    many layers were switched (0 off CUDA, when off, or when the probe fails: the stock ops
+    stay).
     """
     invariant = row_invariant_wanted(model) if row_invariant is None else row_invariant
+    in_cycles = cycle_row_invariant_wanted(model) if cycle_row_invariant is None else cycle_row_invariant
     wanted = (invariant or default_wanted(model)) if force is None else force
     if not wanted or not usable():
         return 0
@@ -860,23 +936,32 @@ def install(model: nn.Module, *, force: bool | None = None, decode: bool | None 
             module.__class__ = SmallMQuantizedLinear
             module.kernel_decode = kernel_decode
             module.row_invariant = invariant
+            module.cycle_row_invariant = invariant or in_cycles
             switched += 1
     return switched
 
 
-def routed_row_invariant(model: nn.Module) -> bool:
-    """Whether `install` left `model`'s kernel layers routed row-invariantly."""
-    return any(getattr(m, "row_invariant", False) for _, m in model.named_modules()
+def routed_row_invariant(model: nn.Module, *, in_cycles: bool = False) -> bool:
+    """Whether `install` left `model`'s kernel layers routed row-invariantly (`in_cycles`:
+    inside its MTP cycles)."""
+    key = "cycle_row_invariant" if in_cycles else "row_invariant"
+    return any(getattr(m, key, False) for _, m in model.named_modules()
                if isinstance(m, SmallMQuantizedLinear))
 
 
-def path_name(switched: int, *, decode: bool = True, row_invariant: bool = False) -> str:
+def path_name(switched: int, *, decode: bool = True, row_invariant: bool = False,
+              cycle_row_invariant: bool = False) -> str:
     """What /health and status say about a model's quantized matmuls, given what `install`
     returned for it (and whether its decode steps take the kernel: `decode_wanted`, and
-    whether it routed row-invariantly): the kernel, or MLX's own (and why)."""
+    whether it routed row-invariantly, everywhere or in MTP cycles): the kernel, or MLX's own
+    (and why)."""
     if switched and row_invariant and _mma_usable is not False:
         return (f"small-M CUDA kernel, row-invariant (1..{MAX_ROWS} rows on {_tensor_cores()}, "
                 f"decode steps included)")
+    if switched and cycle_row_invariant and _mma_usable is not False:
+        steps = "large matrices on the vector layout" if decode else "on mlx"
+        return (f"small-M CUDA kernel, row-invariant in MTP cycles (1..{MAX_ROWS} rows on "
+                f"{_tensor_cores()}); AR decode steps {steps}")
     if switched:
         steps = "decode steps of large matrices too" if decode else "decode steps on mlx"
         tensor_cores = "" if _mma_usable is False else f", 2..{MAX_ROWS} on {_tensor_cores()} for large matrices"
