@@ -79,6 +79,12 @@
 #                 fourth session: it beat the plain layout on every large matrix in an H100's
 #                 micro-bench) beside the plain 8x4 it replaced and 4x2s4 (the micro-bench's
 #                 fastest at 1 row on the hybrid's GDN projections and gate_proj)
+#   PART=fusion   the products of one layer that share an input, separate against stacked into
+#                 one matrix (bench.fused_products, 2026-12-05, fifth session: the hybrid's decode
+#                 step is its products, most of them small matrices read at 18-32%): the hybrid
+#                 27B's GDN inputs, MLP gate/up and attention q/k/v, the 32B's MLP and attention,
+#                 4- and 8-bit, 1 and 4 rows, on MLX, the mma layout and the mixed routing, and
+#                 whether the stacked product's columns are the parts' bit for bit
 #   PART=mma-pipelined  the pipelined mma layout's CUDA tests (bit for bit the plain layout's
 #                 outputs), then the micro-bench at the hybrid's and the 32B's 4-bit matrices,
 #                 1 and 6 rows, every MMA_CONFIGS shape (bench.small_m --mma-variants)
@@ -102,7 +108,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -274,6 +280,9 @@ elif [ "$PART" = mma-shape ]; then
     --depths 3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 --repeats 3 --small-m-kernel \
     --small-m-loops --row-invariant --mma-configs "${CONFIGS:-8x4,4x2s4}" \
     --json-out "$work/mma-shape-hybrid-4bit.json"
+elif [ "$PART" = fusion ]; then
+  step fused-products 240 python3 -m mtplxd.engine.bench.fused_products "$work/fused-products.json" \
+    --sizes "${SIZES:-hybrid-27b,qwen3-32b}" --bits "${BITS:-4,8}" --rows 1,4 --repeats 10
 elif [ "$PART" = mma-pipelined ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "cuda and (pipelined or row_invariant)" \
     tests/engine/test_small_m_qmm.py
