@@ -21,7 +21,7 @@ from mtplxd.engine.interface import (
     GenerationResult, ModelInfo, ModelLoadError, TokenDelta,
 )
 from mtplxd.engine.model import cpu_attention as cpu_attention_path
-from mtplxd.engine.model import gdn_kernel, mrope, small_m_qmm
+from mtplxd.engine.model import gdn_kernel, mrope, small_m_qmm, stacked
 from mtplxd.engine.model.families import get_family
 from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
 from mtplxd.engine.model.kv_cache import KV_BITS_CHOICES, fixed_shapes_wanted, kv_group_size
@@ -211,6 +211,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         quantization += DEQUANTIZED_LABEL
     # What quantizing, upcasting or dequantizing at load changed the resident weights by.
     grown = parameter_bytes(model) - loaded_bytes
+    # An MLP's gate and up as one product (opt-in: stacked.py says why); not on a rank's shard.
+    stacked_mlps = stacked.stack_mlps(model) if stacked.wanted() and shard is None else 0
     # The model's quantized layers, MTP head included.
     switched = small_m_qmm.install(model, force=small_m_kernel)
     spec = get_family(report.model_type)
@@ -240,7 +242,8 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                              kernel_decode=small_m_qmm.decode_wanted(model),
                              row_invariant=small_m_qmm.routed_row_invariant(model),
                              cycle_row_invariant=small_m_qmm.routed_row_invariant(model, in_cycles=True),
-                             ar_decode=fused_ar.path_name(trunk), dequantized=dequantized),
+                             ar_decode=fused_ar.path_name(trunk), dequantized=dequantized,
+                             stacked_mlps=stacked_mlps),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache(), hybrid=True) else "stepwise"),
         vision=report.vision and text_only is None,
@@ -273,7 +276,8 @@ def _mx():
 
 def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode: bool = True,
                  row_invariant: bool = False, cycle_row_invariant: bool = False,
-                 ar_decode: str = "op by op", dequantized: bool = False) -> dict[str, str]:
+                 ar_decode: str = "op by op", dequantized: bool = False,
+                 stacked_mlps: int = 0) -> dict[str, str]:
     """Which implementation each fast path runs on this machine (`ModelInfo.kernels`):
     quantized matmuls (`kernel_decode`: whether decode steps take the small-M kernel, the rule
     `small_m_qmm.install` applied; `row_invariant`: whether it routed every row count to the
@@ -281,7 +285,8 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode:
     models the Gated DeltaNet verify and decode step, an AR request's decode step
     (`ar_decode`: fused_ar.path_name) and the precision of float32 matmuls. Off CUDA every
     kernel entry names MLX's own ops (or mlx-lm's). A model `dequantized` at load has no
-    quantized matmul left."""
+    quantized matmul left. `stacked_mlps`: how many MLPs run gate and up as one product
+    (stacked.py)."""
     paths = {
         "quantized_matmul": (DEQUANTIZED_PATH if dequantized else
                              small_m_qmm.path_name(quantized_layers_switched, decode=kernel_decode,
@@ -295,6 +300,8 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode:
         paths["gdn_verify"] = gdn_kernel.verify_path_name()
         paths["gdn_decode"] = gdn_kernel.path_name()
     paths["ar_decode"] = ar_decode
+    paths["mlp_gate_up"] = (f"one stacked product ({stacked.ENV}=1)" if stacked_mlps
+                            else "two products")
     mx = _mx()
     paths["float32_matmul"] = matmul_precision.path_name(on_gpu=mx.default_device() == mx.gpu)
     return paths

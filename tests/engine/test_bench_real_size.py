@@ -365,16 +365,21 @@ def test_the_compiled_twin_is_not_timed_where_our_ar_loop_is_compiled_already(ti
         fused_ar.force(None)
 
 
+def _tiny_hybrid_kernel_run(tmp_path, *extra: str) -> dict:
+    """real_size on the tiny hybrid at 4-bit with the kernel's loops and `extra`: its entry."""
+    out = tmp_path / "r.json"
+    assert real_size.main(["--sizes", "tiny-hybrid", "--dtypes", "4bit", "--context", "16", "--depths", "3",
+                           "--cycle-temperatures", "0", "--decode-tokens", "4", "--repeats", "1",
+                           "--cycles", "2", "--small-m-kernel", "--small-m-loops", *extra,
+                           "--json-out", str(out)]) == 0
+    return json.loads(out.read_text())["configs"][0]
+
+
 def test_row_invariant_beside_times_both_routings_in_one_process(small_m_kernel_twin, tmp_path):
     """`--row-invariant-beside`: the kernel's forwards, decode and cycles as served, then again
     row-invariant (1-row steps on the tensor cores too), both in the one report."""
     calls = small_m_kernel_twin
-    out = tmp_path / "r.json"
-    assert real_size.main(["--sizes", "tiny-hybrid", "--dtypes", "4bit", "--context", "16", "--depths", "3",
-                           "--cycle-temperatures", "0", "--decode-tokens", "4", "--repeats", "1",
-                           "--cycles", "2", "--small-m-kernel", "--small-m-loops", "--row-invariant-beside",
-                           "--json-out", str(out)]) == 0
-    entry = json.loads(out.read_text())["configs"][0]
+    entry = _tiny_hybrid_kernel_run(tmp_path, "--row-invariant-beside")
     for suffix in ("", "_row_invariant"):
         loops = entry["small_m_kernel" + suffix]
         assert entry["small_m_kernel_layers" + suffix] > 0
@@ -388,6 +393,21 @@ def test_row_invariant_beside_times_both_routings_in_one_process(small_m_kernel_
     layouts_of_one_row = {layout for rows, layout in calls if rows == 1}
     assert layouts_of_one_row == {"mma"}  # served: a hybrid's decode steps stay on MLX
     assert {layout for rows, layout in calls if rows > 1} > {"mma"}  # served: vector/word too
+
+
+def test_stacked_mlp_times_the_kernel_again_with_gate_and_up_as_one_product(small_m_kernel_twin, tmp_path):
+    """`--stacked-mlp`: last, every MLP stacked (the trunk's and the head's) and the kernel's
+    forwards, decode and cycles timed again, beside the separate products' in one report."""
+    calls = small_m_kernel_twin
+    entry = _tiny_hybrid_kernel_run(tmp_path, "--stacked-mlp")
+    layers = real_size.SIZES["tiny-hybrid"][1]["num_hidden_layers"]
+    assert entry["stacked_mlps"] == layers + 1
+    for suffix in ("", "_stacked_mlp"):
+        loops = entry["small_m_kernel" + suffix]
+        assert loops["decode_ms"]["0.0"] > 0 and loops["cycles"]["0.0"]["cycle_ms_by_depth"]["3"] > 0
+    # Each stacked MLP is one kernel layer where it was two, and the kernel served products.
+    assert entry["small_m_kernel_layers_stacked_mlp"] == entry["small_m_kernel_layers"] - (layers + 1)
+    assert calls
 
 
 def test_mma_configs_time_the_kernel_again_at_each_shape_and_put_the_shipped_one_back(
