@@ -211,8 +211,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
         quantization += DEQUANTIZED_LABEL
     # What quantizing, upcasting or dequantizing at load changed the resident weights by.
     grown = parameter_bytes(model) - loaded_bytes
-    # An MLP's gate and up as one product (opt-in: stacked.py says why); not on a rank's shard.
-    stacked_mlps = stacked.stack_mlps(model) if stacked.wanted() and shard is None else 0
+    # Projections that read one input as one product (opt-in: stacked.py says why); not on a
+    # rank's shard.
+    stacked_groups = stacked.stack(model) if stacked.wanted() and shard is None else 0
     # The model's quantized layers, MTP head included.
     switched = small_m_qmm.install(model, force=small_m_kernel)
     spec = get_family(report.model_type)
@@ -243,7 +244,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                              row_invariant=small_m_qmm.routed_row_invariant(model),
                              cycle_row_invariant=small_m_qmm.routed_row_invariant(model, in_cycles=True),
                              ar_decode=fused_ar.path_name(trunk), dequantized=dequantized,
-                             stacked_mlps=stacked_mlps),
+                             stacked_groups=stacked_groups),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache(), hybrid=True) else "stepwise"),
         vision=report.vision and text_only is None,
@@ -277,7 +278,7 @@ def _mx():
 def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode: bool = True,
                  row_invariant: bool = False, cycle_row_invariant: bool = False,
                  ar_decode: str = "op by op", dequantized: bool = False,
-                 stacked_mlps: int = 0) -> dict[str, str]:
+                 stacked_groups: int = 0) -> dict[str, str]:
     """Which implementation each fast path runs on this machine (`ModelInfo.kernels`):
     quantized matmuls (`kernel_decode`: whether decode steps take the small-M kernel, the rule
     `small_m_qmm.install` applied; `row_invariant`: whether it routed every row count to the
@@ -285,8 +286,8 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode:
     models the Gated DeltaNet verify and decode step, an AR request's decode step
     (`ar_decode`: fused_ar.path_name) and the precision of float32 matmuls. Off CUDA every
     kernel entry names MLX's own ops (or mlx-lm's). A model `dequantized` at load has no
-    quantized matmul left. `stacked_mlps`: how many MLPs run gate and up as one product
-    (stacked.py)."""
+    quantized matmul left. `stacked_groups`: how many groups of projections that read one
+    input run as one product (stacked.py)."""
     paths = {
         "quantized_matmul": (DEQUANTIZED_PATH if dequantized else
                              small_m_qmm.path_name(quantized_layers_switched, decode=kernel_decode,
@@ -300,8 +301,9 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode:
         paths["gdn_verify"] = gdn_kernel.verify_path_name()
         paths["gdn_decode"] = gdn_kernel.path_name()
     paths["ar_decode"] = ar_decode
-    paths["mlp_gate_up"] = (f"one stacked product ({stacked.ENV}=1)" if stacked_mlps
-                            else "two products")
+    paths["shared_input_projections"] = (
+        f"stacked: one product a group ({stacked_groups} groups, {stacked.ENV}=1)" if stacked_groups
+        else "one product each")
     mx = _mx()
     paths["float32_matmul"] = matmul_precision.path_name(on_gpu=mx.default_device() == mx.gpu)
     return paths

@@ -395,18 +395,22 @@ def test_row_invariant_beside_times_both_routings_in_one_process(small_m_kernel_
     assert {layout for rows, layout in calls if rows > 1} > {"mma"}  # served: vector/word too
 
 
-def test_stacked_mlp_times_the_kernel_again_with_gate_and_up_as_one_product(small_m_kernel_twin, tmp_path):
-    """`--stacked-mlp`: last, every MLP stacked (the trunk's and the head's) and the kernel's
-    forwards, decode and cycles timed again, beside the separate products' in one report."""
+def test_stacked_times_the_kernel_again_with_shared_input_projections_as_one_product(
+        small_m_kernel_twin, tmp_path):
+    """`--stacked`: last, every MLP's gate and up (the trunk's and the head's) and every GDN
+    layer's four inputs stacked, and the kernel's forwards, decode and cycles timed again,
+    beside the separate products' in one report."""
     calls = small_m_kernel_twin
-    entry = _tiny_hybrid_kernel_run(tmp_path, "--stacked-mlp")
-    layers = real_size.SIZES["tiny-hybrid"][1]["num_hidden_layers"]
-    assert entry["stacked_mlps"] == layers + 1
-    for suffix in ("", "_stacked_mlp"):
+    entry = _tiny_hybrid_kernel_run(tmp_path, "--stacked")
+    args = real_size.SIZES["tiny-hybrid"][1]
+    layers, gdn_layers = args["num_hidden_layers"], args["num_hidden_layers"] // args["full_attention_interval"]
+    gdn_layers = layers - gdn_layers  # every full_attention_interval-th layer is attention
+    assert entry["stacked_groups"] == layers + 1 + gdn_layers
+    for suffix in ("", "_stacked"):
         loops = entry["small_m_kernel" + suffix]
         assert loops["decode_ms"]["0.0"] > 0 and loops["cycles"]["0.0"]["cycle_ms_by_depth"]["3"] > 0
-    # Each stacked MLP is one kernel layer where it was two, and the kernel served products.
-    assert entry["small_m_kernel_layers_stacked_mlp"] == entry["small_m_kernel_layers"] - (layers + 1)
+    # An MLP's two layers are one kernel layer now, a GDN layer's four too.
+    assert entry["small_m_kernel_layers_stacked"] == entry["small_m_kernel_layers"] - (layers + 1) - 3 * gdn_layers
     assert calls
 
 

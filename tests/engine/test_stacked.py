@@ -1,6 +1,7 @@
-"""stacked.py: an MLP's gate and up projections as one product (MTPLX_STACKED_MLP=1). The
-stacked model computes what the separate one does, bit for bit for quantized products, holds
-the same bytes, and keeps greedy MTP equal to AR."""
+"""stacked.py: projections that read one input as one product (MTPLX_STACKED_PROJECTIONS=1):
+an MLP's gate and up, a GDN layer's four inputs. The stacked model computes what the separate
+one does, bit for bit for quantized products, holds the same bytes, and keeps greedy MTP
+equal to AR; mlx-lm's own GDN forward still finds the four parts by name."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from mtplxd.engine.model.loader import parameter_bytes
 
 
 def _stacked_count(model: nn.Module) -> int:
-    return sum(isinstance(m, stacked.StackedMLP) for _, m in model.named_modules())
+    return sum(isinstance(m, stacked.StackedMLP) or "in_proj_stacked" in m for _, m in model.named_modules())
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
@@ -25,12 +26,15 @@ def test_a_quantized_model_stacked_computes_the_same_tokens_and_logits(tiny_mode
         return load_model(path, quantize="4bit", dequantize_weights="off", compute="checkpoint")
 
     separate = loaded()
-    assert _stacked_count(separate.model) == 0 and separate.info.kernels["mlp_gate_up"] == "two products"
+    assert _stacked_count(separate.model) == 0
+    assert separate.info.kernels["shared_input_projections"] == "one product each"
     monkeypatch.setenv(stacked.ENV, "1")
     joined = loaded()
-    layers = len(joined.trunk.text.layers)
-    assert _stacked_count(joined.model) == layers + 1  # every layer's MLP and the MTP head's
-    assert joined.info.kernels["mlp_gate_up"] == "one stacked product (MTPLX_STACKED_MLP=1)"
+    layers = joined.trunk.text.layers
+    groups = len(layers) + 1 + sum(getattr(layer, "is_linear", False) for layer in layers)  # MLPs, head's, GDNs
+    assert _stacked_count(joined.model) == groups
+    assert joined.info.kernels["shared_input_projections"] == (
+        f"stacked: one product a group ({groups} groups, MTPLX_STACKED_PROJECTIONS=1)")
     assert parameter_bytes(joined.model) == parameter_bytes(separate.model)
     ids = joined.tokenizer.encode("def add(a, b):")
     logits = [m.trunk.forward(mx.array([ids]), m.trunk.make_cache(), all_logits=True)[1] for m in (separate, joined)]
@@ -58,3 +62,21 @@ def test_only_like_projections_are_stacked():
     before = mlp(x)
     assert stacked.stack_mlps(holder) == 1 and isinstance(holder.mlp, stacked.StackedMLP)
     assert mx.array_equal(holder.mlp(x), before).item()
+
+
+def test_mlx_lms_own_gdn_forward_finds_the_stacked_parts_by_name(tiny_model_factory, monkeypatch):
+    """Masked cohort rows and long CPU prompts run mlx-lm's GDN forward, which calls
+    in_proj_qkv/z/b/a: each is the stacked layer's rows (no bytes of its own), and the forward
+    computes what the separate layers did."""
+    from mlx_lm.models.cache import ArraysCache
+
+    path = tiny_model_factory("qwen3_5", torch_dtype="bfloat16")
+    separate = load_model(path, quantize="4bit", dequantize_weights="off", compute="checkpoint")
+    monkeypatch.setenv(stacked.ENV, "1")
+    joined = load_model(path, quantize="4bit", dequantize_weights="off", compute="checkpoint")
+    gdn = [layer.linear_attn for layer in joined.trunk.text.layers if getattr(layer, "is_linear", False)]
+    assert gdn and all(isinstance(m.in_proj_qkv, stacked.RowsOf) and not m.in_proj_qkv.parameters() for m in gdn)
+    x = mx.random.normal((1, 5, joined.trunk.text.args.hidden_size), key=mx.random.key(2)).astype(mx.bfloat16)
+    plain = [layer.linear_attn for layer in separate.trunk.text.layers if getattr(layer, "is_linear", False)][0]
+    mask = mx.array([[True, True, True, True, False]])  # a padded cohort row
+    assert mx.array_equal(gdn[0](x, mask, ArraysCache(size=2)), plain(x, mask, ArraysCache(size=2))).item()

@@ -67,8 +67,9 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     times them again (in the run's routing) with the kernel's mma layout at 4 warps a block
     and 4 or 2 groups a lane loads before use, or 8 x 4 pipelined through 2 stages of shared
     memory (`small_m_kernel_by_mma_config`; shipped: small_m_qmm.MMA_WARPS,
-    MMA_GROUPS_PER_LOAD and MMA_STAGES); `--stacked-mlp` times them once more, last, with
-    every MLP's gate and up stacked into one product (stacked.py; keys ending in `_stacked_mlp`);
+    MMA_GROUPS_PER_LOAD and MMA_STAGES); `--stacked` times them once more, last, with
+    the projections that read one input stacked into one product (stacked.py; keys ending in
+    `_stacked`);
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): every
     position where they differ (MTP resynchronised on AR's tokens after each, up to
@@ -417,7 +418,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                    decode_only: bool = False, prefill_tokens: int = 0,
                    row_invariant: bool = False, row_invariant_beside: bool = False,
                    mma_configs: tuple[tuple[int, int, int], ...] = (),
-                   stacked_mlp: bool = False) -> dict[str, Any]:
+                   stacked: bool = False) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready.
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
     `decode`); None follows small_m_qmm.decode_wanted. `row_invariant`: every kernel install
@@ -427,8 +428,9 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     routing's included). `mma_configs`: (warps, groups per load, stages) of the kernel's mma
     layout (stages 0: the plain layout), each timed again in this process after the routings (`small_m_kernel_by_mma_config`). `decode_only`: the
     decode figures alone (with the kernel's where `small_m_kernel`), no forwards or cycles.
-    `stacked_mlp`: last, every MLP's gate and up stacked into one product (stacked.py) and the
-    kernel's figures timed again in this process, as served (keys ending in `_stacked_mlp`)."""
+    `stacked`: last, the projections that read one input stacked into one product (every
+    MLP's gate and up, a GDN layer's four inputs: stacked.py) and the kernel's figures timed
+    again in this process, as served (keys ending in `_stacked`)."""
     from mtplxd.engine.model import gdn_kernel, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
 
@@ -535,19 +537,19 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                                           "row_invariant": small_m_qmm.routed_row_invariant(model),
                                           "cycle_row_invariant": small_m_qmm.routed_row_invariant(
                                               model, in_cycles=True)}
-    if stacked_mlp and small_m_kernel and DTYPES[dtype] is not None:
+    if stacked and small_m_kernel and DTYPES[dtype] is not None:
         # Last: stacking cannot be undone in this process.
-        from mtplxd.engine.model import stacked
+        from mtplxd.engine.model.stacked import stack
 
-        phase("MLPs stacked: the small-M kernel's forwards, decode and cycles again")
-        entry["stacked_mlps"] = stacked.stack_mlps(model)
+        phase("projections stacked: the small-M kernel's forwards, decode and cycles again")
+        entry["stacked_groups"] = stack(model)
         cache = trunk.make_cache()
         trunk.prefill(prompt, cache)
         figures = _kernel_figures(trunk, model, cache, prompt, forward, decode, depths, cycles,
                                   decode_tokens, cycle_temperatures, roofline_ms, repeats,
                                   kernel_decode=kernel_decode, row_invariant=row_invariant,
                                   kernel_loops=kernel_loops, decode_vector_values=())
-        entry.update({key + "_stacked_mlp": value for key, value in figures.items()})
+        entry.update({key + "_stacked": value for key, value in figures.items()})
         del cache
     entry["seconds"] = time.perf_counter() - started
     return entry
@@ -779,9 +781,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --small-m-kernel: the kernel's figures again with its mma layout at each "
                              "WARPSxGROUPS[sSTAGES] (warps a block, groups a lane loads before use, "
                              "stages of shared memory it is pipelined through), e.g. 4x4,4x2,8x4s2")
-    parser.add_argument("--stacked-mlp", action="store_true",
-                        help="with --small-m-kernel: last, every MLP's gate and up stacked into one "
-                             "product and the kernel's figures timed again (keys ending in _stacked_mlp)")
+    parser.add_argument("--stacked", action="store_true",
+                        help="with --small-m-kernel: last, the projections that read one input stacked "
+                             "into one product and the kernel's figures timed again (keys ending in _stacked)")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
     cycle_temperatures = tuple(float(t) for t in args.cycle_temperatures.split(","))
@@ -838,7 +840,7 @@ def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[in
                                    row_invariant=args.row_invariant,
                                    row_invariant_beside=args.row_invariant_beside,
                                    mma_configs=parse_mma_configs(args.mma_configs),
-                                   stacked_mlp=args.stacked_mlp)
+                                   stacked=args.stacked)
             # The model died with measure_config's frame: free it before the next is built.
             gc.collect()
             mx.clear_cache()
