@@ -1,5 +1,5 @@
-"""Projections that read the same input served as one product (opt-in: MTPLX_STACKED_PROJECTIONS=1):
-an MLP's gate and up, and a Gated DeltaNet layer's in_proj_qkv, z, b and a.
+"""Projections that read the same input, served as one product: an MLP's gate and up, and a
+Gated DeltaNet layer's in_proj_qkv, z, b and a (opt-in: MTPLX_STACKED_PROJECTIONS=1).
 
 Why: on an H100 the hybrid 27B's 4-bit decode step was its quantized products, and a product
 reads its weights faster the wider its matrix is (the tensor-core layout at 1 row: gate_proj,
@@ -15,7 +15,7 @@ cohort rows and long CPU prompts; the engine's captured forward takes the stacke
 (rollback.RollbackGatedDeltaNet._project, `gdn_inputs`).
 
 Exactness: each output column of a quantized product is its own weight row's dot product with
-the input, so the stacked product's columns are the two products' outputs; on the CPU backend
+the input, so the stacked product's columns are the parts' outputs; on the CPU backend
 the quantized products are bit for bit equal (a test), and greedy MTP stays equal to AR
 whatever is stacked (both run the same model). A float32 matmul through a BLAS need not be
 (its blocking may change with the width): stacking is for quantized checkpoints served as
