@@ -85,9 +85,10 @@
 #                 27B's GDN inputs, MLP gate/up and attention q/k/v, the 32B's MLP and attention,
 #                 4- and 8-bit, 1 and 4 rows, on MLX, the mma layout and the mixed routing, and
 #                 whether the stacked product's columns are the parts' bit for bit; then the
-#                 hybrid 27B 4-bit's whole decode steps and depth-3 cycles with its MLPs' gate
-#                 and up and its GDN inputs stacked (real_size --stacked, the engine path of
-#                 MTPLX_STACKED_PROJECTIONS=1)
+#                 whole decode steps and depth-3 cycles of SIZE (hybrid-27b) at DTYPES (4bit) with
+#                 its MLPs' gate and up and its GDN inputs stacked (real_size --stacked, the
+#                 engine path of MTPLX_STACKED_PROJECTIONS=1); SIZE=qwen3-32b SIZES=qwen3-32b for
+#                 the dense model's MLPs
 #   PART=mma-pipelined  the pipelined mma layout's CUDA tests (bit for bit the plain layout's
 #                 outputs), then the micro-bench at the hybrid's and the 32B's 4-bit matrices,
 #                 1 and 6 rows, every MMA_CONFIGS shape (bench.small_m --mma-variants)
@@ -286,9 +287,11 @@ elif [ "$PART" = mma-shape ]; then
 elif [ "$PART" = fusion ]; then
   step fused-products 240 python3 -m mtplxd.engine.bench.fused_products "$work/fused-products.json" \
     --sizes "${SIZES:-hybrid-27b,qwen3-32b}" --bits "${BITS:-4,8}" --rows 1,4 --repeats 10
-  step stacked-hybrid-4bit 330 python3 -m mtplxd.engine.bench.real_size --sizes hybrid-27b --dtypes 4bit \
-    --depths 3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 --repeats 3 --small-m-kernel \
-    --small-m-loops --row-invariant --stacked --json-out "$work/stacked-hybrid-4bit.json"
+  size=${SIZE:-hybrid-27b}  # its served routing: row-invariant for the hybrid, in cycles for a dense model
+  step "stacked-$size-${DTYPES:-4bit}" 330 python3 -m mtplxd.engine.bench.real_size --sizes "$size" \
+    --dtypes "${DTYPES:-4bit}" --depths 3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 --repeats 3 \
+    --small-m-kernel --small-m-loops $([ "$size" = hybrid-27b ] && echo --row-invariant) --stacked \
+    --json-out "$work/stacked-$size-${DTYPES:-4bit}.json"
 elif [ "$PART" = mma-pipelined ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "cuda and (pipelined or row_invariant)" \
     tests/engine/test_small_m_qmm.py
