@@ -50,8 +50,10 @@ def test_on_cuda_each_path_is_timed_and_a_product_that_depends_on_its_width_is_c
 
 
 def test_the_stacked_layer_holds_the_parts_quantized_values_group_for_group():
+    from mtplxd.engine.model.stacked import stacked_projection
+
     parts = [fused_products.quantized_layer(N, 128, 8, seed=N) for N in (64, 8)]
-    fused = fused_products.stacked(parts)
+    fused = stacked_projection(*parts)
     assert fused.weight.shape == (72, 128 * 8 // 32) and fused.scales.shape == (72, 2)
     x = mx.random.normal((3, 128), key=mx.random.key(0)).astype(mx.bfloat16)
     assert mx.array_equal(fused(x), mx.concatenate([p(x) for p in parts], axis=-1)).item()

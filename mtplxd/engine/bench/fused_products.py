@@ -31,6 +31,7 @@ import mlx.nn as nn
 
 from mtplxd.engine.bench.harness import bench_parser, command_line, machine, median_ms, write_report
 from mtplxd.engine.model import small_m_qmm
+from mtplxd.engine.model.stacked import stacked_projection
 
 PROG = "python -m mtplxd.engine.bench.fused_products"
 CALLS = 16  # calls evaluated together per timed sample (bench.small_m's)
@@ -57,18 +58,6 @@ def quantized_layer(N: int, K: int, bits: int, seed: int) -> nn.QuantizedLinear:
     layer.weight, layer.scales, layer.biases = mx.quantize(weight, group_size=small_m_qmm.GROUP_SIZE, bits=bits)
     mx.eval(layer.parameters())
     return layer
-
-
-def stacked(parts: list[nn.QuantizedLinear]) -> nn.QuantizedLinear:
-    """One layer whose output is the parts' outputs side by side (weights, scales and biases
-    stacked along the output dimension: the same quantized values, group for group)."""
-    first = parts[0]
-    out = nn.QuantizedLinear(first.weight.shape[1] * 32 // first.bits, sum(p.weight.shape[0] for p in parts),
-                             bias=False, group_size=first.group_size, bits=first.bits)
-    for key in ("weight", "scales", "biases"):
-        setattr(out, key, mx.concatenate([p[key] for p in parts], axis=0))
-    mx.eval(out.parameters())
-    return out
 
 
 def _paths(on_cuda: bool) -> dict[str, Callable[[mx.array, nn.QuantizedLinear], mx.array]]:
@@ -102,7 +91,7 @@ def measure_group(K: int, parts: list[tuple[str, int]], bits: int, rows: list[in
                   on_cuda: bool) -> list[dict[str, Any]]:
     """One group at every row count: separate and stacked, per path."""
     layers = [quantized_layer(N, K, bits, seed=i + 1) for i, (_, N) in enumerate(parts)]
-    fused = stacked(layers)
+    fused = stacked_projection(*layers)  # what the engine stacks (MTPLX_STACKED_PROJECTIONS)
     out = []
     for M in rows:
         x = mx.random.normal((M, K), key=mx.random.key(M)).astype(mx.bfloat16)

@@ -883,9 +883,8 @@ def row_invariant_wanted(model: nn.Module | None = None) -> bool:
     "Both routings in one process"); at 8-bit since an H100 measured it (module docstring).
     Not dense models, whose AR decode steps run faster in the mixed routing: they route
     row-invariantly inside their MTP cycles only (`cycle_row_invariant_wanted`)."""
-    asked = os.environ.get(ROW_INVARIANT_ENV, "")
-    if asked in ("0", "1"):
-        return asked == "1"
+    if (asked := _row_invariant_asked()) is not None:
+        return asked
     return model is not None and _hybrid(model) and default_wanted(model)
 
 
@@ -896,10 +895,15 @@ def cycle_row_invariant_wanted(model: nn.Module | None = None) -> bool:
     1.26-1.38 decode steps so at 4-bit against the mixed routing's 1.60-1.68, and 1.31 against
     1.56 at 8-bit (H100, T=0, one process each, 2026-12-05), while its AR decode steps keep the
     mixed routing's speed."""
-    asked = os.environ.get(ROW_INVARIANT_ENV, "")
-    if asked in ("0", "1"):
-        return asked == "1"
+    if (asked := _row_invariant_asked()) is not None:
+        return asked
     return model is not None and default_wanted(model)
+
+
+def _row_invariant_asked() -> bool | None:
+    """MTPLX_ROW_INVARIANT's answer ("1" True, "0" False), or None where it says neither."""
+    asked = os.environ.get(ROW_INVARIANT_ENV, "")
+    return asked == "1" if asked in ("0", "1") else None
 
 
 def _hybrid(model: nn.Module) -> bool:

@@ -87,9 +87,8 @@ def stack_gdn_inputs(model: nn.Module) -> int:
         if not isinstance(module, qwen3_5.GatedDeltaNet) or getattr(module, "sharding_group", None) is not None:
             continue
         parts = [module[name] for name in GDN_INPUTS]
-        if (joined := _stacked_projection(*parts)) is None:
+        if (joined := stacked_projection(*parts)) is None:
             continue
-        mx.eval(joined.parameters())
         module.in_proj_stacked = joined
         start = 0
         for name, part in zip(GDN_INPUTS, parts):
@@ -114,29 +113,30 @@ def stack_mlps(model: nn.Module) -> int:
     stacked = 0
     for parent in [m for _, m in model.named_modules()]:
         for name, child in list(parent.children().items()):
-            if type(child) in SWIGLU_MLPS and (gate_up := _stacked_projection(child.gate_proj, child.up_proj)):
-                mx.eval(gate_up.parameters())  # now, so the two parts' memory goes with them
+            if type(child) in SWIGLU_MLPS and (gate_up := stacked_projection(child.gate_proj, child.up_proj)):
                 setattr(parent, name, StackedMLP(gate_up, child.down_proj, child.gate_proj.weight.shape[0]))
                 stacked += 1
     return stacked
 
 
-def _stacked_projection(*parts: nn.Module) -> nn.Module | None:
-    """The parts as one layer (their rows in order), or None where they cannot be stacked:
-    all plain nn.Linear, or all affine nn.QuantizedLinear of one bit width and group size,
-    none with a bias."""
+def stacked_projection(*parts: nn.Module) -> nn.Module | None:
+    """The parts as one layer, evaluated (their rows in order: for quantized parts the same
+    values, scales and biases group for group), or None where they cannot be stacked: all
+    plain nn.Linear, or all affine nn.QuantizedLinear of one bit width and group size, none
+    with a bias."""
     first = parts[0]
     if any(type(p) is not type(first) or "bias" in p for p in parts):
         return None
     if type(first) is nn.Linear:
         out = nn.Linear(first.weight.shape[1], 1, bias=False)
         out.weight = mx.concatenate([p.weight for p in parts], axis=0)
-        return out
-    if type(first) is nn.QuantizedLinear and all(
+    elif type(first) is nn.QuantizedLinear and all(
             (p.mode, p.bits, p.group_size) == ("affine", first.bits, first.group_size) for p in parts):
         in_dims = first.weight.shape[1] * 32 // first.bits
         out = nn.QuantizedLinear(in_dims, 1, bias=False, group_size=first.group_size, bits=first.bits)
         for key in ("weight", "scales", "biases"):
             out[key] = mx.concatenate([p[key] for p in parts], axis=0)
-        return out
-    return None
+    else:
+        return None
+    mx.eval(out.parameters())  # now, so the parts' memory goes with them once dropped
+    return out
