@@ -86,9 +86,9 @@
 #                 4- and 8-bit, 1 and 4 rows, on MLX, the mma layout and the mixed routing, and
 #                 whether the stacked product's columns are the parts' bit for bit; then the
 #                 whole decode steps and depth-3 cycles of SIZE (hybrid-27b) at DTYPES (4bit) with
-#                 its MLPs' gate and up and its GDN inputs stacked (real_size --stacked, the
-#                 engine path of MTPLX_STACKED_PROJECTIONS=1); SIZE=qwen3-32b SIZES=qwen3-32b for
-#                 the dense model's MLPs
+#                 its MLPs' gate and up, its GDN inputs and its attention's q, k and v stacked
+#                 (real_size --stacked, the engine path of MTPLX_STACKED_PROJECTIONS=1);
+#                 SIZE=qwen3-32b SIZES=qwen3-32b for the dense model
 #   PART=mma-pipelined  the pipelined mma layout's CUDA tests (bit for bit the plain layout's
 #                 outputs), then the micro-bench at the hybrid's and the 32B's 4-bit matrices,
 #                 1 and 6 rows, every MMA_CONFIGS shape (bench.small_m --mma-variants)

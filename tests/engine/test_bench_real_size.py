@@ -397,20 +397,22 @@ def test_row_invariant_beside_times_both_routings_in_one_process(small_m_kernel_
 
 def test_stacked_times_the_kernel_again_with_shared_input_projections_as_one_product(
         small_m_kernel_twin, tmp_path):
-    """`--stacked`: last, every MLP's gate and up (the trunk's and the head's) and every GDN
-    layer's four inputs stacked, and the kernel's forwards, decode and cycles timed again,
-    beside the separate products' in one report."""
+    """`--stacked`: last, every MLP's gate and up (the trunk's and the head's), every GDN
+    layer's four inputs and every attention layer's q, k and v stacked, and the kernel's
+    forwards, decode and cycles timed again, beside the separate products' in one report."""
     calls = small_m_kernel_twin
     entry = _tiny_hybrid_kernel_run(tmp_path, "--stacked")
     args = real_size.SIZES["tiny-hybrid"][1]
     layers, gdn_layers = args["num_hidden_layers"], args["num_hidden_layers"] // args["full_attention_interval"]
     gdn_layers = layers - gdn_layers  # every full_attention_interval-th layer is attention
-    assert entry["stacked_groups"] == layers + 1 + gdn_layers
+    attention_layers = layers - gdn_layers + 1  # the head's one layer too
+    assert entry["stacked_groups"] == layers + 1 + gdn_layers + attention_layers
     for suffix in ("", "_stacked"):
         loops = entry["small_m_kernel" + suffix]
         assert loops["decode_ms"]["0.0"] > 0 and loops["cycles"]["0.0"]["cycle_ms_by_depth"]["3"] > 0
-    # An MLP's two layers are one kernel layer now, a GDN layer's four too.
-    assert entry["small_m_kernel_layers_stacked"] == entry["small_m_kernel_layers"] - (layers + 1) - 3 * gdn_layers
+    # An MLP's two layers are one kernel layer now, a GDN layer's four and attention's three too.
+    assert entry["small_m_kernel_layers_stacked"] == (entry["small_m_kernel_layers"] - (layers + 1) - 3 * gdn_layers
+                                                      - 2 * attention_layers)
     assert calls
 
 

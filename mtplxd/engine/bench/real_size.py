@@ -429,7 +429,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     layout (stages 0: the plain layout), each timed again in this process after the routings (`small_m_kernel_by_mma_config`). `decode_only`: the
     decode figures alone (with the kernel's where `small_m_kernel`), no forwards or cycles.
     `stacked`: last, the projections that read one input stacked into one product (every
-    MLP's gate and up, a GDN layer's four inputs: stacked.py) and the kernel's figures timed
+    MLP's gate and up, a GDN layer's four inputs, attention's q, k and v: stacked.py) and the kernel's figures timed
     again in this process, as served (keys ending in `_stacked`)."""
     from mtplxd.engine.model import gdn_kernel, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk

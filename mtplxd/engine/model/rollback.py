@@ -38,7 +38,7 @@ from mlx_lm.models import qwen3_5, qwen3_next
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
-from mtplxd.engine.model import gdn_chunked, gdn_kernel, stacked
+from mtplxd.engine.model import gdn_chunked, gdn_kernel
 
 # A verify forward is K+1 tokens (K <= 16 in practice). Longer forwards (prefill) keep only
 # the snapshot: capturing them would hold ~2x conv_dim values per token per layer alive.
@@ -282,9 +282,6 @@ class RollbackGatedDeltaNet(_CapturingGDN, qwen3_5.GatedDeltaNet):
 
     def _project(self, inputs):
         B, T, _ = inputs.shape
-        if "in_proj_stacked" in self:  # the four as one product (stacked.py)
-            qkv, z, b, a = stacked.gdn_inputs(self, inputs)
-            return qkv, z.reshape(B, T, self.num_v_heads, self.head_v_dim), b, a
         qkv = self.in_proj_qkv(inputs)
         z = self.in_proj_z(inputs).reshape(B, T, self.num_v_heads, self.head_v_dim)
         return qkv, z, self.in_proj_b(inputs), self.in_proj_a(inputs)

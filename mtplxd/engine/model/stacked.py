@@ -1,18 +1,21 @@
-"""Projections that read the same input, served as one product: an MLP's gate and up, and a
-Gated DeltaNet layer's in_proj_qkv, z, b and a (opt-in: MTPLX_STACKED_PROJECTIONS=1).
+"""Projections that read the same input, served as one product (opt-in:
+MTPLX_STACKED_PROJECTIONS=1): an MLP's gate and up; a Gated DeltaNet layer's in_proj_qkv, z,
+b and a; an attention layer's q, k and v.
 
 Why: on an H100 the hybrid 27B's 4-bit decode step was its quantized products, and a product
 reads its weights faster the wider its matrix is (the tensor-core layout at 1 row: gate_proj,
 17,408 rows, 36 us at 32% of the roofline; a GDN layer's 48-row in_proj_b 15 us, pure
-latency; the 248k-row lm_head at 59%; docs/benchmarks.md, "Whole steps on an H100"). Products
-that read the same input, stacked along the output dimension, make one wide product. Off by
-default until the GPU measures it in whole steps (`bench.fused_products` for the products
-alone, `bench.real_size --stacked` for the steps).
+latency; a 1,024-row k_proj 16 us; the 248k-row lm_head at 59%; docs/benchmarks.md, "Whole
+steps on an H100"). Products that read the same input, stacked along the output dimension,
+make one wide product. Off by default until the GPU measures it in whole steps
+(`bench.fused_products` for the products alone, `bench.real_size --stacked` for the steps).
 
-A GDN layer's four parts stay reachable by name (`RowsOf`: the stacked layer's rows, no
-parameters of their own) for mlx-lm's own forward, which the engine still runs for masked
-cohort rows and long CPU prompts; the engine's captured forward takes the stacked product
-(rollback.RollbackGatedDeltaNet._project, `gdn_inputs`).
+How: the group's rows become one layer (`stacked_proj`, registered on the module that owns
+the parts) and each part a `PartOf` it, under its own name, with no parameters of its own.
+mlx-lm's forwards (and the engine's batched and captured ones) call the parts one after the
+other on one input array; the first call computes the whole stacked product and keeps the
+other parts' columns for their calls with that same array, so every caller gets one product
+a group without knowing of the stacking, and the modules keep mlx-lm's classes and forwards.
 
 Exactness: each output column of a quantized product is its own weight row's dot product with
 the input, so the stacked product's columns are the parts' outputs; on the CPU backend
@@ -25,48 +28,56 @@ such.
 from __future__ import annotations
 
 import os
+import threading
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen3, qwen3_5, qwen3_next
-from mlx_lm.models.activations import swiglu
 
 ENV = "MTPLX_STACKED_PROJECTIONS"
-# mlx-lm's MLPs that compute down(swiglu(gate(x), up(x))); qwen3_5's is qwen3_next's.
-SWIGLU_MLPS = (qwen3.MLP, qwen3_next.Qwen3NextMLP)
-GDN_INPUTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # qwen3_5's GDN, in order
+STACKED = "stacked_proj"  # the attribute that holds a group's stacked layer
+# (module types, the parts that read one input, in order): mlx-lm's swiglu MLPs (qwen3_5's
+# is qwen3_next's), qwen3_5's GDN inputs, and qwen3's and qwen3_next/3_5's attention.
+GROUPS: tuple[tuple[tuple[type, ...], tuple[str, ...]], ...] = (
+    ((qwen3.MLP, qwen3_next.Qwen3NextMLP), ("gate_proj", "up_proj")),
+    ((qwen3_5.GatedDeltaNet,), ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")),
+    ((qwen3.Attention, qwen3_next.Qwen3NextAttention), ("q_proj", "k_proj", "v_proj")),
+)
 
 
-class StackedMLP(nn.Module):
-    """down(swiglu(gate(x), up(x))) with gate and up as one product (`gate_up_proj`: gate's
-    rows first, `gate_rows` of them)."""
+class _SharedProduct:
+    """A stacked layer's product, computed once per input array for all of its parts (per
+    thread: each thread's forward keeps its own)."""
 
-    def __init__(self, gate_up_proj: nn.Module, down_proj: nn.Module, gate_rows: int) -> None:
+    def __init__(self, layer: nn.Module, ends: list[int]) -> None:
+        self.layer, self.ends = layer, ends
+        self._memo = threading.local()
+
+    def part(self, index: int, x: mx.array) -> mx.array:
+        memo = self._memo
+        if getattr(memo, "input", None) is not x or index not in memo.outputs:
+            # A new input (or this part's columns already taken): one product for every part.
+            memo.input = x
+            memo.outputs = dict(enumerate(mx.split(self.layer(x), self.ends, axis=-1)))
+        out = memo.outputs.pop(index)
+        if not memo.outputs:  # every part served: hold no arrays past the group's calls
+            memo.input = memo.outputs = None
+        return out
+
+
+class PartOf(nn.Module):
+    """Rows [start, end) of a stacked layer, as the layer they were: its columns of the
+    stacked product (`_SharedProduct`), no parameters of their own (the model's bytes are
+    counted once)."""
+
+    def __init__(self, shared: _SharedProduct, index: int, start: int, end: int) -> None:
         super().__init__()
-        self.gate_up_proj = gate_up_proj
-        self.down_proj = down_proj
-        self.gate_rows = gate_rows
+        self.index, self.start, self.end = index, start, end
+        self._shared = lambda: shared  # a function: not registered as a child module
 
     def __call__(self, x: mx.array) -> mx.array:
-        gate, up = mx.split(self.gate_up_proj(x), [self.gate_rows], axis=-1)
-        return self.down_proj(swiglu(gate, up))
-
-
-class RowsOf(nn.Module):
-    """Rows [start, end) of a stacked layer, as the layer they were: a view of its weights at
-    each call, no parameters of its own (the model's bytes are counted once)."""
-
-    def __init__(self, stacked: nn.Module, start: int, end: int) -> None:
-        super().__init__()
-        self.start, self.end = start, end
-        self._stacked = lambda: stacked  # a function: not registered as a child module
-
-    def __call__(self, x: mx.array) -> mx.array:
-        layer, rows = self._stacked(), slice(self.start, self.end)
-        if "scales" not in layer:
-            return x @ layer["weight"][rows].T
-        return mx.quantized_matmul(x, layer["weight"][rows], layer["scales"][rows], layer["biases"][rows],
-                                   transpose=True, group_size=layer.group_size, bits=layer.bits)
+        return self._shared().part(self.index, x)
 
 
 def wanted() -> bool:
@@ -75,51 +86,35 @@ def wanted() -> bool:
 
 
 def stack(model: nn.Module) -> int:
-    """Stack every stackable MLP and GDN input of `model`; returns how many groups."""
-    return stack_mlps(model) + stack_gdn_inputs(model)
-
-
-def stack_gdn_inputs(model: nn.Module) -> int:
-    """Give every qwen3_5 GDN layer of `model` (not sharded) whose four input projections
-    stack an `in_proj_stacked` layer, and its four parts `RowsOf` it; returns how many."""
+    """Stack every group of GROUPS in `model` (MTP head included) whose parts stack and are
+    not sharded; returns how many groups."""
     stacked = 0
     for _, module in model.named_modules():
-        if not isinstance(module, qwen3_5.GatedDeltaNet) or getattr(module, "sharding_group", None) is not None:
+        names = next((names for types, names in GROUPS if isinstance(module, types)), None)
+        if names is None or STACKED in module or getattr(module, "sharding_group", None) is not None:
             continue
-        parts = [module[name] for name in GDN_INPUTS]
-        if (joined := stacked_projection(*parts)) is None:
-            continue
-        module.in_proj_stacked = joined
-        start = 0
-        for name, part in zip(GDN_INPUTS, parts):
-            rows = part.weight.shape[0]
-            setattr(module, name, RowsOf(joined, start, start + rows))
-            start += rows
-        stacked += 1
+        stacked += stack_parts(module, names)  # a sharded part's class is not stackable either
     return stacked
 
 
-def gdn_inputs(module: nn.Module, inputs: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """A stacked GDN layer's (qkv, z, b, a) from one product (z not yet split into heads)."""
-    ends = [module[name].end for name in GDN_INPUTS[:-1]]
-    qkv, z, b, a = mx.split(module.in_proj_stacked(inputs), ends, axis=-1)
-    return qkv, z, b, a
+def stack_parts(module: nn.Module, names: tuple[str, ...]) -> bool:
+    """Replace `module`'s parts `names` by PartOf views of one stacked layer (held as
+    `module.stacked_proj`); False (nothing changed) where they cannot be stacked."""
+    parts = [module[name] for name in names]
+    if (joined := stacked_projection(*parts)) is None:
+        return False
+    ends, start = [], 0
+    for part in parts:
+        start += part.weight.shape[0]
+        ends.append(start)
+    shared = _SharedProduct(joined, ends[:-1])
+    module[STACKED] = joined
+    for index, name in enumerate(names):
+        setattr(module, name, PartOf(shared, index, ends[index] - parts[index].weight.shape[0], ends[index]))
+    return True
 
 
-def stack_mlps(model: nn.Module) -> int:
-    """Replace every stackable MLP of `model` (MTP head included) by a StackedMLP; returns how
-    many. Stackable: one of SWIGLU_MLPS whose gate and up are both plain nn.Linear without
-    bias, or both affine nn.QuantizedLinear of one bit width and group size (not sharded)."""
-    stacked = 0
-    for parent in [m for _, m in model.named_modules()]:
-        for name, child in list(parent.children().items()):
-            if type(child) in SWIGLU_MLPS and (gate_up := stacked_projection(child.gate_proj, child.up_proj)):
-                setattr(parent, name, StackedMLP(gate_up, child.down_proj, child.gate_proj.weight.shape[0]))
-                stacked += 1
-    return stacked
-
-
-def stacked_projection(*parts: nn.Module) -> nn.Module | None:
+def stacked_projection(*parts: Any) -> nn.Module | None:
     """The parts as one layer, evaluated (their rows in order: for quantized parts the same
     values, scales and biases group for group), or None where they cannot be stacked: all
     plain nn.Linear, or all affine nn.QuantizedLinear of one bit width and group size, none
