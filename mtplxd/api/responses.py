@@ -265,7 +265,10 @@ def _response_object(response_id: str, plan: Plan, status: str, output: list[dic
     obj: dict[str, Any] = {
         "id": response_id, "object": "response", "created_at": plan.created, "status": status,
         "model": plan.model_id, "output": output, "parallel_tool_calls": True,
-        "tool_choice": body.get("tool_choice", "auto"), "tools": [], "store": False,
+        # The request's own tools and sampling, as OpenAI echoes them; nothing is stored.
+        "tool_choice": body.get("tool_choice", "auto"), "store": False,
+        "tools": body["tools"] if isinstance(body.get("tools"), list) else [],
+        "temperature": _number_or_none(body.get("temperature")), "top_p": _number_or_none(body.get("top_p")),
         "instructions": body.get("instructions") if isinstance(body.get("instructions"), str) else None,
         "max_output_tokens": plan.max_tokens, "incomplete_details": None, "error": None,
         "usage": None,
@@ -284,6 +287,10 @@ def _response_object(response_id: str, plan: Plan, status: str, output: list[dic
             obj["incomplete_details"] = {"reason": "max_output_tokens"}
         obj["mtplx_stats"] = outcome.mtplx_stats()
     return obj
+
+
+def _number_or_none(value: Any) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _finished(item: dict[str, Any], status: str = "completed") -> dict[str, Any]:

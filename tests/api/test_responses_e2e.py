@@ -46,6 +46,9 @@ def test_codex_shaped_request_streams_the_responses_event_sequence(client):
     assert kinds[-1] in ("response.completed", "response.incomplete")
     assert [e.sequence_number for e in events] == list(range(len(events)))
     final = events[-1].response
+    # The request's tools and sampling come back as sent (the SDK parses every tool type).
+    assert [tool.type for tool in final.tools] == [tool["type"] for tool in CODEX_TOOLS]
+    assert final.temperature == 0 and final.top_p is None and final.store is False
     assert final.usage.output_tokens == final.model_extra["mtplx_stats"]["completion_tokens"]
     added = [e for e in events if e.type == "response.output_item.added"]
     done = [e for e in events if e.type == "response.output_item.done"]
