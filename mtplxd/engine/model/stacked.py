@@ -7,8 +7,11 @@ reads its weights faster the wider its matrix is (the tensor-core layout at 1 ro
 17,408 rows, 36 us at 32% of the roofline; a GDN layer's 48-row in_proj_b 15 us, pure
 latency; a 1,024-row k_proj 16 us; the 248k-row lm_head at 59%; docs/benchmarks.md, "Whole
 steps on an H100"). Products that read the same input, stacked along the output dimension,
-make one wide product. Off by default until the GPU measures it in whole steps
-(`bench.fused_products` for the products alone, `bench.real_size --stacked` for the steps).
+make one wide product. Off by default: on an H100 (2026-12-06, docs/benchmarks.md, "Stacked
+projections in whole steps") each group alone was 17-55% faster (`bench.fused_products`), but
+whole steps (`bench.real_size --stacked`) were not: the hybrid 27B 4-bit's decode 1-3%
+faster and its depth-3 cycle 3% slower, the Qwen3-32B 4-bit's decode 12-14% slower (its
+4-6-token verify forwards 11-16% faster).
 
 How: the group's rows become one layer (`stacked_proj`, registered on the module that owns
 the parts) and each part a `PartOf` it, under its own name, with no parameters of its own.
