@@ -20,7 +20,9 @@
 #                 (4bit), stock and with the kernel, at MLX's defaults and with CUDA graphs off
 #   PART=step-profile  the device's own time per step (bench.step_profile under Nsight Compute):
 #                 SIZE (qwen3-32b) at DTYPES (4bit), AR stock and with the kernel, the depth-3
-#                 cycle with the kernel, each beside its unprofiled wall time
+#                 cycle with the kernel, each beside its unprofiled wall time; STACKED=1: with
+#                 the projections that read one input stacked (stacked.py; 2026-12-06: whole
+#                 steps did not gain what the products alone did, and the 32B's decode lost)
 #   PART=widen    stock against the kernel, depths 1-5 at T=0 and 0.6, where it is off by default:
 #                 Qwen3-32B 8-bit, Qwen3-4B 4-bit, the hybrid 27B 4-bit (not yet run)
 #   PART=unpack   the and-or unpack (small_m_qmm._HEADER: no int-to-float conversion per weight
@@ -178,7 +180,8 @@ elif [ "$PART" = step-profile ]; then
   # summed per step beside the same steps' unprofiled wall time. Reserve ~150 s on a fresh
   # machine: the first process compiles MLX's kernels. SIZE (qwen3-32b) at DTYPES (4bit).
   command -v ncu >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | tail -1)
-  sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-32b}" --dtype "${DTYPES:-4bit}")
+  sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-32b}" --dtype "${DTYPES:-4bit}"
+      ${STACKED:+--stacked})
   profile() {  # NAME MODE STEPS ARGS...: ncu over the steps, then the summary
     local name=$1 mode=$2 steps=$3; shift 3
     step "$name" 150 ncu --profile-from-start off --graph-profiling "$mode" --metrics gpu__time_duration.sum \

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from mtplxd.engine.bench import step_profile
+from mtplxd.engine.bench import real_size, step_profile
 
 # ncu --csv layout (the "details" page): its log lines, then a header and one row per metric.
 NCU_CSV = """==PROF== Connected to process 4003 (/usr/bin/python3.12)
@@ -61,3 +61,17 @@ def test_unprofiled_steps_run_the_engines_loops(tmp_path, monkeypatch, size, dep
     assert report["wall_ms_per_step"] > 0
     # A random head accepts almost nothing: 1 token a cycle, up to depth+1.
     assert 1 <= report["tokens_per_step"] <= depth + 1
+
+
+@pytest.mark.parametrize("size, depth", [("tiny", 2), ("tiny-hybrid", 0)])
+def test_stacked_steps_run_with_every_group_stacked(tmp_path, size, depth):
+    """`--stacked`: the steps of a model whose projections that read one input are one
+    product each (an MLP's, a GDN layer's and attention's, the head's too), as
+    MTPLX_STACKED_PROJECTIONS=1 loads it."""
+    out = tmp_path / "steps.json"
+    assert step_profile.main(["--size", size, "--dtype", "bf16", "--depth", str(depth), "--steps", "2",
+                              "--context", "16", "--stacked", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    args = real_size.SIZES[size][1]
+    assert report["stacked_groups"] == 2 * (args["num_hidden_layers"] + 1)  # each layer's two, the head's two
+    assert report["wall_ms_per_step"] > 0 and 1 <= report["tokens_per_step"] <= depth + 1

@@ -3,7 +3,7 @@ Compute: is a real-size step bound by the device or by the host? (issue 22, poin
 limits each figure, measured with a profile rather than guessed.)
 
     python -m mtplxd.engine.bench.step_profile [--size qwen3-32b] [--dtype 4bit] \\
-        [--depth 0] [--steps 4] [--context 512] [--small-m-kernel] --json-out step.json
+        [--depth 0] [--steps 4] [--context 512] [--small-m-kernel] [--stacked] --json-out step.json
     ncu --profile-from-start off --graph-profiling graph --metrics gpu__time_duration.sum \\
         --csv --log-file ncu.csv python -m mtplxd.engine.bench.step_profile ... --profiled
     python -m mtplxd.engine.bench.step_profile --summarize ncu.csv --steps 4 [--json-out FILE]
@@ -110,17 +110,21 @@ class DriverProfiler:
 
 
 def run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: bool,
-              profiled: bool, context: int = 512, warmup: int = 8) -> dict[str, Any]:
+              profiled: bool, context: int = 512, warmup: int = 8, stacked: bool = False) -> dict[str, Any]:
     """Build the model, run `warmup` steps, then time `steps` more (the profiled range when
-    `profiled`): wall ms per step (one cycle at depth > 0) and tokens per step."""
+    `profiled`): wall ms per step (one cycle at depth > 0) and tokens per step. `stacked`:
+    the projections that read one input as one product first (stacked.py), as load_model
+    does with MTPLX_STACKED_PROJECTIONS=1."""
     import mlx.core as mx
 
     from mtplxd.engine.bench.real_size import build_model, engine_loop
     from mtplxd.engine.model import small_m_qmm
+    from mtplxd.engine.model.stacked import stack
     from mtplxd.engine.model.trunk import Trunk
 
     model, spec = build_model(size, dtype)
     trunk = Trunk(model, spec)
+    stacked_groups = stack(model) if stacked else 0
     if small_m_kernel:
         small_m_qmm.install(model, force=True)
     vocab = trunk.text.args.vocab_size
@@ -141,7 +145,7 @@ def run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: boo
     loop.close()
     return {"size": size, "dtype": dtype, "depth": depth, "steps": steps, "context": context,
             "loop": ("ar compiled" if fused else "ar") if depth == 0 else ("fused" if fused else "stepwise"),
-            "small_m_kernel": small_m_kernel, "profiled": profiled,
+            "small_m_kernel": small_m_kernel, "stacked_groups": stacked_groups, "profiled": profiled,
             "wall_ms_per_step": elapsed * 1000 / steps, "tokens_per_step": tokens / steps}
 
 
@@ -155,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--small-m-kernel", action="store_true",
                         help="install the small-M kernel as served (small_m_qmm.install)")
+    parser.add_argument("--stacked", action="store_true",
+                        help="stack the projections that read one input into one product (stacked.py)")
     parser.add_argument("--profiled", action="store_true",
                         help="run the timed steps between cuProfilerStart and cuProfilerStop (under ncu)")
     parser.add_argument("--summarize", type=Path, default=None, metavar="NCU_CSV",
@@ -170,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         report = {**machine(), "command": command_line(PROG, argv),
                   **run_steps(args.size, args.dtype, args.depth, args.steps, args.small_m_kernel,
-                              args.profiled, args.context)}
+                              args.profiled, args.context, stacked=args.stacked)}
         print(f"{args.size} {args.dtype} depth {args.depth}: {report['wall_ms_per_step']:.2f} ms "
               f"a step, {report['tokens_per_step']:.2f} tokens", flush=True)
     if args.json_out:
