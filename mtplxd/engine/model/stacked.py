@@ -30,9 +30,9 @@ such.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
-from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -70,13 +70,13 @@ class _SharedProduct:
 
 
 class PartOf(nn.Module):
-    """Rows [start, end) of a stacked layer, as the layer they were: its columns of the
-    stacked product (`_SharedProduct`), no parameters of their own (the model's bytes are
-    counted once)."""
+    """Part `index` of a stacked layer, as the layer it was: its columns of the stacked
+    product (`_SharedProduct`), no parameters of its own (the model's bytes are counted
+    once)."""
 
-    def __init__(self, shared: _SharedProduct, index: int, start: int, end: int) -> None:
+    def __init__(self, shared: _SharedProduct, index: int) -> None:
         super().__init__()
-        self.index, self.start, self.end = index, start, end
+        self.index = index
         self._shared = lambda: shared  # a function: not registered as a child module
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -106,18 +106,15 @@ def stack_parts(module: nn.Module, names: tuple[str, ...]) -> bool:
     parts = [module[name] for name in names]
     if (joined := stacked_projection(*parts)) is None:
         return False
-    ends, start = [], 0
-    for part in parts:
-        start += part.weight.shape[0]
-        ends.append(start)
+    ends = list(itertools.accumulate(part.weight.shape[0] for part in parts))
     shared = _SharedProduct(joined, ends[:-1])
     module[STACKED] = joined
     for index, name in enumerate(names):
-        setattr(module, name, PartOf(shared, index, ends[index] - parts[index].weight.shape[0], ends[index]))
+        setattr(module, name, PartOf(shared, index))
     return True
 
 
-def stacked_projection(*parts: Any) -> nn.Module | None:
+def stacked_projection(*parts: nn.Module) -> nn.Module | None:
     """The parts as one layer, evaluated (their rows in order: for quantized parts the same
     values, scales and biases group for group), or None where they cannot be stacked: all
     plain nn.Linear, or all affine nn.QuantizedLinear of one bit width and group size, none
