@@ -442,3 +442,18 @@ def test_mma_configs_time_the_kernel_again_at_each_shape_and_put_the_shipped_one
         assert again["small_m_kernel"]["cycles"]["0.0"]["cycle_ms_by_depth"]["3"] > 0
     assert seen == {(shipped[0], shipped[1][4], shipped[2]), (4, 2, 0), (8, 4, 2)}
     assert (small_m_qmm.MMA_WARPS, small_m_qmm.MMA_GROUPS_PER_LOAD, small_m_qmm.MMA_STAGES) == shipped
+
+
+def test_a_size_is_the_same_random_model_in_every_build():
+    """build_model seeds MLX's generator, so runs in different processes (a divergence count
+    here, a timing there) measure one model; another seed is another model."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    def weights(seed):
+        return tree_flatten(real_size.build_model("tiny-hybrid", "4bit", seed=seed)[0].parameters())
+
+    first, again, other = weights(0), weights(0), weights(1)
+    assert [k for k, _ in first] == [k for k, _ in again]
+    assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(first, again))
+    assert not all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(first, other))

@@ -159,8 +159,10 @@ FLOAT_TYPES: dict[str, mx.Dtype] = {"f32": mx.float32}
 # --- building ----------------------------------------------------------------------------
 
 
-def build_model(size: str, dtype: str) -> tuple[nn.Module, Any]:
-    """(mlx-lm model with a random `.mtp` head, its family spec), weights evaluated."""
+def build_model(size: str, dtype: str, seed: int = 0) -> tuple[nn.Module, Any]:
+    """(mlx-lm model with a random `.mtp` head, its family spec), weights evaluated: the same
+    weights in every process (MLX's global generator, which its initialisers draw from, is
+    seeded with `seed` first; unseeded, each process measured another random model)."""
     from mlx_lm.models import qwen3, qwen3_5
 
     from mtplxd.engine.model.families import get_family
@@ -168,6 +170,7 @@ def build_model(size: str, dtype: str) -> tuple[nn.Module, Any]:
 
     family, dims = SIZES[size]
     spec = get_family(family)
+    mx.random.seed(seed)
     if family == "qwen3":
         config = dict(model_type="qwen3", rms_norm_eps=1e-6, max_position_embeddings=40960,
                       rope_theta=1000000.0, **dims)
