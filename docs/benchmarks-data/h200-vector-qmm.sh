@@ -91,6 +91,11 @@
 #                 its MLPs' gate and up, its GDN inputs and its attention's q, k and v stacked
 #                 (real_size --stacked, the engine path of MTPLX_STACKED_PROJECTIONS=1);
 #                 SIZE=qwen3-32b SIZES=qwen3-32b for the dense model
+#   PART=stacked-profile  where the 32B's stacked decode step lost 1.6-1.9 ms (2026-12-06): SIZE
+#                 (qwen3-32b) at DTYPES (4bit) with the kernel as served to AR steps, separate and
+#                 stacked alternately (two unprofiled wall samples each, one process each), then
+#                 one decode step of each under Nsight Compute per kernel (node mode: the
+#                 CSV's grid sizes tell which matrix a product read)
 #   PART=mma-pipelined  the pipelined mma layout's CUDA tests (bit for bit the plain layout's
 #                 outputs), then the micro-bench at the hybrid's and the 32B's 4-bit matrices,
 #                 1 and 6 rows, every MMA_CONFIGS shape (bench.small_m --mma-variants)
@@ -114,7 +119,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -295,6 +300,21 @@ elif [ "$PART" = fusion ]; then
     --dtypes "${DTYPES:-4bit}" --depths 3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 --repeats 3 \
     --small-m-kernel --small-m-loops $([ "$size" = hybrid-27b ] && echo --row-invariant) --stacked \
     --json-out "$work/stacked-$size-${DTYPES:-4bit}.json"
+elif [ "$PART" = stacked-profile ]; then
+  command -v ncu >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | tail -1)
+  sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-32b}" --dtype "${DTYPES:-4bit}"
+      --small-m-kernel)
+  for round in 1 2; do
+    step "wall-ar-separate-$round" 150 "${sp[@]}" --steps 32 --json-out "$work/wall-ar-separate-$round.json"
+    step "wall-ar-stacked-$round" 120 "${sp[@]}" --stacked --steps 32 --json-out "$work/wall-ar-stacked-$round.json"
+  done
+  for arrangement in separate stacked; do
+    step "ncu-ar-nodes-$arrangement" 150 ncu --profile-from-start off --graph-profiling node \
+      --metrics gpu__time_duration.sum --csv "${sp[@]}" $([ "$arrangement" = stacked ] && echo --stacked) \
+      --steps 1 --profiled
+    python3 -m mtplxd.engine.bench.step_profile --summarize "$work/ncu-ar-nodes-$arrangement.log" --steps 1 \
+      --json-out "$work/ncu-ar-nodes-$arrangement.json" || true
+  done
 elif [ "$PART" = mma-pipelined ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "cuda and (pipelined or row_invariant)" \
     tests/engine/test_small_m_qmm.py
