@@ -95,7 +95,8 @@
 #                 (qwen3-32b) at DTYPES (4bit) with the kernel as served to AR steps, separate and
 #                 stacked alternately (two unprofiled wall samples each, one process each), then
 #                 one decode step of each under Nsight Compute per kernel (node mode: the
-#                 CSV's grid sizes tell which matrix a product read)
+#                 CSV's grid sizes tell which matrix a product read); DEPTH=3: the depth-3
+#                 cycle instead (routed row-invariantly, as served); ROUNDS: wall samples (2)
 #   PART=mma-pipelined  the pipelined mma layout's CUDA tests (bit for bit the plain layout's
 #                 outputs), then the micro-bench at the hybrid's and the 32B's 4-bit matrices,
 #                 1 and 6 rows, every MMA_CONFIGS shape (bench.small_m --mma-variants)
@@ -302,18 +303,20 @@ elif [ "$PART" = fusion ]; then
     --json-out "$work/stacked-$size-${DTYPES:-4bit}.json"
 elif [ "$PART" = stacked-profile ]; then
   command -v ncu >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | tail -1)
+  depth=${DEPTH:-0}
+  tag=$([ "$depth" = 0 ] && echo ar || echo "cycle$depth")
   sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-32b}" --dtype "${DTYPES:-4bit}"
-      --small-m-kernel)
-  for round in 1 2; do
-    step "wall-ar-separate-$round" 150 "${sp[@]}" --steps 32 --json-out "$work/wall-ar-separate-$round.json"
-    step "wall-ar-stacked-$round" 120 "${sp[@]}" --stacked --steps 32 --json-out "$work/wall-ar-stacked-$round.json"
+      --small-m-kernel --depth "$depth")
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    step "wall-$tag-separate-$round" 150 "${sp[@]}" --steps 32 --json-out "$work/wall-$tag-separate-$round.json"
+    step "wall-$tag-stacked-$round" 120 "${sp[@]}" --stacked --steps 32 --json-out "$work/wall-$tag-stacked-$round.json"
   done
   for arrangement in separate stacked; do
-    step "ncu-ar-nodes-$arrangement" 150 ncu --profile-from-start off --graph-profiling node \
+    step "ncu-$tag-nodes-$arrangement" 150 ncu --profile-from-start off --graph-profiling node \
       --metrics gpu__time_duration.sum --csv "${sp[@]}" $([ "$arrangement" = stacked ] && echo --stacked) \
       --steps 1 --profiled
-    python3 -m mtplxd.engine.bench.step_profile --summarize "$work/ncu-ar-nodes-$arrangement.log" --steps 1 \
-      --json-out "$work/ncu-ar-nodes-$arrangement.json" || true
+    python3 -m mtplxd.engine.bench.step_profile --summarize "$work/ncu-$tag-nodes-$arrangement.log" --steps 1 \
+      --json-out "$work/ncu-$tag-nodes-$arrangement.json" || true
   done
 elif [ "$PART" = mma-pipelined ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "cuda and (pipelined or row_invariant)" \
