@@ -268,7 +268,8 @@ def _response_object(response_id: str, plan: Plan, status: str, output: list[dic
         # The request's own tools and sampling, as OpenAI echoes them; nothing is stored.
         "tool_choice": body.get("tool_choice", "auto"), "store": False,
         "tools": body["tools"] if isinstance(body.get("tools"), list) else [],
-        "temperature": _number_or_none(body.get("temperature")), "top_p": _number_or_none(body.get("top_p")),
+        # Both were read by read_sampling at parse time: a number here, or absent.
+        "temperature": Reader(body).float("temperature"), "top_p": Reader(body).float("top_p"),
         "instructions": body.get("instructions") if isinstance(body.get("instructions"), str) else None,
         "max_output_tokens": plan.max_tokens, "incomplete_details": None, "error": None,
         "usage": None,
@@ -287,10 +288,6 @@ def _response_object(response_id: str, plan: Plan, status: str, output: list[dic
             obj["incomplete_details"] = {"reason": "max_output_tokens"}
         obj["mtplx_stats"] = outcome.mtplx_stats()
     return obj
-
-
-def _number_or_none(value: Any) -> float | None:
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _finished(item: dict[str, Any], status: str = "completed") -> dict[str, Any]:
