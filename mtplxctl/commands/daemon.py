@@ -354,7 +354,7 @@ def _report_started(status: dict[str, Any], as_json: bool) -> int:
     else:
         console.print(f"mtplxd running (pid {status['pid']}) — API [bold]{status['http']['base_url']}[/]")
         if model and model.get("state") == "loaded":
-            console.print(f"model [bold]{model['id']}[/] ({_mode_text(model)})")
+            console.print(f"model [bold]{model['id']}[/] — {_mode_text(model)}")  # as status shows it
             if model.get("hint"):
                 console.print(f"[dim]{model['hint']}[/]")
         elif model and model.get("state") == "failed":

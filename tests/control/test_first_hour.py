@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -51,8 +52,13 @@ def _broken_copy(model: Path, where: Path) -> Path:
 def test_a_failed_load_keeps_serving_the_last_good_model_and_says_so(tiny_model_factory, tmp_path):
     good = tiny_model_factory("qwen3")
     broken = _broken_copy(good, tmp_path)
-    assert run_ctl("start", "--port", "0", "--model", str(good)).returncode == 0
+    started = run_ctl("start", "--port", "0", "--model", str(good))
+    assert started.returncode == 0, started.stderr
     try:
+        # The model line reads as status's does, one pair of parentheses at most.
+        line = next(line for line in started.stdout.splitlines() if line.startswith("model "))
+        assert line.startswith(f"model {good.name} — MTP depth") and "((" not in line, line
+        assert not re.search(r"\([^)]*\(", line), line
         failed = run_ctl("start", "--model", str(broken))
         assert failed.returncode == 1 and "Traceback" not in failed.stderr
         assert f"still serving the previous model {good.name}" in " ".join(failed.stderr.split())
