@@ -51,13 +51,13 @@ def summarize_ncu_csv(text: str, steps: int, top: int = 12) -> dict[str, Any]:
     """Device ms per step from ncu's `--csv` output of DURATION_METRIC: the workloads'
     durations summed over all profiled steps, divided by `steps`; the largest workloads by
     name. Lines before ncu's header row (its ==PROF== log) are skipped."""
-    rows = list(_metric_rows(text))
+    rows = list(metric_rows(text))
     if not rows:
         raise ValueError(f"no {DURATION_METRIC} rows in the ncu output")
     total_ms = 0.0
     by_name: dict[str, list[float]] = defaultdict(list)
     for row in rows:
-        ms = _ms(row["Metric Value"], row["Metric Unit"])
+        ms = duration_ms(row["Metric Value"], row["Metric Unit"])
         total_ms += ms
         by_name[row.get("Kernel Name") or "?"].append(ms)
     ranked = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:top]
@@ -72,7 +72,7 @@ def summarize_ncu_csv(text: str, steps: int, top: int = 12) -> dict[str, Any]:
     }
 
 
-def _metric_rows(text: str) -> Iterable[dict[str, str]]:
+def metric_rows(text: str) -> Iterable[dict[str, str]]:
     """ncu's CSV rows of DURATION_METRIC, from the header row on."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
@@ -83,7 +83,7 @@ def _metric_rows(text: str) -> Iterable[dict[str, str]]:
             yield row
 
 
-def _ms(value: str, unit: str) -> float:
+def duration_ms(value: str, unit: str) -> float:
     """A duration cell (ncu may print thousands separators) in milliseconds."""
     if unit not in UNIT_TO_MS:
         raise ValueError(f"unknown duration unit {unit!r}")

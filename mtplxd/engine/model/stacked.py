@@ -8,10 +8,12 @@ reads its weights faster the wider its matrix is (the tensor-core layout at 1 ro
 latency; a 1,024-row k_proj 16 us; the 248k-row lm_head at 59%; docs/benchmarks.md, "Whole
 steps on an H100"). Products that read the same input, stacked along the output dimension,
 make one wide product. Off by default: on an H100 (2026-12-06, docs/benchmarks.md, "Stacked
-projections in whole steps") each group alone was 17-55% faster (`bench.fused_products`), but
-whole steps (`bench.real_size --stacked`) were not: the hybrid 27B 4-bit's decode 1-3%
-faster and its depth-3 cycle 3% slower, the Qwen3-32B 4-bit's decode 12-14% slower (its
-4-6-token verify forwards 11-16% faster).
+projections in whole steps" and "The 32B's stacked decode step profiled") each group alone
+was 17-55% faster (`bench.fused_products`), but whole steps (`bench.real_size --stacked`)
+were not: the hybrid 27B 4-bit's decode 1-3% faster and its depth-3 cycle 3% slower; the
+Qwen3-32B 4-bit's decode level on the wall (7% less device time under Nsight), its
+mixed-routing verify forwards of 4-6 tokens 12-20% faster, and its depth-3 cycle, which an
+MTP request runs, 5-11% slower in three processes.
 
 How: the group's rows become one layer (`stacked_proj`, registered on the module that owns
 the parts) and each part a `PartOf` it, under its own name, with no parameters of its own.
