@@ -91,7 +91,8 @@
 #                 its MLPs' gate and up, its GDN inputs and its attention's q, k and v stacked
 #                 (real_size --stacked, the engine path of MTPLX_STACKED_PROJECTIONS=1);
 #                 SIZE=qwen3-32b SIZES=qwen3-32b for the dense model
-#   PART=stacked-profile  where the 32B's stacked decode step lost 1.6-1.9 ms (2026-12-06): SIZE
+#   PART=stacked-profile  a stacked step beside the separate one (2026-12-06: one process read
+#                 the 32B's stacked decode 12-14% slower; this found it 7% cheaper on the device): SIZE
 #                 (qwen3-32b) at DTYPES (4bit) with the kernel as served to AR steps, separate and
 #                 stacked alternately (two unprofiled wall samples each, one process each), then
 #                 one decode step of each under Nsight Compute per kernel (node mode: the
