@@ -98,6 +98,11 @@
 #                 one decode step of each under Nsight Compute per kernel (node mode: the
 #                 CSV's grid sizes tell which matrix a product read); DEPTH=3: the depth-3
 #                 cycle instead (routed row-invariantly, as served); ROUNDS: wall samples (2)
+#   PART=decode-routing  which matrices a dense model's decode step should route to the vector
+#                 layout, at today's kernel (the H200 chose 64M weights on 2026-12-03; an H100's
+#                 profile, 2026-12-06, found the matrices left on MLX's qmv, q/k/v and o, read at
+#                 0.7 TB/s): Qwen3-32B at DTYPES (4bit), greedy decode with the threshold at 32M
+#                 (q and o too), 0 (every matrix) and 64M (served) again, in one process
 #   PART=mma-pipelined  the pipelined mma layout's CUDA tests (bit for bit the plain layout's
 #                 outputs), then the micro-bench at the hybrid's and the 32B's 4-bit matrices,
 #                 1 and 6 rows, every MMA_CONFIGS shape (bench.small_m --mma-variants)
@@ -121,7 +126,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -319,6 +324,11 @@ elif [ "$PART" = stacked-profile ]; then
     python3 -m mtplxd.engine.bench.step_profile --summarize "$work/ncu-$tag-nodes-$arrangement.log" --steps 1 \
       --json-out "$work/ncu-$tag-nodes-$arrangement.json" || true
   done
+elif [ "$PART" = decode-routing ]; then
+  step "decode-routing-32b-${DTYPES:-4bit}" 330 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b \
+    --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 32 --repeats 2 \
+    --small-m-kernel --small-m-loops --decode-vector-values 33554432,0,67108864 \
+    --json-out "$work/decode-routing-32b-${DTYPES:-4bit}.json"
 elif [ "$PART" = mma-pipelined ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "cuda and (pipelined or row_invariant)" \
     tests/engine/test_small_m_qmm.py
