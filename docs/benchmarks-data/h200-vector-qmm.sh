@@ -137,6 +137,15 @@ mkdir -p "$OUT" "$work"
 LOGS="$work"
 STEP_TAIL=${STEP_TAIL:-40}
 source "$(dirname "$0")/budget-steps.sh"
+# Nsight Compute, for the PARTs that profile (the device machines install it off PATH).
+command -v ncu >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | tail -1)
+profile() {  # NAME MODE STEPS ARGS...: the steps of the PART's bench.step_profile command (sp) under ncu, then the summary
+  local name=$1 mode=$2 steps=$3; shift 3
+  step "$name" 150 ncu --profile-from-start off --graph-profiling "$mode" --metrics gpu__time_duration.sum \
+    --csv "${sp[@]}" --steps "$steps" --profiled "$@"
+  python3 -m mtplxd.engine.bench.step_profile --summarize "$work/$name.log" --steps "$steps" \
+    --json-out "$work/$name.json" || true
+}
 
 if [ "$PART" = kernels ]; then
   step cuda-tests 170 python3 -m pytest -q -p no:cacheprovider -k "cuda and (vector or mtp)" tests/engine/test_small_m_qmm.py
@@ -191,16 +200,8 @@ elif [ "$PART" = step-profile ]; then
   # Nsight Compute, one workload per CUDA graph (graph mode) or per kernel (node mode), then
   # summed per step beside the same steps' unprofiled wall time. Reserve ~150 s on a fresh
   # machine: the first process compiles MLX's kernels. SIZE (qwen3-32b) at DTYPES (4bit).
-  command -v ncu >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | tail -1)
   sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-32b}" --dtype "${DTYPES:-4bit}"
       ${STACKED:+--stacked})
-  profile() {  # NAME MODE STEPS ARGS...: ncu over the steps, then the summary
-    local name=$1 mode=$2 steps=$3; shift 3
-    step "$name" 150 ncu --profile-from-start off --graph-profiling "$mode" --metrics gpu__time_duration.sum \
-      --csv "${sp[@]}" --steps "$steps" --profiled "$@"
-    python3 -m mtplxd.engine.bench.step_profile --summarize "$work/$name.log" --steps "$steps" \
-      --json-out "$work/$name.json" || true
-  }
   step wall-ar 150 "${sp[@]}" --steps 16 --json-out "$work/wall-ar.json"
   step wall-ar-kernel 100 "${sp[@]}" --steps 16 --small-m-kernel --json-out "$work/wall-ar-kernel.json"
   step wall-cycle3-kernel 100 "${sp[@]}" --steps 16 --depth 3 --small-m-kernel --json-out "$work/wall-cycle3-kernel.json"
@@ -308,7 +309,6 @@ elif [ "$PART" = fusion ]; then
     --small-m-kernel --small-m-loops $([ "$size" = hybrid-27b ] && echo --row-invariant) --stacked \
     --json-out "$work/stacked-$size-${DTYPES:-4bit}.json"
 elif [ "$PART" = stacked-profile ]; then
-  command -v ncu >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | tail -1)
   depth=${DEPTH:-0}
   tag=$([ "$depth" = 0 ] && echo ar || echo "cycle$depth")
   sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-32b}" --dtype "${DTYPES:-4bit}"
@@ -317,13 +317,8 @@ elif [ "$PART" = stacked-profile ]; then
     step "wall-$tag-separate-$round" 150 "${sp[@]}" --steps 32 --json-out "$work/wall-$tag-separate-$round.json"
     step "wall-$tag-stacked-$round" 120 "${sp[@]}" --stacked --steps 32 --json-out "$work/wall-$tag-stacked-$round.json"
   done
-  for arrangement in separate stacked; do
-    step "ncu-$tag-nodes-$arrangement" 150 ncu --profile-from-start off --graph-profiling node \
-      --metrics gpu__time_duration.sum --csv "${sp[@]}" $([ "$arrangement" = stacked ] && echo --stacked) \
-      --steps 1 --profiled
-    python3 -m mtplxd.engine.bench.step_profile --summarize "$work/ncu-$tag-nodes-$arrangement.log" --steps 1 \
-      --json-out "$work/ncu-$tag-nodes-$arrangement.json" || true
-  done
+  profile "ncu-$tag-nodes-separate" node 1
+  profile "ncu-$tag-nodes-stacked" node 1 --stacked
 elif [ "$PART" = decode-routing ]; then
   step "decode-routing-32b-${DTYPES:-4bit}" 330 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b \
     --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 32 --repeats 2 \
@@ -351,7 +346,6 @@ elif [ "$PART" = timeline ]; then
     echo "no nsys on this machine: $(ls /opt/nvidia 2>/dev/null | tr '\n' ' ')"
   fi
 elif [ "$PART" = ncu ]; then
-  command -v ncu >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | tail -1)
   sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
             --section MemoryWorkloadAnalysis --section SchedulerStats)
   for shape in "gate_proj 1,6" "down_proj 1" "k_proj 1"; do
