@@ -11,20 +11,16 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-from collections import defaultdict
 from pathlib import Path
 
-from mtplxd.engine.bench.step_profile import duration_ms, metric_rows
+from mtplxd.engine.bench.step_profile import durations_by
 
 
 def by_kernel_and_grid(path: Path) -> dict[tuple[str, str], list[float]]:
     """{(kernel name up to its arguments, grid): [launches, µs]} over the CSV's rows."""
-    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
-    for row in metric_rows(path.read_text(errors="replace")):
-        key = (row["Kernel Name"].split("(")[0][:72], row["Grid Size"])
-        totals[key][0] += 1
-        totals[key][1] += 1000 * duration_ms(row["Metric Value"], row["Metric Unit"])
-    return totals
+    grouped = durations_by(path.read_text(errors="replace"),
+                           lambda row: (row["Kernel Name"].split("(")[0][:72], row["Grid Size"]))
+    return {key: [len(ms), 1000 * sum(ms)] for key, ms in grouped.items()}
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Hashable, Iterable
 
 from mtplxd.engine.bench.harness import bench_parser, command_line, machine, write_report
 
@@ -51,20 +51,16 @@ def summarize_ncu_csv(text: str, steps: int, top: int = 12) -> dict[str, Any]:
     """Device ms per step from ncu's `--csv` output of DURATION_METRIC: the workloads'
     durations summed over all profiled steps, divided by `steps`; the largest workloads by
     name. Lines before ncu's header row (its ==PROF== log) are skipped."""
-    rows = list(metric_rows(text))
-    if not rows:
+    by_name = durations_by(text, lambda row: row.get("Kernel Name") or "?")
+    if not by_name:
         raise ValueError(f"no {DURATION_METRIC} rows in the ncu output")
-    total_ms = 0.0
-    by_name: dict[str, list[float]] = defaultdict(list)
-    for row in rows:
-        ms = duration_ms(row["Metric Value"], row["Metric Unit"])
-        total_ms += ms
-        by_name[row.get("Kernel Name") or "?"].append(ms)
+    workloads = sum(len(values) for values in by_name.values())
+    total_ms = sum(sum(values) for values in by_name.values())
     ranked = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:top]
     return {
         "steps": steps,
-        "workloads": len(rows),
-        "workloads_per_step": len(rows) / steps,
+        "workloads": workloads,
+        "workloads_per_step": workloads / steps,
         "device_ms_total": total_ms,
         "device_ms_per_step": total_ms / steps,
         "top_workloads": [{"name": name, "count": len(values), "ms_per_step": sum(values) / steps}
@@ -72,7 +68,17 @@ def summarize_ncu_csv(text: str, steps: int, top: int = 12) -> dict[str, Any]:
     }
 
 
-def metric_rows(text: str) -> Iterable[dict[str, str]]:
+def durations_by(text: str, key: Callable[[dict[str, str]], Hashable]) -> dict[Hashable, list[float]]:
+    """ncu's DURATION_METRIC rows grouped by `key(row)`: {key: [ms of each workload]}, in the
+    order they ran (by kernel name for the summary; by name and grid in
+    docs/benchmarks-data/ncu-by-kernel.py)."""
+    grouped: dict[Hashable, list[float]] = defaultdict(list)
+    for row in _metric_rows(text):
+        grouped[key(row)].append(_ms(row["Metric Value"], row["Metric Unit"]))
+    return dict(grouped)
+
+
+def _metric_rows(text: str) -> Iterable[dict[str, str]]:
     """ncu's CSV rows of DURATION_METRIC, from the header row on."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
@@ -83,7 +89,7 @@ def metric_rows(text: str) -> Iterable[dict[str, str]]:
             yield row
 
 
-def duration_ms(value: str, unit: str) -> float:
+def _ms(value: str, unit: str) -> float:
     """A duration cell (ncu may print thousands separators) in milliseconds."""
     if unit not in UNIT_TO_MS:
         raise ValueError(f"unknown duration unit {unit!r}")
