@@ -94,6 +94,33 @@ def test_static_cache_attention_equals_the_plain_cache(model):
     assert same(logits[0], expected[0, 5:])
 
 
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("offset", [0, 9, 16 - 4])
+def test_static_cache_writes_rows_at_the_offset_by_scatter_and_by_the_fallback(monkeypatch, rows, offset):
+    """The scatter write (put_along_axis, served) and the slice_update fallback leave the same
+    buffer: the rows at offset.., every other slot untouched; in a compiled graph too (the
+    fused loops trace it), up to the buffer's last slot."""
+    buffers = mx.random.normal((1, 2, 16, 8), key=mx.random.key(1)).astype(mx.bfloat16)
+    new = mx.random.normal((1, 2, rows, 8), key=mx.random.key(2)).astype(mx.bfloat16)
+
+    def write(keys, values, at):
+        return StaticKVCache(keys, values, at).update_and_fetch(new, -new)
+
+    written = {}
+    for works in (True, False):
+        monkeypatch.setattr(fused, "_SCATTER_WORKS", works)
+        eager = write(buffers, buffers, mx.array(offset, mx.int32))
+        compiled = mx.compile(write)(buffers, buffers, mx.array(offset, mx.int32))
+        assert all(mx.array_equal(a, b) for a, b in zip(eager, compiled))
+        written[works] = eager
+    assert all(mx.array_equal(a, b) for a, b in zip(written[True], written[False]))
+    keys, values = written[True]
+    assert mx.array_equal(keys[:, :, offset:offset + rows], new)
+    assert mx.array_equal(values[:, :, offset:offset + rows], -new)
+    untouched = [s for s in range(16) if not offset <= s < offset + rows]
+    assert mx.array_equal(keys[:, :, untouched], buffers[:, :, untouched])
+
+
 def test_device_keys_differ_by_seed_position_and_purpose():
     keys = [device_position_keys(seed_words(seed), mx.array([pos]), purpose)[0].tolist()
             for seed in (0, 1, 2**40) for pos in (0, 1, 77) for purpose in (1, 2, 3)]

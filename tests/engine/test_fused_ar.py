@@ -100,7 +100,8 @@ def test_where_it_is_wanted(model, monkeypatch):
     monkeypatch.setenv("MTPLX_FUSED_AR", "0")
     assert not fused_ar_wanted(model.trunk, cache)
     monkeypatch.delenv("MTPLX_FUSED_AR")
-    # On CUDA (fixed shapes): hybrids only, and only where the fused loops run.
+    # On CUDA (fixed shapes): hybrids (and dense models whose decode steps take the small-M
+    # kernel: the next test), and only where the fused loops run.
     monkeypatch.setattr("mtplxd.engine.model.kv_cache.fixed_shapes_wanted", lambda: True)
     assert fused_ar_wanted(model.trunk, cache) == hybrid
     model.trunk.decode_loop, loop = "stepwise", model.trunk.decode_loop
@@ -108,6 +109,25 @@ def test_where_it_is_wanted(model, monkeypatch):
         assert not fused_ar_wanted(model.trunk, cache)
     finally:
         model.trunk.decode_loop = loop
+
+
+def test_a_dense_model_whose_decode_steps_take_the_kernel_decodes_in_it_on_cuda(tiny_model_factory, monkeypatch):
+    """On CUDA a dense model takes the compiled loop where the small-M kernel serves its decode
+    steps (4-bit), not where its decode steps stay on MLX's matvec (8-bit: the kernel on verify
+    rows only). The kernel itself is CUDA only: here `usable` is faked, the routing is real."""
+    from mtplxd.engine.model import small_m_qmm
+
+    monkeypatch.setattr(small_m_qmm, "_usable", True)
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", None)  # install probes it; put back after
+    monkeypatch.setattr("mtplxd.engine.model.kv_cache.fixed_shapes_wanted", lambda: True)
+    wanted = {}
+    for bits in ("4bit", "8bit"):
+        model = load_model(tiny_model_factory("qwen3"), quantize=bits)
+        assert not fused_ar_wanted(model.trunk, model.trunk.make_cache())  # MLX's matmuls
+        assert small_m_qmm.install(model.model, force=True) > 0
+        wanted[bits] = fused_ar_wanted(model.trunk, model.trunk.make_cache())
+        assert wanted[bits] == small_m_qmm.decode_routed(model.model)
+    assert wanted == {"4bit": True, "8bit": False}
 
 
 def complete(model, max_tokens=40, **sampling):

@@ -66,6 +66,16 @@ class StaticKVCache:
     `static_cache_attention` reads only those slots instead, and the mask goes unused). The
     offset is not advanced here: the cycle sets it, because a PENDING pass writes K+1 rows
     of which only the accepted ones count.
+
+    The rows go in with one put_along_axis (a scatter) each for keys and values, not a
+    slice_update at the array offset: MLX's CUDA backend (0.32) runs a slice_update whose
+    start is an array as one thread per element of the whole destination buffer
+    (`copy_general_dynamic` sizes its grid by `out.data_size()`), so every layer's write
+    cost grew with the buffer. On an H100 (Qwen3-32B 4-bit, 512 tokens in a 768-slot
+    buffer) those writes took 3.3 ms of a 23.4 ms compiled AR step's device time, 25.8 us
+    each (docs/benchmarks.md, "The 32B's AR step compiled, and the KV write that read the
+    whole buffer"); a scatter's grid is the written rows' elements. The buffer's contents
+    are the same either way.
     """
 
     def __init__(self, keys: mx.array, values: mx.array, offset: mx.array) -> None:
@@ -73,9 +83,14 @@ class StaticKVCache:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write (B, heads, n, D) keys and values at the offset; return the whole buffers."""
-        start = mx.concatenate([mx.zeros((2,), mx.int32), self.offset.reshape(1), mx.zeros((1,), mx.int32)])
-        self.keys = mx.slice_update(self.keys, keys, start, axes=(0, 1, 2, 3))
-        self.values = mx.slice_update(self.values, values, start, axes=(0, 1, 2, 3))
+        if not _scatter_works():  # a backend without put_along_axis
+            self.keys = _write_at(self.keys, keys, self.offset)
+            self.values = _write_at(self.values, values, self.offset)
+            return self.keys, self.values
+        slots = (self.offset.reshape(1) + mx.arange(keys.shape[2])).astype(mx.int32)
+        index = mx.broadcast_to(slots[None, None, :, None], keys.shape)
+        self.keys = mx.put_along_axis(self.keys, index, keys, axis=2)
+        self.values = mx.put_along_axis(self.values, index, values, axis=2)
         return self.keys, self.values
 
     def make_mask(self, n: int, return_array: bool = False,
@@ -137,7 +152,9 @@ class RowsKVCache:
 
 
 def _write_at(buffer: mx.array, rows: mx.array, offset: mx.array) -> mx.array:
-    """`buffer` (1, heads, S, D) with `rows` written from slot `offset` (a device scalar)."""
+    """`buffer` (1, heads, S, D) with `rows` written from slot `offset` (a device scalar), by
+    slice_update: the fallback where put_along_axis does not run (its CUDA cost grows with
+    the buffer: StaticKVCache's docstring)."""
     start = mx.concatenate([mx.zeros((2,), mx.int32), offset.reshape(1).astype(mx.int32),
                             mx.zeros((1,), mx.int32)])
     return mx.slice_update(buffer, rows, start, axes=(0, 1, 2, 3))

@@ -1,13 +1,20 @@
 """Plain autoregressive decoding with each token one compiled device graph: the AR loop
-for hybrid models on CUDA.
+on CUDA for hybrid models and for dense ones whose decode steps take the small-M kernel.
 
 Why: the hybrid 27B's AR step is host-bound on the H200. The host builds about 3,200
 primitives a token op by op (4,500 without the GDN decode kernel), and the device waits on
 it (docs/benchmarks.md, "The GDN decode-step kernel on the H200": wait 0.01 ms a step). Traced
 once and replayed, the same step took 17.9-18.1 ms against the op-by-op loop's 23.2-24.7 in
-the same processes. A dense model's step went the other way (the 32B: 24.3 ms compiled
-against 20.0 op by op; its exact-length attention beats a step over fixed buffers), so
-dense models keep autoregressive.py's loop, and so does every model off CUDA unless forced.
+the same processes. A dense model's step with MLX's matmuls went the other way (the 32B
+4-bit on an H100, 2026-12-06: 22.6-23.2 ms compiled against 20.3 op by op; 8-bit 20.3
+against 17.7), so those keep autoregressive.py's loop. With the small-M kernel on its
+decode steps (`small_m_qmm.decode_routed`: a dense 4-bit 32B) the op-by-op step builds
+about 2,600 primitives and 190 custom kernels a token, and its time swung between
+processes (25.5-28.3 ms in three, 16.0 in one); this loop took 16.2-17.1 ms in four
+processes, and a compiled step 15.9-16.1 ms in each of the four op-by-op ones
+(docs/benchmarks.md, "The 32B's AR step compiled, and the KV write that read the whole
+buffer"), so that model decodes here. Every model off CUDA keeps the op-by-op loop unless
+forced.
 
 The step is the fused cycles' machinery at one token (fused.py): attention KV in
 fixed-capacity buffers with the length as a device scalar, a GDN layer's conv window and
@@ -38,9 +45,11 @@ _forced: bool | None = None
 
 
 def fused_ar_wanted(trunk: Trunk, cache: list[Any]) -> bool:
-    """Whether an AR request on `trunk` decodes in this loop: a hybrid (Gated DeltaNet layers
-    in its cache) on CUDA, where the fused loops run (`decode_loop` "fused"). `MTPLX_FUSED_AR`
-    "0" turns it off, "1" on for any model the loop takes (benches); `force` overrides both."""
+    """Whether an AR request on `trunk` decodes in this loop: on CUDA, where the fused loops
+    run (`decode_loop` "fused"), a hybrid (Gated DeltaNet layers in its cache) or a model
+    whose decode steps take the small-M kernel (`small_m_qmm.decode_routed`: a dense 4-bit
+    27B/32B-class model). `MTPLX_FUSED_AR` "0" turns it off, "1" on for any model the loop
+    takes (benches); `force` overrides both."""
     if not fused_supported(trunk, cache, hybrid=True):
         return False
     if _forced is not None:
@@ -48,9 +57,11 @@ def fused_ar_wanted(trunk: Trunk, cache: list[Any]) -> bool:
     setting = os.environ.get("MTPLX_FUSED_AR", "")
     if setting in ("0", "1"):
         return setting == "1"
+    from mtplxd.engine.model import small_m_qmm
     from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 
-    return trunk.decode_loop == "fused" and "gdn" in cache_layout(cache) and fixed_shapes_wanted()
+    return (trunk.decode_loop == "fused" and fixed_shapes_wanted()
+            and ("gdn" in cache_layout(cache) or small_m_qmm.decode_routed(trunk.model)))
 
 
 def path_name(trunk: Trunk) -> str:

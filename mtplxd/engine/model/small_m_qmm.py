@@ -953,6 +953,13 @@ def routed_row_invariant(model: nn.Module, *, in_cycles: bool = False) -> bool:
                if isinstance(m, SmallMQuantizedLinear))
 
 
+def decode_routed(model: nn.Module) -> bool:
+    """Whether `install` left a decode step's products of `model` on the kernel (the vector
+    layout on large matrices: `decode_wanted`, or `install`'s `decode`)."""
+    return any(getattr(m, "kernel_decode", False) for _, m in model.named_modules()
+               if isinstance(m, SmallMQuantizedLinear))
+
+
 def path_name(switched: int, *, decode: bool = True, row_invariant: bool = False,
               cycle_row_invariant: bool = False) -> str:
     """What /health and status say about a model's quantized matmuls, given what `install`

@@ -13,7 +13,9 @@ was 17-55% faster (`bench.fused_products`), but whole steps (`bench.real_size --
 were not: the hybrid 27B 4-bit's decode 1-3% faster and its depth-3 cycle 3% slower; the
 Qwen3-32B 4-bit's decode level on the wall (7% less device time under Nsight), its
 mixed-routing verify forwards of 4-6 tokens 12-20% faster, and its depth-3 cycle, which an
-MTP request runs, 5-11% slower in three processes.
+MTP request runs, 5-11% slower in three processes and 12% faster in a fourth (6% less device
+time under Nsight; "The 32B's AR step compiled, and the KV write that read the whole
+buffer"): no steady gain on the wall yet.
 
 How: the group's rows become one layer (`stacked_proj`, registered on the module that owns
 the parts) and each part a `PartOf` it, under its own name, with no parameters of its own.
