@@ -103,6 +103,12 @@
 #                 profile, 2026-12-06, found the matrices left on MLX's qmv, q/k/v and o, read at
 #                 0.7 TB/s): Qwen3-32B at DTYPES (4bit), greedy decode with the threshold at 32M
 #                 (q and o too), 0 (every matrix) and 64M (served) again, in one process
+#   PART=kv-write  the fused loops' KV writes (2026-12-06: a slice_update at an array offset ran
+#                 one thread per element of the whole buffer on CUDA, 3.3 ms of the 32B's step;
+#                 since then a scatter): Qwen3-32B at DTYPES (4bit), the kernel as served (its AR
+#                 decode compiled), decode and depth-3 cycles at T=0 with the scatter, then with
+#                 slice_update in the same process (real_size --kv-write-beside), at 512 tokens
+#                 of context and at CONTEXT (8192)
 #   PART=mma-pipelined  the pipelined mma layout's CUDA tests (bit for bit the plain layout's
 #                 outputs), then the micro-bench at the hybrid's and the 32B's 4-bit matrices,
 #                 1 and 6 rows, every MMA_CONFIGS shape (bench.small_m --mma-variants)
@@ -126,7 +132,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing, kv-write or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -324,6 +330,13 @@ elif [ "$PART" = decode-routing ]; then
     --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 32 --repeats 2 \
     --small-m-kernel --small-m-loops --decode-vector-values 33554432,0,67108864 \
     --json-out "$work/decode-routing-32b-${DTYPES:-4bit}.json"
+elif [ "$PART" = kv-write ]; then
+  for context in 512 "${CONTEXT:-8192}"; do
+    step "kv-write-32b-${DTYPES:-4bit}-$context" 270 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b \
+      --dtypes "${DTYPES:-4bit}" --context "$context" --depths 3 --cycle-temperatures 0 --decode-tokens 32 \
+      --cycles 10 --repeats 2 --small-m-kernel --small-m-loops --kv-write-beside \
+      --json-out "$work/kv-write-32b-${DTYPES:-4bit}-$context.json"
+  done
 elif [ "$PART" = mma-pipelined ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "cuda and (pipelined or row_invariant)" \
     tests/engine/test_small_m_qmm.py

@@ -416,6 +416,28 @@ def test_stacked_times_the_kernel_again_with_shared_input_projections_as_one_pro
     assert calls
 
 
+def test_kv_write_beside_times_the_kernel_again_with_slice_update_writes_and_puts_the_scatter_back(
+        small_m_kernel_twin, monkeypatch, tmp_path):
+    """`--kv-write-beside`: the kernel's forwards, decode and cycles again with the fused loops'
+    caches written by slice_update (the fallback write), beside the served scatter's figures;
+    the scatter serves again afterwards."""
+    from mtplxd.engine.decoding import fused
+
+    fallback, writes = fused._write_at, []
+
+    def recording(*args):
+        writes.append(fused._SCATTER_WORKS)
+        return fallback(*args)
+
+    monkeypatch.setattr(fused, "_write_at", recording)
+    entry = _tiny_hybrid_kernel_run(tmp_path, "--kv-write-beside")
+    for suffix in ("", "_slice_update"):
+        loops = entry["small_m_kernel" + suffix]
+        assert loops["decode_ms"]["0.0"] > 0 and loops["cycles"]["0.0"]["cycle_ms_by_depth"]["3"] > 0
+    assert writes and not any(writes)  # slice_update only while the scatter was switched off
+    assert fused._scatter_works()
+
+
 def test_mma_configs_time_the_kernel_again_at_each_shape_and_put_the_shipped_one_back(
         small_m_kernel_twin, monkeypatch, tmp_path):
     """`--mma-configs 4x2,8x4s2`: the kernel's figures again with the mma layout at 4 warps and

@@ -6,7 +6,7 @@
         [--small-m-loops] [--decode-vector-values N,...] [--kernel-decode-from N|never]
         [--divergence-tokens N] [--divergence-limit 32] [--prefill-tokens N] [--decode-only]
         [--gdn-chunked] [--row-invariant] [--row-invariant-beside] [--mma-configs 4x4,4x2]
-        [--json-out FILE]
+        [--kv-write-beside] [--stacked] [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
 quantization in groups of 64 for 8bit/4bit; `f32` keeps float32, the exactness checks'
@@ -67,9 +67,12 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     times them again (in the run's routing) with the kernel's mma layout at 4 warps a block
     and 4 or 2 groups a lane loads before use, or 8 x 4 pipelined through 2 stages of shared
     memory (`small_m_kernel_by_mma_config`; shipped: small_m_qmm.MMA_WARPS,
-    MMA_GROUPS_PER_LOAD and MMA_STAGES); `--stacked` times them once more, last, with
-    the projections that read one input stacked into one product (stacked.py; keys ending in
-    `_stacked`);
+    MMA_GROUPS_PER_LOAD and MMA_STAGES); `--kv-write-beside` times them again with the
+    fused loops' caches writing their rows by slice_update instead of the served scatter
+    (fused.slice_update_writes; keys ending in `_slice_update`: that write's cost grows with
+    the buffer on CUDA, so try it at `--context 8192` too); `--stacked` times them once more,
+    last, with the projections that read one input stacked into one product (stacked.py;
+    keys ending in `_stacked`);
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): every
     position where they differ (MTP resynchronised on AR's tokens after each, up to
@@ -421,7 +424,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                    decode_only: bool = False, prefill_tokens: int = 0,
                    row_invariant: bool = False, row_invariant_beside: bool = False,
                    mma_configs: tuple[tuple[int, int, int], ...] = (),
-                   stacked: bool = False) -> dict[str, Any]:
+                   kv_write_beside: bool = False, stacked: bool = False) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready.
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
     `decode`); None follows small_m_qmm.decode_wanted. `row_invariant`: every kernel install
@@ -429,7 +432,9 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     `row_invariant_beside` times the kernel's figures again routed so, in this process, under
     keys ending in `_row_invariant` (its cycles over the fastest decode before it, the first
     routing's included). `mma_configs`: (warps, groups per load, stages) of the kernel's mma
-    layout (stages 0: the plain layout), each timed again in this process after the routings (`small_m_kernel_by_mma_config`). `decode_only`: the
+    layout (stages 0: the plain layout), each timed again in this process after the routings (`small_m_kernel_by_mma_config`).
+    `kv_write_beside`: then once more with the fused loops' caches written by slice_update
+    (keys ending in `_slice_update`). `decode_only`: the
     decode figures alone (with the kernel's where `small_m_kernel`), no forwards or cycles.
     `stacked`: last, the projections that read one input stacked into one product (every
     MLP's gate and up, a GDN layer's four inputs, attention's q, k and v: stacked.py) and the kernel's figures timed
@@ -513,6 +518,16 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                     row_invariant=row_invariant, kernel_loops=kernel_loops, decode_vector_values=())
         if by_config:
             entry["small_m_kernel_by_mma_config"] = by_config
+        if kv_write_beside:
+            from mtplxd.engine.decoding.fused import slice_update_writes
+
+            phase("the small-M kernel, the fused loops' caches written by slice_update")
+            with slice_update_writes():  # kernel_installed drops the graphs traced with it
+                figures = _kernel_figures(trunk, model, cache, prompt, forward, fastest, depths, cycles,
+                                          decode_tokens, cycle_temperatures, roofline_ms, repeats,
+                                          kernel_decode=kernel_decode, row_invariant=row_invariant,
+                                          kernel_loops=kernel_loops, decode_vector_values=())
+            entry.update({key + "_slice_update": value for key, value in figures.items()})
     del cache
 
     cycle: dict[str, dict[str, Any]] = {}
@@ -784,6 +799,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --small-m-kernel: the kernel's figures again with its mma layout at each "
                              "WARPSxGROUPS[sSTAGES] (warps a block, groups a lane loads before use, "
                              "stages of shared memory it is pipelined through), e.g. 4x4,4x2,8x4s2")
+    parser.add_argument("--kv-write-beside", action="store_true",
+                        help="with --small-m-kernel: the kernel's figures again with the fused loops' "
+                             "caches written by slice_update, not the served scatter (keys ending in "
+                             "_slice_update)")
     parser.add_argument("--stacked", action="store_true",
                         help="with --small-m-kernel: last, the projections that read one input stacked "
                              "into one product and the kernel's figures timed again (keys ending in _stacked)")
@@ -843,7 +862,7 @@ def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[in
                                    row_invariant=args.row_invariant,
                                    row_invariant_beside=args.row_invariant_beside,
                                    mma_configs=parse_mma_configs(args.mma_configs),
-                                   stacked=args.stacked)
+                                   kv_write_beside=args.kv_write_beside, stacked=args.stacked)
             # The model died with measure_config's frame: free it before the next is built.
             gc.collect()
             mx.clear_cache()

@@ -29,6 +29,7 @@ hybrid rows keep the stepwise loops (fused_supported's `hybrid`).
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
@@ -175,6 +176,21 @@ def _scatter_works() -> bool:
         except Exception:  # noqa: BLE001 - any failure means "use the per-row writes"
             _SCATTER_WORKS = False
     return _SCATTER_WORKS
+
+
+@contextmanager
+def slice_update_writes() -> Iterator[None]:
+    """Inside, the caches write their rows by slice_update, as before 2026-12-06 and as where
+    put_along_axis does not run (benches: `bench.real_size --kv-write-beside` times it beside
+    the scatter in one process). A graph traced inside keeps that write: drop the traced
+    graphs on the way in and out."""
+    global _SCATTER_WORKS
+    before = _scatter_works()
+    _SCATTER_WORKS = False
+    try:
+        yield
+    finally:
+        _SCATTER_WORKS = before
 
 
 def static_cache_attention(queries: mx.array, keys: mx.array, values: mx.array, cache: Any,
