@@ -103,6 +103,12 @@
 #                 profile, 2026-12-06, found the matrices left on MLX's qmv, q/k/v and o, read at
 #                 0.7 TB/s): Qwen3-32B at DTYPES (4bit), greedy decode with the threshold at 32M
 #                 (q and o too), 0 (every matrix) and 64M (served) again, in one process
+#   PART=decode-routing-profile  why the 32B's whole decode steps were 2.5-8 ms slower with q and o on
+#                 the vector layout although each of those products alone ran 1.7x faster there
+#                 (2026-12-06, third session): SIZE (qwen3-32b) at DTYPES (4bit), the AR loop as served
+#                 (compiled, the kernel on its decode steps), the decode threshold at 64M (served)
+#                 and 32M (q and o too) alternately, ROUNDS (2) unprofiled wall samples each, then
+#                 one step of each under Nsight Compute per kernel
 #   PART=kv-write  the fused loops' KV writes (2026-12-06: a slice_update at an array offset ran
 #                 one thread per element of the whole buffer on CUDA, 3.3 ms of the 32B's step;
 #                 since then a scatter): Qwen3-32B at DTYPES (4bit), the kernel as served (its AR
@@ -132,7 +138,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing, kv-write or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing, decode-routing-profile, kv-write or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -330,6 +336,18 @@ elif [ "$PART" = decode-routing ]; then
     --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 32 --repeats 2 \
     --small-m-kernel --small-m-loops --decode-vector-values 33554432,0,67108864 \
     --json-out "$work/decode-routing-32b-${DTYPES:-4bit}.json"
+elif [ "$PART" = decode-routing-profile ]; then
+  sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-32b}" --dtype "${DTYPES:-4bit}"
+      --small-m-kernel --depth 0)
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    for values in 67108864 33554432; do
+      step "wall-ar-$values-$round" 120 "${sp[@]}" --decode-vector-values "$values" --steps 32 \
+        --json-out "$work/wall-ar-$values-$round.json"
+    done
+  done
+  for values in 67108864 33554432; do
+    profile "ncu-ar-nodes-$values" node 1 --decode-vector-values "$values"
+  done
 elif [ "$PART" = kv-write ]; then
   for context in 512 "${CONTEXT:-8192}"; do
     step "kv-write-32b-${DTYPES:-4bit}-$context" 270 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b \

@@ -75,3 +75,22 @@ def test_stacked_steps_run_with_every_group_stacked(tmp_path, size, depth):
     args = real_size.SIZES[size][1]
     assert report["stacked_groups"] == 2 * (args["num_hidden_layers"] + 1)  # each layer's two, the head's two
     assert report["wall_ms_per_step"] > 0 and 1 <= report["tokens_per_step"] <= depth + 1
+
+
+def test_the_decode_threshold_moves_for_the_run_and_back(small_m_kernel_twin, tmp_path):
+    """`--decode-vector-values 0`: every 1-row product of the AR steps takes the vector layout
+    (the tiny model's matrices are far under the shipped threshold, where they stay on MLX),
+    and the shipped threshold is back afterwards."""
+    from mtplxd.engine.model import small_m_qmm
+
+    shipped, calls = small_m_qmm.LARGE_MATRIX_VALUES, small_m_kernel_twin
+    out = tmp_path / "steps.json"
+    for values, vector in ((None, False), (0, True)):
+        calls.clear()
+        argv = ["--size", "tiny", "--dtype", "4bit", "--depth", "0", "--steps", "2", "--context", "16",
+                "--small-m-kernel", "--json-out", str(out)]
+        assert step_profile.main(argv + ([] if values is None else ["--decode-vector-values", str(values)])) == 0
+        report = json.loads(out.read_text())
+        assert report["large_matrix_values"] == (shipped if values is None else values)
+        assert (("vector" in {layout for rows, layout in calls if rows == 1})) == vector
+    assert small_m_qmm.LARGE_MATRIX_VALUES == shipped
