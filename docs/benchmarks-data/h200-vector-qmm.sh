@@ -109,6 +109,11 @@
 #                 (compiled, the kernel on its decode steps), the decode threshold at 64M (served)
 #                 and 32M (q and o too) alternately, ROUNDS (2) unprofiled wall samples each, then
 #                 one step of each under Nsight Compute per kernel
+#   PART=attention-split  the buffer attention's split form (buffer_attention.py, 2026-12-06, third
+#                 session, written without a GPU; MTPLX_BUFFER_ATTENTION_SPLIT=1): its CUDA tests,
+#                 then Qwen3-32B at DTYPES (4bit), the kernel as served, decode (compiled) and
+#                 depth-3 cycles at T=0 with it, at 512 tokens of context and at CONTEXT (8192);
+#                 PART=kv-write times the same without it
 #   PART=kv-write  the fused loops' KV writes (2026-12-06: a slice_update at an array offset ran
 #                 one thread per element of the whole buffer on CUDA, 3.3 ms of the 32B's step;
 #                 since then a scatter): Qwen3-32B at DTYPES (4bit), the kernel as served (its AR
@@ -138,7 +143,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing, decode-routing-profile, kv-write or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing, decode-routing-profile, kv-write, attention-split or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -347,6 +352,14 @@ elif [ "$PART" = decode-routing-profile ]; then
   done
   for values in 67108864 33554432; do
     profile "ncu-ar-nodes-$values" node 1 --decode-vector-values "$values"
+  done
+elif [ "$PART" = attention-split ]; then
+  step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split" tests/engine/test_buffer_attention.py
+  for context in 512 "${CONTEXT:-8192}"; do
+    step "split-32b-${DTYPES:-4bit}-$context" 240 env MTPLX_BUFFER_ATTENTION_SPLIT=1 python3 -m mtplxd.engine.bench.real_size \
+      --sizes qwen3-32b --dtypes "${DTYPES:-4bit}" --context "$context" --depths 3 --cycle-temperatures 0 \
+      --decode-tokens 32 --cycles 10 --repeats 2 --small-m-kernel --small-m-loops \
+      --json-out "$work/split-32b-${DTYPES:-4bit}-$context.json"
   done
 elif [ "$PART" = kv-write ]; then
   for context in 512 "${CONTEXT:-8192}"; do

@@ -293,8 +293,7 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode:
                              small_m_qmm.path_name(quantized_layers_switched, decode=kernel_decode,
                                                    row_invariant=row_invariant,
                                                    cycle_row_invariant=cycle_row_invariant)),
-        "cache_attention": ("buffer CUDA kernel" if buffer_attention.usable()
-                            else "mlx scaled_dot_product_attention"),
+        "cache_attention": buffer_attention.path_name(),
         "prefill_attention": cpu_attention_path.path_name(),
     }
     if hybrid:

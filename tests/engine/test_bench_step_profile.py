@@ -92,5 +92,5 @@ def test_the_decode_threshold_moves_for_the_run_and_back(small_m_kernel_twin, tm
         assert step_profile.main(argv + ([] if values is None else ["--decode-vector-values", str(values)])) == 0
         report = json.loads(out.read_text())
         assert report["large_matrix_values"] == (shipped if values is None else values)
-        assert (("vector" in {layout for rows, layout in calls if rows == 1})) == vector
+        assert ("vector" in {layout for rows, layout in calls if rows == 1}) == vector
     assert small_m_qmm.LARGE_MATRIX_VALUES == shipped

@@ -64,18 +64,23 @@ def test_shape_supported_is_the_kernels_domain():
 
 
 @needs_cuda
+@pytest.mark.parametrize("form", ["one pass", "split"])
 @pytest.mark.parametrize("heads,kv_heads,dim,rows,offset,slots", [
-    (4, 2, 64, 7, 300, 512),  # the embedded model's verify
+    (4, 2, 64, 7, 300, 512),  # the embedded model's verify (split: its rows in the second chunk)
     (4, 2, 64, 1, 0, 256),  # a chained draft step at the first slot
     (32, 8, 128, 5, 1000, 1280),  # a Qwen3-4B-like verify
     (8, 8, 64, 9, 40, 256),  # no GQA
     (4, 2, 96, 3, 250, 256),  # the last rows reach the end of the buffer
+    (64, 8, 128, 1, 500, 768),  # Qwen3-32B's decode step at 512 tokens
+    (64, 8, 128, 4, 250, 768),  # a depth-3 verify across the first chunk's end
+    (32, 8, 128, 5, 8000, 8448),  # a long context (split: 33 chunks)
 ])
-def test_kernel_matches_masked_attention(heads, kv_heads, dim, rows, offset, slots):
-    assert buffer_attention.usable()
+def test_kernel_matches_masked_attention(form, heads, kv_heads, dim, rows, offset, slots):
+    assert buffer_attention.usable() and (form == "one pass" or buffer_attention.split_usable())
+    attend = buffer_attention.split_buffer_attention if form == "split" else buffer_attention.buffer_attention
     q, k, v = attention_inputs(heads, kv_heads, rows, dim, slots, seed=rows)
     scale = 1 / math.sqrt(dim)
-    got = buffer_attention.buffer_attention(q, k, v, mx.array(offset, mx.int32), scale)
+    got = attend(q, k, v, mx.array(offset, mx.int32), scale)
     want = masked_attention(q, k, v, offset, scale)
     assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=2e-2, rtol=2e-2)
 
@@ -141,3 +146,60 @@ def test_rows_kernel_gives_each_row_the_one_row_kernels_bits():
         want = buffer_attention.buffer_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1],
                                                  mx.array(offset, mx.int32), scale)
         assert mx.array_equal(got[i:i + 1], want), f"row {i}"
+
+
+def test_the_split_form_is_opt_in_and_named(monkeypatch):
+    """`MTPLX_BUFFER_ATTENTION_SPLIT=1` asks for the split form; /health's `cache_attention`
+    names it where it runs (CUDA, probed); elsewhere the masked attention is named."""
+    monkeypatch.delenv(buffer_attention.SPLIT_ENV, raising=False)
+    assert not buffer_attention.split_wanted()
+    monkeypatch.setenv(buffer_attention.SPLIT_ENV, "1")
+    assert buffer_attention.split_wanted()
+    if not fixed_shapes_wanted():
+        assert buffer_attention.path_name() == "mlx scaled_dot_product_attention"
+    else:
+        assert buffer_attention.path_name() == (
+            f"buffer CUDA kernel, split into {buffer_attention.SPLIT_SLOTS}-slot chunks")
+
+
+@needs_cuda
+def test_split_form_gives_the_one_pass_bits_within_one_chunk():
+    """Rows that see no more than SPLIT_SLOTS keys: one part, merged into the one-pass
+    kernel's bits (so below 256 keys the split form still rounds as MLX's decode kernel)."""
+    q, k, v = attention_inputs(8, 2, 7, 128, 768, seed=4)
+    offset, scale = buffer_attention.SPLIT_SLOTS - 7, 1 / math.sqrt(128)
+    split = buffer_attention.split_buffer_attention(q, k, v, mx.array(offset, mx.int32), scale)
+    one_pass_kernel = buffer_attention._buffer_kernel()  # called as buffer_attention calls it
+    one_pass = one_pass_kernel(inputs=[q, k, v, mx.array([offset], mx.int32), mx.array([scale], mx.float32)],
+                      template=[("T", q.dtype), ("D", 128)], grid=(8 * 1024, 7, 1), threadgroup=(1024, 1, 1),
+                      output_shapes=[q.shape], output_dtypes=[q.dtype])[0]
+    assert mx.array_equal(split, one_pass)
+
+
+@needs_cuda
+def test_split_form_rounds_each_verify_row_as_its_one_row_step():
+    """Row i of a K+1-row call equals, bit for bit, the 1-row call at position offset+i (the
+    compiled AR step's), across chunk boundaries: the chunks are fixed by slot, not by rows."""
+    q, k, v = attention_inputs(16, 4, 6, 128, 1024, seed=6)
+    offset, scale = 2 * buffer_attention.SPLIT_SLOTS - 3, 1 / math.sqrt(128)
+    verify = buffer_attention.split_buffer_attention(q, k, v, mx.array(offset, mx.int32), scale)
+    for i in range(6):
+        step = buffer_attention.split_buffer_attention(q[:, :, i:i + 1], k, v, mx.array(offset + i, mx.int32), scale)
+        assert mx.array_equal(verify[:, :, i:i + 1], step), f"row {i}"
+
+
+@needs_cuda
+def test_buffer_attention_takes_the_split_form_when_asked_past_one_chunk(monkeypatch):
+    monkeypatch.setenv(buffer_attention.SPLIT_ENV, "1")
+    q, k, v = attention_inputs(8, 2, 3, 64, 768, seed=7)
+    offset = mx.array(600, mx.int32)
+    assert mx.array_equal(buffer_attention.buffer_attention(q, k, v, offset, 0.125),
+                          buffer_attention.split_buffer_attention(q, k, v, offset, 0.125))
+
+
+def test_a_kernel_built_by_editing_another_fails_loudly_when_an_edit_misses():
+    """The rows and split kernels are the one-pass source with edits; an edit whose text is
+    not found exactly once raises at import rather than leaving a kernel that indexes wrongly."""
+    assert "blockIdx.z" in buffer_attention._ROWS_SOURCE and "part_acc" in buffer_attention._SPLIT_SOURCE
+    with pytest.raises(ValueError, match="found 0 times"):
+        buffer_attention._edited(buffer_attention._SOURCE, ("no such text", "x"))

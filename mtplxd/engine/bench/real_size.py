@@ -439,6 +439,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     `stacked`: last, the projections that read one input stacked into one product (every
     MLP's gate and up, a GDN layer's four inputs, attention's q, k and v: stacked.py) and the kernel's figures timed
     again in this process, as served (keys ending in `_stacked`)."""
+    from mtplxd.engine.decoding import buffer_attention
     from mtplxd.engine.model import gdn_kernel, small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
 
@@ -456,7 +457,8 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                              "roofline_ms": roofline_ms, "build_seconds": build_seconds,
                              "gdn_verify": gdn_kernel.verify_path_name() if hybrid else None,
                              # Asked here, outside any compiled trace: the first ask probes the kernel.
-                             "gdn_decode": gdn_kernel.path_name() if hybrid else None}
+                             "gdn_decode": gdn_kernel.path_name() if hybrid else None,
+                             "cache_attention": buffer_attention.path_name()}
 
     if prefill_tokens:
         phase(f"prefill of {prefill_tokens} tokens")

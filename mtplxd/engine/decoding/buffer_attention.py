@@ -16,11 +16,24 @@ which keeps greedy MTP equal to greedy AR on CUDA while MLX runs AR steps on tha
 (it does below 256 cached keys; from there its decode steps may go to cuDNN, and the two
 can round apart, as they could before). Other backends keep
 mx.fast.scaled_dot_product_attention with the mask.
+
+The split form (`MTPLX_BUFFER_ATTENTION_SPLIT=1`, opt-in until a GPU has timed it): one
+block per query row walks all of that row's keys, 32 warps each taking every 32nd slot one
+after the other, so its time grows with the context and only heads x rows blocks run (64 on
+Qwen3-32B's decode step: half an H100's SMs; 31 us a layer over 512 keys under Nsight, twice
+cuDNN's). Split, the keys are cut into SPLIT_SLOTS-slot chunks, a block per chunk computes
+that chunk's part exactly as the one-pass kernel computes its whole (`_SPLIT_SOURCE`), and a
+second kernel merges the parts in chunk order (`_MERGE_SOURCE`). The chunks are fixed by the
+slot index, not by the rows in the call, so a verify row still rounds as the compiled AR
+step of the same position; with no more than SPLIT_SLOTS keys visible there is one part and
+the merge gives the one-pass kernel's bits (multiplying by exp2(0) = 1 and adding zeros).
 """
 
 from __future__ import annotations
 
 import math
+import os
+from typing import Callable
 
 import mlx.core as mx
 
@@ -104,25 +117,91 @@ _SOURCE = r"""
     }
 """
 
+
+def _edited(source: str, *edits: tuple[str, str]) -> str:
+    """`source` with each (old, new) replaced, every old text found exactly once (a kernel
+    built from another must fail here, not index wrongly, when that other one changes)."""
+    for old, new in edits:
+        if source.count(old) != 1:
+            raise ValueError(f"kernel source edit: {old!r} found {source.count(old)} times")
+        source = source.replace(old, new)
+    return source
+
+
 # The same kernel over W rows of a fused cohort (fused_cohort.py), each at its own offset:
 # blockIdx.z is the row, whose queries, buffers and output sit at its own batch index. Every
 # row computes as the one-row kernel computes it, so a cohort row rounds as its solo cycle.
-_ROWS_SOURCE = (_SOURCE
-                .replace("const int head = blockIdx.x;", "const int head = blockIdx.x;\n    const int batch = blockIdx.z;")
-                .replace("offset[0] + row + 1", "offset[batch] + row + 1")
-                .replace("queries + ((size_t)head * rows + row)",
-                         "queries + (((size_t)batch * queries_shape[1] + head) * rows + row)")
-                .replace("keys + ((size_t)kv_head * slots + w)",
-                         "keys + (((size_t)batch * keys_shape[1] + kv_head) * slots + w)")
-                .replace("values + ((size_t)kv_head * slots + w)",
-                         "values + (((size_t)batch * keys_shape[1] + kv_head) * slots + w)")
-                .replace("out + ((size_t)head * rows + row)",
-                         "out + (((size_t)batch * queries_shape[1] + head) * rows + row)"))
+_ROWS_SOURCE = _edited(
+    _SOURCE,
+    ("const int head = blockIdx.x;", "const int head = blockIdx.x;\n    const int batch = blockIdx.z;"),
+    ("offset[0] + row + 1", "offset[batch] + row + 1"),
+    ("queries + ((size_t)head * rows + row)", "queries + (((size_t)batch * queries_shape[1] + head) * rows + row)"),
+    ("keys + ((size_t)kv_head * slots + w)", "keys + (((size_t)batch * keys_shape[1] + kv_head) * slots + w)"),
+    ("values + ((size_t)kv_head * slots + w)", "values + (((size_t)batch * keys_shape[1] + kv_head) * slots + w)"),
+    ("out + ((size_t)head * rows + row)", "out + (((size_t)batch * queries_shape[1] + head) * rows + row)"))
+
+# The split form's first pass: the one-pass kernel above (its source, edited) over the key
+# slots of one chunk (blockIdx.z) only, stopping before the normalisation: each block writes
+# its chunk's running maximum, its sum of weights and its unnormalised output (float32) to
+# part_max, part_sum and part_acc, (heads, rows, chunks[, D]). A chunk past the row's limit writes the parts of no
+# keys (max finite_min, sum and output 0), which the merge weighs by exp2(-huge) = 0.
+_SPLIT_SOURCE = _edited(
+    _SOURCE,
+    ("const int row = blockIdx.y;", "const int row = blockIdx.y;\n    const int chunk = blockIdx.z;"),
+    ("const int limit = min(offset[0] + row + 1, slots);  // slots this row may see",
+     "const int limit = min(offset[0] + row + 1, slots);  // slots this row may see\n"
+     "    const int begin = chunk * CHUNK;\n"
+     "    const int end = min(begin + CHUNK, limit);  // this chunk's share of them\n"
+     "    const size_t part = ((size_t)head * rows + row) * gridDim.z + chunk;"),
+    ("keys + ((size_t)kv_head * slots + w)", "keys + ((size_t)kv_head * slots + begin + w)"),
+    ("values + ((size_t)kv_head * slots + w)", "values + ((size_t)kv_head * slots + begin + w)"),
+    ("for (int slot = w; slot < limit; slot += WARPS)", "for (int slot = begin + w; slot < end; slot += WARPS)"),
+    ("    total = total == 0 ? 0 : __frcp_rn(total);\n", ""),
+    ("cg::reduce(warp, exchange[w][lane] * rescale, cg::plus<float>()) * total;",
+     "cg::reduce(warp, exchange[w][lane] * rescale, cg::plus<float>());"),
+    ("""        T* out_row = out + ((size_t)head * rows + row) * D + w * E;
+        for (int e = 0; e < E; ++e) out_row[e] = static_cast<T>(acc[e]);""",
+     """        float* acc_out = part_acc + part * D + w * E;
+        for (int e = 0; e < E; ++e) acc_out[e] = acc[e];
+        if (w == 0) {
+            part_max[part] = top;
+            part_sum[part] = total;
+        }"""))
+
+# The split form's merge: a block per (head, row), a thread per output element, the chunks'
+# parts added in chunk order, each weighed by exp2(its maximum - the largest), then one
+# reciprocal of the weights' sum, as the one-pass kernel ends.
+_MERGE_SOURCE = r"""
+    const int rows = part_max_shape[1];
+    const int chunks = part_max_shape[2];
+    const int head = blockIdx.x;
+    const int row = blockIdx.y;
+    const int d = threadIdx.x;
+    const size_t base = ((size_t)head * rows + row) * chunks;
+    float top = Limits<float>::finite_min();
+    for (int c = 0; c < chunks; ++c) top = max(top, part_max[base + c]);
+    float sum = 0.f, acc = 0.f;
+    for (int c = 0; c < chunks; ++c) {
+        const float weight = exp2f(part_max[base + c] - top);
+        sum += part_sum[base + c] * weight;
+        acc += part_acc[(base + c) * D + d] * weight;
+    }
+    sum = sum == 0 ? 0 : __frcp_rn(sum);
+    out[((size_t)head * rows + row) * D + d] = static_cast<T>(acc * sum);
+"""
+
+# Key slots a block of the split form takes. 256: below that MLX's own decode steps run its
+# one-pass kernel (from 256 cached keys it hands them to cuDNN), and the split form gives
+# that kernel's bits wherever a row sees no more than one chunk.
+SPLIT_SLOTS = 256
+SPLIT_ENV = "MTPLX_BUFFER_ATTENTION_SPLIT"
 
 _kernel = None
 _rows_kernel = None
+_split_kernels: tuple | None = None
 _usable: bool | None = None
 _rows_usable: bool | None = None
+_split_usable: bool | None = None
 
 
 def _buffer_kernel():
@@ -141,6 +220,8 @@ def buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset
     queries (1, Hq, L, D); keys and values (1, Hkv, S, D) buffers; `offset` an int scalar
     array (the cache position of query row 0). CUDA only: see `usable`.
     """
+    if keys.shape[2] > SPLIT_SLOTS and split_wanted() and split_usable():
+        return split_buffer_attention(queries, keys, values, offset, scale)
     _, heads, rows, dim = queries.shape
     return _buffer_kernel()(
         inputs=[queries, keys, values, offset.astype(mx.int32).reshape(1),
@@ -148,6 +229,43 @@ def buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset
         template=[("T", queries.dtype), ("D", dim)],
         grid=(heads * 1024, rows, 1), threadgroup=(1024, 1, 1),
         output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
+
+
+def _split_buffer_kernels():
+    global _split_kernels
+    if _split_kernels is None:
+        _split_kernels = (
+            mx.fast.cuda_kernel(name="mtplx_buffer_attention_split",
+                                input_names=["queries", "keys", "values", "offset", "scale"],
+                                output_names=["part_max", "part_sum", "part_acc"],
+                                source=_SPLIT_SOURCE, header=_HEADER),
+            mx.fast.cuda_kernel(name="mtplx_buffer_attention_merge",
+                                input_names=["part_max", "part_sum", "part_acc"],
+                                output_names=["out"], source=_MERGE_SOURCE, header=_HEADER))
+    return _split_kernels
+
+
+def split_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
+                           scale: float) -> mx.array:
+    """`buffer_attention` in the split form (the module docstring): a block per SPLIT_SLOTS
+    key slots of each query row, then a merge in chunk order. CUDA only: see `split_usable`."""
+    _, heads, rows, dim = queries.shape
+    chunks = -(-keys.shape[2] // SPLIT_SLOTS)
+    split, merge = _split_buffer_kernels()
+    parts = split(
+        inputs=[queries, keys, values, offset.astype(mx.int32).reshape(1), mx.array([scale], mx.float32)],
+        template=[("T", queries.dtype), ("D", dim), ("CHUNK", SPLIT_SLOTS)],
+        grid=(heads * 1024, rows, chunks), threadgroup=(1024, 1, 1),
+        output_shapes=[(heads, rows, chunks), (heads, rows, chunks), (heads, rows, chunks, dim)],
+        output_dtypes=[mx.float32] * 3)
+    return merge(inputs=parts, template=[("T", queries.dtype), ("D", dim)],
+                 grid=(heads * dim, rows, 1), threadgroup=(dim, 1, 1),
+                 output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
+
+
+def split_wanted() -> bool:
+    """Whether the split form is asked for (SPLIT_ENV "1"; off by default until measured)."""
+    return os.environ.get(SPLIT_ENV, "") == "1"
 
 
 def _rows_buffer_kernel():
@@ -198,6 +316,26 @@ def usable() -> bool:
     return _usable
 
 
+def split_usable() -> bool:
+    """`usable` for the split form: on CUDA once both of its kernels compiled and matched
+    mx.fast's masked attention on a probe whose rows see several chunks (checked once per
+    process, before any graph is traced: `fused.route_static_cache_attention`)."""
+    global _split_usable
+    if _split_usable is None:
+        _split_usable = fixed_shapes_wanted() and custom_kernels.probe(
+            "split buffer attention", _split_probe_error, 0.05, "the one-pass buffer kernel")
+    return _split_usable
+
+
+def path_name() -> str:
+    """What /health and status say about the fused loops' attention (`cache_attention`)."""
+    if not usable():
+        return "mlx scaled_dot_product_attention"
+    if split_wanted() and split_usable():
+        return f"buffer CUDA kernel, split into {SPLIT_SLOTS}-slot chunks"
+    return "buffer CUDA kernel"
+
+
 def rows_usable() -> bool:
     """`usable` for the W-row kernel: on CUDA once it compiled and matched mx.fast's masked
     attention on a probe of rows at different offsets (checked once per process)."""
@@ -208,29 +346,32 @@ def rows_usable() -> bool:
     return _rows_usable
 
 
-def _rows_probe_error() -> float:
-    rows, dim, slots = 3, 64, 40
-    offsets = mx.array([20, 0, 33], mx.int32)
-    q = mx.random.normal((3, 4, rows, dim), key=mx.random.key(0)).astype(mx.bfloat16)
-    k = mx.random.normal((3, 2, slots, dim), key=mx.random.key(1)).astype(mx.bfloat16)
-    v = mx.random.normal((3, 2, slots, dim), key=mx.random.key(2)).astype(mx.bfloat16)
-    mask = mx.arange(slots) <= offsets[:, None, None, None] + mx.arange(rows)[:, None]
+def _masked_error(attend: Callable[..., mx.array], offsets: list[int], slots: int) -> float:
+    """The largest difference between `attend(q, k, v, offsets, scale)` and mx.fast's masked
+    attention on random bf16 inputs: one batch row per offset, three query rows each."""
+    batch, rows, dim = len(offsets), 3, 64
+    q = mx.random.normal((batch, 4, rows, dim), key=mx.random.key(0)).astype(mx.bfloat16)
+    k = mx.random.normal((batch, 2, slots, dim), key=mx.random.key(1)).astype(mx.bfloat16)
+    v = mx.random.normal((batch, 2, slots, dim), key=mx.random.key(2)).astype(mx.bfloat16)
+    at = mx.array(offsets, mx.int32)
+    mask = mx.arange(slots) <= at[:, None, None, None] + mx.arange(rows)[:, None]
     scale = 1 / math.sqrt(dim)
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-    got = rows_buffer_attention(q, k, v, offsets, scale)
+    got = attend(q, k, v, at, scale)
     return mx.max(mx.abs(got.astype(mx.float32) - want.astype(mx.float32))).item()
+
+
+def _rows_probe_error() -> float:
+    return _masked_error(rows_buffer_attention, [20, 0, 33], 40)
 
 
 def _probe_error() -> float:
-    rows, dim, slots, offset = 3, 64, 40, 20
-    q = mx.random.normal((1, 4, rows, dim), key=mx.random.key(0)).astype(mx.bfloat16)
-    k = mx.random.normal((1, 2, slots, dim), key=mx.random.key(1)).astype(mx.bfloat16)
-    v = mx.random.normal((1, 2, slots, dim), key=mx.random.key(2)).astype(mx.bfloat16)
-    mask = mx.arange(slots)[None] <= offset + mx.arange(rows)[:, None]
-    scale = 1 / math.sqrt(dim)
-    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-    got = buffer_attention(q, k, v, mx.array(offset), scale)
-    return mx.max(mx.abs(got.astype(mx.float32) - want.astype(mx.float32))).item()
+    return _masked_error(lambda q, k, v, at, scale: buffer_attention(q, k, v, at[0], scale), [20], 40)
+
+
+def _split_probe_error() -> float:  # its rows see two and three chunks
+    return _masked_error(lambda q, k, v, at, scale: split_buffer_attention(q, k, v, at[0], scale),
+                         [SPLIT_SLOTS + 100], 2 * SPLIT_SLOTS + 40)
 
 
 def _probe() -> bool:

@@ -182,8 +182,8 @@ def _scatter_works() -> bool:
 def slice_update_writes() -> Iterator[None]:
     """Inside, the caches write their rows by slice_update, as before 2026-12-06 and as where
     put_along_axis does not run (benches: `bench.real_size --kv-write-beside` times it beside
-    the scatter in one process). A graph traced inside keeps that write: drop the traced
-    graphs on the way in and out."""
+    the scatter in one process). A graph traced inside keeps that write, and one traced
+    before keeps the scatter: callers drop the traced graphs on the way in and out."""
     global _SCATTER_WORKS
     before = _scatter_works()
     _SCATTER_WORKS = False
@@ -220,6 +220,8 @@ def route_static_cache_attention() -> None:
     """
     buffer_attention.usable()
     buffer_attention.rows_usable()
+    if buffer_attention.split_wanted():
+        buffer_attention.split_usable()
     _scatter_works()
     mlx_lm_qwen3.scaled_dot_product_attention = static_cache_attention
     mlx_lm_qwen3_next.scaled_dot_product_attention = static_cache_attention
