@@ -111,15 +111,16 @@
 #                 one step of each under Nsight Compute per kernel
 #   PART=attention-split  the buffer attention's split form (buffer_attention.py, 2026-12-06, third
 #                 session, written without a GPU; MTPLX_BUFFER_ATTENTION_SPLIT=1): its CUDA tests,
-#                 then Qwen3-32B at DTYPES (4bit), the kernel as served, decode (compiled) and
-#                 depth-3 cycles at T=0 with it, at 512 tokens of context and at CONTEXT (8192);
-#                 PART=kv-write times the same without it
+#                 then Qwen3-32B at DTYPES (4bit) with the kernel at CONTEXT (8192) tokens, decode
+#                 in the compiled AR loop (MTPLX_FUSED_AR=1: served only up to 1,024-token
+#                 prompts) and depth-3 cycles at T=0, without the split form and then with it
+#                 (one process each)
 #   PART=kv-write  the fused loops' KV writes (2026-12-06: a slice_update at an array offset ran
 #                 one thread per element of the whole buffer on CUDA, 3.3 ms of the 32B's step;
-#                 since then a scatter): Qwen3-32B at DTYPES (4bit), the kernel as served (its AR
-#                 decode compiled), decode and depth-3 cycles at T=0 with the scatter, then with
-#                 slice_update in the same process (real_size --kv-write-beside), at 512 tokens
-#                 of context and at CONTEXT (8192)
+#                 since then a scatter): Qwen3-32B at DTYPES (4bit), the kernel as served, decode
+#                 and depth-3 cycles at T=0 with the scatter, then with slice_update in the same
+#                 process (real_size --kv-write-beside), at 512 tokens of context (AR compiled)
+#                 and at CONTEXT (8192; AR op by op as served there, the cycles fused)
 #   PART=mma-pipelined  the pipelined mma layout's CUDA tests (bit for bit the plain layout's
 #                 outputs), then the micro-bench at the hybrid's and the 32B's 4-bit matrices,
 #                 1 and 6 rows, every MMA_CONFIGS shape (bench.small_m --mma-variants)
@@ -355,11 +356,12 @@ elif [ "$PART" = decode-routing-profile ]; then
   done
 elif [ "$PART" = attention-split ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split" tests/engine/test_buffer_attention.py
-  for context in 512 "${CONTEXT:-8192}"; do
-    step "split-32b-${DTYPES:-4bit}-$context" 240 env MTPLX_BUFFER_ATTENTION_SPLIT=1 python3 -m mtplxd.engine.bench.real_size \
-      --sizes qwen3-32b --dtypes "${DTYPES:-4bit}" --context "$context" --depths 3 --cycle-temperatures 0 \
-      --decode-tokens 32 --cycles 10 --repeats 2 --small-m-kernel --small-m-loops \
-      --json-out "$work/split-32b-${DTYPES:-4bit}-$context.json"
+  context=${CONTEXT:-8192}
+  for split in 0 1; do
+    step "split$split-32b-${DTYPES:-4bit}-$context" 240 env MTPLX_FUSED_AR=1 MTPLX_BUFFER_ATTENTION_SPLIT=$split \
+      python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b --dtypes "${DTYPES:-4bit}" --context "$context" \
+      --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 --small-m-kernel \
+      --small-m-loops --json-out "$work/split$split-32b-${DTYPES:-4bit}-$context.json"
   done
 elif [ "$PART" = kv-write ]; then
   for context in 512 "${CONTEXT:-8192}"; do

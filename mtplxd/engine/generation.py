@@ -321,7 +321,7 @@ def generate_steps(trunk: Trunk, head: MTPHead | None, tokenizer, request: Gener
         cycles = decoder.cycles(hiddens, prompt, first, pending_from=pending_from)
     elif cohort:
         cycles = cohort_ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
-    elif positions is None and fused_ar_wanted(trunk, cache):  # an image row keeps mrope's loop
+    elif positions is None and fused_ar_wanted(trunk, cache, len(prompt)):  # an image row keeps mrope's loop
         cycles = fused_ar_cycles(trunk, cache, params, history, seed, first, len(prompt))
     else:
         cycles = ar_cycles(trunk, cache, params, history, seed, first, len(prompt))

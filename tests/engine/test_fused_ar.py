@@ -104,6 +104,7 @@ def test_where_it_is_wanted(model, monkeypatch):
     # kernel: the next test), and only where the fused loops run.
     monkeypatch.setattr("mtplxd.engine.model.kv_cache.fixed_shapes_wanted", lambda: True)
     assert fused_ar_wanted(model.trunk, cache) == hybrid
+    assert fused_ar_wanted(model.trunk, cache, 100_000) == hybrid  # a hybrid's at any prompt
     model.trunk.decode_loop, loop = "stepwise", model.trunk.decode_loop
     try:
         assert not fused_ar_wanted(model.trunk, cache)
@@ -113,8 +114,9 @@ def test_where_it_is_wanted(model, monkeypatch):
 
 def test_a_dense_model_whose_decode_steps_take_the_kernel_decodes_in_it_on_cuda(tiny_model_factory, monkeypatch):
     """On CUDA a dense model takes the compiled loop where the small-M kernel serves its decode
-    steps (4-bit), not where its decode steps stay on MLX's matvec (8-bit: the kernel on verify
-    rows only). The kernel itself is CUDA only: here `usable` is faked, the routing is real."""
+    steps (4-bit), for prompts of up to DENSE_PROMPT_TOKENS; not where its decode steps stay on
+    MLX's matvec (8-bit: the kernel on verify rows only). The kernel itself is CUDA only: here
+    `usable` is faked, the routing is real."""
     from mtplxd.engine.model import small_m_qmm
 
     monkeypatch.setattr(small_m_qmm, "_usable", True)
@@ -125,8 +127,13 @@ def test_a_dense_model_whose_decode_steps_take_the_kernel_decodes_in_it_on_cuda(
         model = load_model(tiny_model_factory("qwen3"), quantize=bits)
         assert not fused_ar_wanted(model.trunk, model.trunk.make_cache())  # MLX's matmuls
         assert small_m_qmm.install(model.model, force=True) > 0
-        wanted[bits] = fused_ar_wanted(model.trunk, model.trunk.make_cache())
+        cache = model.trunk.make_cache()
+        wanted[bits] = fused_ar_wanted(model.trunk, cache, fused_ar.DENSE_PROMPT_TOKENS)
         assert wanted[bits] == small_m_qmm.decode_routed(model.model)
+        assert not fused_ar_wanted(model.trunk, cache, fused_ar.DENSE_PROMPT_TOKENS + 1)  # a long prompt
+        assert fused_ar.path_name(model.trunk) == (
+            f"compiled for prompts up to {fused_ar.DENSE_PROMPT_TOKENS:,} tokens, op by op beyond"
+            if wanted[bits] else "op by op")
     assert wanted == {"4bit": True, "8bit": False}
 
 

@@ -103,7 +103,7 @@ def ours_decode_times(trunk: Any, prompt: list[int], tokens: int, temperature: f
     if before:
         loop = _before_cycles
     else:
-        loop = fused_ar_cycles if fused_ar_wanted(trunk, cache) else autoregressive.ar_cycles
+        loop = fused_ar_cycles if fused_ar_wanted(trunk, cache, len(prompt)) else autoregressive.ar_cycles
     cycles = loop(trunk, cache, params, history, 0, first, len(prompt))
     times = _timed_tokens(cycles, tokens)
     cycles.close()

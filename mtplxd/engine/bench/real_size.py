@@ -255,7 +255,7 @@ def engine_loop(trunk: Any, head: Any, prompt: list[int], depth: int, temperatur
     else:
         history.append([first])
     if depth == 0:  # the AR loop as served: compiled where fused_ar_wanted (hybrids on CUDA)
-        compiled = fused_ar_wanted(trunk, cache)
+        compiled = fused_ar_wanted(trunk, cache, len(prompt))
         loop = fused_ar_cycles if compiled else ar_cycles
         return loop(trunk, cache, params, history, 0, first, len(prompt)), first, compiled
     fused = trunk.decode_loop == "fused" and fused_supported(trunk, cache, hybrid=True)  # as served
@@ -382,12 +382,13 @@ def _pipelined_forwards(trunk, cache, vocab: int, repeats: int, decode_ms: float
 def compiled_decode_ms(trunk: Any, prompt: list[int], tokens: int) -> float | None:
     """ms per greedy token of the compiled fixed-buffer AR step (bench.compiled_ar), for
     models whose cache the fused loops take (dense and hybrid); None for the others, and
-    where our AR already decodes in a compiled loop (fused_ar: a hybrid on CUDA), whose
-    figure `decode` is: timing it twice cost a GPU run its seconds."""
+    where our AR already decodes in a compiled loop at this prompt (fused_ar: a hybrid on
+    CUDA, a dense model with the kernel on its decode steps), whose figure `decode` is:
+    timing it twice cost a GPU run its seconds."""
     from mtplxd.engine.bench.compiled_ar import compiled_ar_supported, compiled_greedy_decode
     from mtplxd.engine.decoding.fused_ar import fused_ar_wanted
 
-    if not compiled_ar_supported(trunk) or fused_ar_wanted(trunk, trunk.make_cache()):
+    if not compiled_ar_supported(trunk) or fused_ar_wanted(trunk, trunk.make_cache(), len(prompt)):
         return None
     return compiled_greedy_decode(trunk, prompt, max(tokens, 8))[1]
 

@@ -13,8 +13,8 @@ about 2,600 primitives and 190 custom kernels a token, and its time swung betwee
 processes (25.5-28.3 ms in three, 16.0 in one); this loop took 16.2-17.1 ms in four
 processes, and a compiled step 15.9-16.1 ms in each of the four op-by-op ones
 (docs/benchmarks.md, "The 32B's AR step compiled, and the KV write that read the whole
-buffer"), so that model decodes here. Every model off CUDA keeps the op-by-op loop unless
-forced.
+buffer"), so that model decodes here, for prompts of up to DENSE_PROMPT_TOKENS (below). Every
+model off CUDA keeps the op-by-op loop unless forced.
 
 The step is the fused cycles' machinery at one token (fused.py): attention KV in
 fixed-capacity buffers with the length as a device scalar, a GDN layer's conv window and
@@ -42,14 +42,23 @@ from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.trunk import Trunk
 
 _forced: bool | None = None
+# The longest prompt for which a dense model whose decode steps take the small-M kernel
+# decodes AR in this loop. Its attention is the buffer kernel, one block per query row
+# walking the row's keys in turn (buffer_attention.py), whose cost grows with the context
+# where the op-by-op loop's cuDNN attention hardly does: measured at 512 tokens (16.2-17.1 ms
+# compiled against 16.0-28.3 op by op), not beyond. Longer prompts keep the op-by-op loop
+# until the split attention is timed (docs/benchmarks.md, "The 32B's AR step compiled, and
+# the KV write that read the whole buffer").
+DENSE_PROMPT_TOKENS = 1024
 
 
-def fused_ar_wanted(trunk: Trunk, cache: list[Any]) -> bool:
-    """Whether an AR request on `trunk` decodes in this loop: on CUDA, where the fused loops
-    run (`decode_loop` "fused"), a hybrid (Gated DeltaNet layers in its cache) or a model
-    whose decode steps take the small-M kernel (`small_m_qmm.decode_routed`: a dense 4-bit
-    27B/32B-class model). `MTPLX_FUSED_AR` "0" turns it off, "1" on for any model the loop
-    takes (benches); `force` overrides both."""
+def fused_ar_wanted(trunk: Trunk, cache: list[Any], prompt_tokens: int = 0) -> bool:
+    """Whether an AR request of `prompt_tokens` on `trunk` decodes in this loop: on CUDA,
+    where the fused loops run (`decode_loop` "fused"), a hybrid (Gated DeltaNet layers in its
+    cache), or a model whose decode steps take the small-M kernel (`small_m_qmm.decode_routed`:
+    a dense 4-bit 27B/32B-class model) for prompts of at most DENSE_PROMPT_TOKENS.
+    `MTPLX_FUSED_AR` "0" turns it off, "1" on for any model the loop takes (benches); `force`
+    overrides both."""
     if not fused_supported(trunk, cache, hybrid=True):
         return False
     if _forced is not None:
@@ -60,13 +69,21 @@ def fused_ar_wanted(trunk: Trunk, cache: list[Any]) -> bool:
     from mtplxd.engine.model import small_m_qmm
     from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 
-    return (trunk.decode_loop == "fused" and fixed_shapes_wanted()
-            and ("gdn" in cache_layout(cache) or small_m_qmm.decode_routed(trunk.model)))
+    if not (trunk.decode_loop == "fused" and fixed_shapes_wanted()):
+        return False
+    if "gdn" in cache_layout(cache):
+        return True
+    return prompt_tokens <= DENSE_PROMPT_TOKENS and small_m_qmm.decode_routed(trunk.model)
 
 
 def path_name(trunk: Trunk) -> str:
     """What /health and status say about an AR request's decode step (`kernels.ar_decode`)."""
-    return "compiled" if fused_ar_wanted(trunk, trunk.make_cache()) else "op by op"
+    cache = trunk.make_cache()
+    if not fused_ar_wanted(trunk, cache):
+        return "op by op"
+    if fused_ar_wanted(trunk, cache, prompt_tokens=DENSE_PROMPT_TOKENS + 1):
+        return "compiled"
+    return f"compiled for prompts up to {DENSE_PROMPT_TOKENS:,} tokens, op by op beyond"
 
 
 def force(value: bool | None) -> None:
