@@ -111,7 +111,7 @@ def test_a_hybrid_model_names_its_gdn_verify_and_decode_paths(tiny_model_factory
     assert hybrid.kernels["gdn_verify"] == ("chunked" if ON_CUDA else "per-token")
     assert hybrid.kernels["gdn_decode"] == ("CUDA kernel" if ON_CUDA else "mlx-lm ops")
     # An AR request's step: compiled for hybrids on CUDA, op by op elsewhere (fused_ar.py; a dense
-    # model whose decode steps take the kernel is compiled too: test_fused_ar.py).
+    # model whose decode steps take the kernel is compiled too, for short prompts: test_fused_ar.py).
     assert hybrid.kernels["ar_decode"] == ("compiled" if ON_CUDA else "op by op")
     assert info.kernels["ar_decode"] == "op by op"
 

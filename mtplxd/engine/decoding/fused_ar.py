@@ -1,5 +1,6 @@
 """Plain autoregressive decoding with each token one compiled device graph: the AR loop
-on CUDA for hybrid models and for dense ones whose decode steps take the small-M kernel.
+on CUDA for hybrid models, and for dense ones whose decode steps take the small-M kernel
+on prompts of up to DENSE_PROMPT_TOKENS.
 
 Why: the hybrid 27B's AR step is host-bound on the H200. The host builds about 3,200
 primitives a token op by op (4,500 without the GDN decode kernel), and the device waits on
