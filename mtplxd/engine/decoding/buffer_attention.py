@@ -369,7 +369,7 @@ def _probe_error() -> float:
     return _masked_error(lambda q, k, v, at, scale: buffer_attention(q, k, v, at[0], scale), [20], 40)
 
 
-def _split_probe_error() -> float:  # its rows see two and three chunks
+def _split_probe_error() -> float:  # its rows see two chunks; a third lies past them
     return _masked_error(lambda q, k, v, at, scale: split_buffer_attention(q, k, v, at[0], scale),
                          [SPLIT_SLOTS + 100], 2 * SPLIT_SLOTS + 40)
 

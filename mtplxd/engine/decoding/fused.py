@@ -88,8 +88,7 @@ class StaticKVCache:
             self.keys = _write_at(self.keys, keys, self.offset)
             self.values = _write_at(self.values, values, self.offset)
             return self.keys, self.values
-        slots = (self.offset.reshape(1) + mx.arange(keys.shape[2])).astype(mx.int32)
-        index = mx.broadcast_to(slots[None, None, :, None], keys.shape)
+        index = _slot_index(self.offset.reshape(1), keys.shape)
         self.keys = mx.put_along_axis(self.keys, index, keys, axis=2)
         self.values = mx.put_along_axis(self.values, index, values, axis=2)
         return self.keys, self.values
@@ -136,10 +135,7 @@ class RowsKVCache:
     def _write_index(self, shape: tuple[int, ...]) -> mx.array:
         """put_along_axis's index for (W, heads, n, D) rows written at each row's offset."""
         if self.shared.get("offset") is not self.offset or self.shared.get("shape") != shape:
-            W, heads, n, D = shape
-            slots = (self.offset[:, None] + mx.arange(n)[None]).astype(mx.int32)
-            self.shared.update(offset=self.offset, shape=shape,
-                               index=mx.broadcast_to(slots[:, None, :, None], (W, heads, n, D)))
+            self.shared.update(offset=self.offset, shape=shape, index=_slot_index(self.offset, shape))
         return self.shared["index"]
 
     def make_mask(self, n: int, return_array: bool = False,
@@ -150,6 +146,13 @@ class RowsKVCache:
         slots = mx.arange(self.keys.shape[2])[None, None, None]
         last = self.offset[:, None, None, None] + mx.arange(n)[None, None, :, None]
         return slots <= last
+
+
+def _slot_index(offsets: mx.array, shape: tuple[int, ...]) -> mx.array:
+    """put_along_axis's index along the slots for (W, heads, n, D) rows, row w written from
+    slot offsets[w] on (offsets: a (W,) device array)."""
+    slots = (offsets[:, None] + mx.arange(shape[2])[None]).astype(mx.int32)
+    return mx.broadcast_to(slots[:, None, :, None], shape)
 
 
 def _write_at(buffer: mx.array, rows: mx.array, offset: mx.array) -> mx.array:

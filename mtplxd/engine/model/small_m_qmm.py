@@ -948,16 +948,18 @@ def install(model: nn.Module, *, force: bool | None = None, decode: bool | None 
 def routed_row_invariant(model: nn.Module, *, in_cycles: bool = False) -> bool:
     """Whether `install` left `model`'s kernel layers routed row-invariantly (`in_cycles`:
     inside its MTP cycles)."""
-    key = "cycle_row_invariant" if in_cycles else "row_invariant"
-    return any(getattr(m, key, False) for _, m in model.named_modules()
-               if isinstance(m, SmallMQuantizedLinear))
+    return _any_kernel_layer(model, "cycle_row_invariant" if in_cycles else "row_invariant")
 
 
 def decode_routed(model: nn.Module) -> bool:
     """Whether `install` left a decode step's products of `model` on the kernel (the vector
     layout on large matrices: `decode_wanted`, or `install`'s `decode`)."""
-    return any(getattr(m, "kernel_decode", False) for _, m in model.named_modules()
-               if isinstance(m, SmallMQuantizedLinear))
+    return _any_kernel_layer(model, "kernel_decode")
+
+
+def _any_kernel_layer(model: nn.Module, mark: str) -> bool:
+    """Whether any of `model`'s kernel layers carries `install`'s `mark` (an attribute) set."""
+    return any(getattr(m, mark, False) for _, m in model.named_modules() if isinstance(m, SmallMQuantizedLinear))
 
 
 def path_name(switched: int, *, decode: bool = True, row_invariant: bool = False,
