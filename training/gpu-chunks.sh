@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Re-split the MLX CUDA wheels of ../shared/gpu/prepare-mlx-cuda.sh (.gpu-a + .gpu-b) into five
-# git-ignored folders .gpu-1 .. .gpu-5 of ~18 MB each. Needed since the repository itself carries
-# the 35 MB embedded model: tracked files (44 MB on 2026-12-03) + a part must fit one 64 MiB
-# transfer, and four parts (22.4 MB, 23.8 with the small wheels) no longer did.
+# Re-split the MLX CUDA wheels of ../shared/gpu/prepare-mlx-cuda.sh (.gpu-a + .gpu-b) into six
+# git-ignored folders .gpu-1 .. .gpu-6 of ~15 MB each. Needed since the repository itself carries
+# the 35 MB embedded model: tracked files + a part must fit one 64 MiB transfer. Four parts
+# (22.4 MB) stopped fitting on 2026-12-03 (tracked 44 MB), five (18 MB, 19 with the small wheels)
+# on 2026-12-06 (tracked 49 MB, the Nsight logs under docs/benchmarks-data/).
 # Device runs, one right after the other (the machine keeps /root while it stays warm):
-#   carry [".gpu-1"]: bash .gpu-1/stage.sh      ... likewise .gpu-2, .gpu-3, .gpu-4
-#   carry [".gpu-5", ...]: bash .gpu-5/stage.sh && bash .gpu-5/install.sh && export PYTHONPATH=$PWD:/root/site
+#   carry [".gpu-1"]: bash .gpu-1/stage.sh      ... likewise .gpu-2 .. .gpu-5
+#   carry [".gpu-6", ...]: bash .gpu-6/stage.sh && bash .gpu-6/install.sh && export PYTHONPATH=$PWD:/root/site
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -13,7 +14,7 @@ test -f .gpu-a/cuda.part.aa -a -f .gpu-b/cuda.part.ab || { echo "run ../shared/g
 tmp=$(mktemp -d)
 cat .gpu-a/cuda.part.aa .gpu-b/cuda.part.ab > "$tmp/cuda.whl"
 echo "$(cat .gpu-b/cuda.sha256)  $tmp/cuda.whl" | sha256sum -c - >/dev/null
-parts=5
+parts=6
 last=".gpu-$parts"
 rm -rf .gpu-[0-9]
 split -n $parts -d "$tmp/cuda.whl" "$tmp/part."
