@@ -109,12 +109,19 @@
 #                 (compiled, the kernel on its decode steps), the decode threshold at 64M (served)
 #                 and 32M (q and o too) alternately, ROUNDS (2) unprofiled wall samples each, then
 #                 one step of each under Nsight Compute per kernel
-#   PART=attention-split  the buffer attention's split form (buffer_attention.py, 2026-12-06, third
-#                 session, written without a GPU; MTPLX_BUFFER_ATTENTION_SPLIT=1): its CUDA tests,
-#                 then Qwen3-32B at DTYPES (4bit) with the kernel at CONTEXT (8192) tokens, decode
-#                 in the compiled AR loop (MTPLX_FUSED_AR=1: served only up to 1,024-token
+#   PART=attention-split  the buffer attention's split form (buffer_attention.py; opt-in,
+#                 MTPLX_BUFFER_ATTENTION_SPLIT=1; since 2026-12-06, fourth session, a block per KV
+#                 head's chunk, written without a GPU, where the first form, a block per row's
+#                 chunk, lost 16.5 ms on the 32B's depth-3 cycle at 8k): its CUDA tests, then
+#                 Qwen3-32B at DTYPES (4bit) with the kernel at each of CONTEXTS (8192 2048) tokens,
+#                 decode in the compiled AR loop (MTPLX_FUSED_AR=1: served only up to 1,024-token
 #                 prompts) and depth-3 cycles at T=0, without the split form and then with it
 #                 (one process each)
+#   PART=attention-profile  one layer's attention alone at the 32B's shapes, each form in its own
+#                 process under Nsight Compute (bench.attention_profile: the one-pass kernel, the
+#                 split form, MLX's attention over the keys seen as an op-by-op step runs it, and
+#                 MLX's masked attention over the buffer), 1 and 4 rows, at CONTEXTS (512 2048
+#                 8192): wall per call and the device's time per call (`-device.json`)
 #   PART=kv-write  the fused loops' KV writes (2026-12-06: a slice_update at an array offset ran
 #                 one thread per element of the whole buffer on CUDA, 3.3 ms of the 32B's step;
 #                 since then a scatter): Qwen3-32B at DTYPES (4bit), the kernel as served, decode
@@ -144,7 +151,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing, decode-routing-profile, kv-write, attention-split or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing, decode-routing-profile, kv-write, attention-split, attention-profile or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -356,12 +363,27 @@ elif [ "$PART" = decode-routing-profile ]; then
   done
 elif [ "$PART" = attention-split ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split" tests/engine/test_buffer_attention.py
-  context=${CONTEXT:-8192}
-  for split in 0 1; do
-    step "split$split-32b-${DTYPES:-4bit}-$context" 240 env MTPLX_FUSED_AR=1 MTPLX_BUFFER_ATTENTION_SPLIT=$split \
-      python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b --dtypes "${DTYPES:-4bit}" --context "$context" \
-      --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 --small-m-kernel \
-      --small-m-loops --json-out "$work/split$split-32b-${DTYPES:-4bit}-$context.json"
+  for context in ${CONTEXTS:-8192 2048}; do
+    for split in 0 1; do
+      step "split$split-32b-${DTYPES:-4bit}-$context" 240 env MTPLX_FUSED_AR=1 MTPLX_BUFFER_ATTENTION_SPLIT=$split \
+        python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b --dtypes "${DTYPES:-4bit}" --context "$context" \
+        --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 --small-m-kernel \
+        --small-m-loops --json-out "$work/split$split-32b-${DTYPES:-4bit}-$context.json"
+    done
+  done
+elif [ "$PART" = attention-profile ]; then
+  step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split" tests/engine/test_buffer_attention.py
+  for context in ${CONTEXTS:-512 2048 8192}; do
+    for rows in 1 4; do
+      for form in one-pass split mlx masked; do
+        name="attention-$form-$context-$rows"
+        step "$name" 60 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \
+          python3 -m mtplxd.engine.bench.attention_profile --form "$form" --context "$context" --rows "$rows" \
+          --calls 16 --profiled --json-out "$work/$name.json"
+        python3 -m mtplxd.engine.bench.step_profile --summarize "$work/$name.log" --steps 16 \
+          --json-out "$work/$name-device.json" || true
+      done
+    done
   done
 elif [ "$PART" = kv-write ]; then
   for context in 512 "${CONTEXT:-8192}"; do

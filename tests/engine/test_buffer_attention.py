@@ -159,21 +159,30 @@ def test_the_split_form_is_opt_in_and_named(monkeypatch):
         assert buffer_attention.path_name() == "mlx scaled_dot_product_attention"
     else:
         assert buffer_attention.path_name() == (
-            f"buffer CUDA kernel, split into {buffer_attention.SPLIT_SLOTS}-slot chunks")
+            f"buffer CUDA kernel, split into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head")
+
+
+def test_split_shape_supported_is_the_split_kernels_domain():
+    """Up to 64 (query head of a group, row) pairs a KV head, and a staged tile of keys and
+    values within 32 KB: a head size of 256 in bf16 fits, in float32 it does not."""
+    q, k, _ = attention_inputs(64, 8, 8, 128, 16)  # a group of 8 over 8 verify rows: 64 pairs
+    assert buffer_attention.split_shape_supported(q, k)
+    q9, k9, _ = attention_inputs(64, 8, 9, 128, 16)  # 72 pairs
+    assert buffer_attention.shape_supported(q9, k9) and not buffer_attention.split_shape_supported(q9, k9)
+    q256, k256, _ = attention_inputs(8, 2, 4, 256, 16)
+    assert buffer_attention.split_shape_supported(q256, k256)
+    assert not buffer_attention.split_shape_supported(q256.astype(mx.float32), k256.astype(mx.float32))
 
 
 @needs_cuda
-def test_split_form_gives_the_one_pass_bits_within_one_chunk():
-    """Rows that see no more than SPLIT_SLOTS keys: one part, merged into the one-pass
-    kernel's bits (so below 256 keys the split form still rounds as MLX's decode kernel)."""
-    q, k, v = attention_inputs(8, 2, 7, 128, 768, seed=4)
-    offset, scale = buffer_attention.SPLIT_SLOTS - 7, 1 / math.sqrt(128)
-    split = buffer_attention.split_buffer_attention(q, k, v, mx.array(offset, mx.int32), scale)
-    one_pass_kernel = buffer_attention._buffer_kernel()  # called as buffer_attention calls it
-    one_pass = one_pass_kernel(inputs=[q, k, v, mx.array([offset], mx.int32), mx.array([scale], mx.float32)],
-                      template=[("T", q.dtype), ("D", 128)], grid=(8 * 1024, 7, 1), threadgroup=(1024, 1, 1),
-                      output_shapes=[q.shape], output_dtypes=[q.dtype])[0]
-    assert mx.array_equal(split, one_pass)
+def test_split_form_rows_do_not_depend_on_the_buffers_capacity():
+    """Chunks past a row's keys add exact zeros, so the same keys in a larger buffer (the AR
+    loop's and the cycle's buffers need not be the same size) give the same bits."""
+    q, k, v = attention_inputs(16, 4, 4, 128, 1280, seed=4)
+    offset, scale = mx.array(600, mx.int32), 1 / math.sqrt(128)
+    large = buffer_attention.split_buffer_attention(q, k, v, offset, scale)
+    small = buffer_attention.split_buffer_attention(q, k[:, :, :768], v[:, :, :768], offset, scale)
+    assert mx.array_equal(large, small)
 
 
 @needs_cuda
@@ -195,11 +204,16 @@ def test_buffer_attention_takes_the_split_form_when_asked_past_one_chunk(monkeyp
     offset = mx.array(600, mx.int32)
     assert mx.array_equal(buffer_attention.buffer_attention(q, k, v, offset, 0.125),
                           buffer_attention.split_buffer_attention(q, k, v, offset, 0.125))
+    # Outside the split kernel's domain (72 pairs a KV head) the one-pass kernel serves.
+    q9, k9, v9 = attention_inputs(64, 8, 9, 128, 768, seed=8)
+    asked = buffer_attention.buffer_attention(q9, k9, v9, offset, 0.125)
+    monkeypatch.delenv(buffer_attention.SPLIT_ENV)
+    assert mx.array_equal(asked, buffer_attention.buffer_attention(q9, k9, v9, offset, 0.125))
 
 
 def test_a_kernel_built_by_editing_another_fails_loudly_when_an_edit_misses():
-    """The rows and split kernels are the one-pass source with edits; an edit whose text is
-    not found exactly once raises at import rather than leaving a kernel that indexes wrongly."""
-    assert "blockIdx.z" in buffer_attention._ROWS_SOURCE and "part_acc" in buffer_attention._SPLIT_SOURCE
+    """The rows kernel is the one-pass source with edits; an edit whose text is not found
+    exactly once raises at import rather than leaving a kernel that indexes wrongly."""
+    assert "blockIdx.z" in buffer_attention._ROWS_SOURCE
     with pytest.raises(ValueError, match="found 0 times"):
         buffer_attention._edited(buffer_attention._SOURCE, ("no such text", "x"))

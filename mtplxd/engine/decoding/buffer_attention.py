@@ -17,16 +17,22 @@ which keeps greedy MTP equal to greedy AR on CUDA while MLX runs AR steps on tha
 can round apart, as they could before). Other backends keep
 mx.fast.scaled_dot_product_attention with the mask.
 
-The split form (`MTPLX_BUFFER_ATTENTION_SPLIT=1`, opt-in until a GPU has timed it): one
-block per query row walks all of that row's keys, 32 warps each taking every 32nd slot one
-after the other, so its time grows with the context and only heads x rows blocks run (64 on
-Qwen3-32B's decode step: half an H100's SMs; 31 us a layer over 512 keys under Nsight, twice
-cuDNN's). Split, the keys are cut into SPLIT_SLOTS-slot chunks, a block per chunk computes
-that chunk's part exactly as the one-pass kernel computes its whole (`_SPLIT_SOURCE`), and a
-second kernel merges the parts in chunk order (`_MERGE_SOURCE`). The chunks are fixed by the
-slot index, not by the rows in the call, so a verify row still rounds as the compiled AR
-step of the same position; with no more than SPLIT_SLOTS keys visible there is one part and
-the merge gives the one-pass kernel's bits (multiplying by exp2(0) = 1 and adding zeros).
+The split form (`MTPLX_BUFFER_ATTENTION_SPLIT=1`, opt-in until a GPU has timed it). The
+one-pass kernel gives each query row one block, whose 32 warps walk all of that row's keys
+one after the other and reduce each key's score across the warp, and every query head of a
+GQA group reads the same keys again; so its time grows with the context (on an H100 the
+32B's depth-3 cycle took 18 ms at 512 tokens and 30 at 8,192, where MLX's attention for an
+AR step hardly grew). A first split form, a block per 256-slot chunk of each row, took 3 ms
+off the compiled AR step at 8,192 tokens but added 16 to the cycle (docs/benchmarks.md, "The
+KV scatter timed"). This one gives a block to each KV head's SPLIT_SLOTS-slot chunk
+(`_SPLIT_SOURCE`): it stages the chunk's keys and values in shared memory a tile at a time,
+once for all the group's query heads and rows, and its warps form 32 keys' scores at once
+(a butterfly exchange in place of a reduction per key); a second kernel merges the chunks'
+parts in chunk order (`_MERGE_SOURCE`). The chunks are fixed by the slot index, and a
+(query head, row) pair's arithmetic depends on nothing else in the call, so a verify row
+rounds as the compiled AR step of the same position (it does not round as the one-pass
+kernel, so the split form applies to all of a loop's calls or none: it is read when a loop is
+traced). A buffer of one chunk keeps the one-pass kernel.
 """
 
 from __future__ import annotations
@@ -140,33 +146,130 @@ _ROWS_SOURCE = _edited(
     ("values + ((size_t)kv_head * slots + w)", "values + (((size_t)batch * keys_shape[1] + kv_head) * slots + w)"),
     ("out + ((size_t)head * rows + row)", "out + (((size_t)batch * queries_shape[1] + head) * rows + row)"))
 
-# The split form's first pass: the one-pass kernel above (its source, edited) over the key
-# slots of one chunk (blockIdx.z) only, stopping before the normalisation: each block writes
-# its chunk's running maximum, its sum of weights and its unnormalised output (float32) to
-# part_max, part_sum and part_acc, (heads, rows, chunks[, D]). A chunk past the row's limit writes the parts of no
-# keys (max finite_min, sum and output 0), which the merge weighs by exp2(-huge) = 0.
-_SPLIT_SOURCE = _edited(
-    _SOURCE,
-    ("const int row = blockIdx.y;", "const int row = blockIdx.y;\n    const int chunk = blockIdx.z;"),
-    ("const int limit = min(offset[0] + row + 1, slots);  // slots this row may see",
-     "const int limit = min(offset[0] + row + 1, slots);  // slots this row may see\n"
-     "    const int begin = chunk * CHUNK;\n"
-     "    const int end = min(begin + CHUNK, limit);  // this chunk's share of them\n"
-     "    const size_t part = ((size_t)head * rows + row) * gridDim.z + chunk;"),
-    ("keys + ((size_t)kv_head * slots + w)", "keys + ((size_t)kv_head * slots + begin + w)"),
-    ("values + ((size_t)kv_head * slots + w)", "values + ((size_t)kv_head * slots + begin + w)"),
-    ("for (int slot = w; slot < limit; slot += WARPS)", "for (int slot = begin + w; slot < end; slot += WARPS)"),
-    ("    total = total == 0 ? 0 : __frcp_rn(total);\n", ""),
-    ("cg::reduce(warp, exchange[w][lane] * rescale, cg::plus<float>()) * total;",
-     "cg::reduce(warp, exchange[w][lane] * rescale, cg::plus<float>());"),
-    ("""        T* out_row = out + ((size_t)head * rows + row) * D + w * E;
-        for (int e = 0; e < E; ++e) out_row[e] = static_cast<T>(acc[e]);""",
-     """        float* acc_out = part_acc + part * D + w * E;
-        for (int e = 0; e < E; ++e) acc_out[e] = acc[e];
-        if (w == 0) {
-            part_max[part] = top;
-            part_sum[part] = total;
-        }"""))
+# The split form's first pass. Grid: x = KV head, y = chunk of CHUNK key slots; a block of
+# WARPS warps. The block stages TILE key slots of its KV head at a time in shared memory, read
+# once for every query head of the group and every row (the one-pass kernel reads them once
+# per query head). Warp w serves the (query head of the group, row) pairs w, w + WARPS, ...,
+# PAIRS of them at most, each with its own online softmax in registers. For one pair and one
+# tile: lane l holds elements [l*E, l*E+E) of the pair's query; it forms its partial dot
+# product with each staged key, and a butterfly exchange leaves lane s with the whole score of
+# key slot s (31 shuffles for 32 keys, where a reduction per key takes 5 each); the weights go
+# through shared memory, and each lane accumulates its E elements of the values. Each block
+# writes its chunk's running maximum, its sum of weights and its unnormalised output (float32)
+# to part_max, part_sum and part_acc, (heads, rows, chunks[, D]); a chunk past a row's limit
+# writes the parts of no keys (max finite_min, sum and output 0), which the merge weighs by
+# exp2(-huge) = 0. A pair's arithmetic depends only on its query, its limit and the slots of
+# its chunk, never on the other pairs in the call, so a verify row rounds as a 1-row call.
+_SPLIT_SOURCE = r"""
+    constexpr int WARPS = 8;
+    constexpr int TILE = 32;
+    constexpr int E = D / 32;
+    __shared__ T k_tile[TILE * D];
+    __shared__ T v_tile[TILE * D];
+    __shared__ float weights[WARPS][TILE];
+
+    auto block = cg::this_thread_block();
+    auto warp = cg::tiled_partition<32>(block);
+    const int lane = warp.thread_rank();
+    const int w = warp.meta_group_rank();
+
+    const int rows = queries_shape[2];
+    const int kv_heads = keys_shape[1];
+    const int slots = keys_shape[2];
+    const int group = queries_shape[1] / kv_heads;
+    const int pairs = group * rows;
+    const int kv_head = blockIdx.x;
+    const int chunk = blockIdx.y;
+    const int begin = chunk * CHUNK;
+    const float q_scale = (float)((double)scale[0] * 1.4426950408889634);  // * log2(e)
+
+    float qs[PAIRS][E], acc[PAIRS][E], run_max[PAIRS], run_sum[PAIRS];
+    int end[PAIRS];  // one past the last slot of this chunk that pair i sees
+    #pragma unroll
+    for (int i = 0; i < PAIRS; ++i) {
+        const int p = min(w + i * WARPS, pairs - 1);  // a warp past the last pair idles (end = begin)
+        const int row = p % rows;
+        const T* q_row = queries + ((size_t)(kv_head * group + p / rows) * rows + row) * D + lane * E;
+        end[i] = w + i * WARPS < pairs ? min(begin + CHUNK, min(offset[0] + row + 1, slots)) : begin;
+        #pragma unroll
+        for (int e = 0; e < E; ++e) {
+            qs[i][e] = q_scale * static_cast<float>(q_row[e]);
+            acc[i][e] = 0.f;
+        }
+        run_max[i] = Limits<float>::finite_min();
+        run_sum[i] = 0.f;
+    }
+
+    const T* k_head = keys + (size_t)kv_head * slots * D;
+    const T* v_head = values + (size_t)kv_head * slots * D;
+    const int stop = min(begin + CHUNK, min(offset[0] + rows, slots));  // the last row's end
+    for (int tile = begin; tile < stop; tile += TILE) {
+        const int staged = min(TILE, stop - tile);
+        for (int x = threadIdx.x; x < staged * D; x += blockDim.x) {
+            k_tile[x] = k_head[(size_t)tile * D + x];
+            v_tile[x] = v_head[(size_t)tile * D + x];
+        }
+        block.sync();
+        #pragma unroll
+        for (int i = 0; i < PAIRS; ++i) {
+            const int seen = min(end[i] - tile, TILE);  // the same for every lane of the warp
+            if (seen <= 0) continue;
+            float dots[TILE];  // this lane's share of each staged key's score
+            #pragma unroll
+            for (int s = 0; s < TILE; ++s) {
+                dots[s] = 0.f;
+                if (s < seen) {
+                    #pragma unroll
+                    for (int e = 0; e < E; ++e) dots[s] += qs[i][e] * static_cast<float>(k_tile[s * D + lane * E + e]);
+                }
+            }
+            // Butterfly: each step halves the slots a lane keeps, adding its partner's
+            // partials of them; after the last, lane s holds slot s's score.
+            #pragma unroll
+            for (int half = TILE / 2; half >= 1; half /= 2) {
+                const bool upper = lane & half;
+                #pragma unroll
+                for (int s = 0; s < half; ++s) {
+                    const float keep = upper ? dots[s + half] : dots[s];
+                    const float give = upper ? dots[s] : dots[s + half];
+                    dots[s] = keep + warp.shfl_xor(give, half);
+                }
+            }
+            const bool mine = lane < seen;
+            const float score = mine ? dots[0] : Limits<float>::finite_min();
+            const float top = max(run_max[i], cg::reduce(warp, score, cg::greater<float>()));
+            const float rescale = exp2f(run_max[i] - top);
+            const float weight = mine ? exp2f(score - top) : 0.f;
+            run_max[i] = top;
+            run_sum[i] = run_sum[i] * rescale + cg::reduce(warp, weight, cg::plus<float>());
+            weights[w][lane] = weight;
+            warp.sync();
+            #pragma unroll
+            for (int e = 0; e < E; ++e) acc[i][e] *= rescale;
+            for (int s = 0; s < seen; ++s) {
+                const float ws = weights[w][s];
+                #pragma unroll
+                for (int e = 0; e < E; ++e) acc[i][e] += ws * static_cast<float>(v_tile[s * D + lane * E + e]);
+            }
+            warp.sync();  // before the next pair's weights overwrite these
+        }
+        block.sync();  // before the next tile overwrites the stage
+    }
+
+    #pragma unroll
+    for (int i = 0; i < PAIRS; ++i) {
+        const int p = w + i * WARPS;
+        if (p >= pairs) break;
+        const size_t part = ((size_t)(kv_head * group + p / rows) * rows + p % rows) * gridDim.y + chunk;
+        float* acc_out = part_acc + part * D + lane * E;
+        #pragma unroll
+        for (int e = 0; e < E; ++e) acc_out[e] = acc[i][e];
+        if (lane == 0) {
+            part_max[part] = run_max[i];
+            part_sum[part] = run_sum[i];
+        }
+    }
+"""
 
 # The split form's merge: a block per (head, row), a thread per output element, the chunks'
 # parts added in chunk order, each weighed by exp2(its maximum - the largest), then one
@@ -190,10 +293,13 @@ _MERGE_SOURCE = r"""
     out[((size_t)head * rows + row) * D + d] = static_cast<T>(acc * sum);
 """
 
-# Key slots a block of the split form takes. 256: below that MLX's own decode steps run its
-# one-pass kernel (from 256 cached keys it hands them to cuDNN), and the split form gives
-# that kernel's bits wherever a row sees no more than one chunk.
+# Key slots a block of the split form takes: 8 tiles of 32. At 8,448 slots (8k tokens of
+# context) a KV head has 33 chunks, so a Qwen3-32B layer (8 KV heads) runs 264 blocks, two
+# for each of an H100's SMs, and a 4-row verify's parts (32 pairs x 130 floats a chunk) stay
+# an eighth of the keys and values the chunk reads.
 SPLIT_SLOTS = 256
+SPLIT_WARPS = 8  # warps a split block has (WARPS in _SPLIT_SOURCE)
+SPLIT_MAX_PAIRS = 8  # pairs a warp keeps in registers at most (PAIRS)
 SPLIT_ENV = "MTPLX_BUFFER_ATTENTION_SPLIT"
 
 _kernel = None
@@ -220,8 +326,15 @@ def buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset
     queries (1, Hq, L, D); keys and values (1, Hkv, S, D) buffers; `offset` an int scalar
     array (the cache position of query row 0). CUDA only: see `usable`.
     """
-    if keys.shape[2] > SPLIT_SLOTS and split_wanted() and split_usable():
+    if (keys.shape[2] > SPLIT_SLOTS and split_wanted() and split_shape_supported(queries, keys)
+            and split_usable()):
         return split_buffer_attention(queries, keys, values, offset, scale)
+    return one_pass_buffer_attention(queries, keys, values, offset, scale)
+
+
+def one_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
+                              scale: float) -> mx.array:
+    """`buffer_attention` by the one-pass kernel, whatever the split form's setting."""
     _, heads, rows, dim = queries.shape
     return _buffer_kernel()(
         inputs=[queries, keys, values, offset.astype(mx.int32).reshape(1),
@@ -248,19 +361,37 @@ def _split_buffer_kernels():
 def split_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
                            scale: float) -> mx.array:
     """`buffer_attention` in the split form (the module docstring): a block per SPLIT_SLOTS
-    key slots of each query row, then a merge in chunk order. CUDA only: see `split_usable`."""
+    key slots of each KV head, serving all its query heads and rows, then a merge in chunk
+    order. CUDA only, within `split_shape_supported`: see `split_usable`."""
     _, heads, rows, dim = queries.shape
-    chunks = -(-keys.shape[2] // SPLIT_SLOTS)
+    kv_heads, slots = keys.shape[1], keys.shape[2]
+    chunks = -(-slots // SPLIT_SLOTS)
     split, merge = _split_buffer_kernels()
     parts = split(
         inputs=[queries, keys, values, offset.astype(mx.int32).reshape(1), mx.array([scale], mx.float32)],
-        template=[("T", queries.dtype), ("D", dim), ("CHUNK", SPLIT_SLOTS)],
-        grid=(heads * 1024, rows, chunks), threadgroup=(1024, 1, 1),
+        template=[("T", queries.dtype), ("D", dim), ("CHUNK", SPLIT_SLOTS),
+                  ("PAIRS", _split_pairs_per_warp(queries, keys))],
+        grid=(kv_heads * 32 * SPLIT_WARPS, chunks, 1), threadgroup=(32 * SPLIT_WARPS, 1, 1),
         output_shapes=[(heads, rows, chunks), (heads, rows, chunks), (heads, rows, chunks, dim)],
         output_dtypes=[mx.float32] * 3)
     return merge(inputs=parts, template=[("T", queries.dtype), ("D", dim)],
                  grid=(heads * dim, rows, 1), threadgroup=(dim, 1, 1),
                  output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
+
+
+def _split_pairs_per_warp(queries: mx.array, keys: mx.array) -> int:
+    """(query head of a group, row) pairs each warp of a split block serves, rounded up."""
+    pairs = queries.shape[1] // keys.shape[1] * queries.shape[2]
+    return -(-pairs // SPLIT_WARPS)
+
+
+def split_shape_supported(queries: mx.array, keys: mx.array) -> bool:
+    """The split form's domain, within `shape_supported`'s: up to SPLIT_WARPS x
+    SPLIT_MAX_PAIRS pairs a KV head (64: a group of 8 query heads over 8 verify rows), and a
+    staged tile of keys and values within 32 KB of shared memory (D x itemsize <= 512 bytes)."""
+    return (shape_supported(queries, keys)
+            and _split_pairs_per_warp(queries, keys) <= SPLIT_MAX_PAIRS
+            and queries.shape[-1] * queries.dtype.size <= 512)
 
 
 def split_wanted() -> bool:
@@ -332,7 +463,7 @@ def path_name() -> str:
     if not usable():
         return "mlx scaled_dot_product_attention"
     if split_wanted() and split_usable():
-        return f"buffer CUDA kernel, split into {SPLIT_SLOTS}-slot chunks"
+        return f"buffer CUDA kernel, split into {SPLIT_SLOTS}-slot chunks per KV head"
     return "buffer CUDA kernel"
 
 
@@ -366,7 +497,7 @@ def _rows_probe_error() -> float:
 
 
 def _probe_error() -> float:
-    return _masked_error(lambda q, k, v, at, scale: buffer_attention(q, k, v, at[0], scale), [20], 40)
+    return _masked_error(lambda q, k, v, at, scale: one_pass_buffer_attention(q, k, v, at[0], scale), [20], 40)
 
 
 def _split_probe_error() -> float:  # its rows see two chunks; a third lies past them

@@ -1,0 +1,118 @@
+"""One layer's attention over a KV buffer at Qwen3-32B's shapes, in one form: wall per call,
+and under Nsight Compute the device's own time (issue 22: the fused loops' attention grows
+with the context; docs/benchmarks.md, "The KV scatter timed").
+
+    python -m mtplxd.engine.bench.attention_profile --form split --context 8192 --rows 4 \\
+        [--calls 16] [--json-out FILE]
+    ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \\
+        python -m mtplxd.engine.bench.attention_profile ... --profiled > ncu.csv
+    python -m mtplxd.engine.bench.step_profile --summarize ncu.csv --steps 16
+
+The query rows sit at the context's end (row 0 at cache position `--context`) of a buffer
+with 256 slots to spare, as the fused loops allocate it. Forms:
+  one-pass  the buffer kernel as served (buffer_attention.one_pass_buffer_attention; CUDA)
+  split     its split form (split_buffer_attention; CUDA)
+  mlx       mx.fast.scaled_dot_product_attention over the keys the last row sees, causal for
+            several rows: what an op-by-op AR step runs (cuDNN on CUDA past 256 keys)
+  masked    mx.fast.scaled_dot_product_attention over the whole buffer with a boolean mask:
+            what the fused loops ran before the buffer kernel
+One form a process, so that an ncu log holds that form's kernels only. The wall figure
+(unprofiled) is the median over `--repeats` of `--calls` chained calls evaluated at once,
+per call; with `--profiled` the same calls then run once more between cuProfilerStart and
+cuProfilerStop, each evaluated alone.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import mlx.core as mx
+
+from mtplxd.engine.bench.harness import bench_parser, command_line, machine, median_ms, write_report
+from mtplxd.engine.bench.step_profile import DriverProfiler
+from mtplxd.engine.decoding import buffer_attention
+
+PROG = "python -m mtplxd.engine.bench.attention_profile"
+FORMS = ("one-pass", "split", "mlx", "masked")
+SPARE_SLOTS = 256  # slots a fused loop's buffer keeps past the prompt (real_size's --context)
+QWEN3_32B = {"heads": 64, "kv_heads": 8, "dim": 128}
+
+
+def attention_call(form: str, context: int, rows: int, heads: int, kv_heads: int,
+                   dim: int) -> Callable[[mx.array], mx.array]:
+    """`attend(queries) -> output` of `form` (module docstring) over one random bf16 buffer of
+    context + SPARE_SLOTS slots, row 0 at position `context`."""
+    if form in ("one-pass", "split") and not buffer_attention.usable():
+        raise SystemExit(f"form {form} needs the buffer kernel (MLX's CUDA backend)")
+    slots = context + SPARE_SLOTS
+    keys = mx.random.split(mx.random.key(0), 2)
+    k = mx.random.normal((1, kv_heads, slots, dim), key=keys[0]).astype(mx.bfloat16)
+    v = mx.random.normal((1, kv_heads, slots, dim), key=keys[1]).astype(mx.bfloat16)
+    offset = mx.array(context, mx.int32)
+    mask = mx.arange(slots)[None] <= context + mx.arange(rows)[:, None]
+    mx.eval(k, v, mask)
+    scale = 1 / math.sqrt(dim)
+    seen = context + rows  # the keys the last row sees
+    if form == "one-pass":
+        return lambda q: buffer_attention.one_pass_buffer_attention(q, k, v, offset, scale)
+    if form == "split":
+        return lambda q: buffer_attention.split_buffer_attention(q, k, v, offset, scale)
+    if form == "mlx":
+        return lambda q: mx.fast.scaled_dot_product_attention(
+            q, k[:, :, :seen], v[:, :, :seen], scale=scale, mask="causal" if rows > 1 else None)
+    return lambda q: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
+def run(form: str, context: int, rows: int, calls: int, repeats: int, profiled: bool,
+        shape: dict[str, int] = QWEN3_32B) -> dict[str, Any]:
+    """Wall microseconds per call of `form` (and, `profiled`, the calls ncu times)."""
+    attend = attention_call(form, context, rows, **shape)
+    q = mx.random.normal((1, shape["heads"], rows, shape["dim"]), key=mx.random.key(2)).astype(mx.bfloat16)
+    mx.eval(q)
+
+    def chained() -> None:  # each call's output is the next one's query: none is skipped
+        y = q
+        for _ in range(calls):
+            y = attend(y)
+        mx.eval(y)
+
+    chained()  # compiles the kernels
+    wall_us = median_ms(chained, repeats) / calls * 1000
+    if profiled:
+        profiler = DriverProfiler()
+        profiler.start()
+        for _ in range(calls):
+            mx.eval(attend(q))
+        profiler.stop()
+    return {"form": form, "context": context, "rows": rows, "slots": context + SPARE_SLOTS,
+            **shape, "calls": calls, "repeats": repeats, "wall_us_per_call": wall_us,
+            "profiled": profiled}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(PROG, __doc__)
+    parser.add_argument("--form", choices=FORMS, required=True)
+    parser.add_argument("--context", type=int, default=8192, help="cache position of query row 0")
+    parser.add_argument("--rows", type=int, default=1, help="query rows (1: a decode step; K+1: a verify)")
+    parser.add_argument("--calls", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--profiled", action="store_true",
+                        help="then run the calls between cuProfilerStart and cuProfilerStop (under ncu)")
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.context < 0 or args.rows < 1 or args.calls < 1 or args.repeats < 1:
+        parser.error("--context must be >= 0 and --rows, --calls, --repeats >= 1")
+    report = {**machine(), "command": command_line(PROG, argv),
+              **run(args.form, args.context, args.rows, args.calls, args.repeats, args.profiled)}
+    print(f"{args.form} context {args.context} rows {args.rows}: "
+          f"{report['wall_us_per_call']:.1f} us a call", flush=True)
+    if args.json_out:
+        write_report(args.json_out, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""bench/attention_profile.py: one form of a layer's attention over a KV buffer a process.
+
+On this CPU the two MLX forms run (the buffer kernel's need CUDA; the GPU run is
+docs/benchmarks-data/h200-vector-qmm.sh's PART=attention-profile)."""
+
+import json
+
+import mlx.core as mx
+import pytest
+
+from mtplxd.engine.bench import attention_profile
+from mtplxd.engine.decoding import buffer_attention
+from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
+
+SMALL = {"heads": 4, "kv_heads": 2, "dim": 32}
+
+
+def test_the_op_by_op_and_masked_forms_attend_alike():
+    """`mlx` (the keys the last row sees, causal) and `masked` (the whole buffer, a mask)
+    are one attention: rows at the context's end of a buffer with room to spare."""
+    q = mx.random.normal((1, 4, 3, 32), key=mx.random.key(5)).astype(mx.bfloat16)
+    mlx = attention_profile.attention_call("mlx", 40, 3, **SMALL)(q)
+    masked = attention_profile.attention_call("masked", 40, 3, **SMALL)(q)
+    assert mx.allclose(mlx.astype(mx.float32), masked.astype(mx.float32), atol=2e-2)
+
+
+def test_run_reports_the_wall_per_call_and_the_shape():
+    report = attention_profile.run("mlx", 40, 2, calls=2, repeats=1, profiled=False, shape=SMALL)
+    assert report["slots"] == 40 + attention_profile.SPARE_SLOTS and report["rows"] == 2
+    assert report["wall_us_per_call"] > 0 and not report["profiled"]
+
+
+@pytest.mark.skipif(fixed_shapes_wanted(), reason="off CUDA only")
+def test_the_kernel_forms_say_they_need_cuda(capsys):
+    assert not buffer_attention.usable()
+    with pytest.raises(SystemExit, match="needs the buffer kernel"):
+        attention_profile.main(["--form", "split", "--context", "8", "--calls", "1", "--repeats", "1"])
+
+
+def test_main_writes_its_report(tmp_path):
+    out = tmp_path / "a.json"
+    assert attention_profile.main(["--form", "masked", "--context", "16", "--rows", "1", "--calls", "1",
+                                   "--repeats", "1", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["form"] == "masked" and report["heads"] == 64 and "attention_profile" in report["command"]
