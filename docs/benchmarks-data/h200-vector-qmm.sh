@@ -113,10 +113,11 @@
 #                 MTPLX_BUFFER_ATTENTION_SPLIT=1; since 2026-12-06, fourth session, a block per KV
 #                 head's chunk, written without a GPU, where the first form, a block per row's
 #                 chunk, lost 16.5 ms on the 32B's depth-3 cycle at 8k): its CUDA tests, then
-#                 Qwen3-32B at DTYPES (4bit) with the kernel at each of CONTEXTS (8192 2048) tokens,
+#                 Qwen3-32B at DTYPES (4bit) with the kernel at each of CONTEXTS (8192) tokens,
 #                 decode in the compiled AR loop (MTPLX_FUSED_AR=1: served only up to 1,024-token
-#                 prompts) and depth-3 cycles at T=0, without the split form and then with it
-#                 (one process each)
+#                 prompts) and depth-3 cycles at T=0, the fused loops attending with each of FORMS
+#                 (one-pass split mlx: the one-pass kernel, the split form, MLX's masked attention
+#                 with MTPLX_BUFFER_ATTENTION=0), one process each (~100 s each at 8k)
 #   PART=attention-profile  one layer's attention alone at the 32B's shapes, each form in its own
 #                 process under Nsight Compute (bench.attention_profile: the one-pass kernel, the
 #                 split form, MLX's attention over the keys seen as an op-by-op step runs it, and
@@ -363,12 +364,17 @@ elif [ "$PART" = decode-routing-profile ]; then
   done
 elif [ "$PART" = attention-split ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split" tests/engine/test_buffer_attention.py
-  for context in ${CONTEXTS:-8192 2048}; do
-    for split in 0 1; do
-      step "split$split-32b-${DTYPES:-4bit}-$context" 240 env MTPLX_FUSED_AR=1 MTPLX_BUFFER_ATTENTION_SPLIT=$split \
+  for context in ${CONTEXTS:-8192}; do
+    for form in ${FORMS:-one-pass split mlx}; do
+      case $form in  # the environment that picks the fused loops' attention
+        one-pass) pick=(MTPLX_BUFFER_ATTENTION_SPLIT=0) ;;
+        split) pick=(MTPLX_BUFFER_ATTENTION_SPLIT=1) ;;
+        mlx) pick=(MTPLX_BUFFER_ATTENTION=0) ;;
+      esac
+      step "attention-$form-32b-${DTYPES:-4bit}-$context" 240 env MTPLX_FUSED_AR=1 "${pick[@]}" \
         python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b --dtypes "${DTYPES:-4bit}" --context "$context" \
         --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 --small-m-kernel \
-        --small-m-loops --json-out "$work/split$split-32b-${DTYPES:-4bit}-$context.json"
+        --small-m-loops --json-out "$work/attention-$form-32b-${DTYPES:-4bit}-$context.json"
     done
   done
 elif [ "$PART" = attention-profile ]; then

@@ -162,6 +162,19 @@ def test_the_split_form_is_opt_in_and_named(monkeypatch):
             f"buffer CUDA kernel, split into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head")
 
 
+def test_the_kernel_can_be_turned_off(monkeypatch):
+    """`MTPLX_BUFFER_ATTENTION=0` leaves the fused loops on MLX's masked attention (read
+    once per process, by `usable` and `rows_usable`)."""
+    monkeypatch.delenv(buffer_attention.KERNEL_ENV, raising=False)
+    assert buffer_attention.kernel_wanted()
+    monkeypatch.setenv(buffer_attention.KERNEL_ENV, "0")
+    assert not buffer_attention.kernel_wanted()
+    monkeypatch.setattr(buffer_attention, "_usable", None)
+    monkeypatch.setattr(buffer_attention, "_rows_usable", None)
+    assert not buffer_attention.usable() and not buffer_attention.rows_usable()
+    assert buffer_attention.path_name() == "mlx scaled_dot_product_attention"
+
+
 def test_split_shape_supported_is_the_split_kernels_domain():
     """Up to 64 (query head of a group, row) pairs a KV head, and a staged tile of keys and
     values within 32 KB: a head size of 256 in bf16 fits, in float32 it does not."""

@@ -301,6 +301,7 @@ SPLIT_SLOTS = 256
 SPLIT_WARPS = 8  # warps a split block has (WARPS in _SPLIT_SOURCE)
 SPLIT_MAX_PAIRS = 8  # pairs a warp keeps in registers at most (PAIRS)
 SPLIT_ENV = "MTPLX_BUFFER_ATTENTION_SPLIT"
+KERNEL_ENV = "MTPLX_BUFFER_ATTENTION"  # "0": no buffer kernel (MLX's masked attention)
 
 _kernel = None
 _rows_kernel = None
@@ -436,15 +437,22 @@ def shape_supported(queries: mx.array, keys: mx.array) -> bool:
 
 
 def usable() -> bool:
-    """True on CUDA once the kernel has compiled and matched mx.fast's attention on a probe.
+    """True on CUDA once the kernel has compiled and matched mx.fast's attention on a probe,
+    unless `MTPLX_BUFFER_ATTENTION=0` (`kernel_wanted`).
 
     Checked once per process; any failure (no CUDA, a JIT error) leaves the caller on
     mx.fast.scaled_dot_product_attention, and is logged.
     """
     global _usable
     if _usable is None:
-        _usable = fixed_shapes_wanted() and _probe()
+        _usable = kernel_wanted() and fixed_shapes_wanted() and _probe()
     return _usable
+
+
+def kernel_wanted() -> bool:
+    """False where KERNEL_ENV is "0": the fused loops then attend with MLX's masked attention
+    on CUDA too (benches, and a way out should the kernel misbehave on some GPU)."""
+    return os.environ.get(KERNEL_ENV, "1") != "0"
 
 
 def split_usable() -> bool:
@@ -472,7 +480,7 @@ def rows_usable() -> bool:
     attention on a probe of rows at different offsets (checked once per process)."""
     global _rows_usable
     if _rows_usable is None:
-        _rows_usable = fixed_shapes_wanted() and custom_kernels.probe(
+        _rows_usable = kernel_wanted() and fixed_shapes_wanted() and custom_kernels.probe(
             "rows buffer attention", _rows_probe_error, 0.05, "mx.fast attention")
     return _rows_usable
 
