@@ -113,7 +113,8 @@
 #                 MTPLX_BUFFER_ATTENTION_SPLIT=1; since 2026-12-06, fourth session, a block per KV
 #                 head's chunk, written without a GPU, where the first form, a block per row's
 #                 chunk, lost 16.5 ms on the 32B's depth-3 cycle at 8k): its CUDA tests, then
-#                 Qwen3-32B at DTYPES (4bit) with the kernel at each of CONTEXTS (8192) tokens,
+#                 SIZE (qwen3-32b; hybrid-27b: its attention layers, head size 256) at DTYPES
+#                 (4bit) with the kernel at each of CONTEXTS (8192) tokens,
 #                 decode in the compiled AR loop (MTPLX_FUSED_AR=1: served only up to 1,024-token
 #                 prompts) and depth-3 cycles at T=0, the fused loops attending with each of FORMS
 #                 (one-pass split mlx: the one-pass kernel, the split form, MLX's masked attention
@@ -371,10 +372,11 @@ elif [ "$PART" = attention-split ]; then
         split) pick=(MTPLX_BUFFER_ATTENTION_SPLIT=1) ;;
         mlx) pick=(MTPLX_BUFFER_ATTENTION=0) ;;
       esac
-      step "attention-$form-32b-${DTYPES:-4bit}-$context" 240 env MTPLX_FUSED_AR=1 "${pick[@]}" \
-        python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b --dtypes "${DTYPES:-4bit}" --context "$context" \
-        --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 --small-m-kernel \
-        --small-m-loops --json-out "$work/attention-$form-32b-${DTYPES:-4bit}-$context.json"
+      name="attention-$form-${SIZE:-qwen3-32b}-${DTYPES:-4bit}-$context"
+      step "$name" 240 env MTPLX_FUSED_AR=1 "${pick[@]}" \
+        python3 -m mtplxd.engine.bench.real_size --sizes "${SIZE:-qwen3-32b}" --dtypes "${DTYPES:-4bit}" \
+        --context "$context" --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 \
+        --small-m-kernel --small-m-loops --json-out "$work/$name.json"
     done
   done
 elif [ "$PART" = attention-profile ]; then
