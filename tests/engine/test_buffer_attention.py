@@ -74,6 +74,7 @@ def test_shape_supported_is_the_kernels_domain():
     (64, 8, 128, 1, 500, 768),  # Qwen3-32B's decode step at 512 tokens
     (64, 8, 128, 4, 250, 768),  # a depth-3 verify across the first chunk's end
     (32, 8, 128, 5, 8000, 8448),  # a long context (split: 33 chunks)
+    (64, 8, 128, 9, 700, 1024),  # depth 8 on Qwen3-32B (split: 72 pairs, two blocks a chunk)
 ])
 def test_kernel_matches_masked_attention(form, heads, kv_heads, dim, rows, offset, slots):
     assert buffer_attention.usable() and (form == "one pass" or buffer_attention.split_usable())
@@ -176,12 +177,10 @@ def test_the_kernel_can_be_turned_off(monkeypatch):
 
 
 def test_split_shape_supported_is_the_split_kernels_domain():
-    """Up to 64 (query head of a group, row) pairs a KV head, and a staged tile of keys and
-    values within 32 KB: a head size of 256 in bf16 fits, in float32 it does not."""
-    q, k, _ = attention_inputs(64, 8, 8, 128, 16)  # a group of 8 over 8 verify rows: 64 pairs
-    assert buffer_attention.split_shape_supported(q, k)
-    q9, k9, _ = attention_inputs(64, 8, 9, 128, 16)  # 72 pairs
-    assert buffer_attention.shape_supported(q9, k9) and not buffer_attention.split_shape_supported(q9, k9)
+    """A staged tile of keys and values within 32 KB: a head size of 256 in bf16 fits, in
+    float32 it does not; any number of (query head, row) pairs (several blocks a chunk)."""
+    q9, k9, _ = attention_inputs(64, 8, 9, 128, 16)  # a group of 8 over 9 verify rows: 72 pairs
+    assert buffer_attention.split_shape_supported(q9, k9)
     q256, k256, _ = attention_inputs(8, 2, 4, 256, 16)
     assert buffer_attention.split_shape_supported(q256, k256)
     assert not buffer_attention.split_shape_supported(q256.astype(mx.float32), k256.astype(mx.float32))
@@ -199,13 +198,15 @@ def test_split_form_rows_do_not_depend_on_the_buffers_capacity():
 
 
 @needs_cuda
-def test_split_form_rounds_each_verify_row_as_its_one_row_step():
+@pytest.mark.parametrize("heads,kv_heads,rows", [(16, 4, 6), (64, 8, 9)])  # 24 pairs; 72: two blocks
+def test_split_form_rounds_each_verify_row_as_its_one_row_step(heads, kv_heads, rows):
     """Row i of a K+1-row call equals, bit for bit, the 1-row call at position offset+i (the
-    compiled AR step's), across chunk boundaries: the chunks are fixed by slot, not by rows."""
-    q, k, v = attention_inputs(16, 4, 6, 128, 1024, seed=6)
+    compiled AR step's), across chunk boundaries: the chunks are fixed by slot, not by rows,
+    and a pair computes alike in whichever block and warp serves it."""
+    q, k, v = attention_inputs(heads, kv_heads, rows, 128, 1024, seed=6)
     offset, scale = 2 * buffer_attention.SPLIT_SLOTS - 3, 1 / math.sqrt(128)
     verify = buffer_attention.split_buffer_attention(q, k, v, mx.array(offset, mx.int32), scale)
-    for i in range(6):
+    for i in range(rows):
         step = buffer_attention.split_buffer_attention(q[:, :, i:i + 1], k, v, mx.array(offset + i, mx.int32), scale)
         assert mx.array_equal(verify[:, :, i:i + 1], step), f"row {i}"
 
@@ -217,11 +218,11 @@ def test_buffer_attention_takes_the_split_form_when_asked_past_one_chunk(monkeyp
     offset = mx.array(600, mx.int32)
     assert mx.array_equal(buffer_attention.buffer_attention(q, k, v, offset, 0.125),
                           buffer_attention.split_buffer_attention(q, k, v, offset, 0.125))
-    # Outside the split kernel's domain (72 pairs a KV head) the one-pass kernel serves.
-    q9, k9, v9 = attention_inputs(64, 8, 9, 128, 768, seed=8)
-    asked = buffer_attention.buffer_attention(q9, k9, v9, offset, 0.125)
+    # Outside the split kernel's domain (a float32 head of 256) the one-pass kernel serves.
+    q2, k2, v2 = (x.astype(mx.float32) for x in attention_inputs(4, 2, 2, 256, 768, seed=8))
+    asked = buffer_attention.buffer_attention(q2, k2, v2, offset, 0.125)
     monkeypatch.delenv(buffer_attention.SPLIT_ENV)
-    assert mx.array_equal(asked, buffer_attention.buffer_attention(q9, k9, v9, offset, 0.125))
+    assert mx.array_equal(asked, buffer_attention.buffer_attention(q2, k2, v2, offset, 0.125))
 
 
 def test_a_kernel_built_by_editing_another_fails_loudly_when_an_edit_misses():

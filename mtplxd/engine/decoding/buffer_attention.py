@@ -150,7 +150,8 @@ _ROWS_SOURCE = _edited(
 # WARPS warps. The block stages TILE key slots of its KV head at a time in shared memory, read
 # once for every query head of the group and every row (the one-pass kernel reads them once
 # per query head). Warp w serves the (query head of the group, row) pairs w, w + WARPS, ...,
-# PAIRS of them at most, each with its own online softmax in registers. For one pair and one
+# PAIRS of them at most, each with its own online softmax in registers; a group with more
+# than WARPS x PAIRS pairs takes several blocks (z), each staging the tiles for its slice. For one pair and one
 # tile: lane l holds elements [l*E, l*E+E) of the pair's query; it forms its partial dot
 # product with each staged key, and a butterfly exchange leaves lane s with the whole score of
 # key slot s (31 shuffles for 32 keys, where a reduction per key takes 5 each); the weights go
@@ -180,6 +181,7 @@ _SPLIT_SOURCE = r"""
     const int pairs = group * rows;
     const int kv_head = blockIdx.x;
     const int chunk = blockIdx.y;
+    const int first = blockIdx.z * WARPS * PAIRS;  // this block's first pair (z: a slice of many)
     const int begin = chunk * CHUNK;
     const float q_scale = (float)((double)scale[0] * 1.4426950408889634);  // * log2(e)
 
@@ -187,10 +189,11 @@ _SPLIT_SOURCE = r"""
     int end[PAIRS];  // one past the last slot of this chunk that pair i sees
     #pragma unroll
     for (int i = 0; i < PAIRS; ++i) {
-        const int p = min(w + i * WARPS, pairs - 1);  // a warp past the last pair idles (end = begin)
+        const int pair = first + w + i * WARPS;
+        const int p = min(pair, pairs - 1);  // a warp past the last pair idles (end = begin)
         const int row = p % rows;
         const T* q_row = queries + ((size_t)(kv_head * group + p / rows) * rows + row) * D + lane * E;
-        end[i] = w + i * WARPS < pairs ? min(begin + CHUNK, min(offset[0] + row + 1, slots)) : begin;
+        end[i] = pair < pairs ? min(begin + CHUNK, min(offset[0] + row + 1, slots)) : begin;
         #pragma unroll
         for (int e = 0; e < E; ++e) {
             qs[i][e] = q_scale * static_cast<float>(q_row[e]);
@@ -258,7 +261,7 @@ _SPLIT_SOURCE = r"""
 
     #pragma unroll
     for (int i = 0; i < PAIRS; ++i) {
-        const int p = w + i * WARPS;
+        const int p = first + w + i * WARPS;
         if (p >= pairs) break;
         const size_t part = ((size_t)(kv_head * group + p / rows) * rows + p % rows) * gridDim.y + chunk;
         float* acc_out = part_acc + part * D + lane * E;
@@ -299,7 +302,7 @@ _MERGE_SOURCE = r"""
 # an eighth of the keys and values the chunk reads.
 SPLIT_SLOTS = 256
 SPLIT_WARPS = 8  # warps a split block has (WARPS in _SPLIT_SOURCE)
-SPLIT_MAX_PAIRS = 8  # pairs a warp keeps in registers at most (PAIRS)
+SPLIT_MAX_PAIRS = 8  # pairs a warp keeps in registers at most (PAIRS); more take more blocks
 SPLIT_ENV = "MTPLX_BUFFER_ATTENTION_SPLIT"
 KERNEL_ENV = "MTPLX_BUFFER_ATTENTION"  # "0": no buffer kernel (MLX's masked attention)
 
@@ -367,12 +370,14 @@ def split_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, 
     _, heads, rows, dim = queries.shape
     kv_heads, slots = keys.shape[1], keys.shape[2]
     chunks = -(-slots // SPLIT_SLOTS)
+    pairs = heads // kv_heads * rows
+    per_warp = min(-(-pairs // SPLIT_WARPS), SPLIT_MAX_PAIRS)
+    slices = -(-pairs // (SPLIT_WARPS * per_warp))
     split, merge = _split_buffer_kernels()
     parts = split(
         inputs=[queries, keys, values, offset.astype(mx.int32).reshape(1), mx.array([scale], mx.float32)],
-        template=[("T", queries.dtype), ("D", dim), ("CHUNK", SPLIT_SLOTS),
-                  ("PAIRS", _split_pairs_per_warp(queries, keys))],
-        grid=(kv_heads * 32 * SPLIT_WARPS, chunks, 1), threadgroup=(32 * SPLIT_WARPS, 1, 1),
+        template=[("T", queries.dtype), ("D", dim), ("CHUNK", SPLIT_SLOTS), ("PAIRS", per_warp)],
+        grid=(kv_heads * 32 * SPLIT_WARPS, chunks, slices), threadgroup=(32 * SPLIT_WARPS, 1, 1),
         output_shapes=[(heads, rows, chunks), (heads, rows, chunks), (heads, rows, chunks, dim)],
         output_dtypes=[mx.float32] * 3)
     return merge(inputs=parts, template=[("T", queries.dtype), ("D", dim)],
@@ -380,19 +385,11 @@ def split_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, 
                  output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
 
 
-def _split_pairs_per_warp(queries: mx.array, keys: mx.array) -> int:
-    """(query head of a group, row) pairs each warp of a split block serves, rounded up."""
-    pairs = queries.shape[1] // keys.shape[1] * queries.shape[2]
-    return -(-pairs // SPLIT_WARPS)
-
-
 def split_shape_supported(queries: mx.array, keys: mx.array) -> bool:
-    """The split form's domain, within `shape_supported`'s: up to SPLIT_WARPS x
-    SPLIT_MAX_PAIRS pairs a KV head (64: a group of 8 query heads over 8 verify rows), and a
-    staged tile of keys and values within 32 KB of shared memory (D x itemsize <= 512 bytes)."""
-    return (shape_supported(queries, keys)
-            and _split_pairs_per_warp(queries, keys) <= SPLIT_MAX_PAIRS
-            and queries.shape[-1] * queries.dtype.size <= 512)
+    """The split form's domain, within `shape_supported`'s: a staged tile of keys and values
+    within 32 KB of shared memory (D x itemsize <= 512 bytes: a head size of 256 in 16 bits,
+    128 in float32)."""
+    return shape_supported(queries, keys) and queries.shape[-1] * queries.dtype.size <= 512
 
 
 def split_wanted() -> bool:
