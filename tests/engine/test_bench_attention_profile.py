@@ -43,3 +43,12 @@ def test_main_writes_its_report(tmp_path):
                                    "--repeats", "1", "--json-out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["form"] == "masked" and report["heads"] == 64 and "attention_profile" in report["command"]
+
+
+def test_main_takes_another_shape_and_refuses_partial_groups(tmp_path):
+    out = tmp_path / "hybrid.json"
+    assert attention_profile.main(["--form", "mlx", "--context", "8", "--heads", "6", "--kv-heads", "2",
+                                   "--dim", "64", "--calls", "1", "--repeats", "1", "--json-out", str(out)]) == 0
+    assert json.loads(out.read_text())["kv_heads"] == 2
+    with pytest.raises(SystemExit):
+        attention_profile.main(["--form", "mlx", "--heads", "6", "--kv-heads", "4"])

@@ -1,6 +1,6 @@
-"""One layer's attention over a KV buffer at Qwen3-32B's shapes, in one form: wall per call,
-and under Nsight Compute the device's own time (issue 22: the fused loops' attention grows
-with the context; docs/benchmarks.md, "The KV scatter timed").
+"""One layer's attention over a KV buffer in one form (Qwen3-32B's shapes unless told): wall
+per call, and under Nsight Compute the device's own time (issue 22: the fused loops'
+attention grows with the context; docs/benchmarks.md, "The KV scatter timed").
 
     python -m mtplxd.engine.bench.attention_profile --form split --context 8192 --rows 4 \\
         [--calls 16] [--json-out FILE]
@@ -97,16 +97,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--form", choices=FORMS, required=True)
     parser.add_argument("--context", type=int, default=8192, help="cache position of query row 0")
     parser.add_argument("--rows", type=int, default=1, help="query rows (1: a decode step; K+1: a verify)")
+    parser.add_argument("--heads", type=int, default=QWEN3_32B["heads"], help="query heads (64: Qwen3-32B)")
+    parser.add_argument("--kv-heads", type=int, default=QWEN3_32B["kv_heads"], help="KV heads (8)")
+    parser.add_argument("--dim", type=int, default=QWEN3_32B["dim"],
+                        help="head size (128; the hybrid 27B's attention: 24 heads, 4 KV heads, 256)")
     parser.add_argument("--calls", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--profiled", action="store_true",
                         help="then run the calls between cuProfilerStart and cuProfilerStop (under ncu)")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if args.context < 0 or args.rows < 1 or args.calls < 1 or args.repeats < 1:
-        parser.error("--context must be >= 0 and --rows, --calls, --repeats >= 1")
+    if args.context < 0 or min(args.rows, args.calls, args.repeats, args.heads, args.kv_heads, args.dim) < 1:
+        parser.error("--context must be >= 0 and the other counts >= 1")
+    if args.heads % args.kv_heads:
+        parser.error("--heads must be a multiple of --kv-heads (whole GQA groups)")
+    shape = {"heads": args.heads, "kv_heads": args.kv_heads, "dim": args.dim}
     report = {**machine(), "command": command_line(PROG, argv),
-              **run(args.form, args.context, args.rows, args.calls, args.repeats, args.profiled)}
+              **run(args.form, args.context, args.rows, args.calls, args.repeats, args.profiled, shape)}
     print(f"{args.form} context {args.context} rows {args.rows}: "
           f"{report['wall_us_per_call']:.1f} us a call", flush=True)
     if args.json_out:
