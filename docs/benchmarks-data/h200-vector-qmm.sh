@@ -101,8 +101,10 @@
 #   PART=decode-routing  which matrices a dense model's decode step should route to the vector
 #                 layout, at today's kernel (the H200 chose 64M weights on 2026-12-03; an H100's
 #                 profile, 2026-12-06, found the matrices left on MLX's qmv, q/k/v and o, read at
-#                 0.7 TB/s): Qwen3-32B at DTYPES (4bit), greedy decode with the threshold at 32M
-#                 (q and o too), 0 (every matrix) and 64M (served) again, in one process
+#                 0.7 TB/s): Qwen3-32B at DTYPES (4bit) and CONTEXT (512) tokens, greedy decode with
+#                 the threshold at 32M (q and o too), 0 (every matrix) and 64M (served) again, in one
+#                 process; the AR loop as served (compiled up to 1,024-token prompts since 2026-12-06)
+#                 unless MTPLX_FUSED_AR says (0: op by op, as served past 1,024 tokens)
 #   PART=decode-routing-profile  why the 32B's whole decode steps were 2.5-8 ms slower with q and o on
 #                 the vector layout although each of those products alone ran 1.7x faster there
 #                 (2026-12-06, third session): SIZE (qwen3-32b) at DTYPES (4bit), the AR loop as served
@@ -348,10 +350,10 @@ elif [ "$PART" = stacked-profile ]; then
   profile "ncu-$tag-nodes-separate" node 1
   profile "ncu-$tag-nodes-stacked" node 1 --stacked
 elif [ "$PART" = decode-routing ]; then
-  step "decode-routing-32b-${DTYPES:-4bit}" 330 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b \
+  name="decode-routing-32b-${DTYPES:-4bit}-${CONTEXT:-512}-ar${MTPLX_FUSED_AR:-served}"
+  step "$name" 330 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b --context "${CONTEXT:-512}" \
     --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 32 --repeats 2 \
-    --small-m-kernel --small-m-loops --decode-vector-values 33554432,0,67108864 \
-    --json-out "$work/decode-routing-32b-${DTYPES:-4bit}.json"
+    --small-m-kernel --small-m-loops --decode-vector-values 33554432,0,67108864 --json-out "$work/$name.json"
 elif [ "$PART" = decode-routing-profile ]; then
   sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-32b}" --dtype "${DTYPES:-4bit}"
       --small-m-kernel --depth 0)
