@@ -46,10 +46,10 @@ _forced: bool | None = None
 # The longest prompt for which a dense model whose decode steps take the small-M kernel
 # decodes AR in this loop. Its attention is the buffer kernel, one block per query row
 # walking the row's keys in turn (buffer_attention.py), whose cost grows with the context
-# where the op-by-op loop's cuDNN attention hardly does: measured at 512 tokens (16.2-17.1 ms
-# compiled against 16.0-28.3 op by op), not beyond. Longer prompts keep the op-by-op loop
-# until the split attention is timed (docs/benchmarks.md, "The 32B's AR step compiled, and
-# the KV write that read the whole buffer").
+# where the op-by-op loop's cuDNN attention hardly does: at 512 tokens 16.2-17.1 ms compiled
+# against 16.0-28.3 op by op; at 2,048 op by op was 1.4 ms a token faster than compiled with
+# the first split attention (docs/benchmarks.md, "The KV scatter timed"). Longer prompts keep
+# the op-by-op loop until the split attention by KV head is timed.
 DENSE_PROMPT_TOKENS = 1024
 
 
