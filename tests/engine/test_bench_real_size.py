@@ -149,13 +149,14 @@ def test_decode_by_vector_values_times_each_threshold_and_puts_the_shipped_one_b
     from mtplxd.engine.model import small_m_qmm
     from mtplxd.engine.model.trunk import Trunk
 
+    shipped = small_m_qmm.LARGE_MATRIX_VALUES
     model, spec = real_size.build_model("tiny", "4bit")
     trunk = Trunk(model, spec)
     trunk.compiled_graphs[("decode",)] = object()
     prompt = list(range(1, 20))
     timed = real_size._decode_by_vector_values(trunk, prompt, 3, (2**24, 0))
     assert list(timed) == [str(2**24), "0"] and all(ms > 0 for ms in timed.values())
-    assert small_m_qmm.LARGE_MATRIX_VALUES == 64 * 2**20 and trunk.compiled_graphs == {}
+    assert small_m_qmm.LARGE_MATRIX_VALUES == shipped and trunk.compiled_graphs == {}
 
 
 def test_greedy_mtp_follows_greedy_ar_through_the_engines_loops_on_this_cpu(report):
@@ -232,7 +233,7 @@ def test_kernel_decode_from_holds_for_the_whole_run_and_the_shipped_threshold_co
 
     from mtplxd.engine.model import small_m_qmm
 
-    seen = []
+    shipped, seen = small_m_qmm.LARGE_MATRIX_VALUES, []
     def measure_all(args, sizes, dtypes, depths, temperatures, report):
         seen.append(small_m_qmm.LARGE_MATRIX_VALUES)
         real_size.write_report(args.json_out, report)
@@ -242,7 +243,7 @@ def test_kernel_decode_from_holds_for_the_whole_run_and_the_shipped_threshold_co
     assert real_size.main(["--sizes", "tiny", "--dtypes", "4bit", "--kernel-decode-from", given,
                            "--json-out", str(out)]) == 0
     assert seen == [sys.maxsize if in_force == "maxsize" else in_force]
-    assert small_m_qmm.LARGE_MATRIX_VALUES == 64 * 2**20
+    assert small_m_qmm.LARGE_MATRIX_VALUES == shipped
     assert json.loads(out.read_text())["kernel_decode_from"] == given
 
 

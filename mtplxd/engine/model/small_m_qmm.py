@@ -599,7 +599,11 @@ VECTOR_MAX_THREADS = 256
 # Weights (N x K) from which a decode step's product (under MIN_ROWS rows) takes the vector
 # layout: on the H200 it beat MLX's matvec on Qwen3-32B's down/gate/up projections and both
 # lm_heads at 4-bit (0.59-0.80x), and lost on the small ones (k_proj, a 4B layer's matrices).
-LARGE_MATRIX_VALUES = 64 * 2**20
+# From 64M down to 32M on 2026-12-06 (q_proj and o_proj, 42M, now take it): on an H100 the
+# 32B 4-bit's whole decode steps ran 13.19 ms against 14.56 in the compiled AR loop (512
+# tokens) and 18.06 against 19.07 op by op (4,096), in one process each; the device's time
+# per step 18.94 against 20.60 ms (docs/benchmarks.md, "The attention, layer by layer").
+LARGE_MATRIX_VALUES = 32 * 2**20
 # Verify blocks (MIN_ROWS..VECTOR_MAX_ROWS rows) take the vector layout from this many weights:
 # on the H200 (docs/benchmarks-data/h200-vector-qmm-2026-12-02/lease2) it beat the word layout
 # at 4 and 7 rows on every Qwen3-32B matrix of 42M weights or more, 4- and 8-bit (4-bit, 7
