@@ -126,7 +126,9 @@
 #                 split form, MLX's attention over the keys seen as an op-by-op step runs it, and
 #                 MLX's masked attention over the buffer), 1 and 4 rows, at CONTEXTS (512 2048
 #                 8192): wall per call and the device's time per call (`-device.json`);
-#                 SHAPE_ARGS="--heads 24 --kv-heads 4 --dim 256" for the hybrid 27B's attention
+#                 FORMS (one-pass split-256 mlx masked; split-N: the split form in N-slot
+#                 chunks, e.g. "split-128 split-256"); SHAPE_ARGS="--heads 24 --kv-heads 4
+#                 --dim 256" for the hybrid 27B's attention
 #   PART=kv-write  the fused loops' KV writes (2026-12-06: a slice_update at an array offset ran
 #                 one thread per element of the whole buffer on CUDA, 3.3 ms of the 32B's step;
 #                 since then a scatter): Qwen3-32B at DTYPES (4bit), the kernel as served, decode
@@ -386,11 +388,13 @@ elif [ "$PART" = attention-profile ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split" tests/engine/test_buffer_attention.py
   for context in ${CONTEXTS:-512 2048 8192}; do
     for rows in 1 4; do
-      for form in one-pass split mlx masked; do
-        name="attention-$form-$context-$rows"
+      for pick in ${FORMS:-one-pass split-256 mlx masked}; do  # split-N: the split form in N-slot chunks
+        form=${pick%%-[0-9]*}
+        slots=${pick#split-}; [ "$form" = split ] || slots=256
+        name="attention-$pick-$context-$rows"
         step "$name" 60 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \
           python3 -m mtplxd.engine.bench.attention_profile --form "$form" --context "$context" --rows "$rows" \
-          ${SHAPE_ARGS:-} --calls 16 --profiled --json-out "$work/$name.json"
+          --split-slots "$slots" ${SHAPE_ARGS:-} --calls 16 --profiled --json-out "$work/$name.json"
         python3 -m mtplxd.engine.bench.step_profile --summarize "$work/$name.log" --steps 16 \
           --json-out "$work/$name-device.json" || true
       done

@@ -3,7 +3,7 @@ per call, and under Nsight Compute the device's own time (issue 22: the fused lo
 attention grows with the context; docs/benchmarks.md, "The KV scatter timed").
 
     python -m mtplxd.engine.bench.attention_profile --form split --context 8192 --rows 4 \\
-        [--calls 16] [--json-out FILE]
+        [--split-slots 256] [--calls 16] [--json-out FILE]
     ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \\
         python -m mtplxd.engine.bench.attention_profile ... --profiled > ncu.csv
     python -m mtplxd.engine.bench.step_profile --summarize ncu.csv --steps 16
@@ -11,7 +11,8 @@ attention grows with the context; docs/benchmarks.md, "The KV scatter timed").
 The query rows sit at the context's end (row 0 at cache position `--context`) of a buffer
 with 256 slots to spare, as the fused loops allocate it. Forms:
   one-pass  the buffer kernel as served (buffer_attention.one_pass_buffer_attention; CUDA)
-  split     its split form (split_buffer_attention; CUDA)
+  split     its split form (split_buffer_attention; CUDA), in chunks of --split-slots key
+            slots (buffer_attention.SPLIT_SLOTS unless told: a knob for this bench only)
   mlx       mx.fast.scaled_dot_product_attention over the keys the last row sees, causal for
             several rows: what an op-by-op AR step runs (cuDNN on CUDA past 256 keys)
   masked    mx.fast.scaled_dot_product_attention over the whole buffer with a boolean mask:
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-heads", type=int, default=QWEN3_32B["kv_heads"], help="KV heads (8)")
     parser.add_argument("--dim", type=int, default=QWEN3_32B["dim"],
                         help="head size (128; the hybrid 27B's attention: 24 heads, 4 KV heads, 256)")
+    parser.add_argument("--split-slots", type=int, default=buffer_attention.SPLIT_SLOTS,
+                        help="key slots a block of the split form takes (a multiple of 32)")
     parser.add_argument("--calls", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--profiled", action="store_true",
@@ -111,9 +114,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--context must be >= 0 and the other counts >= 1")
     if args.heads % args.kv_heads:
         parser.error("--heads must be a multiple of --kv-heads (whole GQA groups)")
+    if args.split_slots < 32 or args.split_slots % 32:
+        parser.error("--split-slots must be a positive multiple of 32 (the split form's tile)")
     shape = {"heads": args.heads, "kv_heads": args.kv_heads, "dim": args.dim}
-    report = {**machine(), "command": command_line(PROG, argv),
-              **run(args.form, args.context, args.rows, args.calls, args.repeats, args.profiled, shape)}
+    shipped, buffer_attention.SPLIT_SLOTS = buffer_attention.SPLIT_SLOTS, args.split_slots
+    try:
+        report = {**machine(), "command": command_line(PROG, argv), "split_slots": args.split_slots,
+                  **run(args.form, args.context, args.rows, args.calls, args.repeats, args.profiled, shape)}
+    finally:
+        buffer_attention.SPLIT_SLOTS = shipped
     print(f"{args.form} context {args.context} rows {args.rows}: "
           f"{report['wall_us_per_call']:.1f} us a call", flush=True)
     if args.json_out:

@@ -20,9 +20,10 @@ mx.fast.scaled_dot_product_attention with the mask.
 The split form (`MTPLX_BUFFER_ATTENTION_SPLIT=1`, opt-in until a GPU has timed it). The
 one-pass kernel gives each query row one block, whose 32 warps walk all of that row's keys
 one after the other and reduce each key's score across the warp, and every query head of a
-GQA group reads the same keys again; so its time grows with the context (on an H100 the
-32B's depth-3 cycle took 18 ms at 512 tokens and 30 at 8,192, where MLX's attention for an
-AR step hardly grew). A first split form, a block per 256-slot chunk of each row, took 3 ms
+GQA group reads the same keys again; so its time grows with the context (on an H100 a
+32B layer took 196 us for one row at 8,192 tokens, 252 for four, where MLX's attention over
+the keys seen, cuDNN's, took 32 and 128: docs/benchmarks.md, "The attention, layer by
+layer"). A first split form, a block per 256-slot chunk of each row, took 3 ms
 off the compiled AR step at 8,192 tokens but added 16 to the cycle (docs/benchmarks.md, "The
 KV scatter timed"). This one gives a block to each KV head's SPLIT_SLOTS-slot chunk
 (`_SPLIT_SOURCE`): it stages the chunk's keys and values in shared memory a tile at a time,
@@ -32,7 +33,10 @@ parts in chunk order (`_MERGE_SOURCE`). The chunks are fixed by the slot index, 
 (query head, row) pair's arithmetic depends on nothing else in the call, so a verify row
 rounds as the compiled AR step of the same position (it does not round as the one-pass
 kernel, so the split form applies to all of a loop's calls or none: it is read when a loop is
-traced). A buffer of one chunk keeps the one-pass kernel.
+traced). A buffer of one chunk keeps the one-pass kernel. Its first timing (same section)
+found it no faster than the one-pass kernel (180 us at one row, 474 at four) with its tiles
+staged by 2-byte loads each waited on; the staging now keeps the next tile's 16-byte loads in
+flight while the warps work (untimed).
 """
 
 from __future__ import annotations
@@ -165,8 +169,10 @@ _SPLIT_SOURCE = r"""
     constexpr int WARPS = 8;
     constexpr int TILE = 32;
     constexpr int E = D / 32;
-    __shared__ T k_tile[TILE * D];
-    __shared__ T v_tile[TILE * D];
+    constexpr int VEC = 16 / sizeof(T);  // elements of one 16-byte load
+    constexpr int VECS = (TILE * D / VEC + WARPS * 32 - 1) / (WARPS * 32);  // a thread's loads a tile, each of K and V
+    __shared__ __align__(16) T k_tile[TILE * D];
+    __shared__ __align__(16) T v_tile[TILE * D];
     __shared__ float weights[WARPS][TILE];
 
     auto block = cg::this_thread_block();
@@ -206,11 +212,44 @@ _SPLIT_SOURCE = r"""
     const T* k_head = keys + (size_t)kv_head * slots * D;
     const T* v_head = values + (size_t)kv_head * slots * D;
     const int stop = min(begin + CHUNK, min(offset[0] + rows, slots));  // the last row's end
+    // Staging: each thread holds its 16-byte loads of the next tile in registers (k_next,
+    // v_next) while the warps work on this one, so a tile's memory latency hides behind the
+    // last tile's arithmetic and every load of a tile is in flight at once. (A loop of 2-byte
+    // loads, each waited on before the next, left a 32B layer's attention at 170-460 us on an
+    // H100 at 8k tokens, 2026-12-06.) Buffers off a 16-byte boundary take that loop still.
+    const bool aligned = ((reinterpret_cast<size_t>(k_head) | reinterpret_cast<size_t>(v_head)) & 15) == 0;
+    uint4 k_next[VECS], v_next[VECS];
+    auto fetch = [&](int tile) {  // tile's keys and values into this thread's registers
+        const int count = min(TILE, stop - tile) * D / VEC;
+        const uint4* k_src = reinterpret_cast<const uint4*>(k_head + (size_t)tile * D);
+        const uint4* v_src = reinterpret_cast<const uint4*>(v_head + (size_t)tile * D);
+        #pragma unroll
+        for (int j = 0; j < VECS; ++j) {
+            const int x = threadIdx.x + j * WARPS * 32;
+            if (x < count) {
+                k_next[j] = k_src[x];
+                v_next[j] = v_src[x];
+            }
+        }
+    };
+    if (aligned && begin < stop) fetch(begin);
     for (int tile = begin; tile < stop; tile += TILE) {
         const int staged = min(TILE, stop - tile);
-        for (int x = threadIdx.x; x < staged * D; x += blockDim.x) {
-            k_tile[x] = k_head[(size_t)tile * D + x];
-            v_tile[x] = v_head[(size_t)tile * D + x];
+        if (aligned) {
+            #pragma unroll
+            for (int j = 0; j < VECS; ++j) {
+                const int x = threadIdx.x + j * WARPS * 32;
+                if (x < staged * D / VEC) {
+                    reinterpret_cast<uint4*>(k_tile)[x] = k_next[j];
+                    reinterpret_cast<uint4*>(v_tile)[x] = v_next[j];
+                }
+            }
+            if (tile + TILE < stop) fetch(tile + TILE);  // in flight through this tile's work
+        } else {
+            for (int x = threadIdx.x; x < staged * D; x += blockDim.x) {
+                k_tile[x] = k_head[(size_t)tile * D + x];
+                v_tile[x] = v_head[(size_t)tile * D + x];
+            }
         }
         block.sync();
         #pragma unroll
@@ -285,8 +324,10 @@ _MERGE_SOURCE = r"""
     const int d = threadIdx.x;
     const size_t base = ((size_t)head * rows + row) * chunks;
     float top = Limits<float>::finite_min();
+    #pragma unroll 8
     for (int c = 0; c < chunks; ++c) top = max(top, part_max[base + c]);
     float sum = 0.f, acc = 0.f;
+    #pragma unroll 8  // loads of several chunks in flight at once; the sums keep chunk order
     for (int c = 0; c < chunks; ++c) {
         const float weight = exp2f(part_max[base + c] - top);
         sum += part_sum[base + c] * weight;
