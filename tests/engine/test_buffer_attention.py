@@ -64,7 +64,7 @@ def test_shape_supported_is_the_kernels_domain():
 
 
 @needs_cuda
-@pytest.mark.parametrize("form", ["one pass", "split"])
+@pytest.mark.parametrize("form", ["one_pass", "split", "two_pass"])
 @pytest.mark.parametrize("heads,kv_heads,dim,rows,offset,slots", [
     (4, 2, 64, 7, 300, 512),  # the embedded model's verify (split: its rows in the second chunk)
     (4, 2, 64, 1, 0, 256),  # a chained draft step at the first slot
@@ -77,8 +77,11 @@ def test_shape_supported_is_the_kernels_domain():
     (64, 8, 128, 9, 700, 1024),  # depth 8 on Qwen3-32B (split: 72 pairs, two blocks a chunk)
 ])
 def test_kernel_matches_masked_attention(form, heads, kv_heads, dim, rows, offset, slots):
-    assert buffer_attention.usable() and (form == "one pass" or buffer_attention.split_usable())
-    attend = buffer_attention.split_buffer_attention if form == "split" else buffer_attention.buffer_attention
+    attend = {"one_pass": buffer_attention.one_pass_buffer_attention,
+              "split": buffer_attention.split_buffer_attention,
+              "two_pass": buffer_attention.two_pass_buffer_attention}[form]
+    assert buffer_attention.usable() and {"one_pass": True, "split": buffer_attention.split_usable(),
+                                          "two_pass": buffer_attention.two_pass_usable()}[form]
     q, k, v = attention_inputs(heads, kv_heads, rows, dim, slots, seed=rows)
     scale = 1 / math.sqrt(dim)
     got = attend(q, k, v, mx.array(offset, mx.int32), scale)
@@ -149,18 +152,38 @@ def test_rows_kernel_gives_each_row_the_one_row_kernels_bits():
         assert mx.array_equal(got[i:i + 1], want), f"row {i}"
 
 
-def test_the_split_form_is_opt_in_and_named(monkeypatch):
-    """`MTPLX_BUFFER_ATTENTION_SPLIT=1` asks for the split form; /health's `cache_attention`
-    names it where it runs (CUDA, probed); elsewhere the masked attention is named."""
-    monkeypatch.delenv(buffer_attention.SPLIT_ENV, raising=False)
-    assert not buffer_attention.split_wanted()
-    monkeypatch.setenv(buffer_attention.SPLIT_ENV, "1")
-    assert buffer_attention.split_wanted()
+@pytest.mark.parametrize("value,form", [(None, "one-pass"), ("1", "one-pass"), ("one-pass", "one-pass"),
+                                        ("split", "split"), (" Two-Pass ", "two-pass"), ("0", None)])
+def test_one_variable_picks_the_buffer_kernels_form(monkeypatch, value, form):
+    """`MTPLX_BUFFER_ATTENTION`: unset or "1" the one-pass kernel (served), "split" and
+    "two-pass" the opt-in forms, "0" no kernel (MLX's masked attention)."""
+    if value is None:
+        monkeypatch.delenv(buffer_attention.KERNEL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(buffer_attention.KERNEL_ENV, value)
+    assert buffer_attention.form_wanted() == form
+    assert buffer_attention.kernel_wanted() == (form is not None)
+
+
+def test_an_unknown_form_is_logged_and_the_one_pass_kernel_serves(monkeypatch, caplog):
+    monkeypatch.setenv(buffer_attention.KERNEL_ENV, "splti")
+    with caplog.at_level("WARNING"):
+        assert buffer_attention.form_wanted() == "one-pass"
+    assert "splti" in caplog.text and "two-pass" in caplog.text
+
+
+@pytest.mark.parametrize("form,name", [
+    ("split", f"buffer CUDA kernel, split into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head"),
+    ("two-pass", f"buffer CUDA kernel, two passes over {buffer_attention.TWO_PASS_BLOCKS} key blocks per query head")])
+def test_the_opt_in_forms_are_named(monkeypatch, form, name):
+    """/health's `cache_attention` names the asked form where it runs (CUDA, probed);
+    elsewhere the masked attention is named."""
+    monkeypatch.setenv(buffer_attention.KERNEL_ENV, form)
     if not fixed_shapes_wanted():
         assert buffer_attention.path_name() == "mlx scaled_dot_product_attention"
+        assert not buffer_attention.prepare_form()
     else:
-        assert buffer_attention.path_name() == (
-            f"buffer CUDA kernel, split into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head")
+        assert buffer_attention.prepare_form() and buffer_attention.path_name() == name
 
 
 def test_the_kernel_can_be_turned_off(monkeypatch):
@@ -187,13 +210,16 @@ def test_split_shape_supported_is_the_split_kernels_domain():
 
 
 @needs_cuda
-def test_split_form_rows_do_not_depend_on_the_buffers_capacity():
-    """Chunks past a row's keys add exact zeros, so the same keys in a larger buffer (the AR
-    loop's and the cycle's buffers need not be the same size) give the same bits."""
+@pytest.mark.parametrize("form", ["split", "two_pass"])
+def test_the_split_forms_rows_do_not_depend_on_the_buffers_capacity(form):
+    """The same keys in a larger buffer (the AR loop's and the cycle's buffers need not be
+    the same size) give the same bits: the split form's chunks past a row's keys add exact
+    zeros; the two-pass form's warps take keys by slot and never read past a row's limit."""
+    attend = getattr(buffer_attention, f"{form}_buffer_attention")
     q, k, v = attention_inputs(16, 4, 4, 128, 1280, seed=4)
     offset, scale = mx.array(600, mx.int32), 1 / math.sqrt(128)
-    large = buffer_attention.split_buffer_attention(q, k, v, offset, scale)
-    small = buffer_attention.split_buffer_attention(q, k[:, :, :768], v[:, :, :768], offset, scale)
+    large = attend(q, k, v, offset, scale)
+    small = attend(q, k[:, :, :700], v[:, :, :700], offset, scale)
     assert mx.array_equal(large, small)
 
 
@@ -213,7 +239,7 @@ def test_split_form_rounds_each_verify_row_as_its_one_row_step(heads, kv_heads, 
 
 @needs_cuda
 def test_buffer_attention_takes_the_split_form_when_asked_past_one_chunk(monkeypatch):
-    monkeypatch.setenv(buffer_attention.SPLIT_ENV, "1")
+    monkeypatch.setenv(buffer_attention.KERNEL_ENV, "split")
     q, k, v = attention_inputs(8, 2, 3, 64, 768, seed=7)
     offset = mx.array(600, mx.int32)
     assert mx.array_equal(buffer_attention.buffer_attention(q, k, v, offset, 0.125),
@@ -221,8 +247,30 @@ def test_buffer_attention_takes_the_split_form_when_asked_past_one_chunk(monkeyp
     # Outside the split kernel's domain (a float32 head of 256) the one-pass kernel serves.
     q2, k2, v2 = (x.astype(mx.float32) for x in attention_inputs(4, 2, 2, 256, 768, seed=8))
     asked = buffer_attention.buffer_attention(q2, k2, v2, offset, 0.125)
-    monkeypatch.delenv(buffer_attention.SPLIT_ENV)
+    monkeypatch.delenv(buffer_attention.KERNEL_ENV)
     assert mx.array_equal(asked, buffer_attention.buffer_attention(q2, k2, v2, offset, 0.125))
+
+
+@needs_cuda
+def test_buffer_attention_takes_the_two_pass_form_when_asked(monkeypatch):
+    monkeypatch.setenv(buffer_attention.KERNEL_ENV, "two-pass")
+    q, k, v = attention_inputs(8, 2, 3, 64, 768, seed=7)
+    offset = mx.array(600, mx.int32)
+    assert mx.array_equal(buffer_attention.buffer_attention(q, k, v, offset, 0.125),
+                          buffer_attention.two_pass_buffer_attention(q, k, v, offset, 0.125))
+
+
+@needs_cuda
+@pytest.mark.parametrize("heads,kv_heads,rows,offset", [(16, 4, 6, 509), (64, 8, 4, 8000)])
+def test_two_pass_rounds_each_verify_row_as_its_one_row_step(heads, kv_heads, rows, offset):
+    """Row i of a K+1-row call equals, bit for bit, the 1-row call at position offset+i (the
+    compiled AR step's), whatever the row count and across a round of blocks' end."""
+    q, k, v = attention_inputs(heads, kv_heads, rows, 128, offset + 256, seed=6)
+    scale = 1 / math.sqrt(128)
+    verify = buffer_attention.two_pass_buffer_attention(q, k, v, mx.array(offset, mx.int32), scale)
+    for i in range(rows):
+        step = buffer_attention.two_pass_buffer_attention(q[:, :, i:i + 1], k, v, mx.array(offset + i, mx.int32), scale)
+        assert mx.array_equal(verify[:, :, i:i + 1], step), f"row {i}"
 
 
 def test_a_kernel_built_by_editing_another_fails_loudly_when_an_edit_misses():

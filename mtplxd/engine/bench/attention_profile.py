@@ -13,6 +13,7 @@ with 256 slots to spare, as the fused loops allocate it. Forms:
   one-pass  the buffer kernel as served (buffer_attention.one_pass_buffer_attention; CUDA)
   split     its split form (split_buffer_attention; CUDA), in chunks of --split-slots key
             slots (buffer_attention.SPLIT_SLOTS unless told: a knob for this bench only)
+  two-pass  its two-pass form (two_pass_buffer_attention; CUDA)
   mlx       mx.fast.scaled_dot_product_attention over the keys the last row sees, causal for
             several rows: what an op-by-op AR step runs (cuDNN on CUDA past 256 keys)
   masked    mx.fast.scaled_dot_product_attention over the whole buffer with a boolean mask:
@@ -37,7 +38,7 @@ from mtplxd.engine.bench.step_profile import DriverProfiler
 from mtplxd.engine.decoding import buffer_attention
 
 PROG = "python -m mtplxd.engine.bench.attention_profile"
-FORMS = ("one-pass", "split", "mlx", "masked")
+FORMS = ("one-pass", "split", "two-pass", "mlx", "masked")
 SPARE_SLOTS = 256  # slots a fused loop's buffer keeps past the prompt (real_size's --context)
 QWEN3_32B = {"heads": 64, "kv_heads": 8, "dim": 128}
 
@@ -46,7 +47,7 @@ def attention_call(form: str, context: int, rows: int, heads: int, kv_heads: int
                    dim: int) -> Callable[[mx.array], mx.array]:
     """`attend(queries) -> output` of `form` (module docstring) over one random bf16 buffer of
     context + SPARE_SLOTS slots, row 0 at position `context`."""
-    if form in ("one-pass", "split") and not buffer_attention.usable():
+    if form in ("one-pass", "split", "two-pass") and not buffer_attention.usable():
         raise SystemExit(f"form {form} needs the buffer kernel (MLX's CUDA backend)")
     slots = context + SPARE_SLOTS
     keys = mx.random.split(mx.random.key(0), 2)
@@ -61,6 +62,8 @@ def attention_call(form: str, context: int, rows: int, heads: int, kv_heads: int
         return lambda q: buffer_attention.one_pass_buffer_attention(q, k, v, offset, scale)
     if form == "split":
         return lambda q: buffer_attention.split_buffer_attention(q, k, v, offset, scale)
+    if form == "two-pass":
+        return lambda q: buffer_attention.two_pass_buffer_attention(q, k, v, offset, scale)
     if form == "mlx":
         return lambda q: mx.fast.scaled_dot_product_attention(
             q, k[:, :, :seen], v[:, :, :seen], scale=scale, mask="causal" if rows > 1 else None)

@@ -17,8 +17,8 @@ which keeps greedy MTP equal to greedy AR on CUDA while MLX runs AR steps on tha
 can round apart, as they could before). Other backends keep
 mx.fast.scaled_dot_product_attention with the mask.
 
-The split form (`MTPLX_BUFFER_ATTENTION_SPLIT=1`, opt-in until a GPU has timed it). The
-one-pass kernel gives each query row one block, whose 32 warps walk all of that row's keys
+Two more forms, opt-in until a GPU has timed them (`MTPLX_BUFFER_ATTENTION=split` or
+`two-pass`; "0" turns every buffer kernel off). The one-pass kernel gives each query row one block, whose 32 warps walk all of that row's keys
 one after the other and reduce each key's score across the warp, and every query head of a
 GQA group reads the same keys again; so its time grows with the context (on an H100 a
 32B layer took 196 us for one row at 8,192 tokens, 252 for four, where MLX's attention over
@@ -37,6 +37,13 @@ traced). A buffer of one chunk keeps the one-pass kernel. Its first timing (same
 found it no faster than the one-pass kernel (180 us at one row, 474 at four) with its tiles
 staged by 2-byte loads each waited on; the staging now keeps the next tile's 16-byte loads in
 flight while the warps work (untimed).
+
+The two-pass form (`_TWO_PASS_SOURCE`) keeps the one-pass kernel's per-key arithmetic but
+spreads each row's keys over TWO_PASS_BLOCKS blocks of 8 warps, as MLX's two-pass decode
+kernel and cuDNN's split-KV attention do (cuDNN took 32 us above), and merges their parts in
+block order with the split form's merge. It reads a GQA group's keys once per query head, as
+the one-pass kernel does, relying on L2 for the repeats. A warp's keys are fixed by slot, so
+a verify row rounds as the 1-row call at its position here too.
 """
 
 from __future__ import annotations
@@ -337,6 +344,109 @@ _MERGE_SOURCE = r"""
     out[((size_t)head * rows + row) * D + d] = static_cast<T>(acc * sum);
 """
 
+# The two-pass form's first pass (`MTPLX_BUFFER_ATTENTION=two-pass`): the one-pass kernel's
+# per-key arithmetic spread over many more blocks, as MLX's two-pass decode kernel and cuDNN's
+# split-KV attention spread it. Grid: x = query head, y = query row, z = one of BLOCKS blocks
+# of 8 warps. Warp w of block b takes key slots b*8 + w, then every BLOCKS*8 slots after (a
+# 32B layer at 8k: 33 keys a warp, in 2,048 blocks for one row, where the one-pass kernel's 64
+# blocks walk 264 a warp). Each warp issues the loads of two keys before the arithmetic of
+# either, which runs key by key in slot order as in the one-pass kernel; then the block's 8
+# warps merge in warp order into one part (max, sum of weights, unnormalised output; float32)
+# for the merge kernel, which adds the BLOCKS parts in block order. Which keys a warp takes
+# depends on the slot alone, so a verify row rounds as the 1-row call at its position, and
+# a buffer's capacity changes nothing (slots past the row's limit are never read).
+_TWO_PASS_SOURCE = r"""
+    constexpr int WARPS = 8;
+    constexpr int E = D / 32;
+    constexpr int STRIDE = BLOCKS * WARPS;  // slots from one of a warp's keys to its next
+    __shared__ float warp_max[WARPS];
+    __shared__ float warp_sum[WARPS];
+    __shared__ float warp_acc[WARPS][D];
+
+    auto block = cg::this_thread_block();
+    auto warp = cg::tiled_partition<32>(block);
+    const int lane = warp.thread_rank();
+    const int w = warp.meta_group_rank();
+
+    const int rows = queries_shape[2];
+    const int slots = keys_shape[2];
+    const int head = blockIdx.x;
+    const int row = blockIdx.y;
+    const int part = blockIdx.z;
+    const int kv_head = head / (queries_shape[1] / keys_shape[1]);
+    const int limit = min(offset[0] + row + 1, slots);  // slots this row may see
+
+    const T* q_row = queries + ((size_t)head * rows + row) * D + lane * E;
+    const T* k_head = keys + (size_t)kv_head * slots * D + lane * E;
+    const T* v_head = values + (size_t)kv_head * slots * D + lane * E;
+    const float q_scale = (float)((double)scale[0] * 1.4426950408889634);  // * log2(e)
+
+    float qs[E], acc[E];
+    for (int e = 0; e < E; ++e) {
+        qs[e] = q_scale * static_cast<float>(q_row[e]);
+        acc[e] = 0.f;
+    }
+    float run_max = Limits<float>::finite_min();
+    float run_sum = 0.f;
+    auto attend = [&](const float* ks, const float* vs) {  // one key, as the one-pass kernel
+        float score = 0.f;
+        for (int e = 0; e < E; ++e) score += qs[e] * ks[e];
+        score = cg::reduce(warp, score, cg::plus<float>());
+        const float top = max(run_max, score);
+        const float rescale = exp2f(run_max - top);
+        const float weight = exp2f(score - top);
+        run_max = top;
+        run_sum = run_sum * rescale + weight;
+        for (int e = 0; e < E; ++e) acc[e] = acc[e] * rescale + weight * vs[e];
+    };
+    int slot = part * WARPS + w;
+    for (; slot + STRIDE < limit; slot += 2 * STRIDE) {
+        float k0[E], v0[E], k1[E], v1[E];
+        const T* k_at = k_head + (size_t)slot * D;
+        const T* v_at = v_head + (size_t)slot * D;
+        #pragma unroll
+        for (int e = 0; e < E; ++e) {
+            k0[e] = static_cast<float>(k_at[e]);
+            v0[e] = static_cast<float>(v_at[e]);
+            k1[e] = static_cast<float>(k_at[(size_t)STRIDE * D + e]);
+            v1[e] = static_cast<float>(v_at[(size_t)STRIDE * D + e]);
+        }
+        attend(k0, v0);
+        attend(k1, v1);
+    }
+    if (slot < limit) {
+        float k0[E], v0[E];
+        #pragma unroll
+        for (int e = 0; e < E; ++e) {
+            k0[e] = static_cast<float>(k_head[(size_t)slot * D + e]);
+            v0[e] = static_cast<float>(v_head[(size_t)slot * D + e]);
+        }
+        attend(k0, v0);
+    }
+
+    // The block's part: its warps' results weighed by exp2(warp max - block max), in warp order.
+    if (lane == 0) {
+        warp_max[w] = run_max;
+        warp_sum[w] = run_sum;
+    }
+    for (int e = 0; e < E; ++e) warp_acc[w][lane * E + e] = acc[e];
+    block.sync();
+    float top = Limits<float>::finite_min();
+    for (int i = 0; i < WARPS; ++i) top = max(top, warp_max[i]);
+    const size_t out_at = ((size_t)head * rows + row) * gridDim.z + part;
+    for (int d = threadIdx.x; d < D; d += WARPS * 32) {
+        float total = 0.f;
+        for (int i = 0; i < WARPS; ++i) total += warp_acc[i][d] * exp2f(warp_max[i] - top);
+        part_acc[out_at * D + d] = total;
+    }
+    if (threadIdx.x == 0) {
+        float total = 0.f;
+        for (int i = 0; i < WARPS; ++i) total += warp_sum[i] * exp2f(warp_max[i] - top);
+        part_max[out_at] = top;
+        part_sum[out_at] = total;
+    }
+"""
+
 # Key slots a block of the split form takes: 8 tiles of 32. At 8,448 slots (8k tokens of
 # context) a KV head has 33 chunks, so a Qwen3-32B layer (8 KV heads) runs 264 blocks, two
 # for each of an H100's SMs, and a 4-row verify's parts (32 pairs x 130 floats a chunk) stay
@@ -344,8 +454,11 @@ _MERGE_SOURCE = r"""
 SPLIT_SLOTS = 256
 SPLIT_WARPS = 8  # warps a split block has (WARPS in _SPLIT_SOURCE)
 SPLIT_MAX_PAIRS = 8  # pairs a warp keeps in registers at most (PAIRS); more take more blocks
-SPLIT_ENV = "MTPLX_BUFFER_ATTENTION_SPLIT"
-KERNEL_ENV = "MTPLX_BUFFER_ATTENTION"  # "0": no buffer kernel (MLX's masked attention)
+TWO_PASS_BLOCKS = 32  # blocks of keys per query head and row in the two-pass form (MLX's count)
+# Which buffer kernel the fused loops attend with: "0" none (MLX's masked attention), "split"
+# or "two-pass" those forms (opt-in until a GPU has timed them), else the one-pass kernel.
+KERNEL_ENV = "MTPLX_BUFFER_ATTENTION"
+FORMS = ("one-pass", "split", "two-pass")
 
 _kernel = None
 _rows_kernel = None
@@ -353,6 +466,8 @@ _split_kernels: tuple | None = None
 _usable: bool | None = None
 _rows_usable: bool | None = None
 _split_usable: bool | None = None
+_two_pass_kernels: tuple | None = None
+_two_pass_usable: bool | None = None
 
 
 def _buffer_kernel():
@@ -371,9 +486,12 @@ def buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset
     queries (1, Hq, L, D); keys and values (1, Hkv, S, D) buffers; `offset` an int scalar
     array (the cache position of query row 0). CUDA only: see `usable`.
     """
-    if (keys.shape[2] > SPLIT_SLOTS and split_wanted() and split_shape_supported(queries, keys)
+    form = form_wanted()
+    if (form == "split" and keys.shape[2] > SPLIT_SLOTS and split_shape_supported(queries, keys)
             and split_usable()):
         return split_buffer_attention(queries, keys, values, offset, scale)
+    if form == "two-pass" and two_pass_usable():
+        return two_pass_buffer_attention(queries, keys, values, offset, scale)
     return one_pass_buffer_attention(queries, keys, values, offset, scale)
 
 
@@ -426,6 +544,37 @@ def split_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, 
                  output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
 
 
+def _two_pass_buffer_kernels():
+    global _two_pass_kernels
+    if _two_pass_kernels is None:
+        _two_pass_kernels = (
+            mx.fast.cuda_kernel(name="mtplx_buffer_attention_two_pass",
+                                input_names=["queries", "keys", "values", "offset", "scale"],
+                                output_names=["part_max", "part_sum", "part_acc"],
+                                source=_TWO_PASS_SOURCE, header=_HEADER),
+            _split_buffer_kernels()[1])  # the same merge, over blocks in place of chunks
+    return _two_pass_kernels
+
+
+def two_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
+                              scale: float) -> mx.array:
+    """`buffer_attention` in the two-pass form (`_TWO_PASS_SOURCE`): TWO_PASS_BLOCKS blocks
+    per query head and row, each over every TWO_PASS_BLOCKS-th group of 8 key slots, then the
+    merge in block order. CUDA only, within `shape_supported`: see `two_pass_usable`."""
+    _, heads, rows, dim = queries.shape
+    first, merge = _two_pass_buffer_kernels()
+    parts = first(
+        inputs=[queries, keys, values, offset.astype(mx.int32).reshape(1), mx.array([scale], mx.float32)],
+        template=[("T", queries.dtype), ("D", dim), ("BLOCKS", TWO_PASS_BLOCKS)],
+        grid=(heads * 256, rows, TWO_PASS_BLOCKS), threadgroup=(256, 1, 1),
+        output_shapes=[(heads, rows, TWO_PASS_BLOCKS), (heads, rows, TWO_PASS_BLOCKS),
+                       (heads, rows, TWO_PASS_BLOCKS, dim)],
+        output_dtypes=[mx.float32] * 3)
+    return merge(inputs=parts, template=[("T", queries.dtype), ("D", dim)],
+                 grid=(heads * dim, rows, 1), threadgroup=(dim, 1, 1),
+                 output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
+
+
 def split_shape_supported(queries: mx.array, keys: mx.array) -> bool:
     """The split form's domain, within `shape_supported`'s: a staged tile of keys and values
     within 32 KB of shared memory (D x itemsize <= 512 bytes: a head size of 256 in 16 bits,
@@ -433,9 +582,16 @@ def split_shape_supported(queries: mx.array, keys: mx.array) -> bool:
     return shape_supported(queries, keys) and queries.shape[-1] * queries.dtype.size <= 512
 
 
-def split_wanted() -> bool:
-    """Whether the split form is asked for (SPLIT_ENV "1"; off by default until measured)."""
-    return os.environ.get(SPLIT_ENV, "") == "1"
+def form_wanted() -> str | None:
+    """The buffer kernel's form KERNEL_ENV asks for: None for "0" (no kernel), "split" or
+    "two-pass" (opt-in), else "one-pass" (unset, "1", "one-pass"; an unknown value is logged)."""
+    value = os.environ.get(KERNEL_ENV, "").strip().lower()
+    if value == "0":
+        return None
+    if value not in ("", "1", *FORMS):
+        custom_kernels.log.warning("%s=%r is not 0 or one of %s; using one-pass", KERNEL_ENV, value,
+                                   ", ".join(FORMS))
+    return value if value in FORMS else "one-pass"
 
 
 def _rows_buffer_kernel():
@@ -490,7 +646,7 @@ def usable() -> bool:
 def kernel_wanted() -> bool:
     """False where KERNEL_ENV is "0": the fused loops then attend with MLX's masked attention
     on CUDA too (benches, and a way out should the kernel misbehave on some GPU)."""
-    return os.environ.get(KERNEL_ENV, "1") != "0"
+    return form_wanted() is not None
 
 
 def split_usable() -> bool:
@@ -504,12 +660,35 @@ def split_usable() -> bool:
     return _split_usable
 
 
+def two_pass_usable() -> bool:
+    """`usable` for the two-pass form: on CUDA once its kernels compiled and matched mx.fast's
+    masked attention on a probe whose rows reach past the first round of blocks (once per
+    process, before any graph is traced: `prepare_form`)."""
+    global _two_pass_usable
+    if _two_pass_usable is None:
+        _two_pass_usable = fixed_shapes_wanted() and custom_kernels.probe(
+            "two-pass buffer attention", _two_pass_probe_error, 0.05, "the one-pass buffer kernel")
+    return _two_pass_usable
+
+
+def prepare_form() -> bool:
+    """Probe the form KERNEL_ENV asks for (its kernels compile and agree), once per process:
+    whether it will serve. The one-pass kernel is `usable`'s."""
+    if not usable():
+        return False
+    form = form_wanted()
+    return split_usable() if form == "split" else two_pass_usable() if form == "two-pass" else True
+
+
 def path_name() -> str:
     """What /health and status say about the fused loops' attention (`cache_attention`)."""
     if not usable():
         return "mlx scaled_dot_product_attention"
-    if split_wanted() and split_usable():
+    form = form_wanted()
+    if form == "split" and split_usable():
         return f"buffer CUDA kernel, split into {SPLIT_SLOTS}-slot chunks per KV head"
+    if form == "two-pass" and two_pass_usable():
+        return f"buffer CUDA kernel, two passes over {TWO_PASS_BLOCKS} key blocks per query head"
     return "buffer CUDA kernel"
 
 
@@ -549,6 +728,11 @@ def _probe_error() -> float:
 def _split_probe_error() -> float:  # its rows see two chunks; a third lies past them
     return _masked_error(lambda q, k, v, at, scale: split_buffer_attention(q, k, v, at[0], scale),
                          [SPLIT_SLOTS + 100], 2 * SPLIT_SLOTS + 40)
+
+
+def _two_pass_probe_error() -> float:  # its rows reach past the first 256 slots (all blocks' first keys)
+    return _masked_error(lambda q, k, v, at, scale: two_pass_buffer_attention(q, k, v, at[0], scale),
+                         [2 * TWO_PASS_BLOCKS * 8 + 30], 3 * TWO_PASS_BLOCKS * 8)
 
 
 def _probe() -> bool:

@@ -221,10 +221,8 @@ def route_static_cache_attention() -> None:
     only the fused cycles create, so installing it once for the process is safe. The kernels'
     one-time probes run here, before any graph is traced (they evaluate arrays).
     """
-    buffer_attention.usable()
+    buffer_attention.prepare_form()
     buffer_attention.rows_usable()
-    if buffer_attention.split_wanted():
-        buffer_attention.split_usable()
     _scatter_works()
     mlx_lm_qwen3.scaled_dot_product_attention = static_cache_attention
     mlx_lm_qwen3_next.scaled_dot_product_attention = static_cache_attention
