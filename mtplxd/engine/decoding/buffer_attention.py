@@ -468,6 +468,7 @@ _rows_usable: bool | None = None
 _split_usable: bool | None = None
 _two_pass_kernels: tuple | None = None
 _two_pass_usable: bool | None = None
+_warned_values: set[str] = set()
 
 
 def _buffer_kernel():
@@ -588,7 +589,8 @@ def form_wanted() -> str | None:
     value = os.environ.get(KERNEL_ENV, "").strip().lower()
     if value == "0":
         return None
-    if value not in ("", "1", *FORMS):
+    if value not in ("", "1", *FORMS) and value not in _warned_values:  # read per layer traced: say it once
+        _warned_values.add(value)
         custom_kernels.log.warning("%s=%r is not 0 or one of %s; using one-pass", KERNEL_ENV, value,
                                    ", ".join(FORMS))
     return value if value in FORMS else "one-pass"
