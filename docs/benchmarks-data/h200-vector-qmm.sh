@@ -121,7 +121,8 @@
 #                 decode in the compiled AR loop (MTPLX_FUSED_AR=1: served only up to 1,024-token
 #                 prompts) and depth-3 cycles at T=0, the fused loops attending with each of FORMS
 #                 (one-pass split two-pass; mlx: MLX's masked attention, MTPLX_BUFFER_ATTENTION=0),
-#                 one process each (~120 s each at 8k)
+#                 one process each (~120 s each at 8k; the first on a fresh machine also compiles
+#                 MLX's kernels, ~140 s)
 #   PART=attention-profile  one layer's attention alone at the 32B's shapes, each form in its own
 #                 process under Nsight Compute (bench.attention_profile: the one-pass kernel, the
 #                 split and two-pass forms, MLX's attention over the keys seen as an op-by-op
@@ -378,7 +379,7 @@ elif [ "$PART" = attention-split ]; then
         *) pick=(MTPLX_BUFFER_ATTENTION=$form) ;;
       esac
       name="attention-$form-${SIZE:-qwen3-32b}-${DTYPES:-4bit}-$context"
-      step "$name" 240 env MTPLX_FUSED_AR=1 "${pick[@]}" \
+      step "$name" 300 env MTPLX_FUSED_AR=1 "${pick[@]}" \
         python3 -m mtplxd.engine.bench.real_size --sizes "${SIZE:-qwen3-32b}" --dtypes "${DTYPES:-4bit}" \
         --context "$context" --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 \
         --small-m-kernel --small-m-loops --json-out "$work/$name.json"
