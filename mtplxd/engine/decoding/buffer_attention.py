@@ -18,25 +18,25 @@ can round apart, as they could before). Other backends keep
 mx.fast.scaled_dot_product_attention with the mask.
 
 Two more forms, opt-in until a GPU has timed them (`MTPLX_BUFFER_ATTENTION=split` or
-`two-pass`; "0" turns every buffer kernel off). The one-pass kernel gives each query row one block, whose 32 warps walk all of that row's keys
-one after the other and reduce each key's score across the warp, and every query head of a
-GQA group reads the same keys again; so its time grows with the context (on an H100 a
-32B layer took 196 us for one row at 8,192 tokens, 252 for four, where MLX's attention over
-the keys seen, cuDNN's, took 32 and 128: docs/benchmarks.md, "The attention, layer by
-layer"). A first split form, a block per 256-slot chunk of each row, took 3 ms
-off the compiled AR step at 8,192 tokens but added 16 to the cycle (docs/benchmarks.md, "The
-KV scatter timed"). This one gives a block to each KV head's SPLIT_SLOTS-slot chunk
-(`_SPLIT_SOURCE`): it stages the chunk's keys and values in shared memory a tile at a time,
-once for all the group's query heads and rows, and its warps form 32 keys' scores at once
-(a butterfly exchange in place of a reduction per key); a second kernel merges the chunks'
-parts in chunk order (`_MERGE_SOURCE`). The chunks are fixed by the slot index, and a
-(query head, row) pair's arithmetic depends on nothing else in the call, so a verify row
-rounds as the compiled AR step of the same position (it does not round as the one-pass
-kernel, so the split form applies to all of a loop's calls or none: it is read when a loop is
-traced). A buffer of one chunk keeps the one-pass kernel. Its first timing (same section)
-found it no faster than the one-pass kernel (180 us at one row, 474 at four) with its tiles
-staged by 2-byte loads each waited on; the staging now keeps the next tile's 16-byte loads in
-flight while the warps work (untimed).
+`two-pass`; "0" turns every buffer kernel off). The one-pass kernel gives each query row one
+block, whose 32 warps walk all of that row's keys one after the other and reduce each key's
+score across the warp, and every query head of a GQA group reads the same keys again; so its
+time grows with the context (on an H100 a 32B layer took 196 us for one row at 8,192 tokens,
+252 for four, where MLX's attention over the keys seen, cuDNN's, took 32 and 128:
+docs/benchmarks.md, "The attention, layer by layer"). A first split form, a block per
+256-slot chunk of each row, took 3 ms off the compiled AR step at 8,192 tokens but added 16
+to the cycle (docs/benchmarks.md, "The KV scatter timed"). This one gives a block to each KV
+head's SPLIT_SLOTS-slot chunk (`_SPLIT_SOURCE`): it stages the chunk's keys and values in
+shared memory a tile at a time, once for all the group's query heads and rows, and its warps
+form 32 keys' scores at once (a butterfly exchange in place of a reduction per key); a
+second kernel merges the chunks' parts in chunk order (`_MERGE_SOURCE`). The chunks are
+fixed by the slot index, and a (query head, row) pair's arithmetic depends on nothing else
+in the call, so a verify row rounds as the compiled AR step of the same position (it does
+not round as the one-pass kernel, so the split form applies to all of a loop's calls or
+none: it is read when a loop is traced). A buffer of one chunk keeps the one-pass kernel.
+Its first timing (same section) found it no faster than the one-pass kernel (180 us at one
+row, 474 at four) with its tiles staged by 2-byte loads each waited on; the staging now
+keeps the next tile's 16-byte loads in flight while the warps work (untimed).
 
 The two-pass form (`_TWO_PASS_SOURCE`) keeps the one-pass kernel's per-key arithmetic but
 spreads each row's keys over TWO_PASS_BLOCKS blocks of 8 warps, as MLX's two-pass decode
