@@ -739,3 +739,29 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
         plain = int(used[f"k_mma_True_1_{default}_{bits}"])
         pipelined = int(used[f"k_mma_pipelined_True_1_{small_m_qmm.MMA_WARPS}_{stages}_{bits}"])
         assert pipelined < plain, (bits, pipelined, plain)
+
+
+def test_routing_marks_are_walked_once_until_the_routing_changes(tiny_model_factory, monkeypatch):
+    """`decode_routed` (asked before every AR request on CUDA) walks the model's modules once
+    and remembers the answer on the model, outside its parameters, until the next install or
+    uninstall; both change the answer."""
+    from mlx.utils import tree_flatten
+
+    monkeypatch.setattr(small_m_qmm, "_usable", True)
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
+    model = load_model(tiny_model_factory("qwen3", quantize_bits=4), dequantize_weights="off",
+                       compute="checkpoint").model
+    parameters = [name for name, _ in tree_flatten(model.parameters())]
+    walks = []
+    walk = model.named_modules
+    monkeypatch.setattr(model, "named_modules", lambda: walks.append(1) or walk(), raising=False)
+    assert not small_m_qmm.decode_routed(model) and not small_m_qmm.decode_routed(model)
+    assert len(walks) <= 1  # none where loading asked already (/health's ar_decode path)
+    assert small_m_qmm.install(model, force=True, decode=True) > 0
+    walks.clear()
+    assert small_m_qmm.decode_routed(model) and small_m_qmm.decode_routed(model)
+    assert small_m_qmm.routed_row_invariant(model) is False
+    assert len(walks) == 1
+    assert small_m_qmm.uninstall(model) > 0
+    assert not small_m_qmm.decode_routed(model)
+    assert [name for name, _ in tree_flatten(model.parameters())] == parameters

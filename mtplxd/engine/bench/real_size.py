@@ -726,16 +726,14 @@ def kernel_installed(model: nn.Module, trunk, **install: Any) -> Iterator[int]:
     layers it switched; outside, the stock QuantizedLinear class back (the figures after are
     MLX's own). Both sides drop the compiled graphs: mx.compile replays a traced graph, so a
     class swap alone would leave the cycles on the layers they were traced through."""
-    from mtplxd.engine.model.small_m_qmm import SmallMQuantizedLinear, install as install_kernel
+    from mtplxd.engine.model import small_m_qmm
 
-    switched = install_kernel(model, **install)
+    switched = small_m_qmm.install(model, **install)
     trunk.compiled_graphs.clear()
     try:
         yield switched
     finally:
-        for _, module in model.named_modules():
-            if isinstance(module, SmallMQuantizedLinear):
-                module.__class__ = nn.QuantizedLinear
+        small_m_qmm.uninstall(model)
         trunk.compiled_graphs.clear()
 
 

@@ -946,7 +946,32 @@ def install(model: nn.Module, *, force: bool | None = None, decode: bool | None 
             module.row_invariant = invariant
             module.cycle_row_invariant = invariant or in_cycles
             switched += 1
+    _routing_changed()
     return switched
+
+
+def uninstall(model: nn.Module) -> int:
+    """Put `model`'s kernel layers back on MLX's QuantizedLinear (benches time both); returns
+    how many."""
+    switched = 0
+    for _, module in model.named_modules():
+        if isinstance(module, SmallMQuantizedLinear):
+            module.__class__ = nn.QuantizedLinear
+            switched += 1
+    _routing_changed()
+    return switched
+
+
+# What `install` marked on a model's layers, remembered on the model (`_routing_marks`) until
+# the next install or uninstall anywhere: a 64-layer model has about 1,000 modules to walk (4
+# ms on a slow CPU), and `fused_ar.fused_ar_wanted` asks before every AR request on CUDA.
+_MARKS = ("kernel_decode", "row_invariant", "cycle_row_invariant")
+_routing_generation = 0
+
+
+def _routing_changed() -> None:
+    global _routing_generation
+    _routing_generation += 1
 
 
 def routed_row_invariant(model: nn.Module, *, in_cycles: bool = False) -> bool:
@@ -963,7 +988,13 @@ def decode_routed(model: nn.Module) -> bool:
 
 def _any_kernel_layer(model: nn.Module, mark: str) -> bool:
     """Whether any of `model`'s kernel layers carries `install`'s `mark` (an attribute) set."""
-    return any(getattr(m, mark, False) for _, m in model.named_modules() if isinstance(m, SmallMQuantizedLinear))
+    generation, marks = getattr(model, "_routing_marks", (None, None))
+    if generation != _routing_generation:
+        layers = [m for _, m in model.named_modules() if isinstance(m, SmallMQuantizedLinear)]
+        marks = {name: any(getattr(m, name, False) for m in layers) for name in _MARKS}
+        # object's setattr: nn.Module's would file a tuple among the parameters
+        object.__setattr__(model, "_routing_marks", (_routing_generation, marks))
+    return marks[mark]
 
 
 def path_name(switched: int, *, decode: bool = True, row_invariant: bool = False,
