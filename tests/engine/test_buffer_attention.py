@@ -264,10 +264,11 @@ def test_buffer_attention_takes_the_two_pass_form_when_asked(monkeypatch):
 
 
 @needs_cuda
-@pytest.mark.parametrize("heads,kv_heads,rows,offset", [(16, 4, 6, 509), (64, 8, 4, 8000)])
+@pytest.mark.parametrize("heads,kv_heads,rows,offset", [(16, 4, 6, 509), (64, 8, 4, 8000), (8, 2, 9, 300)])
 def test_two_pass_rounds_each_verify_row_as_its_one_row_step(heads, kv_heads, rows, offset):
     """Row i of a K+1-row call equals, bit for bit, the 1-row call at position offset+i (the
-    compiled AR step's), whatever the row count and across a round of blocks' end."""
+    compiled AR step's), whatever the row count (9 rows: blocks of 8 and of 1) and across a
+    round of blocks' end: a block's rows share each key's loads, not its arithmetic."""
     q, k, v = attention_inputs(heads, kv_heads, rows, 128, offset + 256, seed=6)
     scale = 1 / math.sqrt(128)
     verify = buffer_attention.two_pass_buffer_attention(q, k, v, mx.array(offset, mx.int32), scale)

@@ -41,9 +41,10 @@ keeps the next tile's 16-byte loads in flight while the warps work (untimed).
 The two-pass form (`_TWO_PASS_SOURCE`) keeps the one-pass kernel's per-key arithmetic but
 spreads each row's keys over TWO_PASS_BLOCKS blocks of 8 warps, as MLX's two-pass decode
 kernel and cuDNN's split-KV attention do (cuDNN took 32 us above), and merges their parts in
-block order with the split form's merge. It reads a GQA group's keys once per query head, as
-the one-pass kernel does, relying on L2 for the repeats. A warp's keys are fixed by slot, so
-a verify row rounds as the 1-row call at its position here too.
+block order with the split form's merge. A block serves up to TWO_PASS_MAX_ROWS rows of one
+query head, loading each key once for all of them; a GQA group's keys are read once per
+query head, as the one-pass kernel does, relying on L2 for the repeats. A warp's keys are
+fixed by slot, so a verify row rounds as the 1-row call at its position here too.
 """
 
 from __future__ import annotations
@@ -346,21 +347,24 @@ _MERGE_SOURCE = r"""
 
 # The two-pass form's first pass (`MTPLX_BUFFER_ATTENTION=two-pass`): the one-pass kernel's
 # per-key arithmetic spread over many more blocks, as MLX's two-pass decode kernel and cuDNN's
-# split-KV attention spread it. Grid: x = query head, y = query row, z = one of BLOCKS blocks
-# of 8 warps. Warp w of block b takes key slots b*8 + w, then every BLOCKS*8 slots after (a
-# 32B layer at 8k: 33 keys a warp, in 2,048 blocks for one row, where the one-pass kernel's 64
-# blocks walk 264 a warp). Each warp issues the loads of two keys before the arithmetic of
-# either, which runs key by key in slot order as in the one-pass kernel; then the block's 8
-# warps merge in warp order into one part (max, sum of weights, unnormalised output; float32)
-# for the merge kernel, which adds the BLOCKS parts in block order. Which keys a warp takes
-# depends on the slot alone, so a verify row rounds as the 1-row call at its position, and
-# a buffer's capacity changes nothing (slots past the row's limit are never read).
+# split-KV attention spread it. Grid: x = query head, y = a group of ROWS query rows, z = one
+# of BLOCKS blocks of 8 warps. Warp w of block b takes key slots b*8 + w, then every BLOCKS*8
+# slots after (a 32B layer at 8k: 33 keys a warp, in 2,048 blocks for a decode step, where the
+# one-pass kernel's 64 blocks walk 264 a warp). A warp loads each of its keys once for all the
+# block's rows (a verify's 4 rows read the keys once a query head, not 4 times) and issues two
+# keys' loads before the arithmetic of either; each row's arithmetic runs key by key in slot
+# order over the keys below its limit, as in the one-pass kernel. Then, row by row, the
+# block's 8 warps merge in warp order into one part (max, sum of weights, unnormalised output;
+# float32) for the merge kernel, which adds the BLOCKS parts in block order. A row's keys, and
+# their order, depend on the slot alone, never on the other rows of the block, so a verify row
+# rounds as the 1-row call at its position, and a buffer's capacity changes nothing (slots
+# past the last row's limit are never read).
 _TWO_PASS_SOURCE = r"""
     constexpr int WARPS = 8;
     constexpr int E = D / 32;
     constexpr int STRIDE = BLOCKS * WARPS;  // slots from one of a warp's keys to its next
-    __shared__ float warp_max[WARPS];
-    __shared__ float warp_sum[WARPS];
+    __shared__ float warp_max[WARPS][ROWS];
+    __shared__ float warp_sum[WARPS][ROWS];
     __shared__ float warp_acc[WARPS][D];
 
     auto block = cg::this_thread_block();
@@ -371,36 +375,47 @@ _TWO_PASS_SOURCE = r"""
     const int rows = queries_shape[2];
     const int slots = keys_shape[2];
     const int head = blockIdx.x;
-    const int row = blockIdx.y;
+    const int first = blockIdx.y * ROWS;  // this block's first row
+    const int active = min(ROWS, rows - first);
     const int part = blockIdx.z;
     const int kv_head = head / (queries_shape[1] / keys_shape[1]);
-    const int limit = min(offset[0] + row + 1, slots);  // slots this row may see
 
-    const T* q_row = queries + ((size_t)head * rows + row) * D + lane * E;
     const T* k_head = keys + (size_t)kv_head * slots * D + lane * E;
     const T* v_head = values + (size_t)kv_head * slots * D + lane * E;
     const float q_scale = (float)((double)scale[0] * 1.4426950408889634);  // * log2(e)
 
-    float qs[E], acc[E];
-    for (int e = 0; e < E; ++e) {
-        qs[e] = q_scale * static_cast<float>(q_row[e]);
-        acc[e] = 0.f;
+    float qs[ROWS][E], acc[ROWS][E], run_max[ROWS], run_sum[ROWS];
+    int limit[ROWS];  // slots row r may see (0 for a row past the last)
+    #pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const int row = min(first + r, rows - 1);
+        const T* q_row = queries + ((size_t)head * rows + row) * D + lane * E;
+        for (int e = 0; e < E; ++e) {
+            qs[r][e] = q_scale * static_cast<float>(q_row[e]);
+            acc[r][e] = 0.f;
+        }
+        run_max[r] = Limits<float>::finite_min();
+        run_sum[r] = 0.f;
+        limit[r] = r < active ? min(offset[0] + first + r + 1, slots) : 0;
     }
-    float run_max = Limits<float>::finite_min();
-    float run_sum = 0.f;
-    auto attend = [&](const float* ks, const float* vs) {  // one key, as the one-pass kernel
-        float score = 0.f;
-        for (int e = 0; e < E; ++e) score += qs[e] * ks[e];
-        score = cg::reduce(warp, score, cg::plus<float>());
-        const float top = max(run_max, score);
-        const float rescale = exp2f(run_max - top);
-        const float weight = exp2f(score - top);
-        run_max = top;
-        run_sum = run_sum * rescale + weight;
-        for (int e = 0; e < E; ++e) acc[e] = acc[e] * rescale + weight * vs[e];
+    const int last = min(offset[0] + first + active, slots);  // the last row's limit
+    auto attend = [&](int slot, const float* ks, const float* vs) {  // one key, each row that sees it
+        #pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (slot >= limit[r]) continue;  // the same for every lane of the warp
+            float score = 0.f;
+            for (int e = 0; e < E; ++e) score += qs[r][e] * ks[e];
+            score = cg::reduce(warp, score, cg::plus<float>());
+            const float top = max(run_max[r], score);
+            const float rescale = exp2f(run_max[r] - top);
+            const float weight = exp2f(score - top);
+            run_max[r] = top;
+            run_sum[r] = run_sum[r] * rescale + weight;
+            for (int e = 0; e < E; ++e) acc[r][e] = acc[r][e] * rescale + weight * vs[e];
+        }
     };
     int slot = part * WARPS + w;
-    for (; slot + STRIDE < limit; slot += 2 * STRIDE) {
+    for (; slot + STRIDE < last; slot += 2 * STRIDE) {
         float k0[E], v0[E], k1[E], v1[E];
         const T* k_at = k_head + (size_t)slot * D;
         const T* v_at = v_head + (size_t)slot * D;
@@ -411,39 +426,47 @@ _TWO_PASS_SOURCE = r"""
             k1[e] = static_cast<float>(k_at[(size_t)STRIDE * D + e]);
             v1[e] = static_cast<float>(v_at[(size_t)STRIDE * D + e]);
         }
-        attend(k0, v0);
-        attend(k1, v1);
+        attend(slot, k0, v0);
+        attend(slot + STRIDE, k1, v1);
     }
-    if (slot < limit) {
+    if (slot < last) {
         float k0[E], v0[E];
         #pragma unroll
         for (int e = 0; e < E; ++e) {
             k0[e] = static_cast<float>(k_head[(size_t)slot * D + e]);
             v0[e] = static_cast<float>(v_head[(size_t)slot * D + e]);
         }
-        attend(k0, v0);
+        attend(slot, k0, v0);
     }
 
-    // The block's part: its warps' results weighed by exp2(warp max - block max), in warp order.
+    // Each row's part: its warps' results weighed by exp2(warp max - block max), in warp order.
     if (lane == 0) {
-        warp_max[w] = run_max;
-        warp_sum[w] = run_sum;
+        #pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            warp_max[w][r] = run_max[r];
+            warp_sum[w][r] = run_sum[r];
+        }
     }
-    for (int e = 0; e < E; ++e) warp_acc[w][lane * E + e] = acc[e];
-    block.sync();
-    float top = Limits<float>::finite_min();
-    for (int i = 0; i < WARPS; ++i) top = max(top, warp_max[i]);
-    const size_t out_at = ((size_t)head * rows + row) * gridDim.z + part;
-    for (int d = threadIdx.x; d < D; d += WARPS * 32) {
-        float total = 0.f;
-        for (int i = 0; i < WARPS; ++i) total += warp_acc[i][d] * exp2f(warp_max[i] - top);
-        part_acc[out_at * D + d] = total;
-    }
-    if (threadIdx.x == 0) {
-        float total = 0.f;
-        for (int i = 0; i < WARPS; ++i) total += warp_sum[i] * exp2f(warp_max[i] - top);
-        part_max[out_at] = top;
-        part_sum[out_at] = total;
+    #pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        if (r >= active) break;  // the same for the whole block
+        for (int e = 0; e < E; ++e) warp_acc[w][lane * E + e] = acc[r][e];
+        block.sync();
+        float top = Limits<float>::finite_min();
+        for (int i = 0; i < WARPS; ++i) top = max(top, warp_max[i][r]);
+        const size_t out_at = ((size_t)head * rows + first + r) * gridDim.z + part;
+        for (int d = threadIdx.x; d < D; d += WARPS * 32) {
+            float total = 0.f;
+            for (int i = 0; i < WARPS; ++i) total += warp_acc[i][d] * exp2f(warp_max[i][r] - top);
+            part_acc[out_at * D + d] = total;
+        }
+        if (threadIdx.x == 0) {
+            float total = 0.f;
+            for (int i = 0; i < WARPS; ++i) total += warp_sum[i][r] * exp2f(warp_max[i][r] - top);
+            part_max[out_at] = top;
+            part_sum[out_at] = total;
+        }
+        block.sync();  // before the next row's outputs overwrite warp_acc
     }
 """
 
@@ -454,7 +477,11 @@ _TWO_PASS_SOURCE = r"""
 SPLIT_SLOTS = 256
 SPLIT_WARPS = 8  # warps a split block has (WARPS in _SPLIT_SOURCE)
 SPLIT_MAX_PAIRS = 8  # pairs a warp keeps in registers at most (PAIRS); more take more blocks
-TWO_PASS_BLOCKS = 32  # blocks of keys per query head and row in the two-pass form (MLX's count)
+TWO_PASS_BLOCKS = 32  # blocks of keys per query head (and group of rows) in the two-pass form (MLX's count)
+# Rows a two-pass block serves at most (ROWS): each row's query and output stay in registers
+# (NVRTC for sm_90: 40 registers at 1 row of 128 in bf16, 80 at 4, 125 at 8; a head size of
+# 256 takes half as many rows, 128 registers at 4).
+TWO_PASS_MAX_ROWS = 8
 # Which buffer kernel the fused loops attend with: "0" none (MLX's masked attention), "split"
 # or "two-pass" those forms (opt-in until a GPU has timed them), else the one-pass kernel.
 KERNEL_ENV = "MTPLX_BUFFER_ATTENTION"
@@ -560,14 +587,16 @@ def _two_pass_buffer_kernels():
 def two_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
                               scale: float) -> mx.array:
     """`buffer_attention` in the two-pass form (`_TWO_PASS_SOURCE`): TWO_PASS_BLOCKS blocks
-    per query head and row, each over every TWO_PASS_BLOCKS-th group of 8 key slots, then the
-    merge in block order. CUDA only, within `shape_supported`: see `two_pass_usable`."""
+    per query head and group of up to TWO_PASS_MAX_ROWS rows, each over every
+    TWO_PASS_BLOCKS-th group of 8 key slots, then the merge in block order. CUDA only, within
+    `shape_supported`: see `two_pass_usable`."""
     _, heads, rows, dim = queries.shape
+    per_block = min(rows, TWO_PASS_MAX_ROWS if dim <= 128 else TWO_PASS_MAX_ROWS // 2)
     first, merge = _two_pass_buffer_kernels()
     parts = first(
         inputs=[queries, keys, values, offset.astype(mx.int32).reshape(1), mx.array([scale], mx.float32)],
-        template=[("T", queries.dtype), ("D", dim), ("BLOCKS", TWO_PASS_BLOCKS)],
-        grid=(heads * 256, rows, TWO_PASS_BLOCKS), threadgroup=(256, 1, 1),
+        template=[("T", queries.dtype), ("D", dim), ("BLOCKS", TWO_PASS_BLOCKS), ("ROWS", per_block)],
+        grid=(heads * 256, -(-rows // per_block), TWO_PASS_BLOCKS), threadgroup=(256, 1, 1),
         output_shapes=[(heads, rows, TWO_PASS_BLOCKS), (heads, rows, TWO_PASS_BLOCKS),
                        (heads, rows, TWO_PASS_BLOCKS, dim)],
         output_dtypes=[mx.float32] * 3)
