@@ -49,6 +49,7 @@ fixed by slot, so a verify row rounds as the 1-row call at its position here too
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Callable
@@ -475,7 +476,7 @@ _TWO_PASS_SOURCE = r"""
 # for each of an H100's SMs, and a 4-row verify's parts (32 pairs x 130 floats a chunk) stay
 # an eighth of the keys and values the chunk reads.
 SPLIT_SLOTS = 256
-SPLIT_WARPS = 8  # warps a split block has (WARPS in _SPLIT_SOURCE)
+PART_WARPS = 8  # warps a block of either first pass has (WARPS in _SPLIT_SOURCE, _TWO_PASS_SOURCE)
 SPLIT_MAX_PAIRS = 8  # pairs a warp keeps in registers at most (PAIRS); more take more blocks
 TWO_PASS_BLOCKS = 32  # blocks of keys per query head (and group of rows) in the two-pass form (MLX's count)
 # Rows a two-pass block serves at most (ROWS): each row's query and output stay in registers
@@ -489,11 +490,9 @@ FORMS = ("one-pass", "split", "two-pass")
 
 _kernel = None
 _rows_kernel = None
-_split_kernels: tuple | None = None
 _usable: bool | None = None
 _rows_usable: bool | None = None
 _split_usable: bool | None = None
-_two_pass_kernels: tuple | None = None
 _two_pass_usable: bool | None = None
 _warned_values: set[str] = set()
 
@@ -535,18 +534,36 @@ def one_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.arra
         output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
 
 
-def _split_buffer_kernels():
-    global _split_kernels
-    if _split_kernels is None:
-        _split_kernels = (
-            mx.fast.cuda_kernel(name="mtplx_buffer_attention_split",
-                                input_names=["queries", "keys", "values", "offset", "scale"],
-                                output_names=["part_max", "part_sum", "part_acc"],
-                                source=_SPLIT_SOURCE, header=_HEADER),
-            mx.fast.cuda_kernel(name="mtplx_buffer_attention_merge",
-                                input_names=["part_max", "part_sum", "part_acc"],
-                                output_names=["out"], source=_MERGE_SOURCE, header=_HEADER))
-    return _split_kernels
+@functools.cache
+def _first_pass_kernel(name: str, source: str):
+    """A kernel writing partial results (`_attend_in_parts`): the split or two-pass form's."""
+    return mx.fast.cuda_kernel(name=name, input_names=["queries", "keys", "values", "offset", "scale"],
+                               output_names=["part_max", "part_sum", "part_acc"], source=source,
+                               header=_HEADER)
+
+
+@functools.cache
+def _merge_kernel():
+    return mx.fast.cuda_kernel(name="mtplx_buffer_attention_merge",
+                               input_names=["part_max", "part_sum", "part_acc"], output_names=["out"],
+                               source=_MERGE_SOURCE, header=_HEADER)
+
+
+def _attend_in_parts(first_pass, queries: mx.array, keys: mx.array, values: mx.array,
+                     offset: mx.array, scale: float, parts: int, template: list,
+                     grid: tuple[int, int, int]) -> mx.array:
+    """`first_pass` (blocks of PART_WARPS warps, `template` after T and D) writing `parts`
+    partial results per query head and row, then `_MERGE_SOURCE` adding them in part order."""
+    _, heads, rows, dim = queries.shape
+    partial = first_pass(
+        inputs=[queries, keys, values, offset.astype(mx.int32).reshape(1), mx.array([scale], mx.float32)],
+        template=[("T", queries.dtype), ("D", dim), *template], grid=grid,
+        threadgroup=(32 * PART_WARPS, 1, 1),
+        output_shapes=[(heads, rows, parts), (heads, rows, parts), (heads, rows, parts, dim)],
+        output_dtypes=[mx.float32] * 3)
+    return _merge_kernel()(inputs=partial, template=[("T", queries.dtype), ("D", dim)],
+                           grid=(heads * dim, rows, 1), threadgroup=(dim, 1, 1),
+                           output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
 
 
 def split_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
@@ -554,34 +571,16 @@ def split_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, 
     """`buffer_attention` in the split form (the module docstring): a block per SPLIT_SLOTS
     key slots of each KV head, serving all its query heads and rows, then a merge in chunk
     order. CUDA only, within `split_shape_supported`: see `split_usable`."""
-    _, heads, rows, dim = queries.shape
+    _, heads, rows, _ = queries.shape
     kv_heads, slots = keys.shape[1], keys.shape[2]
     chunks = -(-slots // SPLIT_SLOTS)
     pairs = heads // kv_heads * rows
-    per_warp = min(-(-pairs // SPLIT_WARPS), SPLIT_MAX_PAIRS)
-    slices = -(-pairs // (SPLIT_WARPS * per_warp))
-    split, merge = _split_buffer_kernels()
-    parts = split(
-        inputs=[queries, keys, values, offset.astype(mx.int32).reshape(1), mx.array([scale], mx.float32)],
-        template=[("T", queries.dtype), ("D", dim), ("CHUNK", SPLIT_SLOTS), ("PAIRS", per_warp)],
-        grid=(kv_heads * 32 * SPLIT_WARPS, chunks, slices), threadgroup=(32 * SPLIT_WARPS, 1, 1),
-        output_shapes=[(heads, rows, chunks), (heads, rows, chunks), (heads, rows, chunks, dim)],
-        output_dtypes=[mx.float32] * 3)
-    return merge(inputs=parts, template=[("T", queries.dtype), ("D", dim)],
-                 grid=(heads * dim, rows, 1), threadgroup=(dim, 1, 1),
-                 output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
-
-
-def _two_pass_buffer_kernels():
-    global _two_pass_kernels
-    if _two_pass_kernels is None:
-        _two_pass_kernels = (
-            mx.fast.cuda_kernel(name="mtplx_buffer_attention_two_pass",
-                                input_names=["queries", "keys", "values", "offset", "scale"],
-                                output_names=["part_max", "part_sum", "part_acc"],
-                                source=_TWO_PASS_SOURCE, header=_HEADER),
-            _split_buffer_kernels()[1])  # the same merge, over blocks in place of chunks
-    return _two_pass_kernels
+    per_warp = min(-(-pairs // PART_WARPS), SPLIT_MAX_PAIRS)
+    slices = -(-pairs // (PART_WARPS * per_warp))
+    return _attend_in_parts(
+        _first_pass_kernel("mtplx_buffer_attention_split", _SPLIT_SOURCE), queries, keys, values,
+        offset, scale, chunks, [("CHUNK", SPLIT_SLOTS), ("PAIRS", per_warp)],
+        (kv_heads * 32 * PART_WARPS, chunks, slices))
 
 
 def two_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
@@ -592,17 +591,10 @@ def two_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.arra
     `shape_supported`: see `two_pass_usable`."""
     _, heads, rows, dim = queries.shape
     per_block = min(rows, TWO_PASS_MAX_ROWS if dim <= 128 else TWO_PASS_MAX_ROWS // 2)
-    first, merge = _two_pass_buffer_kernels()
-    parts = first(
-        inputs=[queries, keys, values, offset.astype(mx.int32).reshape(1), mx.array([scale], mx.float32)],
-        template=[("T", queries.dtype), ("D", dim), ("BLOCKS", TWO_PASS_BLOCKS), ("ROWS", per_block)],
-        grid=(heads * 256, -(-rows // per_block), TWO_PASS_BLOCKS), threadgroup=(256, 1, 1),
-        output_shapes=[(heads, rows, TWO_PASS_BLOCKS), (heads, rows, TWO_PASS_BLOCKS),
-                       (heads, rows, TWO_PASS_BLOCKS, dim)],
-        output_dtypes=[mx.float32] * 3)
-    return merge(inputs=parts, template=[("T", queries.dtype), ("D", dim)],
-                 grid=(heads * dim, rows, 1), threadgroup=(dim, 1, 1),
-                 output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
+    return _attend_in_parts(
+        _first_pass_kernel("mtplx_buffer_attention_two_pass", _TWO_PASS_SOURCE), queries, keys,
+        values, offset, scale, TWO_PASS_BLOCKS, [("BLOCKS", TWO_PASS_BLOCKS), ("ROWS", per_block)],
+        (heads * 32 * PART_WARPS, -(-rows // per_block), TWO_PASS_BLOCKS))
 
 
 def split_shape_supported(queries: mx.array, keys: mx.array) -> bool:
@@ -705,9 +697,11 @@ def two_pass_usable() -> bool:
 def prepare_form() -> bool:
     """Probe the form KERNEL_ENV asks for (its kernels compile and agree), once per process:
     whether it will serve. The one-pass kernel is `usable`'s."""
-    if not usable():
-        return False
-    form = form_wanted()
+    return usable() and _form_usable(form_wanted())
+
+
+def _form_usable(form: str | None) -> bool:
+    """Whether `form`'s own kernels passed their probe (the one-pass kernel: `usable`'s)."""
     return split_usable() if form == "split" else two_pass_usable() if form == "two-pass" else True
 
 
@@ -716,9 +710,9 @@ def path_name() -> str:
     if not usable():
         return "mlx scaled_dot_product_attention"
     form = form_wanted()
-    if form == "split" and split_usable():
+    if form == "split" and _form_usable(form):
         return f"buffer CUDA kernel, split into {SPLIT_SLOTS}-slot chunks per KV head"
-    if form == "two-pass" and two_pass_usable():
+    if form == "two-pass" and _form_usable(form):
         return f"buffer CUDA kernel, two passes over {TWO_PASS_BLOCKS} key blocks per query head"
     return "buffer CUDA kernel"
 
