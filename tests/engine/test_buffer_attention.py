@@ -227,54 +227,48 @@ def test_the_split_forms_rows_do_not_depend_on_the_buffers_capacity(form):
 
 
 @needs_cuda
-@pytest.mark.parametrize("heads,kv_heads,rows", [(16, 4, 6), (64, 8, 9)])  # 24 pairs; 72: two blocks
-def test_split_form_rounds_each_verify_row_as_its_one_row_step(heads, kv_heads, rows):
+@pytest.mark.parametrize("form,heads,kv_heads,rows,offset,slots", [
+    # split: across a chunk boundary; 24 pairs, and 72 (two blocks a chunk)
+    ("split", 16, 4, 6, 2 * buffer_attention.SPLIT_SLOTS - 3, 1024),
+    ("split", 64, 8, 9, 2 * buffer_attention.SPLIT_SLOTS - 3, 1024),
+    # two-pass: across a round of blocks' end; 9 rows take blocks of 8 and of 1
+    ("two_pass", 16, 4, 6, 509, 765),
+    ("two_pass", 64, 8, 4, 8000, 8256),
+    ("two_pass", 8, 2, 9, 300, 556),
+])
+def test_the_split_forms_round_each_verify_row_as_its_one_row_step(form, heads, kv_heads, rows, offset, slots):
     """Row i of a K+1-row call equals, bit for bit, the 1-row call at position offset+i (the
-    compiled AR step's), across chunk boundaries: the chunks are fixed by slot, not by rows,
-    and a pair computes alike in whichever block and warp serves it."""
-    q, k, v = attention_inputs(heads, kv_heads, rows, 128, 1024, seed=6)
-    offset, scale = 2 * buffer_attention.SPLIT_SLOTS - 3, 1 / math.sqrt(128)
-    verify = buffer_attention.split_buffer_attention(q, k, v, mx.array(offset, mx.int32), scale)
+    compiled AR step's): the split form's chunks are fixed by slot, not by rows, and a pair
+    computes alike in whichever block and warp serves it; the two-pass form's rows share
+    each key's loads, not its arithmetic."""
+    attend = getattr(buffer_attention, f"{form}_buffer_attention")
+    q, k, v = attention_inputs(heads, kv_heads, rows, 128, slots, seed=6)
+    scale = 1 / math.sqrt(128)
+    verify = attend(q, k, v, mx.array(offset, mx.int32), scale)
     for i in range(rows):
-        step = buffer_attention.split_buffer_attention(q[:, :, i:i + 1], k, v, mx.array(offset + i, mx.int32), scale)
+        step = attend(q[:, :, i:i + 1], k, v, mx.array(offset + i, mx.int32), scale)
         assert mx.array_equal(verify[:, :, i:i + 1], step), f"row {i}"
 
 
 @needs_cuda
-def test_buffer_attention_takes_the_split_form_when_asked_past_one_chunk(monkeypatch):
-    monkeypatch.setenv(buffer_attention.KERNEL_ENV, "split")
+@pytest.mark.parametrize("form", ["split", "two_pass"])
+def test_buffer_attention_takes_the_asked_form(monkeypatch, form):
+    """(The split form past one chunk: this buffer has three.)"""
+    monkeypatch.setenv(buffer_attention.KERNEL_ENV, form.replace("_", "-"))
     q, k, v = attention_inputs(8, 2, 3, 64, 768, seed=7)
     offset = mx.array(600, mx.int32)
     assert mx.array_equal(buffer_attention.buffer_attention(q, k, v, offset, 0.125),
-                          buffer_attention.split_buffer_attention(q, k, v, offset, 0.125))
-    # Outside the split kernel's domain (a float32 head of 256) the one-pass kernel serves.
-    q2, k2, v2 = (x.astype(mx.float32) for x in attention_inputs(4, 2, 2, 256, 768, seed=8))
+                          getattr(buffer_attention, f"{form}_buffer_attention")(q, k, v, offset, 0.125))
+
+
+@needs_cuda
+def test_outside_the_split_kernels_domain_the_one_pass_kernel_serves(monkeypatch):
+    monkeypatch.setenv(buffer_attention.KERNEL_ENV, "split")
+    offset = mx.array(600, mx.int32)
+    q2, k2, v2 = (x.astype(mx.float32) for x in attention_inputs(4, 2, 2, 256, 768, seed=8))  # a float32 head of 256
     asked = buffer_attention.buffer_attention(q2, k2, v2, offset, 0.125)
     monkeypatch.delenv(buffer_attention.KERNEL_ENV)
     assert mx.array_equal(asked, buffer_attention.buffer_attention(q2, k2, v2, offset, 0.125))
-
-
-@needs_cuda
-def test_buffer_attention_takes_the_two_pass_form_when_asked(monkeypatch):
-    monkeypatch.setenv(buffer_attention.KERNEL_ENV, "two-pass")
-    q, k, v = attention_inputs(8, 2, 3, 64, 768, seed=7)
-    offset = mx.array(600, mx.int32)
-    assert mx.array_equal(buffer_attention.buffer_attention(q, k, v, offset, 0.125),
-                          buffer_attention.two_pass_buffer_attention(q, k, v, offset, 0.125))
-
-
-@needs_cuda
-@pytest.mark.parametrize("heads,kv_heads,rows,offset", [(16, 4, 6, 509), (64, 8, 4, 8000), (8, 2, 9, 300)])
-def test_two_pass_rounds_each_verify_row_as_its_one_row_step(heads, kv_heads, rows, offset):
-    """Row i of a K+1-row call equals, bit for bit, the 1-row call at position offset+i (the
-    compiled AR step's), whatever the row count (9 rows: blocks of 8 and of 1) and across a
-    round of blocks' end: a block's rows share each key's loads, not its arithmetic."""
-    q, k, v = attention_inputs(heads, kv_heads, rows, 128, offset + 256, seed=6)
-    scale = 1 / math.sqrt(128)
-    verify = buffer_attention.two_pass_buffer_attention(q, k, v, mx.array(offset, mx.int32), scale)
-    for i in range(rows):
-        step = buffer_attention.two_pass_buffer_attention(q[:, :, i:i + 1], k, v, mx.array(offset + i, mx.int32), scale)
-        assert mx.array_equal(verify[:, :, i:i + 1], step), f"row {i}"
 
 
 def test_a_kernel_built_by_editing_another_fails_loudly_when_an_edit_misses():
