@@ -391,11 +391,11 @@ elif [ "$PART" = attention-profile ]; then
     for rows in 1 4; do
       for pick in ${FORMS:-one-pass split-256 two-pass mlx masked}; do  # split-N: the split form in N-slot chunks
         form=${pick%%-[0-9]*}
-        slots=${pick#split-}; [ "$form" = split ] || slots=256
+        chunk=(); [ "$form" != "$pick" ] && chunk=(--split-slots "${pick##*-}")  # else the shipped chunk
         name="attention-$pick-$context-$rows"
         step "$name" 60 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \
           python3 -m mtplxd.engine.bench.attention_profile --form "$form" --context "$context" --rows "$rows" \
-          --split-slots "$slots" ${SHAPE_ARGS:-} --calls 16 --profiled --json-out "$work/$name.json"
+          "${chunk[@]}" ${SHAPE_ARGS:-} --calls 16 --profiled --json-out "$work/$name.json"
         python3 -m mtplxd.engine.bench.step_profile --summarize "$work/$name.log" --steps 16 \
           --json-out "$work/$name-device.json" || true
       done
