@@ -47,7 +47,7 @@ def attention_call(form: str, context: int, rows: int, heads: int, kv_heads: int
                    dim: int) -> Callable[[mx.array], mx.array]:
     """`attend(queries) -> output` of `form` (module docstring) over one random bf16 buffer of
     context + SPARE_SLOTS slots, row 0 at position `context`."""
-    if form in ("one-pass", "split", "two-pass") and not buffer_attention.usable():
+    if form in buffer_attention.FORMS and not buffer_attention.usable():
         raise SystemExit(f"form {form} needs the buffer kernel (MLX's CUDA backend)")
     slots = context + SPARE_SLOTS
     keys = mx.random.split(mx.random.key(0), 2)
