@@ -111,25 +111,23 @@
 #                 (compiled, the kernel on its decode steps), the decode threshold at 64M (served)
 #                 and 32M (q and o too) alternately, ROUNDS (2) unprofiled wall samples each, then
 #                 one step of each under Nsight Compute per kernel
-#   PART=attention-split  the buffer attention's opt-in forms (buffer_attention.py,
-#                 MTPLX_BUFFER_ATTENTION=split or two-pass: the split form by KV head, its tiles
-#                 staged by 16-byte loads since 2026-12-06, fifth session, after its first timing
-#                 found it latency-bound; the two-pass form, a block per query head, row and each
-#                 of 32 key blocks, new then; both written without a GPU): their CUDA tests, then
-#                 SIZE (qwen3-32b; hybrid-27b: its attention layers, head size 256) at DTYPES
-#                 (4bit) with the kernel at each of CONTEXTS (8192) tokens,
-#                 decode in the compiled AR loop (MTPLX_FUSED_AR=1: served only up to 1,024-token
-#                 prompts) and depth-3 cycles at T=0, the fused loops attending with each of FORMS
-#                 (one-pass split two-pass; mlx: MLX's masked attention, MTPLX_BUFFER_ATTENTION=0),
-#                 one process each (~120 s each at 8k; the first on a fresh machine also compiles
-#                 MLX's kernels, ~140 s)
+#   PART=attention-split  the buffer attention's forms in whole steps (buffer_attention.py,
+#                 MTPLX_BUFFER_ATTENTION): their CUDA tests, then SIZE (qwen3-32b; hybrid-27b: its
+#                 attention layers, head size 256) at DTYPES (4bit) with the kernel at CONTEXT
+#                 (8192) tokens, decode in the compiled AR loop (MTPLX_FUSED_AR=1: served only up
+#                 to 1,024-token prompts) and depth-3 cycles at T=0, then both again with the
+#                 fused loops attending by each of FORMS (one-pass,split,two-pass,0; 0: MLX's
+#                 masked attention) in two rounds in the same process (real_size
+#                 --attention-forms: on 2026-12-06, sixth session, one process per form swung
+#                 more than the forms differ); ~6 min at 8k, with ~140 s more on a fresh
+#                 machine without the PTX cache
 #   PART=attention-profile  one layer's attention alone at the 32B's shapes, each form in its own
 #                 process under Nsight Compute (bench.attention_profile: the one-pass kernel, the
 #                 split and two-pass forms, MLX's attention over the keys seen as an op-by-op
 #                 step runs it, and MLX's masked attention over the buffer), 1 and 4 rows, at
 #                 CONTEXTS (512 2048 8192): wall per call and the device's time per call
-#                 (`-device.json`); FORMS (one-pass split-256 two-pass mlx masked; split-N: the
-#                 split form in N-slot chunks, e.g. "split-128 split-256"); SHAPE_ARGS="--heads
+#                 (`-device.json`); FORMS (one-pass split two-pass mlx masked; split-N: the
+#                 split form in N-slot chunks, e.g. "split-64 split-128"); SHAPE_ARGS="--heads
 #                 24 --kv-heads 4 --dim 256" for the hybrid 27B's attention
 #   PART=kv-write  the fused loops' KV writes (2026-12-06: a slice_update at an array offset ran
 #                 one thread per element of the whole buffer on CUDA, 3.3 ms of the 32B's step;
@@ -372,24 +370,16 @@ elif [ "$PART" = decode-routing-profile ]; then
   done
 elif [ "$PART" = attention-split ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass" tests/engine/test_buffer_attention.py
-  for context in ${CONTEXTS:-8192}; do
-    for form in ${FORMS:-one-pass split two-pass}; do
-      case $form in  # the environment that picks the fused loops' attention
-        mlx) pick=(MTPLX_BUFFER_ATTENTION=0) ;;
-        *) pick=(MTPLX_BUFFER_ATTENTION=$form) ;;
-      esac
-      name="attention-$form-${SIZE:-qwen3-32b}-${DTYPES:-4bit}-$context"
-      step "$name" 300 env MTPLX_FUSED_AR=1 "${pick[@]}" \
-        python3 -m mtplxd.engine.bench.real_size --sizes "${SIZE:-qwen3-32b}" --dtypes "${DTYPES:-4bit}" \
-        --context "$context" --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 \
-        --small-m-kernel --small-m-loops --json-out "$work/$name.json"
-    done
-  done
+  name="attention-forms-${SIZE:-qwen3-32b}-${DTYPES:-4bit}-${CONTEXT:-8192}"
+  step "$name" 480 env MTPLX_FUSED_AR=1 \
+    python3 -m mtplxd.engine.bench.real_size --sizes "${SIZE:-qwen3-32b}" --dtypes "${DTYPES:-4bit}" \
+    --context "${CONTEXT:-8192}" --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 \
+    --small-m-kernel --small-m-loops --attention-forms "${FORMS:-one-pass,split,two-pass,0}" --json-out "$work/$name.json"
 elif [ "$PART" = attention-profile ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass" tests/engine/test_buffer_attention.py
   for context in ${CONTEXTS:-512 2048 8192}; do
     for rows in 1 4; do
-      for pick in ${FORMS:-one-pass split-256 two-pass mlx masked}; do  # split-N: the split form in N-slot chunks
+      for pick in ${FORMS:-one-pass split two-pass mlx masked}; do  # split-N: the split form in N-slot chunks
         form=${pick%%-[0-9]*}
         chunk=(); [ "$form" != "$pick" ] && chunk=(--split-slots "${pick##*-}")  # else the shipped chunk
         name="attention-$pick-$context-$rows"

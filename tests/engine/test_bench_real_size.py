@@ -5,6 +5,7 @@ the figures the docs' tables are made of, consistent with each other."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -394,6 +395,30 @@ def test_row_invariant_beside_times_both_routings_in_one_process(small_m_kernel_
     layouts_of_one_row = {layout for rows, layout in calls if rows == 1}
     assert layouts_of_one_row == {"mma"}  # served: a hybrid's decode steps stay on MLX
     assert {layout for rows, layout in calls if rows > 1} > {"mma"}  # served: vector/word too
+
+
+def test_attention_forms_time_decode_and_cycles_again_in_each_form_and_put_the_variable_back(
+        small_m_kernel_twin, tmp_path, monkeypatch):
+    """`--attention-forms`: two rounds of each form (the second in reverse order) in this
+    process, each with its own traces; MTPLX_BUFFER_ATTENTION as it was after. (This CPU has
+    no buffer kernel: every form names MLX's attention here.)"""
+    from mtplxd.engine.decoding import buffer_attention
+
+    monkeypatch.setenv(buffer_attention.KERNEL_ENV, "one-pass")
+    entry = _tiny_hybrid_kernel_run(tmp_path, "--attention-forms", "two-pass,0")
+    forms = entry["small_m_kernel"]["by_attention_form"]
+    assert list(forms) == ["two-pass", "0"]
+    for figures in forms.values():
+        assert len(figures["decode_ms"]) == len(figures["cycle_ms"]) == 2
+        assert all(ms > 0 for ms in figures["decode_ms"] + figures["cycle_ms"])
+        assert figures["path"] == buffer_attention.path_name()
+    assert os.environ[buffer_attention.KERNEL_ENV] == "one-pass"
+
+
+def test_an_unknown_attention_form_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        real_size.main(["--sizes", "tiny", "--attention-forms", "one-pass,fast"])
+    assert "--attention-forms: choose from 0, one-pass, split, two-pass" in capsys.readouterr().err
 
 
 def test_stacked_times_the_kernel_again_with_shared_input_projections_as_one_product(

@@ -73,8 +73,8 @@ def test_shape_supported_is_the_kernels_domain():
     (4, 2, 96, 3, 250, 256),  # the last rows reach the end of the buffer
     (64, 8, 128, 1, 500, 768),  # Qwen3-32B's decode step at 512 tokens
     (64, 8, 128, 4, 250, 768),  # a depth-3 verify across the first chunk's end
-    (32, 8, 128, 5, 8000, 8448),  # a long context (split: 33 chunks)
-    (64, 8, 128, 9, 700, 1024),  # depth 8 on Qwen3-32B (split: 72 pairs, two blocks a chunk)
+    (32, 8, 128, 5, 8000, 8448),  # a long context (split: 66 chunks)
+    (64, 8, 128, 9, 700, 1024),  # depth 8 on Qwen3-32B (split: 72 pairs, five blocks a chunk)
 ])
 def test_kernel_matches_masked_attention(form, heads, kv_heads, dim, rows, offset, slots):
     attend = {"one_pass": buffer_attention.one_pass_buffer_attention,
@@ -190,8 +190,8 @@ def test_the_opt_in_forms_are_named(monkeypatch, form, name):
 
 
 def test_the_kernel_can_be_turned_off(monkeypatch):
-    """`MTPLX_BUFFER_ATTENTION=0` leaves the fused loops on MLX's masked attention (read
-    once per process, by `usable` and `rows_usable`)."""
+    """`MTPLX_BUFFER_ATTENTION=0` leaves the fused loops on MLX's masked attention (read by
+    `usable` at each call, after its probe passed once; by `rows_usable` once per process)."""
     monkeypatch.delenv(buffer_attention.KERNEL_ENV, raising=False)
     assert buffer_attention.kernel_wanted()
     monkeypatch.setenv(buffer_attention.KERNEL_ENV, "0")
@@ -200,16 +200,22 @@ def test_the_kernel_can_be_turned_off(monkeypatch):
     monkeypatch.setattr(buffer_attention, "_rows_usable", None)
     assert not buffer_attention.usable() and not buffer_attention.rows_usable()
     assert buffer_attention.path_name() == "mlx scaled_dot_product_attention"
+    monkeypatch.setattr(buffer_attention, "_usable", True)  # as after a probe that passed
+    assert not buffer_attention.usable()
+    monkeypatch.delenv(buffer_attention.KERNEL_ENV)
+    assert buffer_attention.usable() and buffer_attention.path_name() == "buffer CUDA kernel"
 
 
 def test_split_shape_supported_is_the_split_kernels_domain():
-    """A staged tile of keys and values within 32 KB: a head size of 256 in bf16 fits, in
-    float32 it does not; any number of (query head, row) pairs (several blocks a chunk)."""
+    """A key row of 512 bytes at most: a head size of 256 in bf16 fits, in float32 it does
+    not; any number of (query head, row) pairs (several blocks a chunk), 2 a warp where a key
+    row passes 256 bytes (the staged tile and the queries within 48 KB of shared memory)."""
     q9, k9, _ = attention_inputs(64, 8, 9, 128, 16)  # a group of 8 over 9 verify rows: 72 pairs
     assert buffer_attention.split_shape_supported(q9, k9)
     q256, k256, _ = attention_inputs(8, 2, 4, 256, 16)
     assert buffer_attention.split_shape_supported(q256, k256)
     assert not buffer_attention.split_shape_supported(q256.astype(mx.float32), k256.astype(mx.float32))
+    assert [buffer_attention.split_max_pairs(d, size) for d, size in [(128, 2), (64, 4), (256, 2), (128, 4)]] == [4, 4, 2, 2]
 
 
 @needs_cuda
@@ -228,7 +234,7 @@ def test_the_split_forms_rows_do_not_depend_on_the_buffers_capacity(form):
 
 @needs_cuda
 @pytest.mark.parametrize("form,heads,kv_heads,rows,offset,slots", [
-    # split: across a chunk boundary; 24 pairs, and 72 (two blocks a chunk)
+    # split: across a chunk boundary; 24 pairs (two blocks a chunk), and 72 (five)
     ("split", 16, 4, 6, 2 * buffer_attention.SPLIT_SLOTS - 3, 1024),
     ("split", 64, 8, 9, 2 * buffer_attention.SPLIT_SLOTS - 3, 1024),
     # two-pass: across a round of blocks' end; 9 rows take blocks of 8 and of 1

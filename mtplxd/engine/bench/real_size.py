@@ -6,7 +6,8 @@
         [--small-m-loops] [--decode-vector-values N,...] [--kernel-decode-from N|never]
         [--divergence-tokens N] [--divergence-limit 32] [--prefill-tokens N] [--decode-only]
         [--gdn-chunked] [--row-invariant] [--row-invariant-beside] [--mma-configs 4x4,4x2]
-        [--kv-write-beside] [--stacked] [--json-out FILE]
+        [--kv-write-beside] [--stacked] [--attention-forms one-pass,two-pass,split,0]
+        [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
 quantization in groups of 64 for 8bit/4bit; `f32` keeps float32, the exactness checks'
@@ -43,6 +44,11 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     decode steps take the vector layout on matrices of LARGE_MATRIX_VALUES weights or more;
     `--decode-vector-values 16777216,0` times the greedy decode again with that threshold
     moved, `decode_ms_by_vector_values`: which matrices a decode step should route);
+    `--attention-forms one-pass,two-pass,split,0` times the greedy decode and the greedy
+    depth-3 cycle again with the fused loops attending by each of those forms of the buffer
+    attention (`MTPLX_BUFFER_ATTENTION`'s values; `0`: MLX's masked attention), in two rounds
+    (the second in reverse order) in this process, `by_attention_form`: between processes
+    whole steps swung more than the forms differ (2026-12-06, sixth session);
     `--kernel-decode-from never` keeps decode steps on MLX's matvec for the whole run (the
     kernel on verify rows only, which is what a hybrid or 8-bit model gets by default:
     small_m_qmm.decode_wanted, since their decode ran slower through it), `--kernel-decode-from
@@ -425,7 +431,8 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                    decode_only: bool = False, prefill_tokens: int = 0,
                    row_invariant: bool = False, row_invariant_beside: bool = False,
                    mma_configs: tuple[tuple[int, int, int], ...] = (),
-                   kv_write_beside: bool = False, stacked: bool = False) -> dict[str, Any]:
+                   kv_write_beside: bool = False, stacked: bool = False,
+                   attention_forms: tuple[str, ...] = ()) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready.
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
     `decode`); None follows small_m_qmm.decode_wanted. `row_invariant`: every kernel install
@@ -504,7 +511,8 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
             figures = _kernel_figures(trunk, model, cache, prompt, forward, fastest, depths, cycles,
                                       decode_tokens, cycle_temperatures, roofline_ms, repeats,
                                       kernel_decode=kernel_decode, row_invariant=invariant,
-                                      kernel_loops=kernel_loops, decode_vector_values=decode_vector_values)
+                                      kernel_loops=kernel_loops, decode_vector_values=decode_vector_values,
+                                      attention_forms=attention_forms if invariant == row_invariant else ())
             # The run's own routing reports under the plain keys; the one timed beside it
             # (--row-invariant-beside) under the same keys ending in _row_invariant.
             suffix = "_row_invariant" if invariant != row_invariant else ""
@@ -585,7 +593,8 @@ def _kernel_figures(trunk, model: nn.Module, cache, prompt: list[int], forward: 
                     decode: dict[str, dict[str, float]], depths: list[int], cycles: int,
                     decode_tokens: int, cycle_temperatures: tuple[float, ...], roofline_ms: float,
                     repeats: int, *, kernel_decode: bool | None, row_invariant: bool,
-                    kernel_loops: bool, decode_vector_values: tuple[int, ...]) -> dict[str, Any]:
+                    kernel_loops: bool, decode_vector_values: tuple[int, ...],
+                    attention_forms: tuple[str, ...] = ()) -> dict[str, Any]:
     """The forwards (and with `kernel_loops` the decode and cycles) with the small-M kernel
     installed with this routing, then taken out again: the keys measure_config reports."""
     from mtplxd.engine.model import small_m_qmm
@@ -608,6 +617,9 @@ def _kernel_figures(trunk, model: nn.Module, cache, prompt: list[int], forward: 
             if decode_vector_values:
                 out["small_m_kernel"]["decode_ms_by_vector_values"] = _decode_by_vector_values(
                     trunk, prompt, decode_tokens, decode_vector_values)
+            if attention_forms:
+                out["small_m_kernel"]["by_attention_form"] = _by_attention_form(
+                    trunk, model, prompt, decode_tokens, cycles, attention_forms)
     return out
 
 
@@ -682,6 +694,42 @@ def _decode_by_vector_values(trunk, prompt: list[int], decode_tokens: int,
                 ours_decode_ms(trunk, prompt[:64], 4, 0.0)  # warm-up: this routing's graphs
                 out[str(values)] = ours_decode_ms(trunk, prompt, decode_tokens, 0.0)
     finally:
+        trunk.compiled_graphs.clear()
+    return out
+
+
+def _attention_forms(args) -> tuple[str, ...]:
+    return tuple(f for f in args.attention_forms.split(",") if f)
+
+
+def _by_attention_form(trunk, model: nn.Module, prompt: list[int], decode_tokens: int, cycles: int,
+                       forms: tuple[str, ...], depth: int = 3) -> dict[str, dict[str, Any]]:
+    """Our greedy decode and the greedy depth-`depth` cycle with the fused loops attending by
+    each of `forms` (buffer_attention.KERNEL_ENV's values), in two rounds, the second in
+    reverse order: each form's times as a list, and the path /health would name. Each form's
+    kernels are probed before anything is traced, and the compiled graphs dropped at each
+    change (a traced loop keeps the form it saw); KERNEL_ENV is restored after."""
+    import os
+
+    from mtplxd.engine.decoding import buffer_attention
+
+    out: dict[str, dict[str, Any]] = {form: {"decode_ms": [], "cycle_ms": []} for form in forms}
+    before = os.environ.get(buffer_attention.KERNEL_ENV)
+    try:
+        for order in (forms, forms[::-1]):
+            for form in order:
+                os.environ[buffer_attention.KERNEL_ENV] = form
+                buffer_attention.prepare_form()
+                trunk.compiled_graphs.clear()
+                ours_decode_ms(trunk, prompt[:64], 4, 0.0)  # warm-up: this form's graphs
+                out[form]["decode_ms"].append(ours_decode_ms(trunk, prompt, decode_tokens, 0.0))
+                out[form]["cycle_ms"].append(loop_cycle_ms(trunk, model.mtp, prompt, depth, 0.0, cycles)["ms"])
+                out[form]["path"] = buffer_attention.path_name()
+    finally:
+        if before is None:
+            os.environ.pop(buffer_attention.KERNEL_ENV, None)
+        else:
+            os.environ[buffer_attention.KERNEL_ENV] = before
         trunk.compiled_graphs.clear()
     return out
 
@@ -772,6 +820,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-vector-values", default="",
                         help="with --small-m-loops: greedy decode again with the vector layout's decode "
                              "threshold at each of these weight counts (comma-separated)")
+    parser.add_argument("--attention-forms", default="",
+                        help="with --small-m-loops: greedy decode and the depth-3 cycle again with the "
+                             "fused loops' attention in each of these forms (MTPLX_BUFFER_ATTENTION "
+                             "values, comma-separated: one-pass, split, two-pass, 0), two rounds")
     parser.add_argument("--kernel-decode-from", default=None,
                         help="with --small-m-kernel: decode steps take the vector layout from this many "
                              "weights a matrix for the whole run, or `never` (verify rows only)")
@@ -818,6 +870,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown size or dtype: {', '.join(unknown)} (sizes: {', '.join(SIZES)}; "
                      f"dtypes: {', '.join(DTYPES)})")
+    from mtplxd.engine.decoding.buffer_attention import FORMS
+
+    if not set(_attention_forms(args)) <= {"0", *FORMS}:
+        parser.error(f"--attention-forms: choose from 0, {', '.join(FORMS)}")
     depths = [int(d) for d in args.depths.split(",") if d]
     report: dict[str, Any] = {"configs": [], **machine(), "context": args.context,
                               "profile": list(PROFILE), "bandwidth_bytes_per_s": BANDWIDTH_BYTES_PER_S,
@@ -863,7 +919,8 @@ def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[in
                                    row_invariant=args.row_invariant,
                                    row_invariant_beside=args.row_invariant_beside,
                                    mma_configs=parse_mma_configs(args.mma_configs),
-                                   kv_write_beside=args.kv_write_beside, stacked=args.stacked)
+                                   kv_write_beside=args.kv_write_beside, stacked=args.stacked,
+                                   attention_forms=_attention_forms(args))
             # The model died with measure_config's frame: free it before the next is built.
             gc.collect()
             mx.clear_cache()

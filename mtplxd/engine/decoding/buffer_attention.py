@@ -17,34 +17,35 @@ which keeps greedy MTP equal to greedy AR on CUDA while MLX runs AR steps on tha
 can round apart, as they could before). Other backends keep
 mx.fast.scaled_dot_product_attention with the mask.
 
-Two more forms, opt-in until a GPU has timed them (`MTPLX_BUFFER_ATTENTION=split` or
-`two-pass`; "0" turns every buffer kernel off). The one-pass kernel gives each query row one
+Two more forms, opt-in until a GPU has timed them in whole steps (`MTPLX_BUFFER_ATTENTION=split`
+or `two-pass`; "0" turns every buffer kernel off). The one-pass kernel gives each query row one
 block, whose 32 warps walk all of that row's keys one after the other and reduce each key's
 score across the warp, and every query head of a GQA group reads the same keys again; so its
-time grows with the context (on an H100 a 32B layer took 196 us for one row at 8,192 tokens,
-252 for four, where MLX's attention over the keys seen, cuDNN's, took 32 and 128:
-docs/benchmarks.md, "The attention, layer by layer"). A first split form, a block per
-256-slot chunk of each row, took 3 ms off the compiled AR step at 8,192 tokens but added 16
-to the cycle (docs/benchmarks.md, "The KV scatter timed"). This one gives a block to each KV
-head's SPLIT_SLOTS-slot chunk (`_SPLIT_SOURCE`): it stages the chunk's keys and values in
-shared memory a tile at a time, once for all the group's query heads and rows, and its warps
-form 32 keys' scores at once (a butterfly exchange in place of a reduction per key); a
-second kernel merges the chunks' parts in chunk order (`_MERGE_SOURCE`). The chunks are
-fixed by the slot index, and a (query head, row) pair's arithmetic depends on nothing else
-in the call, so a verify row rounds as the compiled AR step of the same position (it does
-not round as the one-pass kernel, so the split form applies to all of a loop's calls or
-none: it is read when a loop is traced). A buffer of one chunk keeps the one-pass kernel.
-Its first timing (same section) found it no faster than the one-pass kernel (180 us at one
-row, 474 at four) with its tiles staged by 2-byte loads each waited on; the staging now
-keeps the next tile's 16-byte loads in flight while the warps work (untimed).
+time grows with the context (on an H200 a 32B layer took 196 us for one row at 8,192 tokens,
+269 for four, where MLX's attention over the keys seen, cuDNN's, took 36 and 139:
+docs/benchmarks.md, "The attention's instructions").
+
+The split form (`_SPLIT_SOURCE`) gives a block to each KV head's SPLIT_SLOTS-slot chunk: it
+stages the chunk's keys and values in shared memory a tile at a time, once for all the
+group's query heads and rows, and each lane scores one staged key whole, so no score needs an
+exchange between lanes; a second kernel merges the chunks' parts (`_MERGE_SOURCE`). The
+chunks are fixed by the slot index, and a (query head, row) pair's arithmetic depends on
+nothing else in the call, so a verify row rounds as the compiled AR step of the same position
+(it does not round as the one-pass kernel, so the split form applies to all of a loop's calls
+or none: it is read when a loop is traced). A buffer of one chunk keeps the one-pass kernel.
+Its first two kernels spread each query over the lanes and gathered scores by shuffles: they
+ran at 137 us (one row) and 308 (four) on that H200, bound by the instructions they issued,
+not by memory; this third one issues several times fewer per key by a count of its inner
+loops (untimed).
 
 The two-pass form (`_TWO_PASS_SOURCE`) keeps the one-pass kernel's per-key arithmetic but
 spreads each row's keys over TWO_PASS_BLOCKS blocks of 8 warps, as MLX's two-pass decode
-kernel and cuDNN's split-KV attention do (cuDNN took 32 us above), and merges their parts in
-block order with the split form's merge. A block serves up to TWO_PASS_MAX_ROWS rows of one
-query head, loading each key once for all of them; a GQA group's keys are read once per
-query head, as the one-pass kernel does, relying on L2 for the repeats. A warp's keys are
-fixed by slot, so a verify row rounds as the 1-row call at its position here too.
+kernel and cuDNN's split-KV attention do, and merges their parts with the split form's merge.
+A block serves up to TWO_PASS_MAX_ROWS rows of one query head, loading each key once for all
+of them; a GQA group's keys are read once per query head, as the one-pass kernel does, relying
+on L2 for the repeats. A warp's keys are fixed by slot, so a verify row rounds as the 1-row
+call at its position here too. On the H200 it took 118 us at one row and 266 at four: the
+one-pass kernel's arithmetic per key, spread wider.
 """
 
 from __future__ import annotations
@@ -159,30 +160,33 @@ _ROWS_SOURCE = _edited(
     ("values + ((size_t)kv_head * slots + w)", "values + (((size_t)batch * keys_shape[1] + kv_head) * slots + w)"),
     ("out + ((size_t)head * rows + row)", "out + (((size_t)batch * queries_shape[1] + head) * rows + row)"))
 
-# The split form's first pass. Grid: x = KV head, y = chunk of CHUNK key slots; a block of
-# WARPS warps. The block stages TILE key slots of its KV head at a time in shared memory, read
-# once for every query head of the group and every row (the one-pass kernel reads them once
-# per query head). Warp w serves the (query head of the group, row) pairs w, w + WARPS, ...,
-# PAIRS of them at most, each with its own online softmax in registers; a group with more
-# than WARPS x PAIRS pairs takes several blocks (z), each staging the tiles for its slice. For one pair and one
-# tile: lane l holds elements [l*E, l*E+E) of the pair's query; it forms its partial dot
-# product with each staged key, and a butterfly exchange leaves lane s with the whole score of
-# key slot s (31 shuffles for 32 keys, where a reduction per key takes 5 each); the weights go
-# through shared memory, and each lane accumulates its E elements of the values. Each block
-# writes its chunk's running maximum, its sum of weights and its unnormalised output (float32)
-# to part_max, part_sum and part_acc, (heads, rows, chunks[, D]); a chunk past a row's limit
-# writes the parts of no keys (max finite_min, sum and output 0), which the merge weighs by
-# exp2(-huge) = 0. A pair's arithmetic depends only on its query, its limit and the slots of
-# its chunk, never on the other pairs in the call, so a verify row rounds as a 1-row call.
+# The split form's first pass. Grid: x = KV head, y = chunk of CHUNK key slots, z = a slice of
+# the (query head of the group, row) pairs; a block of WARPS warps. The block stages TILE key
+# slots of its KV head at a time in shared memory, read once for every pair of its slice (the
+# one-pass kernel reads them once per query head). Warp w serves pairs w, w + WARPS, ...,
+# PAIRS of them at most, each with its own online softmax. For one tile, lane s forms the
+# whole score of key slot s with each of the warp's pairs (the key's elements converted once
+# for all of them, the queries read from shared memory by every lane at once): no exchange
+# between lanes. The first form of this kernel spread the query's elements over the lanes and
+# gathered each score with a butterfly exchange; on an H200 it issued 2.4 instructions a cycle
+# on its integer pipes and took 131 us at one row and 8k tokens (docs/benchmarks.md, "The
+# attention's instructions"). Each lane then adds its E elements of the values, weighed,
+# in slot order. Each block writes its chunk's running maximum, its sum of weights and its
+# unnormalised output (float32) to part_max, part_sum and part_acc, (heads, rows, chunks[, D]);
+# a chunk past every row's limit returns at once, and the merge reads, for each row, only the
+# chunks below its limit. A pair's arithmetic depends only on its query, its limit and the
+# slots of its chunk, never on the other pairs in the call, so a verify row rounds as a 1-row
+# call.
 _SPLIT_SOURCE = r"""
-    constexpr int WARPS = 8;
-    constexpr int TILE = 32;
-    constexpr int E = D / 32;
+    constexpr int WARPS = 4;
+    constexpr int TILE = 32;  // keys staged at once: scored one a lane
+    constexpr int E = D / 32;  // elements of a pair's output a lane holds
     constexpr int VEC = 16 / sizeof(T);  // elements of one 16-byte load
+    constexpr int ROW = D + VEC;  // a staged key's stride: 8 lanes' 16-byte loads of 8 keys hit 8 bank groups
     constexpr int VECS = (TILE * D / VEC + WARPS * 32 - 1) / (WARPS * 32);  // a thread's loads a tile, each of K and V
-    __shared__ __align__(16) T k_tile[TILE * D];
+    __shared__ __align__(16) T k_tile[TILE * ROW];
     __shared__ __align__(16) T v_tile[TILE * D];
-    __shared__ float weights[WARPS][TILE];
+    __shared__ __align__(16) float q_tile[WARPS * PAIRS * D];
 
     auto block = cg::this_thread_block();
     auto warp = cg::tiled_partition<32>(block);
@@ -198,38 +202,38 @@ _SPLIT_SOURCE = r"""
     const int chunk = blockIdx.y;
     const int first = blockIdx.z * WARPS * PAIRS;  // this block's first pair (z: a slice of many)
     const int begin = chunk * CHUNK;
+    const int stop = min(begin + CHUNK, min(offset[0] + rows, slots));  // one past the last row's last slot here
+    if (begin >= stop) return;  // past every row's keys: the merge reads no part of this chunk
     const float q_scale = (float)((double)scale[0] * 1.4426950408889634);  // * log2(e)
 
-    float qs[PAIRS][E], acc[PAIRS][E], run_max[PAIRS], run_sum[PAIRS];
+    // Warp w serves pairs w, w + WARPS, ...: their queries (scaled, float32) in shared memory,
+    // their running maximum, sum and output in registers, lane l holding elements [l*E, l*E+E).
+    float acc[PAIRS][E], run_max[PAIRS], run_sum[PAIRS];
     int end[PAIRS];  // one past the last slot of this chunk that pair i sees
     #pragma unroll
     for (int i = 0; i < PAIRS; ++i) {
         const int pair = first + w + i * WARPS;
         const int p = min(pair, pairs - 1);  // a warp past the last pair idles (end = begin)
         const int row = p % rows;
-        const T* q_row = queries + ((size_t)(kv_head * group + p / rows) * rows + row) * D + lane * E;
+        const T* q_row = queries + ((size_t)(kv_head * group + p / rows) * rows + row) * D;
+        float* q_at = q_tile + (w + i * WARPS) * D;
+        for (int d = lane; d < D; d += 32) q_at[d] = q_scale * static_cast<float>(q_row[d]);
         end[i] = pair < pairs ? min(begin + CHUNK, min(offset[0] + row + 1, slots)) : begin;
         #pragma unroll
-        for (int e = 0; e < E; ++e) {
-            qs[i][e] = q_scale * static_cast<float>(q_row[e]);
-            acc[i][e] = 0.f;
-        }
+        for (int e = 0; e < E; ++e) acc[i][e] = 0.f;
         run_max[i] = Limits<float>::finite_min();
         run_sum[i] = 0.f;
     }
 
     const T* k_head = keys + (size_t)kv_head * slots * D;
     const T* v_head = values + (size_t)kv_head * slots * D;
-    const int stop = min(begin + CHUNK, min(offset[0] + rows, slots));  // the last row's end
     // Staging: each thread holds its 16-byte loads of the next tile in registers (k_next,
     // v_next) while the warps work on this one, so a tile's memory latency hides behind the
-    // last tile's arithmetic and every load of a tile is in flight at once. (A loop of 2-byte
-    // loads, each waited on before the next, left a 32B layer's attention at 170-460 us on an
-    // H100 at 8k tokens, 2026-12-06.) Buffers off a 16-byte boundary take that loop still.
+    // last tile's arithmetic. Buffers off a 16-byte boundary take a plain loop.
     const bool aligned = ((reinterpret_cast<size_t>(k_head) | reinterpret_cast<size_t>(v_head)) & 15) == 0;
     uint4 k_next[VECS], v_next[VECS];
     auto fetch = [&](int tile) {  // tile's keys and values into this thread's registers
-        const int count = min(TILE, stop - tile) * D / VEC;
+        const int count = min(TILE, stop - tile) * (D / VEC);
         const uint4* k_src = reinterpret_cast<const uint4*>(k_head + (size_t)tile * D);
         const uint4* v_src = reinterpret_cast<const uint4*>(v_head + (size_t)tile * D);
         #pragma unroll
@@ -241,68 +245,91 @@ _SPLIT_SOURCE = r"""
             }
         }
     };
-    if (aligned && begin < stop) fetch(begin);
+    if (aligned) fetch(begin);
     for (int tile = begin; tile < stop; tile += TILE) {
         const int staged = min(TILE, stop - tile);
         if (aligned) {
             #pragma unroll
             for (int j = 0; j < VECS; ++j) {
                 const int x = threadIdx.x + j * WARPS * 32;
-                if (x < staged * D / VEC) {
-                    reinterpret_cast<uint4*>(k_tile)[x] = k_next[j];
+                if (x < staged * (D / VEC)) {
+                    *reinterpret_cast<uint4*>(k_tile + (x / (D / VEC)) * ROW + (x % (D / VEC)) * VEC) = k_next[j];
                     reinterpret_cast<uint4*>(v_tile)[x] = v_next[j];
                 }
             }
             if (tile + TILE < stop) fetch(tile + TILE);  // in flight through this tile's work
         } else {
             for (int x = threadIdx.x; x < staged * D; x += blockDim.x) {
-                k_tile[x] = k_head[(size_t)tile * D + x];
+                k_tile[(x / D) * ROW + x % D] = k_head[(size_t)tile * D + x];
                 v_tile[x] = v_head[(size_t)tile * D + x];
             }
         }
         block.sync();
+
+        // Scores: lane s scores key tile + s for each of the warp's pairs, the key's elements
+        // converted once for all of them, in four running sums (a lane past `staged` scores a
+        // stale row, masked below). No exchange between lanes.
+        float score[PAIRS];
+        {
+            float part[PAIRS][4];
+            #pragma unroll
+            for (int i = 0; i < PAIRS; ++i) part[i][0] = part[i][1] = part[i][2] = part[i][3] = 0.f;
+            const T* k_row = k_tile + lane * ROW;
+            #pragma unroll 2
+            for (int d = 0; d < D; d += VEC) {
+                const uint4 raw = *reinterpret_cast<const uint4*>(k_row + d);
+                const T* packed = reinterpret_cast<const T*>(&raw);
+                float k[VEC];
+                #pragma unroll
+                for (int x = 0; x < VEC; ++x) k[x] = static_cast<float>(packed[x]);
+                #pragma unroll
+                for (int i = 0; i < PAIRS; ++i) {
+                    if (tile >= end[i]) continue;  // the same for every lane of the warp
+                    const float4* q4 = reinterpret_cast<const float4*>(q_tile + (w + i * WARPS) * D + d);
+                    #pragma unroll
+                    for (int x = 0; x < VEC / 4; ++x) {
+                        const float4 q = q4[x];
+                        part[i][0] += q.x * k[4 * x];
+                        part[i][1] += q.y * k[4 * x + 1];
+                        part[i][2] += q.z * k[4 * x + 2];
+                        part[i][3] += q.w * k[4 * x + 3];
+                    }
+                }
+            }
+            #pragma unroll
+            for (int i = 0; i < PAIRS; ++i) score[i] = (part[i][0] + part[i][1]) + (part[i][2] + part[i][3]);
+        }
+
+        // Online softmax per pair over the keys it sees here, then the values: lane l adds
+        // elements [l*E, l*E+E) of each key the pair sees, weighed, in slot order.
+        float weight[PAIRS];
+        int seen[PAIRS];
         #pragma unroll
         for (int i = 0; i < PAIRS; ++i) {
-            const int seen = min(end[i] - tile, TILE);  // the same for every lane of the warp
-            if (seen <= 0) continue;
-            float dots[TILE];  // this lane's share of each staged key's score
-            #pragma unroll
-            for (int s = 0; s < TILE; ++s) {
-                dots[s] = 0.f;
-                if (s < seen) {
-                    #pragma unroll
-                    for (int e = 0; e < E; ++e) dots[s] += qs[i][e] * static_cast<float>(k_tile[s * D + lane * E + e]);
-                }
-            }
-            // Butterfly: each step halves the slots a lane keeps, adding its partner's
-            // partials of them; after the last, lane s holds slot s's score.
-            #pragma unroll
-            for (int half = TILE / 2; half >= 1; half /= 2) {
-                const bool upper = lane & half;
-                #pragma unroll
-                for (int s = 0; s < half; ++s) {
-                    const float keep = upper ? dots[s + half] : dots[s];
-                    const float give = upper ? dots[s] : dots[s + half];
-                    dots[s] = keep + warp.shfl_xor(give, half);
-                }
-            }
-            const bool mine = lane < seen;
-            const float score = mine ? dots[0] : Limits<float>::finite_min();
-            const float top = max(run_max[i], cg::reduce(warp, score, cg::greater<float>()));
+            seen[i] = min(end[i] - tile, TILE);  // <= 0: none of this tile
+            weight[i] = 0.f;
+            if (seen[i] <= 0) continue;
+            const bool mine = lane < seen[i];
+            const float top = max(run_max[i], cg::reduce(warp, mine ? score[i] : Limits<float>::finite_min(),
+                                                         cg::greater<float>()));
             const float rescale = exp2f(run_max[i] - top);
-            const float weight = mine ? exp2f(score - top) : 0.f;
+            weight[i] = mine ? exp2f(score[i] - top) : 0.f;
             run_max[i] = top;
-            run_sum[i] = run_sum[i] * rescale + cg::reduce(warp, weight, cg::plus<float>());
-            weights[w][lane] = weight;
-            warp.sync();
+            run_sum[i] = run_sum[i] * rescale + cg::reduce(warp, weight[i], cg::plus<float>());
             #pragma unroll
             for (int e = 0; e < E; ++e) acc[i][e] *= rescale;
-            for (int s = 0; s < seen; ++s) {
-                const float ws = weights[w][s];
+        }
+        for (int s = 0; s < staged; ++s) {
+            float v[E];
+            #pragma unroll
+            for (int e = 0; e < E; ++e) v[e] = static_cast<float>(v_tile[s * D + lane * E + e]);
+            #pragma unroll
+            for (int i = 0; i < PAIRS; ++i) {
+                const float ws = warp.shfl(weight[i], s);
+                if (s >= seen[i]) continue;  // the same for every lane of the warp
                 #pragma unroll
-                for (int e = 0; e < E; ++e) acc[i][e] += ws * static_cast<float>(v_tile[s * D + lane * E + e]);
+                for (int e = 0; e < E; ++e) acc[i][e] += ws * v[e];
             }
-            warp.sync();  // before the next pair's weights overwrite these
         }
         block.sync();  // before the next tile overwrites the stage
     }
@@ -322,28 +349,66 @@ _SPLIT_SOURCE = r"""
     }
 """
 
-# The split form's merge: a block per (head, row), a thread per output element, the chunks'
-# parts added in chunk order, each weighed by exp2(its maximum - the largest), then one
-# reciprocal of the weights' sum, as the one-pass kernel ends.
+# The merge of either form's parts: a block of 8 warps per (head, row). CHUNK > 0 (the split
+# form): part c holds slots [c*CHUNK, c*CHUNK + CHUNK), and only the parts below the row's
+# limit are read (the first pass skips the rest); 0 (the two-pass form): every part. Warp w
+# adds parts w, w+8, ... each weighed by exp2(its maximum - the largest), lane l elements
+# [l*E, l*E+E); then the 8 warps' sums are added in warp order and multiplied by one
+# reciprocal of the weights' sum, as the one-pass kernel ends. The order depends on the number
+# of parts read alone: a row's result does not depend on the other rows or on the capacity.
 _MERGE_SOURCE = r"""
+    constexpr int WARPS = 8;
+    constexpr int E = D / 32;
+    __shared__ float warp_top[WARPS];
+    __shared__ float warp_sum[WARPS];
+    __shared__ float warp_acc[WARPS][D];
+
+    auto block = cg::this_thread_block();
+    auto warp = cg::tiled_partition<32>(block);
+    const int lane = warp.thread_rank();
+    const int w = warp.meta_group_rank();
+
     const int rows = part_max_shape[1];
-    const int chunks = part_max_shape[2];
+    const int parts = part_max_shape[2];
     const int head = blockIdx.x;
     const int row = blockIdx.y;
-    const int d = threadIdx.x;
-    const size_t base = ((size_t)head * rows + row) * chunks;
+    const int count = CHUNK > 0 ? min(parts, (offset[0] + row + CHUNK) / CHUNK) : parts;
+    const size_t base = ((size_t)head * rows + row) * parts;
+
     float top = Limits<float>::finite_min();
-    #pragma unroll 8
-    for (int c = 0; c < chunks; ++c) top = max(top, part_max[base + c]);
-    float sum = 0.f, acc = 0.f;
-    #pragma unroll 8  // loads of several chunks in flight at once; the sums keep chunk order
-    for (int c = 0; c < chunks; ++c) {
+    for (int c = threadIdx.x; c < count; c += WARPS * 32) top = max(top, part_max[base + c]);
+    top = cg::reduce(warp, top, cg::greater<float>());
+    if (lane == 0) warp_top[w] = top;
+    block.sync();
+    top = warp_top[0];
+    #pragma unroll
+    for (int i = 1; i < WARPS; ++i) top = max(top, warp_top[i]);
+
+    float sum = 0.f, acc[E];
+    #pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.f;
+    #pragma unroll 4  // loads of several parts in flight at once; the sums keep part order
+    for (int c = w; c < count; c += WARPS) {
         const float weight = exp2f(part_max[base + c] - top);
         sum += part_sum[base + c] * weight;
-        acc += part_acc[(base + c) * D + d] * weight;
+        const float* at = part_acc + (base + c) * D + lane * E;
+        #pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] += at[e] * weight;
     }
-    sum = sum == 0 ? 0 : __frcp_rn(sum);
-    out[((size_t)head * rows + row) * D + d] = static_cast<T>(acc * sum);
+    if (lane == 0) warp_sum[w] = sum;
+    #pragma unroll
+    for (int e = 0; e < E; ++e) warp_acc[w][lane * E + e] = acc[e];
+    block.sync();
+    for (int d = threadIdx.x; d < D; d += WARPS * 32) {
+        float total = 0.f, out_acc = 0.f;
+        #pragma unroll
+        for (int i = 0; i < WARPS; ++i) {
+            total += warp_sum[i];
+            out_acc += warp_acc[i][d];
+        }
+        total = total == 0 ? 0 : __frcp_rn(total);
+        out[((size_t)head * rows + row) * D + d] = static_cast<T>(out_acc * total);
+    }
 """
 
 # The two-pass form's first pass (`MTPLX_BUFFER_ATTENTION=two-pass`): the one-pass kernel's
@@ -471,13 +536,23 @@ _TWO_PASS_SOURCE = r"""
     }
 """
 
-# Key slots a block of the split form takes: 8 tiles of 32. At 8,448 slots (8k tokens of
-# context) a KV head has 33 chunks, so a Qwen3-32B layer (8 KV heads) runs 264 blocks, two
-# for each of an H100's SMs, and a 4-row verify's parts (32 pairs x 130 floats a chunk) stay
-# an eighth of the keys and values the chunk reads.
-SPLIT_SLOTS = 256
-PART_WARPS = 8  # warps a block of either first pass has (WARPS in _SPLIT_SOURCE, _TWO_PASS_SOURCE)
-SPLIT_MAX_PAIRS = 8  # pairs a warp keeps in registers at most (PAIRS); more take more blocks
+# Key slots a block of the split form takes: 4 tiles of 32. At 8,448 slots (8k tokens of
+# context) a KV head has 66 chunks, so a Qwen3-32B layer (8 KV heads) runs 528 blocks of 4
+# warps, four for each of an H200's SMs, and a 1-row step's parts (64 heads x 130 floats a
+# chunk, 2.2 MB) stay a sixteenth of the keys and values it reads.
+SPLIT_SLOTS = 128
+SPLIT_WARPS = 4  # warps a block of the split form's first pass has (WARPS in _SPLIT_SOURCE)
+TWO_PASS_WARPS = 8  # warps a block of the two-pass form's first pass has (WARPS in _TWO_PASS_SOURCE)
+MERGE_WARPS = 8  # warps a block of the merge has (WARPS in _MERGE_SOURCE)
+
+
+def split_max_pairs(dim: int, itemsize: int) -> int:
+    """Pairs a warp of the split form serves at most (PAIRS; more take more blocks): its
+    queries stay in shared memory beside the staged tile, all within 48 KB (4, or 2 where a
+    key row takes more than 256 bytes: 41.5 KB at a head size of 256 in 16 bits)."""
+    return 4 if dim * itemsize <= 256 else 2
+
+
 TWO_PASS_BLOCKS = 32  # blocks of keys per query head (and group of rows) in the two-pass form (MLX's count)
 # Rows a two-pass block serves at most (ROWS): each row's query and output stay in registers
 # (NVRTC for sm_90: 40 registers at 1 row of 128 in bf16, 80 at 4, 125 at 8; a head size of
@@ -545,42 +620,45 @@ def _first_pass_kernel(name: str, source: str):
 @functools.cache
 def _merge_kernel():
     return mx.fast.cuda_kernel(name="mtplx_buffer_attention_merge",
-                               input_names=["part_max", "part_sum", "part_acc"], output_names=["out"],
+                               input_names=["part_max", "part_sum", "part_acc", "offset"], output_names=["out"],
                                source=_MERGE_SOURCE, header=_HEADER)
 
 
 def _attend_in_parts(first_pass, queries: mx.array, keys: mx.array, values: mx.array,
                      offset: mx.array, scale: float, parts: int, template: list,
-                     grid: tuple[int, int, int]) -> mx.array:
-    """`first_pass` (blocks of PART_WARPS warps, `template` after T and D) writing `parts`
-    partial results per query head and row, then `_MERGE_SOURCE` adding them in part order."""
+                     grid: tuple[int, int, int], warps: int, chunk: int) -> mx.array:
+    """`first_pass` (blocks of `warps` warps, `template` after T and D) writing `parts`
+    partial results per query head and row, then `_MERGE_SOURCE` adding them (`chunk` slots a
+    part, the split form's, or 0: every part, the two-pass form's)."""
     _, heads, rows, dim = queries.shape
+    at = offset.astype(mx.int32).reshape(1)
     partial = first_pass(
-        inputs=[queries, keys, values, offset.astype(mx.int32).reshape(1), mx.array([scale], mx.float32)],
+        inputs=[queries, keys, values, at, mx.array([scale], mx.float32)],
         template=[("T", queries.dtype), ("D", dim), *template], grid=grid,
-        threadgroup=(32 * PART_WARPS, 1, 1),
+        threadgroup=(32 * warps, 1, 1),
         output_shapes=[(heads, rows, parts), (heads, rows, parts), (heads, rows, parts, dim)],
         output_dtypes=[mx.float32] * 3)
-    return _merge_kernel()(inputs=partial, template=[("T", queries.dtype), ("D", dim)],
-                           grid=(heads * dim, rows, 1), threadgroup=(dim, 1, 1),
+    return _merge_kernel()(inputs=[*partial, at], template=[("T", queries.dtype), ("D", dim), ("CHUNK", chunk)],
+                           grid=(heads * 32 * MERGE_WARPS, rows, 1), threadgroup=(32 * MERGE_WARPS, 1, 1),
                            output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
 
 
 def split_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
                            scale: float) -> mx.array:
     """`buffer_attention` in the split form (the module docstring): a block per SPLIT_SLOTS
-    key slots of each KV head, serving all its query heads and rows, then a merge in chunk
-    order. CUDA only, within `split_shape_supported`: see `split_usable`."""
-    _, heads, rows, _ = queries.shape
+    key slots of each KV head, serving its query heads' rows (a slice of them per block where
+    they pass SPLIT_WARPS x `split_max_pairs`), then a merge in chunk order. CUDA only, within
+    `split_shape_supported`: see `split_usable`."""
+    _, heads, rows, dim = queries.shape
     kv_heads, slots = keys.shape[1], keys.shape[2]
     chunks = -(-slots // SPLIT_SLOTS)
     pairs = heads // kv_heads * rows
-    per_warp = min(-(-pairs // PART_WARPS), SPLIT_MAX_PAIRS)
-    slices = -(-pairs // (PART_WARPS * per_warp))
+    per_warp = min(-(-pairs // SPLIT_WARPS), split_max_pairs(dim, queries.dtype.size))
+    slices = -(-pairs // (SPLIT_WARPS * per_warp))
     return _attend_in_parts(
         _first_pass_kernel("mtplx_buffer_attention_split", _SPLIT_SOURCE), queries, keys, values,
         offset, scale, chunks, [("CHUNK", SPLIT_SLOTS), ("PAIRS", per_warp)],
-        (kv_heads * 32 * PART_WARPS, chunks, slices))
+        (kv_heads * 32 * SPLIT_WARPS, chunks, slices), SPLIT_WARPS, SPLIT_SLOTS)
 
 
 def two_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
@@ -594,13 +672,13 @@ def two_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.arra
     return _attend_in_parts(
         _first_pass_kernel("mtplx_buffer_attention_two_pass", _TWO_PASS_SOURCE), queries, keys,
         values, offset, scale, TWO_PASS_BLOCKS, [("BLOCKS", TWO_PASS_BLOCKS), ("ROWS", per_block)],
-        (heads * 32 * PART_WARPS, -(-rows // per_block), TWO_PASS_BLOCKS))
+        (heads * 32 * TWO_PASS_WARPS, -(-rows // per_block), TWO_PASS_BLOCKS), TWO_PASS_WARPS, 0)
 
 
 def split_shape_supported(queries: mx.array, keys: mx.array) -> bool:
-    """The split form's domain, within `shape_supported`'s: a staged tile of keys and values
-    within 32 KB of shared memory (D x itemsize <= 512 bytes: a head size of 256 in 16 bits,
-    128 in float32)."""
+    """The split form's domain, within `shape_supported`'s: a key row of 512 bytes at most (a
+    head size of 256 in 16 bits, 128 in float32), so that a staged tile of keys and values and
+    the queries of `split_max_pairs` pairs a warp fit 48 KB of shared memory."""
     return shape_supported(queries, keys) and queries.shape[-1] * queries.dtype.size <= 512
 
 
@@ -657,12 +735,15 @@ def usable() -> bool:
     """True on CUDA once the kernel has compiled and matched mx.fast's attention on a probe,
     unless `MTPLX_BUFFER_ATTENTION=0` (`kernel_wanted`).
 
-    Checked once per process; any failure (no CUDA, a JIT error) leaves the caller on
-    mx.fast.scaled_dot_product_attention, and is logged.
+    The probe runs once per process; any failure (no CUDA, a JIT error) leaves the caller on
+    mx.fast.scaled_dot_product_attention, and is logged. KERNEL_ENV is read at each call (a
+    traced loop keeps what it saw; a bench may switch forms between traces).
     """
     global _usable
+    if not kernel_wanted():
+        return False
     if _usable is None:
-        _usable = kernel_wanted() and fixed_shapes_wanted() and _probe()
+        _usable = fixed_shapes_wanted() and _probe()
     return _usable
 
 
