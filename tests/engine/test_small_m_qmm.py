@@ -425,6 +425,31 @@ def test_row_invariant_routing_keeps_greedy_mtp_equal_to_ar_through_the_kernels_
     assert {1, 4} <= {rows for rows, _ in calls}  # AR's decode steps and depth 3's verify blocks
 
 
+@pytest.mark.parametrize("layout", ["word", "vector", "mma"])
+@pytest.mark.parametrize("shape,reshaped", [((1, 1, 128), False), ((3, 1, 128), False), ((2, 128), False),
+                                            ((1, 4, 128), True), ((2, 3, 128), True), ((128,), True)])
+def test_the_kernel_takes_rows_without_a_reshape_where_the_first_dimension_counts_them(
+        monkeypatch, layout, shape, reshaped):
+    """A decode step's (1, 1, K) goes to the kernel as it is and the kernel writes the
+    caller's (1, 1, N): no reshape primitive on either side (the host builds every primitive
+    of an op-by-op step). Other shapes reshape the input to (M, K) only. The kernel is what
+    this machine lacks: a stand-in records what it is given and returns zeros."""
+    given = []
+
+    def kernel(*, inputs, output_shapes, output_dtypes, grid, **_):
+        given.append((inputs[0], output_shapes[0], grid))
+        return [mx.zeros(output_shapes[0], output_dtypes[0])]
+
+    monkeypatch.setattr(small_m_qmm, "_small_m_kernel", lambda name: kernel)
+    _, w, scales, biases, _ = small_m_qmm.probe_case(2, 4, N=64, K=128, dtype=mx.bfloat16)
+    x = mx.ones(shape, mx.bfloat16)
+    out = small_m_qmm.small_m_matmul(x, w, scales, biases, 4, layout=layout)
+    (rows, out_shape, grid), = given
+    assert out.shape == out_shape == (*shape[:-1], 64)
+    assert (rows is not x) == reshaped and rows.size == x.size and rows.shape[0] * 128 == x.size
+    assert grid[1] >= 1
+
+
 def test_the_mma_layout_takes_16_bit_inputs_only():
     x, w, scales, biases, _ = small_m_qmm.probe_case(2, 4, N=64, K=128, dtype=mx.float32)
     with pytest.raises(ValueError, match="bfloat16 or float16"):

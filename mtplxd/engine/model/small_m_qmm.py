@@ -662,11 +662,11 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     lane loads before using any (MMA_GROUPS_PER_LOAD), pipelined through `stages`
     (MMA_STAGES) stages of shared memory where that fits (`pipelined_stages`)."""
     layout = layout or "word"
-    lead, K = x.shape[:-1], x.shape[-1]
-    rows = x.reshape(-1, K)
-    M, N = rows.shape[0], w.shape[0]
+    rows = kernel_rows(x)
+    M, N = x.size // x.shape[-1], w.shape[0]
+    out_shape = (*x.shape[:-1], N)
     if layout == "mma":
-        return _mma_matmul(rows, w, scales, biases, bits, warps, unroll, stages).reshape(*lead, N)
+        return _mma_matmul(rows, w, scales, biases, bits, warps, unroll, stages, out_shape)
     unroll = unroll or 1
     chunk = min(M, ROW_CHUNK)  # the kernel's M: rows per block
     if layout == "vector":
@@ -683,23 +683,37 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
         template=[("T", x.dtype), ("M", chunk), ("BITS", bits), ("GS", GROUP_SIZE), ("R", per_block),
                   ("CONVERT", convert), ("U", unroll)],
         grid=(blocks * threads, _ceil_div(M, chunk), 1), threadgroup=(threads, 1, 1),
-        output_shapes=[(M, N)], output_dtypes=[x.dtype])[0]
-    return out.reshape(*lead, N)
+        output_shapes=[out_shape], output_dtypes=[x.dtype])[0]
+    return out
+
+
+def kernel_rows(x: mx.array) -> mx.array:
+    """x as the kernels' rows: x itself where its first dimension already counts them (every
+    other leading dimension 1, as in a decode step's (1, 1, K)), else reshaped to (M, K). The
+    kernels read only `x_shape[0]` and x's row-contiguous memory, the same either way, and
+    write their (M, N) outputs straight into the caller's shape. Why: on CUDA a reshape is one
+    more primitive for the host to build and run each call, and an op-by-op step is
+    host-bound: the 32B's step with the kernel had 642 of them among 2,895 primitives, at
+    about 9 us each on an H200's host (docs/benchmarks.md, "The attention's instructions")."""
+    if x.ndim >= 2 and all(d == 1 for d in x.shape[1:-1]):
+        return x
+    return x.reshape(-1, x.shape[-1])
 
 
 def _mma_matmul(rows: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
-                warps: int | None, groups_per_load: int | None, stages: int | None) -> mx.array:
-    """The mma layout on (M, K) rows: a block per 16 output columns and up to MMA_MAX_TILES
-    tiles of 8 rows, `warps` (MMA_WARPS) warps splitting K's groups, each loading
-    `groups_per_load` groups before using any, through `stages` (MMA_STAGES) stages of shared
-    memory where they fit."""
+                warps: int | None, groups_per_load: int | None, stages: int | None,
+                out_shape: tuple[int, ...]) -> mx.array:
+    """The mma layout on `kernel_rows` (M rows of K): a block per 16 output columns and up to
+    MMA_MAX_TILES tiles of 8 rows, `warps` (MMA_WARPS) warps splitting K's groups, each
+    loading `groups_per_load` groups before using any, through `stages` (MMA_STAGES) stages
+    of shared memory where they fit; the output in `out_shape`."""
     if rows.dtype not in MMA_DTYPES:
         raise ValueError(f"the mma layout takes bfloat16 or float16 inputs, not {rows.dtype}")
-    M, N = rows.shape[0], w.shape[0]
+    M, N = rows.size // rows.shape[-1], w.shape[0]
     tiles = min(MMA_MAX_TILES, _ceil_div(M, 8))
     warps = warps or MMA_WARPS
     groups_per_load = groups_per_load or MMA_GROUPS_PER_LOAD[bits]
-    stages = pipelined_stages(bits, warps, groups_per_load, rows.shape[1] // GROUP_SIZE,
+    stages = pipelined_stages(bits, warps, groups_per_load, rows.shape[-1] // GROUP_SIZE,
                               MMA_STAGES if stages is None else stages)
     if scales.dtype.size != 2 or biases.dtype.size != 2:
         stages = 0  # the pipelined form copies a row's scales of a batch as 16-bit values
@@ -708,7 +722,7 @@ def _mma_matmul(rows: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     kernel = _small_m_kernel("mma_pipelined" if stages else "mma")
     return kernel(inputs=[rows, w, scales, biases], template=template + ([("S", stages)] if stages else []),
                   grid=(_ceil_div(N, 16) * 32 * warps, _ceil_div(M, 8 * tiles), 1), threadgroup=(32 * warps, 1, 1),
-                  output_shapes=[(M, N)], output_dtypes=[rows.dtype])[0]
+                  output_shapes=[out_shape], output_dtypes=[rows.dtype])[0]
 
 
 def pipelined_stages(bits: int, warps: int, groups_per_load: int, groups: int, stages: int) -> int:
@@ -1074,9 +1088,12 @@ def probe_case(M: int, bits: int, N: int = 320, K: int = 512, dtype: mx.Dtype = 
 
 
 def probe_error(M: int, bits: int, layout: str | None = None, **shape: Any) -> float:
-    """The kernel's relative error against the float32 truth (raises where it cannot run)."""
+    """The kernel's relative error against the float32 truth (raises where it cannot run),
+    its M rows given as a model's layers give them, (1, M, K): one row goes to the kernel as
+    it is, more are reshaped (`kernel_rows`), so the probe covers both."""
     x, w, scales, biases, truth = probe_case(M, bits, **shape)
-    return relative_error(small_m_matmul(x, w, scales, biases, bits, layout=layout), truth)
+    got = small_m_matmul(x[None], w, scales, biases, bits, layout=layout)
+    return relative_error(got.reshape(truth.shape), truth)
 
 
 def _worst_probe_error(layouts: tuple[str, ...]) -> float:
