@@ -114,13 +114,13 @@
 #   PART=attention-split  the buffer attention's forms in whole steps (buffer_attention.py,
 #                 MTPLX_BUFFER_ATTENTION): their CUDA tests, then SIZE (qwen3-32b; hybrid-27b: its
 #                 attention layers, head size 256) at DTYPES (4bit) with the kernel at CONTEXT
-#                 (8192) tokens, decode in the compiled AR loop (MTPLX_FUSED_AR=1: served only up
-#                 to 1,024-token prompts) and depth-3 cycles at T=0, then both again with the
-#                 fused loops attending by each of FORMS (one-pass,split,two-pass,0; 0: MLX's
-#                 masked attention) in two rounds in the same process (real_size
-#                 --attention-forms: on 2026-12-06, sixth session, one process per form swung
-#                 more than the forms differ); ~6 min at 8k, with ~140 s more on a fresh
-#                 machine without the PTX cache
+#                 (8192) tokens, the AR loop as served (op by op past 1,024-token prompts for a
+#                 dense model) and depth-3 cycles at T=0, then with the fused loops attending by
+#                 each of FORMS (one-pass,split,two-pass,0; 0: MLX's masked attention) in two
+#                 rounds in the same process (real_size --attention-forms: the served AR, the
+#                 compiled AR loop beside it, the cycle; on 2026-12-06, sixth session, one
+#                 process per form swung more than the forms differ); ~6 min at 8k, with ~140 s
+#                 more on a fresh machine without the PTX cache
 #   PART=attention-profile  one layer's attention alone at the 32B's shapes, each form in its own
 #                 process under Nsight Compute (bench.attention_profile: the one-pass kernel, the
 #                 split and two-pass forms, MLX's attention over the keys seen as an op-by-op
@@ -371,8 +371,7 @@ elif [ "$PART" = decode-routing-profile ]; then
 elif [ "$PART" = attention-split ]; then
   step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass" tests/engine/test_buffer_attention.py
   name="attention-forms-${SIZE:-qwen3-32b}-${DTYPES:-4bit}-${CONTEXT:-8192}"
-  step "$name" 480 env MTPLX_FUSED_AR=1 \
-    python3 -m mtplxd.engine.bench.real_size --sizes "${SIZE:-qwen3-32b}" --dtypes "${DTYPES:-4bit}" \
+  step "$name" 480 python3 -m mtplxd.engine.bench.real_size --sizes "${SIZE:-qwen3-32b}" --dtypes "${DTYPES:-4bit}" \
     --context "${CONTEXT:-8192}" --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 \
     --small-m-kernel --small-m-loops --attention-forms "${FORMS:-one-pass,split,two-pass,0}" --json-out "$work/$name.json"
 elif [ "$PART" = attention-profile ]; then

@@ -409,8 +409,10 @@ def test_attention_forms_time_decode_and_cycles_again_in_each_form_and_put_the_v
     forms = entry["small_m_kernel"]["by_attention_form"]
     assert list(forms) == ["two-pass", "0"]
     for figures in forms.values():
-        assert len(figures["decode_ms"]) == len(figures["cycle_ms"]) == 2
+        assert len(figures["decode_ms"]) == len(figures["compiled_ar_ms"]) == len(figures["cycle_ms"]) == 2
         assert all(ms > 0 for ms in figures["decode_ms"] + figures["cycle_ms"])
+        # the compiled AR loop beside ours, or None where ours is that loop already
+        assert all(ms is None or ms > 0 for ms in figures["compiled_ar_ms"])
         assert figures["path"] == buffer_attention.path_name()
     assert os.environ[buffer_attention.KERNEL_ENV] == "one-pass"
 

@@ -44,11 +44,12 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     decode steps take the vector layout on matrices of LARGE_MATRIX_VALUES weights or more;
     `--decode-vector-values 16777216,0` times the greedy decode again with that threshold
     moved, `decode_ms_by_vector_values`: which matrices a decode step should route);
-    `--attention-forms one-pass,two-pass,split,0` times the greedy decode and the greedy
-    depth-3 cycle again with the fused loops attending by each of those forms of the buffer
-    attention (`MTPLX_BUFFER_ATTENTION`'s values; `0`: MLX's masked attention), in two rounds
-    (the second in reverse order) in this process, `by_attention_form`: between processes
-    whole steps swung more than the forms differ (2026-12-06, sixth session);
+    `--attention-forms one-pass,two-pass,split,0` times the greedy decode as served, the
+    compiled AR loop (where the served one is op by op: past 1,024-token prompts) and the
+    greedy depth-3 cycle again with the fused loops attending by each of those forms of the
+    buffer attention (`MTPLX_BUFFER_ATTENTION`'s values; `0`: MLX's masked attention), in
+    two rounds (the second in reverse order) in this process, `by_attention_form`: between
+    processes whole steps swung more than the forms differ (2026-12-06, sixth session);
     `--kernel-decode-from never` keeps decode steps on MLX's matvec for the whole run (the
     kernel on verify rows only, which is what a hybrid or 8-bit model gets by default:
     small_m_qmm.decode_wanted, since their decode ran slower through it), `--kernel-decode-from
@@ -704,16 +705,19 @@ def _attention_forms(args) -> tuple[str, ...]:
 
 def _by_attention_form(trunk, model: nn.Module, prompt: list[int], decode_tokens: int, cycles: int,
                        forms: tuple[str, ...], depth: int = 3) -> dict[str, dict[str, Any]]:
-    """Our greedy decode and the greedy depth-`depth` cycle with the fused loops attending by
-    each of `forms` (buffer_attention.KERNEL_ENV's values), in two rounds, the second in
-    reverse order: each form's times as a list, and the path /health would name. Each form's
-    kernels are probed before anything is traced, and the compiled graphs dropped at each
-    change (a traced loop keeps the form it saw); KERNEL_ENV is restored after."""
+    """Our greedy decode (`decode_ms`: the AR loop this run serves, op by op or compiled),
+    the compiled AR loop (`compiled_ar_ms`: None where `decode_ms` is that loop already) and
+    the greedy depth-`depth` cycle with the fused loops attending by each of `forms`
+    (buffer_attention.KERNEL_ENV's values), in two rounds, the second in reverse order: each
+    form's times as a list, and the path /health would name. Each form's kernels are probed
+    before anything is traced, and the compiled graphs dropped at each change (a traced loop
+    keeps the form it saw); KERNEL_ENV is restored after."""
     import os
 
     from mtplxd.engine.decoding import buffer_attention
 
-    out: dict[str, dict[str, Any]] = {form: {"decode_ms": [], "cycle_ms": []} for form in forms}
+    out: dict[str, dict[str, Any]] = {form: {"decode_ms": [], "compiled_ar_ms": [], "cycle_ms": []}
+                                      for form in forms}
     before = os.environ.get(buffer_attention.KERNEL_ENV)
     try:
         for order in (forms, forms[::-1]):
@@ -723,6 +727,7 @@ def _by_attention_form(trunk, model: nn.Module, prompt: list[int], decode_tokens
                 trunk.compiled_graphs.clear()
                 ours_decode_ms(trunk, prompt[:64], 4, 0.0)  # warm-up: this form's graphs
                 out[form]["decode_ms"].append(ours_decode_ms(trunk, prompt, decode_tokens, 0.0))
+                out[form]["compiled_ar_ms"].append(compiled_decode_ms(trunk, prompt, decode_tokens))
                 out[form]["cycle_ms"].append(loop_cycle_ms(trunk, model.mtp, prompt, depth, 0.0, cycles)["ms"])
                 out[form]["path"] = buffer_attention.path_name()
     finally:
