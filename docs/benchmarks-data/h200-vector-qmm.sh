@@ -121,6 +121,8 @@
 #                 compiled AR loop beside it, the cycle; on 2026-12-06, sixth session, one
 #                 process per form swung more than the forms differ); ~6 min at 8k, with ~140 s
 #                 more on a fresh machine without the PTX cache
+#   (attention-split, attention-profile: SKIP_TESTS=1 leaves out their CUDA tests, for a second
+#   call in a lease whose first ran them)
 #   PART=attention-profile  one layer's attention alone at the 32B's shapes, each form in its own
 #                 process under Nsight Compute (bench.attention_profile: the one-pass kernel, the
 #                 split and two-pass forms, MLX's attention over the keys seen as an op-by-op
@@ -369,13 +371,13 @@ elif [ "$PART" = decode-routing-profile ]; then
     profile "ncu-ar-nodes-$values" node 1 --decode-vector-values "$values"
   done
 elif [ "$PART" = attention-split ]; then
-  step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass" tests/engine/test_buffer_attention.py
+  [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass" tests/engine/test_buffer_attention.py
   name="attention-forms-${SIZE:-qwen3-32b}-${DTYPES:-4bit}-${CONTEXT:-8192}"
   step "$name" 480 python3 -m mtplxd.engine.bench.real_size --sizes "${SIZE:-qwen3-32b}" --dtypes "${DTYPES:-4bit}" \
     --context "${CONTEXT:-8192}" --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 \
     --small-m-kernel --small-m-loops --attention-forms "${FORMS:-one-pass,split,two-pass,0}" --json-out "$work/$name.json"
 elif [ "$PART" = attention-profile ]; then
-  step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass" tests/engine/test_buffer_attention.py
+  [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass" tests/engine/test_buffer_attention.py
   for context in ${CONTEXTS:-512 2048 8192}; do
     for rows in 1 4; do
       for pick in ${FORMS:-one-pass split two-pass mlx masked}; do  # split-N: the split form in N-slot chunks
