@@ -693,8 +693,9 @@ def kernel_rows(x: mx.array) -> mx.array:
     kernels read only `x_shape[0]` and x's row-contiguous memory, the same either way, and
     write their (M, N) outputs straight into the caller's shape. Why: on CUDA a reshape is one
     more primitive for the host to build and run each call, and an op-by-op step is
-    host-bound: the 32B's step with the kernel had 642 of them among 2,895 primitives, at
-    about 9 us each on an H200's host (docs/benchmarks.md, "The attention's instructions")."""
+    host-bound: the 32B's step with the kernel had 642 of them among 2,895 primitives (about
+    9 us of host time a primitive on an H200's host; docs/benchmarks.md, "The attention's
+    instructions")."""
     if x.ndim >= 2 and all(d == 1 for d in x.shape[1:-1]):
         return x
     return x.reshape(-1, x.shape[-1])
