@@ -60,7 +60,17 @@ import mlx.core as mx
 from mtplxd.engine.model import custom_kernels
 from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 
-_HEADER = "#include <cooperative_groups/reduce.h>\n"
+_HEADER = r"""#include <cooperative_groups/reduce.h>
+
+// The sizeof(V) / sizeof(T) elements at `src` (aligned to sizeof(V)) as floats, in one load.
+template <typename V, typename T>
+__device__ __forceinline__ void load_floats(const T* src, float* dst) {
+    const V raw = *reinterpret_cast<const V*>(src);
+    const T* packed = reinterpret_cast<const T*>(&raw);
+    #pragma unroll
+    for (int x = 0; x < (int)(sizeof(V) / sizeof(T)); ++x) dst[x] = static_cast<float>(packed[x]);
+}
+"""
 
 # Grid: x = query head, y = query row; a block of 32 warps. Warp w takes key slots w, w+32,
 # w+64, ... below the row's limit; lane l holds head-dim elements [l*E, l*E+E) of q, k, v and
@@ -277,11 +287,8 @@ _SPLIT_SOURCE = r"""
             const T* k_row = k_tile + lane * ROW;
             #pragma unroll 2
             for (int d = 0; d < D; d += VEC) {
-                const uint4 raw = *reinterpret_cast<const uint4*>(k_row + d);
-                const T* packed = reinterpret_cast<const T*>(&raw);
                 float k[VEC];
-                #pragma unroll
-                for (int x = 0; x < VEC; ++x) k[x] = static_cast<float>(packed[x]);
+                load_floats<uint4>(k_row + d, k);
                 #pragma unroll
                 for (int i = 0; i < PAIRS; ++i) {
                     if (tile >= end[i]) continue;  // the same for every lane of the warp
@@ -326,20 +333,11 @@ _SPLIT_SOURCE = r"""
             float v[E];
             if (E * sizeof(T) % 16 == 0) {
                 #pragma unroll
-                for (int j = 0; j < E * (int)sizeof(T) / 16; ++j) {
-                    const uint4 raw = reinterpret_cast<const uint4*>(v_row)[j];
-                    const T* packed = reinterpret_cast<const T*>(&raw);
-                    #pragma unroll
-                    for (int x = 0; x < VEC; ++x) v[j * VEC + x] = static_cast<float>(packed[x]);
-                }
+                for (int j = 0; j < E * (int)sizeof(T) / 16; ++j) load_floats<uint4>(v_row + j * VEC, v + j * VEC);
             } else if (E * sizeof(T) % 8 == 0) {
                 #pragma unroll
-                for (int j = 0; j < E * (int)sizeof(T) / 8; ++j) {
-                    const uint2 raw = reinterpret_cast<const uint2*>(v_row)[j];
-                    const T* packed = reinterpret_cast<const T*>(&raw);
-                    #pragma unroll
-                    for (int x = 0; x < VEC / 2; ++x) v[j * VEC / 2 + x] = static_cast<float>(packed[x]);
-                }
+                for (int j = 0; j < E * (int)sizeof(T) / 8; ++j)
+                    load_floats<uint2>(v_row + j * (VEC / 2), v + j * (VEC / 2));
             } else {
                 #pragma unroll
                 for (int e = 0; e < E; ++e) v[e] = static_cast<float>(v_row[e]);
