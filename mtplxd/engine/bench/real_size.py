@@ -102,6 +102,7 @@ cycle's cost is what is measured, the acceptance is the profile's.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -712,8 +713,6 @@ def _by_attention_form(trunk, model: nn.Module, prompt: list[int], decode_tokens
     form's times as a list, and the path /health would name. Each form's kernels are probed
     before anything is traced, and the compiled graphs dropped at each change (a traced loop
     keeps the form it saw); KERNEL_ENV is restored after."""
-    import os
-
     from mtplxd.engine.decoding import buffer_attention
 
     out: dict[str, dict[str, Any]] = {form: {"decode_ms": [], "compiled_ar_ms": [], "cycle_ms": []}
