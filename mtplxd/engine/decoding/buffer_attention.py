@@ -582,8 +582,6 @@ TWO_PASS_MAX_ROWS = 8
 KERNEL_ENV = "MTPLX_BUFFER_ATTENTION"
 FORMS = ("one-pass", "split", "two-pass")
 
-_kernel = None
-_rows_kernel = None
 _usable: bool | None = None
 _rows_usable: bool | None = None
 _split_usable: bool | None = None
@@ -591,13 +589,11 @@ _two_pass_usable: bool | None = None
 _warned_values: set[str] = set()
 
 
+@functools.cache
 def _buffer_kernel():
-    global _kernel
-    if _kernel is None:
-        _kernel = mx.fast.cuda_kernel(
-            name="mtplx_buffer_attention", input_names=["queries", "keys", "values", "offset", "scale"],
-            output_names=["out"], source=_SOURCE, header=_HEADER)
-    return _kernel
+    return mx.fast.cuda_kernel(
+        name="mtplx_buffer_attention", input_names=["queries", "keys", "values", "offset", "scale"],
+        output_names=["out"], source=_SOURCE, header=_HEADER)
 
 
 def buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
@@ -714,14 +710,11 @@ def form_wanted() -> str | None:
     return value if value in FORMS else "one-pass"
 
 
+@functools.cache
 def _rows_buffer_kernel():
-    global _rows_kernel
-    if _rows_kernel is None:
-        _rows_kernel = mx.fast.cuda_kernel(
-            name="mtplx_rows_buffer_attention",
-            input_names=["queries", "keys", "values", "offset", "scale"],
-            output_names=["out"], source=_ROWS_SOURCE, header=_HEADER)
-    return _rows_kernel
+    return mx.fast.cuda_kernel(
+        name="mtplx_rows_buffer_attention", input_names=["queries", "keys", "values", "offset", "scale"],
+        output_names=["out"], source=_ROWS_SOURCE, header=_HEADER)
 
 
 def rows_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array,
