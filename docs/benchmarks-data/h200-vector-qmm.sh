@@ -114,13 +114,15 @@
 #   PART=attention-split  the buffer attention's forms in whole steps (buffer_attention.py,
 #                 MTPLX_BUFFER_ATTENTION): their CUDA tests, then SIZE (qwen3-32b; hybrid-27b: its
 #                 attention layers, head size 256) at DTYPES (4bit) with the kernel at CONTEXT
-#                 (8192) tokens, the AR loop as served (op by op past 1,024-token prompts for a
-#                 dense model) and depth-3 cycles at T=0, then with the fused loops attending by
-#                 each of FORMS (one-pass,split,two-pass,0; 0: MLX's masked attention) in two
-#                 rounds in the same process (real_size --attention-forms: the served AR, the
-#                 compiled AR loop beside it, the cycle; on 2026-12-06, sixth session, one
-#                 process per form swung more than the forms differ); ~6 min at 8k, with ~140 s
-#                 more on a fresh machine without the PTX cache
+#                 (8192) tokens: the decode figures (stock and with the kernel: real_size
+#                 --decode-only), then with the fused loops attending by each of FORMS
+#                 (one-pass,split,0; also auto, the default, and two-pass; 0: MLX's masked
+#                 attention) in two rounds in the same process (real_size --attention-forms: the
+#                 served AR, the compiled AR loop beside it, the depth-3 cycle at T=0; on
+#                 2026-12-06, sixth session, one process per form swung more than the forms
+#                 differ; seventh, without --decode-only the forwards and stock cycles took the
+#                 whole 480 s step before any form); ~140 s more on a fresh machine without the
+#                 PTX cache
 #   (attention-split, attention-profile: SKIP_TESTS=1 leaves out their CUDA tests, for a second
 #   call in a lease whose first ran them)
 #   PART=attention-profile  one layer's attention alone at the 32B's shapes, each form in its own
@@ -128,8 +130,9 @@
 #                 split and two-pass forms, MLX's attention over the keys seen as an op-by-op
 #                 step runs it, and MLX's masked attention over the buffer), 1 and 4 rows, at
 #                 CONTEXTS (512 2048 8192): wall per call and the device's time per call
-#                 (`-device.json`); FORMS (one-pass split two-pass mlx masked; split-N: the
-#                 split form in N-slot chunks, e.g. "split-64 split-128"); SHAPE_ARGS="--heads
+#                 (`-device.json`); FORMS (one-pass split two-pass mlx masked; split-N[-wW][-pP]:
+#                 the split form in N-slot chunks, blocks of W warps, at most P pairs a warp,
+#                 e.g. "split-64 split-128-w8-p1"); SHAPE_ARGS="--heads
 #                 24 --kv-heads 4 --dim 256" for the hybrid 27B's attention
 #   PART=kv-write  the fused loops' KV writes (2026-12-06: a slice_update at an array offset ran
 #                 one thread per element of the whole buffer on CUDA, 3.3 ms of the 32B's step;
@@ -375,18 +378,26 @@ elif [ "$PART" = attention-split ]; then
   name="attention-forms-${SIZE:-qwen3-32b}-${DTYPES:-4bit}-${CONTEXT:-8192}"
   step "$name" 480 python3 -m mtplxd.engine.bench.real_size --sizes "${SIZE:-qwen3-32b}" --dtypes "${DTYPES:-4bit}" \
     --context "${CONTEXT:-8192}" --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 \
-    --small-m-kernel --small-m-loops --attention-forms "${FORMS:-one-pass,split,two-pass,0}" --json-out "$work/$name.json"
+    --small-m-kernel --decode-only --attention-forms "${FORMS:-one-pass,split,0}" --json-out "$work/$name.json"
 elif [ "$PART" = attention-profile ]; then
   [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass" tests/engine/test_buffer_attention.py
   for context in ${CONTEXTS:-512 2048 8192}; do
     for rows in 1 4; do
-      for pick in ${FORMS:-one-pass split two-pass mlx masked}; do  # split-N: the split form in N-slot chunks
+      for pick in ${FORMS:-one-pass split two-pass mlx masked}; do  # split-N[-wW][-pP]: the split form's knobs
         form=${pick%%-[0-9]*}
-        chunk=(); [ "$form" != "$pick" ] && chunk=(--split-slots "${pick##*-}")  # else the shipped chunk
+        knobs=()  # else the shipped chunk, warps and pairs
+        IFS=- read -ra parts <<< "${pick#"$form"}"
+        for part in "${parts[@]}"; do
+          case $part in
+            w*) knobs+=(--split-warps "${part#w}") ;;
+            p*) knobs+=(--split-pairs "${part#p}") ;;
+            [0-9]*) knobs+=(--split-slots "$part") ;;
+          esac
+        done
         name="attention-$pick-$context-$rows"
         step "$name" 60 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \
           python3 -m mtplxd.engine.bench.attention_profile --form "$form" --context "$context" --rows "$rows" \
-          "${chunk[@]}" ${SHAPE_ARGS:-} --calls 16 --profiled --json-out "$work/$name.json"
+          "${knobs[@]}" ${SHAPE_ARGS:-} --calls 16 --profiled --json-out "$work/$name.json"
         python3 -m mtplxd.engine.bench.step_profile --summarize "$work/$name.log" --steps 16 \
           --json-out "$work/$name-device.json" || true
       done

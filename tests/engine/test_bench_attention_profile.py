@@ -54,19 +54,24 @@ def test_main_takes_another_shape_and_refuses_partial_groups(tmp_path):
         attention_profile.main(["--form", "mlx", "--heads", "6", "--kv-heads", "4"])
 
 
-def test_split_slots_hold_for_the_run_only_and_must_be_whole_tiles(tmp_path, monkeypatch):
-    """`--split-slots` sets the split form's chunk for this run (its report says which) and
-    puts the shipped one back; a chunk that is not whole 32-slot tiles is refused."""
+def test_split_shape_holds_for_the_run_only_and_must_be_whole_tiles(tmp_path, monkeypatch):
+    """`--split-slots`, `--split-warps` and `--split-pairs` set the split form's chunk, warps
+    a block and pairs a warp for this run (its report says which) and put the shipped ones
+    back; a chunk that is not whole 32-slot tiles, or warps the kernel does not take, is refused."""
     seen = []
     real_run = attention_profile.run
     def run(*args, **kwargs):
-        seen.append(buffer_attention.SPLIT_SLOTS)
+        seen.append((buffer_attention.SPLIT_SLOTS, buffer_attention.SPLIT_WARPS, buffer_attention.SPLIT_MAX_PAIRS))
         return real_run(*args, **kwargs)
     monkeypatch.setattr(attention_profile, "run", run)
-    shipped, out = buffer_attention.SPLIT_SLOTS, tmp_path / "s.json"
-    assert attention_profile.main(["--form", "mlx", "--context", "8", "--split-slots", "128",
-                                   "--calls", "1", "--repeats", "1", "--json-out", str(out)]) == 0
-    assert seen == [128] and json.loads(out.read_text())["split_slots"] == 128
-    assert buffer_attention.SPLIT_SLOTS == shipped
-    with pytest.raises(SystemExit):
-        attention_profile.main(["--form", "mlx", "--split-slots", "48"])
+    shipped = buffer_attention.SPLIT_SLOTS, buffer_attention.SPLIT_WARPS, buffer_attention.SPLIT_MAX_PAIRS
+    out = tmp_path / "s.json"
+    assert attention_profile.main(["--form", "mlx", "--context", "8", "--split-slots", "64", "--split-warps", "8",
+                                   "--split-pairs", "1", "--calls", "1", "--repeats", "1",
+                                   "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert seen == [(64, 8, 1)] and (report["split_slots"], report["split_warps"], report["split_pairs"]) == (64, 8, 1)
+    assert (buffer_attention.SPLIT_SLOTS, buffer_attention.SPLIT_WARPS, buffer_attention.SPLIT_MAX_PAIRS) == shipped
+    for bad in (["--split-slots", "48"], ["--split-warps", "3"], ["--split-pairs", "3"]):
+        with pytest.raises(SystemExit):
+            attention_profile.main(["--form", "mlx", *bad])

@@ -417,10 +417,30 @@ def test_attention_forms_time_decode_and_cycles_again_in_each_form_and_put_the_v
     assert os.environ[buffer_attention.KERNEL_ENV] == "one-pass"
 
 
+def test_decode_only_with_attention_forms_times_the_forms_and_nothing_else(small_m_kernel_twin, tmp_path):
+    """`--decode-only --attention-forms`: the decode figures, with the kernel's, then the forms
+    in one process (PART=attention-split: a lease's minutes go to the forms, not to forwards
+    and stock cycles)."""
+    entry = _tiny_hybrid_kernel_run(tmp_path, "--decode-only", "--attention-forms", "auto,one-pass")
+    assert "forward_ms_by_tokens" not in entry and "cycles" not in entry
+    forms = entry["small_m_kernel"]["by_attention_form"]
+    assert list(forms) == ["auto", "one-pass"]
+    assert all(len(figures["cycle_ms"]) == 2 and min(figures["cycle_ms"]) > 0 for figures in forms.values())
+
+
+def test_decode_only_with_attention_forms_and_no_kernel_reports_them_at_the_top(tmp_path):
+    out = tmp_path / "r.json"
+    assert real_size.main(["--sizes", "tiny", "--dtypes", "bf16", "--context", "16", "--decode-tokens", "4",
+                           "--cycles", "2", "--decode-only", "--attention-forms", "0",
+                           "--json-out", str(out)]) == 0
+    entry = json.loads(out.read_text())["configs"][0]
+    assert entry["by_attention_form"]["0"]["decode_ms"][0] > 0 and "small_m_kernel" not in entry
+
+
 def test_an_unknown_attention_form_is_refused(capsys):
     with pytest.raises(SystemExit):
         real_size.main(["--sizes", "tiny", "--attention-forms", "one-pass,fast"])
-    assert "--attention-forms: choose from 0, one-pass, split, two-pass" in capsys.readouterr().err
+    assert "--attention-forms: choose from 0, auto, one-pass, split, two-pass" in capsys.readouterr().err
 
 
 def test_stacked_times_the_kernel_again_with_shared_input_projections_as_one_product(

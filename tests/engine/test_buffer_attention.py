@@ -152,11 +152,11 @@ def test_rows_kernel_gives_each_row_the_one_row_kernels_bits():
         assert mx.array_equal(got[i:i + 1], want), f"row {i}"
 
 
-@pytest.mark.parametrize("value,form", [(None, "one-pass"), ("1", "one-pass"), ("one-pass", "one-pass"),
+@pytest.mark.parametrize("value,form", [(None, "auto"), ("1", "auto"), ("Auto", "auto"), ("one-pass", "one-pass"),
                                         ("split", "split"), (" Two-Pass ", "two-pass"), ("0", None)])
 def test_one_variable_picks_the_buffer_kernels_form(monkeypatch, value, form):
-    """`MTPLX_BUFFER_ATTENTION`: unset or "1" the one-pass kernel (served), "split" and
-    "two-pass" the opt-in forms, "0" no kernel (MLX's masked attention)."""
+    """`MTPLX_BUFFER_ATTENTION`: unset, "1" or "auto" the default (`form_for` picks by
+    shape), a form's name that form everywhere, "0" no kernel (MLX's masked attention)."""
     if value is None:
         monkeypatch.delenv(buffer_attention.KERNEL_ENV, raising=False)
     else:
@@ -165,20 +165,50 @@ def test_one_variable_picks_the_buffer_kernels_form(monkeypatch, value, form):
     assert buffer_attention.kernel_wanted() == (form is not None)
 
 
-def test_an_unknown_form_is_logged_once_and_the_one_pass_kernel_serves(monkeypatch, caplog):
+def test_an_unknown_form_is_logged_once_and_the_default_serves(monkeypatch, caplog):
     monkeypatch.setattr(buffer_attention, "_warned_values", set())
     monkeypatch.setenv(buffer_attention.KERNEL_ENV, "splti")
     with caplog.at_level("WARNING"):
-        assert buffer_attention.form_wanted() == "one-pass"
-        assert buffer_attention.form_wanted() == "one-pass"  # read again for the next layer
+        assert buffer_attention.form_wanted() == "auto"
+        assert buffer_attention.form_wanted() == "auto"  # read again for the next layer
     assert "splti" in caplog.text and "two-pass" in caplog.text
     assert len([r for r in caplog.records if "splti" in r.getMessage()]) == 1
 
 
+def shapes(heads: int, kv_heads: int, rows: int, dim: int, slots: int, dtype=mx.bfloat16) -> tuple[mx.array, mx.array]:
+    """Queries and a key buffer of these shapes (zeros: `form_for` reads shapes alone)."""
+    return mx.zeros((1, heads, rows, dim), dtype), mx.zeros((1, kv_heads, slots, dim), dtype)
+
+
+@pytest.mark.parametrize("value,heads,kv_heads,rows,dim,slots,dtype,form", [
+    # the default: split from SPLIT_FROM_SLOTS slots at head sizes up to 128, one-pass below
+    (None, 64, 8, 1, 128, 4096, mx.bfloat16, "split"),
+    (None, 64, 8, 4, 128, 8448, mx.bfloat16, "split"),
+    (None, 64, 8, 1, 128, 4095, mx.bfloat16, "one-pass"),
+    (None, 8, 2, 1, 64, 4096, mx.float16, "split"),
+    (None, 24, 4, 4, 256, 8448, mx.bfloat16, "one-pass"),  # the hybrid's attention: split untimed there
+    # a form asked for by name holds at every size, within its kernel's domain
+    ("one-pass", 64, 8, 1, 128, 8448, mx.bfloat16, "one-pass"),
+    ("split", 64, 8, 1, 128, 256, mx.bfloat16, "split"),
+    ("split", 64, 8, 1, 128, 128, mx.bfloat16, "one-pass"),  # one chunk
+    ("split", 4, 2, 2, 256, 8448, mx.float32, "one-pass"),  # a key row past 512 bytes
+    ("two-pass", 64, 8, 4, 128, 300, mx.bfloat16, "two-pass"),
+])
+def test_the_form_follows_the_variable_and_the_shapes(monkeypatch, value, heads, kv_heads, rows, dim, slots,
+                                                      dtype, form):
+    if value is None:
+        monkeypatch.delenv(buffer_attention.KERNEL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(buffer_attention.KERNEL_ENV, value)
+    assert buffer_attention.form_for(*shapes(heads, kv_heads, rows, dim, slots, dtype)) == form
+
+
 @pytest.mark.parametrize("form,name", [
+    ("auto", f"buffer CUDA kernel: one pass below {buffer_attention.SPLIT_FROM_SLOTS} slots, from there split "
+             f"into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head (head sizes up to 128)"),
     ("split", f"buffer CUDA kernel, split into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head"),
     ("two-pass", f"buffer CUDA kernel, two passes over {buffer_attention.TWO_PASS_BLOCKS} key blocks per query head")])
-def test_the_opt_in_forms_are_named(monkeypatch, form, name):
+def test_the_forms_are_named(monkeypatch, form, name):
     """/health's `cache_attention` names the asked form where it runs (CUDA, probed);
     elsewhere the masked attention is named."""
     monkeypatch.setenv(buffer_attention.KERNEL_ENV, form)
@@ -202,20 +232,22 @@ def test_the_kernel_can_be_turned_off(monkeypatch):
     assert buffer_attention.path_name() == "mlx scaled_dot_product_attention"
     monkeypatch.setattr(buffer_attention, "_usable", True)  # as after a probe that passed
     assert not buffer_attention.usable()
-    monkeypatch.delenv(buffer_attention.KERNEL_ENV)
+    monkeypatch.setenv(buffer_attention.KERNEL_ENV, "one-pass")
     assert buffer_attention.usable() and buffer_attention.path_name() == "buffer CUDA kernel"
 
 
 def test_split_shape_supported_is_the_split_kernels_domain():
     """A key row of 512 bytes at most: a head size of 256 in bf16 fits, in float32 it does
-    not; any number of (query head, row) pairs (several blocks a chunk), 2 a warp where a key
-    row passes 256 bytes (the staged tile and the queries within 48 KB of shared memory)."""
+    not; any number of (query head, row) pairs (several blocks a chunk), at most 4 a warp, 2
+    at a head size of 256 in 16 bits, fewer in blocks of more warps (the staged tile and the
+    queries within 48 KB of shared memory)."""
     q9, k9, _ = attention_inputs(64, 8, 9, 128, 16)  # a group of 8 over 9 verify rows: 72 pairs
     assert buffer_attention.split_shape_supported(q9, k9)
     q256, k256, _ = attention_inputs(8, 2, 4, 256, 16)
     assert buffer_attention.split_shape_supported(q256, k256)
     assert not buffer_attention.split_shape_supported(q256.astype(mx.float32), k256.astype(mx.float32))
-    assert [buffer_attention.split_max_pairs(d, size) for d, size in [(128, 2), (64, 4), (256, 2), (128, 4)]] == [4, 4, 2, 2]
+    assert [buffer_attention.split_max_pairs(d, size) for d, size in [(128, 2), (64, 4), (256, 2), (128, 4)]] == [4, 4, 2, 4]
+    assert [buffer_attention.split_max_pairs(d, size, 8) for d, size in [(128, 2), (256, 2), (128, 4)]] == [4, 1, 2]
 
 
 @needs_cuda
@@ -265,6 +297,18 @@ def test_buffer_attention_takes_the_asked_form(monkeypatch, form):
     offset = mx.array(600, mx.int32)
     assert mx.array_equal(buffer_attention.buffer_attention(q, k, v, offset, 0.125),
                           getattr(buffer_attention, f"{form}_buffer_attention")(q, k, v, offset, 0.125))
+
+
+@needs_cuda
+def test_by_default_a_large_buffer_takes_the_split_form(monkeypatch):
+    monkeypatch.delenv(buffer_attention.KERNEL_ENV, raising=False)
+    q, k, v = attention_inputs(8, 2, 2, 128, buffer_attention.SPLIT_FROM_SLOTS, seed=9)
+    offset = mx.array(buffer_attention.SPLIT_FROM_SLOTS - 300, mx.int32)
+    assert mx.array_equal(buffer_attention.buffer_attention(q, k, v, offset, 0.125),
+                          buffer_attention.split_buffer_attention(q, k, v, offset, 0.125))
+    small = buffer_attention.buffer_attention(q, k[:, :, :1024], v[:, :, :1024], mx.array(700, mx.int32), 0.125)
+    assert mx.array_equal(small, buffer_attention.one_pass_buffer_attention(
+        q, k[:, :, :1024], v[:, :, :1024], mx.array(700, mx.int32), 0.125))
 
 
 @needs_cuda

@@ -3,7 +3,7 @@ per call, and under Nsight Compute the device's own time (issue 22: the fused lo
 attention grows with the context; docs/benchmarks.md, "The KV scatter timed").
 
     python -m mtplxd.engine.bench.attention_profile --form split --context 8192 --rows 4 \\
-        [--split-slots 256] [--calls 16] [--json-out FILE]
+        [--split-slots 256] [--split-warps 8] [--split-pairs 1] [--calls 16] [--json-out FILE]
     ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \\
         python -m mtplxd.engine.bench.attention_profile ... --profiled > ncu.csv
     python -m mtplxd.engine.bench.step_profile --summarize ncu.csv --steps 16
@@ -12,7 +12,9 @@ The query rows sit at the context's end (row 0 at cache position `--context`) of
 with 256 slots to spare, as the fused loops allocate it. Forms:
   one-pass  the buffer kernel as served (buffer_attention.one_pass_buffer_attention; CUDA)
   split     its split form (split_buffer_attention; CUDA), in chunks of --split-slots key
-            slots (buffer_attention.SPLIT_SLOTS unless told: a knob for this bench only)
+            slots, blocks of --split-warps warps, each serving --split-pairs (query head, row)
+            pairs at most (buffer_attention's SPLIT_SLOTS, SPLIT_WARPS and SPLIT_MAX_PAIRS
+            unless told: knobs for this bench only)
   two-pass  its two-pass form (two_pass_buffer_attention; CUDA)
   mlx       mx.fast.scaled_dot_product_attention over the keys the last row sees, causal for
             several rows: what an op-by-op AR step runs (cuDNN on CUDA past 256 keys)
@@ -28,8 +30,9 @@ from __future__ import annotations
 
 import math
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
@@ -96,6 +99,18 @@ def run(form: str, context: int, rows: int, calls: int, repeats: int, profiled: 
             "profiled": profiled}
 
 
+@contextmanager
+def split_shape(slots: int, warps: int, pairs: int) -> Iterator[None]:
+    """The split form's chunk, warps a block and pairs a warp at most at these inside (a
+    kernel reads them when called), the shipped ones back after."""
+    shipped = buffer_attention.SPLIT_SLOTS, buffer_attention.SPLIT_WARPS, buffer_attention.SPLIT_MAX_PAIRS
+    buffer_attention.SPLIT_SLOTS, buffer_attention.SPLIT_WARPS, buffer_attention.SPLIT_MAX_PAIRS = slots, warps, pairs
+    try:
+        yield
+    finally:
+        buffer_attention.SPLIT_SLOTS, buffer_attention.SPLIT_WARPS, buffer_attention.SPLIT_MAX_PAIRS = shipped
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(PROG, __doc__)
     parser.add_argument("--form", choices=FORMS, required=True)
@@ -107,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="head size (128; the hybrid 27B's attention: 24 heads, 4 KV heads, 256)")
     parser.add_argument("--split-slots", type=int, default=buffer_attention.SPLIT_SLOTS,
                         help="key slots a block of the split form takes (a multiple of 32)")
+    parser.add_argument("--split-warps", type=int, choices=(1, 2, 4, 8), default=buffer_attention.SPLIT_WARPS,
+                        help="warps a block of the split form's first pass has")
+    parser.add_argument("--split-pairs", type=int, choices=(1, 2, 4), default=buffer_attention.SPLIT_MAX_PAIRS,
+                        help="(query head, row) pairs a warp of it serves at most (fewer where shared memory is short)")
     parser.add_argument("--calls", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--profiled", action="store_true",
@@ -120,12 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.split_slots < 32 or args.split_slots % 32:
         parser.error("--split-slots must be a positive multiple of 32 (the split form's tile)")
     shape = {"heads": args.heads, "kv_heads": args.kv_heads, "dim": args.dim}
-    shipped, buffer_attention.SPLIT_SLOTS = buffer_attention.SPLIT_SLOTS, args.split_slots
-    try:
+    with split_shape(args.split_slots, args.split_warps, args.split_pairs):
         report = {**machine(), "command": command_line(PROG, argv), "split_slots": args.split_slots,
+                  "split_warps": args.split_warps, "split_pairs": args.split_pairs,
                   **run(args.form, args.context, args.rows, args.calls, args.repeats, args.profiled, shape)}
-    finally:
-        buffer_attention.SPLIT_SLOTS = shipped
     print(f"{args.form} context {args.context} rows {args.rows}: "
           f"{report['wall_us_per_call']:.1f} us a call", flush=True)
     if args.json_out:

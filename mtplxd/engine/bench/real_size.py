@@ -50,13 +50,16 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     buffer attention (`MTPLX_BUFFER_ATTENTION`'s values; `0`: MLX's masked attention), in
     two rounds (the second in reverse order) in this process, `by_attention_form`: between
     processes whole steps swung more than the forms differ (2026-12-06, sixth session);
+    `auto` is the default, split from 4,096 slots (buffer_attention.form_for);
     `--kernel-decode-from never` keeps decode steps on MLX's matvec for the whole run (the
     kernel on verify rows only, which is what a hybrid or 8-bit model gets by default:
     small_m_qmm.decode_wanted, since their decode ran slower through it), `--kernel-decode-from
     N` puts them on the vector layout from N weights a matrix, whatever the model;
   * `--decode-only`: the decode figures above alone (and the kernel's, with
     `--small-m-kernel`), no forwards, cycles or divergence: for comparing MLX settings
-    that only a fresh process takes (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER);
+    that only a fresh process takes (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER); with
+    `--attention-forms` then the forms' figures too (under the kernel's figures with
+    `--small-m-kernel`, else `by_attention_form` at the top), and no other cycles;
   * with `--prefill-tokens N`: ms to prefill N random tokens into a fresh cache (`prefill`);
     for a hybrid also with its GDN layers chunked and on mlx-lm's per-token loop
     (`gdn_paths_ms`: on CUDA the served path is the chunked one, gdn_chunked.chunked_prefill);
@@ -495,6 +498,14 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                                   row_invariant=row_invariant) as switched:
                 entry["small_m_kernel_layers"] = switched
                 entry["small_m_kernel"] = _kernel_decode(trunk, prompt, decode_tokens, roofline_ms, phase)
+                if attention_forms:
+                    phase("the small-M kernel: the attention forms")
+                    entry["small_m_kernel"]["by_attention_form"] = _by_attention_form(
+                        trunk, model, prompt, decode_tokens, cycles, attention_forms)
+        elif attention_forms:
+            phase("the attention forms")
+            entry["by_attention_form"] = _by_attention_form(trunk, model, prompt, decode_tokens, cycles,
+                                                            attention_forms)
         entry["seconds"] = time.perf_counter() - started
         return entry
 
@@ -825,9 +836,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --small-m-loops: greedy decode again with the vector layout's decode "
                              "threshold at each of these weight counts (comma-separated)")
     parser.add_argument("--attention-forms", default="",
-                        help="with --small-m-loops: greedy decode and the depth-3 cycle again with the "
-                             "fused loops' attention in each of these forms (MTPLX_BUFFER_ATTENTION "
-                             "values, comma-separated: one-pass, split, two-pass, 0), two rounds")
+                        help="with --small-m-loops or --decode-only: greedy decode and the depth-3 cycle "
+                             "again with the fused loops' attention in each of these forms "
+                             "(MTPLX_BUFFER_ATTENTION values, comma-separated: auto, one-pass, split, "
+                             "two-pass, 0), two rounds")
     parser.add_argument("--kernel-decode-from", default=None,
                         help="with --small-m-kernel: decode steps take the vector layout from this many "
                              "weights a matrix for the whole run, or `never` (verify rows only)")
@@ -874,10 +886,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown size or dtype: {', '.join(unknown)} (sizes: {', '.join(SIZES)}; "
                      f"dtypes: {', '.join(DTYPES)})")
-    from mtplxd.engine.decoding.buffer_attention import FORMS
+    from mtplxd.engine.decoding.buffer_attention import AUTO, FORMS
 
-    if not set(_attention_forms(args)) <= {"0", *FORMS}:
-        parser.error(f"--attention-forms: choose from 0, {', '.join(FORMS)}")
+    if not set(_attention_forms(args)) <= {"0", AUTO, *FORMS}:
+        parser.error(f"--attention-forms: choose from 0, {AUTO}, {', '.join(FORMS)}")
     depths = [int(d) for d in args.depths.split(",") if d]
     report: dict[str, Any] = {"configs": [], **machine(), "context": args.context,
                               "profile": list(PROFILE), "bandwidth_bytes_per_s": BANDWIDTH_BYTES_PER_S,

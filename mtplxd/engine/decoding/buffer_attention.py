@@ -17,8 +17,10 @@ which keeps greedy MTP equal to greedy AR on CUDA while MLX runs AR steps on tha
 can round apart, as they could before). Other backends keep
 mx.fast.scaled_dot_product_attention with the mask.
 
-Two more forms, opt-in until a GPU has timed them in whole steps (`MTPLX_BUFFER_ATTENTION=split`
-or `two-pass`; "0" turns every buffer kernel off). The one-pass kernel gives each query row one
+Two more forms. By default (`MTPLX_BUFFER_ATTENTION` unset) buffers of SPLIT_FROM_SLOTS slots
+or more take the split form, smaller ones the one-pass kernel (`form_for`); `one-pass`, `split`
+or `two-pass` asks for that form at every size, "0" turns every buffer kernel off. The one-pass
+kernel gives each query row one
 block, whose 32 warps walk all of that row's keys one after the other and reduce each key's
 score across the warp, and every query head of a GQA group reads the same keys again; so its
 time grows with the context (on an H200 a 32B layer took 196 us for one row at 8,192 tokens,
@@ -35,8 +37,10 @@ nothing else in the call, so a verify row rounds as the compiled AR step of the 
 or none: it is read when a loop is traced). A buffer of one chunk keeps the one-pass kernel.
 Its first two kernels spread each query over the lanes and gathered scores by shuffles: they
 ran at 137 us (one row) and 308 (four) on that H200, bound by the instructions they issued,
-not by memory; this third one issues several times fewer per key by a count of its inner
-loops (untimed).
+not by memory. This third one took 74 us and 155 on an H100 at 8,192 tokens, where the
+one-pass kernel took 196 and 253; at 1,024 tokens it lost, 55 and 85 against 40 and 63, a
+block's 4 warps working through their tiles with little to hide their latency
+(docs/benchmarks.md, "The split form on an H100"): hence the default's threshold.
 
 The two-pass form (`_TWO_PASS_SOURCE`) keeps the one-pass kernel's per-key arithmetic but
 spreads each row's keys over TWO_PASS_BLOCKS blocks of 8 warps, as MLX's two-pass decode
@@ -188,7 +192,6 @@ _ROWS_SOURCE = _edited(
 # slots of its chunk, never on the other pairs in the call, so a verify row rounds as a 1-row
 # call.
 _SPLIT_SOURCE = r"""
-    constexpr int WARPS = 4;
     constexpr int TILE = 32;  // keys staged at once: scored one a lane
     constexpr int E = D / 32;  // elements of a pair's output a lane holds
     constexpr int VEC = 16 / sizeof(T);  // elements of one 16-byte load
@@ -197,6 +200,8 @@ _SPLIT_SOURCE = r"""
     __shared__ __align__(16) T k_tile[TILE * ROW];
     __shared__ __align__(16) T v_tile[TILE * D];
     __shared__ __align__(16) float q_tile[WARPS * PAIRS * D];
+    __shared__ int at_offset;
+    __shared__ float at_scale;
 
     auto block = cg::this_thread_block();
     auto warp = cg::tiled_partition<32>(block);
@@ -212,9 +217,14 @@ _SPLIT_SOURCE = r"""
     const int chunk = blockIdx.y;
     const int first = blockIdx.z * WARPS * PAIRS;  // this block's first pair (z: a slice of many)
     const int begin = chunk * CHUNK;
-    const int stop = min(begin + CHUNK, min(offset[0] + rows, slots));  // one past the last row's last slot here
+    if (threadIdx.x == 0) {  // SCALARS_ONCE: one read of each scalar a block
+        at_offset = offset[0];
+        at_scale = scale[0];
+    }
+    block.sync();
+    const int stop = min(begin + CHUNK, min(at_offset + rows, slots));  // one past the last row's last slot here
     if (begin >= stop) return;  // past every row's keys: the merge reads no part of this chunk
-    const float q_scale = (float)((double)scale[0] * 1.4426950408889634);  // * log2(e)
+    const float q_scale = (float)((double)at_scale * 1.4426950408889634);  // * log2(e)
 
     // Warp w serves pairs w, w + WARPS, ...: their queries (scaled, float32) in shared memory,
     // their running maximum, sum and output in registers, lane l holding elements [l*E, l*E+E).
@@ -228,7 +238,7 @@ _SPLIT_SOURCE = r"""
         const T* q_row = queries + ((size_t)(kv_head * group + p / rows) * rows + row) * D;
         float* q_at = q_tile + (w + i * WARPS) * D;
         for (int d = lane; d < D; d += 32) q_at[d] = q_scale * static_cast<float>(q_row[d]);
-        end[i] = pair < pairs ? min(begin + CHUNK, min(offset[0] + row + 1, slots)) : begin;
+        end[i] = pair < pairs ? min(begin + CHUNK, min(at_offset + row + 1, slots)) : begin;
         #pragma unroll
         for (int e = 0; e < E; ++e) acc[i][e] = 0.f;
         run_max[i] = Limits<float>::finite_min();
@@ -381,6 +391,7 @@ _MERGE_SOURCE = r"""
     __shared__ float warp_top[WARPS];
     __shared__ float warp_sum[WARPS];
     __shared__ float warp_acc[WARPS][D];
+    __shared__ int at_offset;
 
     auto block = cg::this_thread_block();
     auto warp = cg::tiled_partition<32>(block);
@@ -391,7 +402,11 @@ _MERGE_SOURCE = r"""
     const int parts = part_max_shape[2];
     const int head = blockIdx.x;
     const int row = blockIdx.y;
-    const int count = CHUNK > 0 ? min(parts, (offset[0] + row + CHUNK) / CHUNK) : parts;
+    if (CHUNK > 0) {  // SCALARS_ONCE: one read of the offset a block
+        if (threadIdx.x == 0) at_offset = offset[0];
+        block.sync();
+    }
+    const int count = CHUNK > 0 ? min(parts, (at_offset + row + CHUNK) / CHUNK) : parts;
     const size_t base = ((size_t)head * rows + row) * parts;
 
     float top = Limits<float>::finite_min();
@@ -560,16 +575,40 @@ _TWO_PASS_SOURCE = r"""
 # warps, four for each of an H200's SMs, and a 1-row step's parts (64 heads x 130 floats a
 # chunk, 2.2 MB) stay a sixteenth of the keys and values it reads.
 SPLIT_SLOTS = 128
-SPLIT_WARPS = 4  # warps a block of the split form's first pass has (WARPS in _SPLIT_SOURCE)
+SPLIT_WARPS = 4  # warps a block of the split form's first pass has (its WARPS template)
+SPLIT_MAX_PAIRS = 4  # pairs a warp of it serves at most where shared memory allows (split_max_pairs)
+SPLIT_SHARED_BYTES = 48 * 1024  # the static shared memory a block may declare
+# The default form (KERNEL_ENV unset): the split form for buffers of SPLIT_FROM_SLOTS slots or
+# more, the one-pass kernel below. On an H100 (2026-12-06, seventh session) a Qwen3-32B layer
+# at 8,192 tokens took 74 us (one row) and 155 (four) split, 196 and 253 in one pass; at 1,024
+# tokens 55 and 85 split, 40 and 63 in one pass (docs/benchmarks.md, "The split form on an
+# H100"): through those two points the lines cross near 1,800 tokens (one row) and 2,300
+# (four); buffers grow 256 slots at a time (fused.capacity_for), so one of 4,096 slots holds
+# some 3,600 tokens or more, a margin while whole steps are untimed.
+# Head sizes above SPLIT_DEFAULT_MAX_DIM (the hybrid's 256) keep the one-pass kernel by
+# default: the split form has not been timed there.
+SPLIT_FROM_SLOTS = 4096
+SPLIT_DEFAULT_MAX_DIM = 128
+# MLX keeps arrays of 8 bytes or less (the offset, the scale) in a pool of managed memory that
+# the GPU reaches through a mapping, possibly across PCIe; the split form's kernels read each
+# such scalar once a block into shared memory, not once a warp (SCALARS_ONCE in their sources).
+# Why: on that H100 the merge took 16 us where it read the offset and 5-6 where it did not
+# (the two-pass form's merge, the same code otherwise); a hypothesis the next lease checks.
 TWO_PASS_WARPS = 8  # warps a block of the two-pass form's first pass has (WARPS in _TWO_PASS_SOURCE)
 MERGE_WARPS = 8  # warps a block of the merge has (WARPS in _MERGE_SOURCE)
 
 
-def split_max_pairs(dim: int, itemsize: int) -> int:
-    """Pairs a warp of the split form serves at most (PAIRS; more take more blocks): its
-    queries stay in shared memory beside the staged tile, all within 48 KB (4, or 2 where a
-    key row takes more than 256 bytes: 41.5 KB at a head size of 256 in 16 bits)."""
-    return 4 if dim * itemsize <= 256 else 2
+def split_max_pairs(dim: int, itemsize: int, warps: int | None = None) -> int:
+    """Pairs a warp of the split form serves at most (PAIRS; more take more blocks): the
+    largest of SPLIT_MAX_PAIRS, its half, ... down to 1 whose queries (float32, `warps` x
+    PAIRS of them) fit SPLIT_SHARED_BYTES beside the staged tile of keys (rows padded by 16
+    bytes) and values. At 4 warps: 4 for a head size of 128 in 16 bits, 2 for 256 (41.5 KB)."""
+    warps = warps or SPLIT_WARPS
+    staged = 32 * (dim * itemsize + 16) + 32 * dim * itemsize
+    pairs = SPLIT_MAX_PAIRS
+    while pairs > 1 and staged + warps * pairs * dim * 4 + 8 > SPLIT_SHARED_BYTES:
+        pairs //= 2
+    return pairs
 
 
 TWO_PASS_BLOCKS = 32  # blocks of keys per query head (and group of rows) in the two-pass form (MLX's count)
@@ -577,10 +616,12 @@ TWO_PASS_BLOCKS = 32  # blocks of keys per query head (and group of rows) in the
 # (NVRTC for sm_90: 40 registers at 1 row of 128 in bf16, 80 at 4, 125 at 8; a head size of
 # 256 takes half as many rows, 128 registers at 4).
 TWO_PASS_MAX_ROWS = 8
-# Which buffer kernel the fused loops attend with: "0" none (MLX's masked attention), "split"
-# or "two-pass" those forms (opt-in until a GPU has timed them), else the one-pass kernel.
+# Which buffer kernel the fused loops attend with: "0" none (MLX's masked attention), one of
+# FORMS for that form at every buffer size, else ("", "1", "auto") the default: split from
+# SPLIT_FROM_SLOTS slots, one-pass below (`form_for`).
 KERNEL_ENV = "MTPLX_BUFFER_ATTENTION"
 FORMS = ("one-pass", "split", "two-pass")
+AUTO = "auto"
 
 _usable: bool | None = None
 _rows_usable: bool | None = None
@@ -603,9 +644,8 @@ def buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset
     queries (1, Hq, L, D); keys and values (1, Hkv, S, D) buffers; `offset` an int scalar
     array (the cache position of query row 0). CUDA only: see `usable`.
     """
-    form = form_wanted()
-    if (form == "split" and keys.shape[2] > SPLIT_SLOTS and split_shape_supported(queries, keys)
-            and split_usable()):
+    form = form_for(queries, keys)
+    if form == "split" and split_usable():
         return split_buffer_attention(queries, keys, values, offset, scale)
     if form == "two-pass" and two_pass_usable():
         return two_pass_buffer_attention(queries, keys, values, offset, scale)
@@ -672,7 +712,7 @@ def split_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, 
     slices = -(-pairs // (SPLIT_WARPS * per_warp))
     return _attend_in_parts(
         _first_pass_kernel("mtplx_buffer_attention_split", _SPLIT_SOURCE), queries, keys, values,
-        offset, scale, chunks, [("CHUNK", SPLIT_SLOTS), ("PAIRS", per_warp)],
+        offset, scale, chunks, [("CHUNK", SPLIT_SLOTS), ("PAIRS", per_warp), ("WARPS", SPLIT_WARPS)],
         (kv_heads * 32 * SPLIT_WARPS, chunks, slices), SPLIT_WARPS, SPLIT_SLOTS)
 
 
@@ -698,16 +738,33 @@ def split_shape_supported(queries: mx.array, keys: mx.array) -> bool:
 
 
 def form_wanted() -> str | None:
-    """The buffer kernel's form KERNEL_ENV asks for: None for "0" (no kernel), "split" or
-    "two-pass" (opt-in), else "one-pass" (unset, "1", "one-pass"; an unknown value is logged)."""
+    """The buffer kernel's form KERNEL_ENV asks for: None for "0" (no kernel), one of FORMS,
+    else AUTO (unset, "1", "auto"; an unknown value is logged): `form_for` picks by shape."""
     value = os.environ.get(KERNEL_ENV, "").strip().lower()
     if value == "0":
         return None
-    if value not in ("", "1", *FORMS) and value not in _warned_values:  # read per layer traced: say it once
+    if value in FORMS:
+        return value
+    if value not in ("", "1", AUTO) and value not in _warned_values:  # read per layer traced: say it once
         _warned_values.add(value)
-        custom_kernels.log.warning("%s=%r is not 0 or one of %s; using one-pass", KERNEL_ENV, value,
+        custom_kernels.log.warning("%s=%r is not 0, auto or one of %s; using auto", KERNEL_ENV, value,
                                    ", ".join(FORMS))
-    return value if value in FORMS else "one-pass"
+    return AUTO
+
+
+def form_for(queries: mx.array, keys: mx.array) -> str:
+    """The form a call of these shapes asks for (`form_wanted`, AUTO resolved): by default
+    the split form for buffers of SPLIT_FROM_SLOTS slots or more at head sizes up to
+    SPLIT_DEFAULT_MAX_DIM, else one-pass; a buffer of one chunk, or a shape outside
+    `split_shape_supported`, keeps one-pass whatever was asked. Fixed by the shapes, so a
+    traced loop takes one form for all its calls (a capacity bucket is one shape)."""
+    form = form_wanted() or "one-pass"
+    if form == AUTO:
+        form = ("split" if keys.shape[2] >= SPLIT_FROM_SLOTS and queries.shape[-1] <= SPLIT_DEFAULT_MAX_DIM
+                else "one-pass")
+    if form == "split" and not (keys.shape[2] > SPLIT_SLOTS and split_shape_supported(queries, keys)):
+        return "one-pass"
+    return form
 
 
 @functools.cache
@@ -794,8 +851,11 @@ def prepare_form() -> bool:
 
 
 def _form_usable(form: str | None) -> bool:
-    """Whether `form`'s own kernels passed their probe (the one-pass kernel: `usable`'s)."""
-    return split_usable() if form == "split" else two_pass_usable() if form == "two-pass" else True
+    """Whether `form`'s own kernels passed their probe (the one-pass kernel: `usable`'s; AUTO:
+    the split form's, which it takes for large buffers)."""
+    if form in ("split", AUTO):
+        return split_usable()
+    return two_pass_usable() if form == "two-pass" else True
 
 
 def path_name() -> str:
@@ -803,6 +863,9 @@ def path_name() -> str:
     if not usable():
         return "mlx scaled_dot_product_attention"
     form = form_wanted()
+    if form == AUTO and _form_usable(form):
+        return (f"buffer CUDA kernel: one pass below {SPLIT_FROM_SLOTS} slots, from there split into "
+                f"{SPLIT_SLOTS}-slot chunks per KV head (head sizes up to {SPLIT_DEFAULT_MAX_DIM})")
     if form == "split" and _form_usable(form):
         return f"buffer CUDA kernel, split into {SPLIT_SLOTS}-slot chunks per KV head"
     if form == "two-pass" and _form_usable(form):
