@@ -139,9 +139,12 @@ def test_off_cuda_a_rows_cache_keeps_each_rows_masked_attention():
 
 
 @needs_cuda
-def test_rows_kernel_gives_each_row_the_one_row_kernels_bits():
-    """The W-row kernel (fused cohorts) computes each row as the one-row kernel (the solo
-    fused cycle) does, at that row's own offset."""
+@pytest.mark.parametrize("form", ["one-pass", "split"])
+def test_rows_kernel_gives_each_row_the_one_row_kernels_bits(monkeypatch, form):
+    """The W-row kernels (fused cohorts) compute each row as the one-row kernel of the same
+    form (the solo fused cycle) does, at that row's own offset: the one-pass rows kernel, and
+    the split form's kernels over a batch (a row past its first chunk, one inside it)."""
+    monkeypatch.setenv(buffer_attention.KERNEL_ENV, form)
     assert buffer_attention.rows_usable()
     q, k, v = rows_inputs(3, 4, 2, 7, 64, 512, seed=5)
     offsets, scale = [300, 0, 500], 1 / 8
@@ -203,6 +206,16 @@ def test_the_form_follows_the_variable_and_the_shapes(monkeypatch, value, heads,
     assert buffer_attention.form_for(*shapes(heads, kv_heads, rows, dim, slots, dtype)) == form
 
 
+def test_a_cohorts_rows_take_the_form_a_single_stream_with_their_buffers_would(monkeypatch):
+    """W rows (fused cohorts) follow the same rule as a batch of one: a cohort row's form is
+    its solo cycle's wherever their buffers have the same capacity."""
+    monkeypatch.delenv(buffer_attention.KERNEL_ENV, raising=False)
+    for slots, form in [(4096, "split"), (4095, "one-pass")]:
+        q, k = mx.zeros((3, 64, 4, 128), mx.bfloat16), mx.zeros((3, 8, slots, 128), mx.bfloat16)
+        assert buffer_attention.split_shape_supported(q, k)  # a batch of 3 is in the split form's domain
+        assert buffer_attention.form_for(q, k) == form
+
+
 @pytest.mark.parametrize("form,name", [
     ("auto", f"buffer CUDA kernel: one pass below {buffer_attention.SPLIT_FROM_SLOTS} slots, from there split "
              f"into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head (head sizes up to 128)"),
@@ -239,14 +252,14 @@ def test_the_kernel_can_be_turned_off(monkeypatch):
 def test_split_shape_supported_is_the_split_kernels_domain():
     """A key row of 512 bytes at most: a head size of 256 in bf16 fits, in float32 it does
     not; any number of (query head, row) pairs (several blocks a chunk), at most 4 a warp, 2
-    at a head size of 256 in 16 bits, fewer in blocks of more warps (the staged tile and the
+    where a key row passes 256 bytes, fewer in blocks of more warps (the staged tile and the
     queries within 48 KB of shared memory)."""
     q9, k9, _ = attention_inputs(64, 8, 9, 128, 16)  # a group of 8 over 9 verify rows: 72 pairs
     assert buffer_attention.split_shape_supported(q9, k9)
     q256, k256, _ = attention_inputs(8, 2, 4, 256, 16)
     assert buffer_attention.split_shape_supported(q256, k256)
     assert not buffer_attention.split_shape_supported(q256.astype(mx.float32), k256.astype(mx.float32))
-    assert [buffer_attention.split_max_pairs(d, size) for d, size in [(128, 2), (64, 4), (256, 2), (128, 4)]] == [4, 4, 2, 4]
+    assert [buffer_attention.split_max_pairs(d, size) for d, size in [(128, 2), (64, 4), (256, 2), (128, 4)]] == [4, 4, 2, 2]
     assert [buffer_attention.split_max_pairs(d, size, 8) for d, size in [(128, 2), (256, 2), (128, 4)]] == [4, 1, 2]
 
 
@@ -297,6 +310,15 @@ def test_buffer_attention_takes_the_asked_form(monkeypatch, form):
     offset = mx.array(600, mx.int32)
     assert mx.array_equal(buffer_attention.buffer_attention(q, k, v, offset, 0.125),
                           getattr(buffer_attention, f"{form}_buffer_attention")(q, k, v, offset, 0.125))
+
+
+@needs_cuda
+def test_by_default_a_cohorts_large_buffers_take_the_split_form_too(monkeypatch):
+    monkeypatch.delenv(buffer_attention.KERNEL_ENV, raising=False)
+    q, k, v = rows_inputs(2, 8, 2, 3, 128, buffer_attention.SPLIT_FROM_SLOTS, seed=10)
+    offsets = mx.array([buffer_attention.SPLIT_FROM_SLOTS - 300, 40], mx.int32)
+    assert mx.array_equal(buffer_attention.rows_buffer_attention(q, k, v, offsets, 0.125),
+                          buffer_attention.split_buffer_attention(q, k, v, offsets, 0.125))
 
 
 @needs_cuda

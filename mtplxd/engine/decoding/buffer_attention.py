@@ -35,6 +35,7 @@ chunks are fixed by the slot index, and a (query head, row) pair's arithmetic de
 nothing else in the call, so a verify row rounds as the compiled AR step of the same position
 (it does not round as the one-pass kernel, so the split form applies to all of a loop's calls
 or none: it is read when a loop is traced). A buffer of one chunk keeps the one-pass kernel.
+Its kernels also take a fused cohort's batch of rows, each computed as alone.
 Its first two kernels spread each query over the lanes and gathered scores by shuffles: they
 ran at 137 us (one row) and 308 (four) on that H200, bound by the instructions they issued,
 not by memory. This third one took 74 us and 155 on an H100 at 8,192 tokens, where the
@@ -213,12 +214,13 @@ _SPLIT_SOURCE = r"""
     const int slots = keys_shape[2];
     const int group = queries_shape[1] / kv_heads;
     const int pairs = group * rows;
-    const int kv_head = blockIdx.x;
+    const int kv_head = blockIdx.x % kv_heads;
+    const int batch = blockIdx.x / kv_heads;  // a fused cohort's row (0 for a single stream)
     const int chunk = blockIdx.y;
     const int first = blockIdx.z * WARPS * PAIRS;  // this block's first pair (z: a slice of many)
     const int begin = chunk * CHUNK;
     if (threadIdx.x == 0) {  // SCALARS_ONCE: one read of each scalar a block
-        at_offset = offset[0];
+        at_offset = offset[batch];
         at_scale = scale[0];
     }
     block.sync();
@@ -235,7 +237,7 @@ _SPLIT_SOURCE = r"""
         const int pair = first + w + i * WARPS;
         const int p = min(pair, pairs - 1);  // a warp past the last pair idles (end = begin)
         const int row = p % rows;
-        const T* q_row = queries + ((size_t)(kv_head * group + p / rows) * rows + row) * D;
+        const T* q_row = queries + (((size_t)batch * queries_shape[1] + kv_head * group + p / rows) * rows + row) * D;
         float* q_at = q_tile + (w + i * WARPS) * D;
         for (int d = lane; d < D; d += 32) q_at[d] = q_scale * static_cast<float>(q_row[d]);
         end[i] = pair < pairs ? min(begin + CHUNK, min(at_offset + row + 1, slots)) : begin;
@@ -245,8 +247,8 @@ _SPLIT_SOURCE = r"""
         run_sum[i] = 0.f;
     }
 
-    const T* k_head = keys + (size_t)kv_head * slots * D;
-    const T* v_head = values + (size_t)kv_head * slots * D;
+    const T* k_head = keys + ((size_t)batch * kv_heads + kv_head) * slots * D;
+    const T* v_head = values + ((size_t)batch * kv_heads + kv_head) * slots * D;
     // Staging: each thread holds its 16-byte loads of the next tile in registers (k_next,
     // v_next) while the warps work on this one, so a tile's memory latency hides behind the
     // last tile's arithmetic. Buffers off a 16-byte boundary take a plain loop.
@@ -367,7 +369,8 @@ _SPLIT_SOURCE = r"""
     for (int i = 0; i < PAIRS; ++i) {
         const int p = first + w + i * WARPS;
         if (p >= pairs) break;
-        const size_t part = ((size_t)(kv_head * group + p / rows) * rows + p % rows) * gridDim.y + chunk;
+        const size_t part = (((size_t)batch * queries_shape[1] + kv_head * group + p / rows) * rows + p % rows)
+                            * gridDim.y + chunk;
         float* acc_out = part_acc + part * D + lane * E;
         #pragma unroll
         for (int e = 0; e < E; ++e) acc_out[e] = acc[i][e];
@@ -398,12 +401,13 @@ _MERGE_SOURCE = r"""
     const int lane = warp.thread_rank();
     const int w = warp.meta_group_rank();
 
-    const int rows = part_max_shape[1];
-    const int parts = part_max_shape[2];
-    const int head = blockIdx.x;
+    const int heads = part_max_shape[1];
+    const int rows = part_max_shape[2];
+    const int parts = part_max_shape[3];
+    const int head = blockIdx.x;  // of all the batch rows' heads: batch * heads + head
     const int row = blockIdx.y;
     if (CHUNK > 0) {  // SCALARS_ONCE: one read of the offset a block
-        if (threadIdx.x == 0) at_offset = offset[0];
+        if (threadIdx.x == 0) at_offset = offset[head / heads];
         block.sync();
     }
     const int count = CHUNK > 0 ? min(parts, (at_offset + row + CHUNK) / CHUNK) : parts;
@@ -602,10 +606,12 @@ def split_max_pairs(dim: int, itemsize: int, warps: int | None = None) -> int:
     """Pairs a warp of the split form serves at most (PAIRS; more take more blocks): the
     largest of SPLIT_MAX_PAIRS, its half, ... down to 1 whose queries (float32, `warps` x
     PAIRS of them) fit SPLIT_SHARED_BYTES beside the staged tile of keys (rows padded by 16
-    bytes) and values. At 4 warps: 4 for a head size of 128 in 16 bits, 2 for 256 (41.5 KB)."""
+    bytes) and values, and 2 at most where a key row passes 256 bytes (NVRTC for sm_90: 154
+    registers at a head size of 256 in 16 bits and 2 pairs; 172 at 128 in float32 and 4). At
+    4 warps: 4 for a head size of 128 in 16 bits, 2 for 256 (41.5 KB)."""
     warps = warps or SPLIT_WARPS
     staged = 32 * (dim * itemsize + 16) + 32 * dim * itemsize
-    pairs = SPLIT_MAX_PAIRS
+    pairs = SPLIT_MAX_PAIRS if dim * itemsize <= 256 else min(SPLIT_MAX_PAIRS, 2)
     while pairs > 1 and staged + warps * pairs * dim * 4 + 8 > SPLIT_SHARED_BYTES:
         pairs //= 2
     return pairs
@@ -683,18 +689,19 @@ def _attend_in_parts(first_pass, queries: mx.array, keys: mx.array, values: mx.a
                      offset: mx.array, scale: float, parts: int, template: list,
                      grid: tuple[int, int, int], warps: int, chunk: int) -> mx.array:
     """`first_pass` (blocks of `warps` warps, `template` after T and D) writing `parts`
-    partial results per query head and row, then `_MERGE_SOURCE` adding them (`chunk` slots a
-    part, the split form's, or 0: every part, the two-pass form's)."""
-    _, heads, rows, dim = queries.shape
-    at = offset.astype(mx.int32).reshape(1)
+    partial results per batch row, query head and row, then `_MERGE_SOURCE` adding them
+    (`chunk` slots a part, the split form's, or 0: every part, the two-pass form's).
+    `offset`: a scalar, or one per batch row."""
+    batch, heads, rows, dim = queries.shape
+    at = offset.astype(mx.int32).reshape(-1)
     partial = first_pass(
         inputs=[queries, keys, values, at, mx.array([scale], mx.float32)],
         template=[("T", queries.dtype), ("D", dim), *template], grid=grid,
         threadgroup=(32 * warps, 1, 1),
-        output_shapes=[(heads, rows, parts), (heads, rows, parts), (heads, rows, parts, dim)],
+        output_shapes=[(batch, heads, rows, parts)] * 2 + [(batch, heads, rows, parts, dim)],
         output_dtypes=[mx.float32] * 3)
     return _merge_kernel()(inputs=[*partial, at], template=[("T", queries.dtype), ("D", dim), ("CHUNK", chunk)],
-                           grid=(heads * 32 * MERGE_WARPS, rows, 1), threadgroup=(32 * MERGE_WARPS, 1, 1),
+                           grid=(batch * heads * 32 * MERGE_WARPS, rows, 1), threadgroup=(32 * MERGE_WARPS, 1, 1),
                            output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
 
 
@@ -702,9 +709,11 @@ def split_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, 
                            scale: float) -> mx.array:
     """`buffer_attention` in the split form (the module docstring): a block per SPLIT_SLOTS
     key slots of each KV head, serving its query heads' rows (a slice of them per block where
-    they pass SPLIT_WARPS x `split_max_pairs`), then a merge in chunk order. CUDA only, within
-    `split_shape_supported`: see `split_usable`."""
-    _, heads, rows, dim = queries.shape
+    they pass SPLIT_WARPS x `split_max_pairs`), then a merge in chunk order. Also a fused
+    cohort's W rows (queries (W, Hq, L, D), buffers (W, Hkv, S, D), `offset` (W,)): each
+    batch row computes as it would alone. CUDA only, within `split_shape_supported`: see
+    `split_usable`."""
+    batch, heads, rows, dim = queries.shape
     kv_heads, slots = keys.shape[1], keys.shape[2]
     chunks = -(-slots // SPLIT_SLOTS)
     pairs = heads // kv_heads * rows
@@ -713,7 +722,7 @@ def split_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, 
     return _attend_in_parts(
         _first_pass_kernel("mtplx_buffer_attention_split", _SPLIT_SOURCE), queries, keys, values,
         offset, scale, chunks, [("CHUNK", SPLIT_SLOTS), ("PAIRS", per_warp), ("WARPS", SPLIT_WARPS)],
-        (kv_heads * 32 * SPLIT_WARPS, chunks, slices), SPLIT_WARPS, SPLIT_SLOTS)
+        (batch * kv_heads * 32 * SPLIT_WARPS, chunks, slices), SPLIT_WARPS, SPLIT_SLOTS)
 
 
 def two_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
@@ -731,10 +740,11 @@ def two_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.arra
 
 
 def split_shape_supported(queries: mx.array, keys: mx.array) -> bool:
-    """The split form's domain, within `shape_supported`'s: a key row of 512 bytes at most (a
-    head size of 256 in 16 bits, 128 in float32), so that a staged tile of keys and values and
-    the queries of `split_max_pairs` pairs a warp fit 48 KB of shared memory."""
-    return shape_supported(queries, keys) and queries.shape[-1] * queries.dtype.size <= 512
+    """The split form's domain, within `rows_shape_supported`'s (a single stream's batch of
+    one or a cohort's W rows): a key row of 512 bytes at most (a head size of 256 in 16 bits,
+    128 in float32), so that a staged tile of keys and values and the queries of
+    `split_max_pairs` pairs a warp fit 48 KB of shared memory."""
+    return rows_shape_supported(queries, keys) and queries.shape[-1] * queries.dtype.size <= 512
 
 
 def form_wanted() -> str | None:
@@ -777,7 +787,12 @@ def _rows_buffer_kernel():
 def rows_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array,
                           offsets: mx.array, scale: float) -> mx.array:
     """`buffer_attention` for W rows: queries (W, Hq, L, D), buffers (W, Hkv, S, D), row w's
-    query i seeing key slots 0..offsets[w]+i. CUDA only: see `rows_usable`."""
+    query i seeing key slots 0..offsets[w]+i, each row in the form a single stream with its
+    buffer's capacity takes (`form_for`: the split form from SPLIT_FROM_SLOTS by default; the
+    two-pass form has no W-row kernel, so there the one-pass one serves), so a cohort row
+    rounds as its solo cycle wherever their buffers take one form. CUDA only: see `rows_usable`."""
+    if form_for(queries, keys) == "split" and split_usable():
+        return split_buffer_attention(queries, keys, values, offsets, scale)
     batch, heads, rows, dim = queries.shape
     return _rows_buffer_kernel()(
         inputs=[queries, keys, values, offsets.astype(mx.int32), mx.array([scale], mx.float32)],
@@ -906,9 +921,8 @@ def _probe_error() -> float:
     return _masked_error(lambda q, k, v, at, scale: one_pass_buffer_attention(q, k, v, at[0], scale), [20], 40)
 
 
-def _split_probe_error() -> float:  # its rows see two chunks; a third lies past them
-    return _masked_error(lambda q, k, v, at, scale: split_buffer_attention(q, k, v, at[0], scale),
-                         [SPLIT_SLOTS + 100], 2 * SPLIT_SLOTS + 40)
+def _split_probe_error() -> float:  # two batch rows: one sees two chunks, one the first alone
+    return _masked_error(split_buffer_attention, [SPLIT_SLOTS + 100, 30], 2 * SPLIT_SLOTS + 40)
 
 
 def _two_pass_probe_error() -> float:  # its rows reach past the first 256 slots (all blocks' first keys)
