@@ -175,7 +175,8 @@ _ROWS_SOURCE = _edited(
     ("values + ((size_t)kv_head * slots + w)", "values + (((size_t)batch * keys_shape[1] + kv_head) * slots + w)"),
     ("out + ((size_t)head * rows + row)", "out + (((size_t)batch * queries_shape[1] + head) * rows + row)"))
 
-# The split form's first pass. Grid: x = KV head, y = chunk of CHUNK key slots, z = a slice of
+# The split form's first pass. Grid: x = KV head (of each batch row: a fused cohort's W rows
+# take W x KV heads blocks, one offset a row), y = chunk of CHUNK key slots, z = a slice of
 # the (query head of the group, row) pairs; a block of WARPS warps. The block stages TILE key
 # slots of its KV head at a time in shared memory, read once for every pair of its slice (the
 # one-pass kernel reads them once per query head). Warp w serves pairs w, w + WARPS, ...,
@@ -187,7 +188,7 @@ _ROWS_SOURCE = _edited(
 # on its integer pipes and took 131 us at one row and 8k tokens (docs/benchmarks.md, "The
 # attention's instructions"). Each lane then adds its E elements of the values, weighed,
 # in slot order. Each block writes its chunk's running maximum, its sum of weights and its
-# unnormalised output (float32) to part_max, part_sum and part_acc, (heads, rows, chunks[, D]);
+# unnormalised output (float32) to part_max, part_sum and part_acc, (batch, heads, rows, chunks[, D]);
 # a chunk past every row's limit returns at once, and the merge reads, for each row, only the
 # chunks below its limit. A pair's arithmetic depends only on its query, its limit and the
 # slots of its chunk, never on the other pairs in the call, so a verify row rounds as a 1-row
@@ -381,7 +382,7 @@ _SPLIT_SOURCE = r"""
     }
 """
 
-# The merge of either form's parts: a block of 8 warps per (head, row). CHUNK > 0 (the split
+# The merge of either form's parts: a block of 8 warps per (batch row, head, row). CHUNK > 0 (the split
 # form): part c holds slots [c*CHUNK, c*CHUNK + CHUNK), and only the parts below the row's
 # limit are read (the first pass skips the rest); 0 (the two-pass form): every part. Warp w
 # adds parts w, w+8, ... each weighed by exp2(its maximum - the largest), lane l elements
