@@ -134,8 +134,7 @@
 #                 the split form in N-slot chunks, blocks of W warps, at most P pairs a warp,
 #                 e.g. "split-64 split-128-w8-p1"); ARGS="--offset-on-device" (any more
 #                 attention_profile arguments) with TAG=device (appended to the files' names);
-#                 SHAPE_ARGS="--heads
-#                 24 --kv-heads 4 --dim 256" for the hybrid 27B's attention
+#                 SHAPE_ARGS="--heads 24 --kv-heads 4 --dim 256" for the hybrid 27B's attention
 #   PART=kv-write  the fused loops' KV writes (2026-12-06: a slice_update at an array offset ran
 #                 one thread per element of the whole buffer on CUDA, 3.3 ms of the 32B's step;
 #                 since then a scatter): Qwen3-32B at DTYPES (4bit), the kernel as served, decode
