@@ -183,13 +183,40 @@ def shapes(heads: int, kv_heads: int, rows: int, dim: int, slots: int, dtype=mx.
     return mx.zeros((1, heads, rows, dim), dtype), mx.zeros((1, kv_heads, slots, dim), dtype)
 
 
+def test_the_kernels_scalars_are_vectors_of_at_least_16_bytes():
+    """MLX keeps arrays of 8 bytes or less in managed memory, which cost the kernels time to
+    read (buffer_attention's SCALAR_VECTOR_ELEMENTS): the offsets and scale they take are
+    padded past that, with the values in the elements the kernels read."""
+    n = buffer_attention.SCALAR_VECTOR_ELEMENTS
+    assert n * 4 >= 16
+    one = buffer_attention.kernel_offsets(mx.array(300, mx.int32))
+    assert one.dtype == mx.int32 and one.tolist() == [300] + [0] * (n - 1)
+    two = buffer_attention.kernel_offsets(mx.array([7, 9], mx.uint32))  # a cohort of two rows
+    assert two.dtype == mx.int32 and two.tolist() == [7, 9] + [0] * (n - 2)
+    many = list(range(10, 10 + n + 2))
+    assert buffer_attention.kernel_offsets(mx.array(many, mx.int32)).tolist() == many
+    scale = buffer_attention.kernel_scale(0.125)
+    assert scale.dtype == mx.float32 and scale.nbytes >= 16 and scale[0].item() == 0.125
+
+
+def test_a_forwards_layers_share_one_padded_offset():
+    """The layers of one forward pass one offset array: it is padded once, not once a layer;
+    another offset array (the next forward's) gets its own."""
+    offset = mx.array(41, mx.int32)
+    first = buffer_attention.kernel_offsets(offset)
+    assert buffer_attention.kernel_offsets(offset) is first
+    following = buffer_attention.kernel_offsets(offset + 1)
+    assert following is not first and following[0].item() == 42
+
+
 @pytest.mark.parametrize("value,heads,kv_heads,rows,dim,slots,dtype,form", [
-    # the default: split from SPLIT_FROM_SLOTS slots at head sizes up to 128, one-pass below
-    (None, 64, 8, 1, 128, 4096, mx.bfloat16, "split"),
+    # the default: split from SPLIT_FROM_SLOTS slots, one-pass below
+    (None, 64, 8, 1, 128, 2048, mx.bfloat16, "split"),
     (None, 64, 8, 4, 128, 8448, mx.bfloat16, "split"),
-    (None, 64, 8, 1, 128, 4095, mx.bfloat16, "one-pass"),
-    (None, 8, 2, 1, 64, 4096, mx.float16, "split"),
-    (None, 24, 4, 4, 256, 8448, mx.bfloat16, "one-pass"),  # the hybrid's attention: split untimed there
+    (None, 64, 8, 1, 128, 2047, mx.bfloat16, "one-pass"),
+    (None, 8, 2, 1, 64, 2048, mx.float16, "split"),
+    (None, 24, 4, 4, 256, 8448, mx.bfloat16, "split"),  # the hybrid's attention
+    (None, 4, 2, 2, 256, 8448, mx.float32, "one-pass"),  # a key row past 512 bytes: outside the split kernel
     # a form asked for by name holds at every size, within its kernel's domain
     ("one-pass", 64, 8, 1, 128, 8448, mx.bfloat16, "one-pass"),
     ("split", 64, 8, 1, 128, 256, mx.bfloat16, "split"),
@@ -210,7 +237,7 @@ def test_a_cohorts_rows_take_the_form_a_single_stream_with_their_buffers_would(m
     """W rows (fused cohorts) follow the same rule as a batch of one: a cohort row's form is
     its solo cycle's wherever their buffers have the same capacity."""
     monkeypatch.delenv(buffer_attention.KERNEL_ENV, raising=False)
-    for slots, form in [(4096, "split"), (4095, "one-pass")]:
+    for slots, form in [(2048, "split"), (2047, "one-pass")]:
         q, k = mx.zeros((3, 64, 4, 128), mx.bfloat16), mx.zeros((3, 8, slots, 128), mx.bfloat16)
         assert buffer_attention.split_shape_supported(q, k)  # a batch of 3 is in the split form's domain
         assert buffer_attention.form_for(q, k) == form
@@ -218,7 +245,7 @@ def test_a_cohorts_rows_take_the_form_a_single_stream_with_their_buffers_would(m
 
 @pytest.mark.parametrize("form,name", [
     ("auto", f"buffer CUDA kernel: one pass below {buffer_attention.SPLIT_FROM_SLOTS} slots, from there split "
-             f"into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head (head sizes up to 128)"),
+             f"into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head"),
     ("split", f"buffer CUDA kernel, split into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head"),
     ("two-pass", f"buffer CUDA kernel, two passes over {buffer_attention.TWO_PASS_BLOCKS} key blocks per query head")])
 def test_the_forms_are_named(monkeypatch, form, name):

@@ -584,21 +584,26 @@ SPLIT_WARPS = 4  # warps a block of the split form's first pass has (its WARPS t
 SPLIT_MAX_PAIRS = 4  # pairs a warp of it serves at most where shared memory allows (split_max_pairs)
 SPLIT_SHARED_BYTES = 48 * 1024  # the static shared memory a block may declare
 # The default form (KERNEL_ENV unset): the split form for buffers of SPLIT_FROM_SLOTS slots or
-# more, the one-pass kernel below. On an H100 (2026-12-06, seventh session) a Qwen3-32B layer
-# at 8,192 tokens took 74 us (one row) and 155 (four) split, 196 and 253 in one pass; at 1,024
-# tokens 55 and 85 split, 40 and 63 in one pass (docs/benchmarks.md, "The split form on an
-# H100"): through those two points the lines cross near 1,800 tokens (one row) and 2,300
-# (four); buffers grow 256 slots at a time (fused.capacity_for), so one of 4,096 slots holds
-# some 3,600 tokens or more, a margin while whole steps are untimed.
-# Head sizes above SPLIT_DEFAULT_MAX_DIM (the hybrid's 256) keep the one-pass kernel by
-# default: the split form has not been timed there.
-SPLIT_FROM_SLOTS = 4096
-SPLIT_DEFAULT_MAX_DIM = 128
-# MLX keeps arrays of 8 bytes or less (the offset, the scale) in a pool of managed memory that
-# the GPU reaches through a mapping, possibly across PCIe; the split form's kernels read each
-# such scalar once a block into shared memory, not once a warp (SCALARS_ONCE in their sources).
-# Why: on that H100 the merge took 16 us where it read the offset and 5-6 where it did not
-# (the two-pass form's merge, the same code otherwise); a hypothesis the next lease checks.
+# more, the one-pass kernel below. On an H100 (2026-12-06, eighth session), with the kernels'
+# scalars in device memory (below), a Qwen3-32B layer at 8,192 tokens took 54 us (one row)
+# and 118 (four) split, 190 and 240 in one pass; at 1,024 tokens 32 and 52 split, 32 and 46 in
+# one pass (docs/benchmarks.md, "The offset in device memory"): the lines cross near 1,000
+# tokens at one row and 1,400 at four; buffers grow 256 slots at a time (fused.capacity_for),
+# so one of 2,048 slots holds some 1,600 tokens or more. The hybrid's head size of 256 (24
+# query heads, 4 KV heads) gained more: 63 us against 368 at 8,192 tokens, 48 against 55 at
+# 1,024. Whole steps at 8,192 tokens agreed (the 32B 4-bit's compiled AR step 14.9-15.1 ms
+# split against 23.2-23.3 in one pass, its depth-3 cycle 24.9-26.6 against 30.0-38.3).
+SPLIT_FROM_SLOTS = 2048
+# MLX (0.32.4, CUDA) keeps arrays of 8 bytes or less in a pool of managed memory that the GPU
+# reaches through a mapping, and a kernel reading its offset or scale from there paid for it:
+# on an H100 the split form's merge took 15.9 us at 8,192 tokens with the offset made on the
+# host and 7.6 with it in device memory (23.1 and 8.9 at four rows, 13.4 and 5.3 at 1,024
+# tokens), its first pass 3-5 us less, the one-pass kernel 6-7 less (docs/benchmarks.md,
+# "The offset in device memory"). So every kernel here takes its offsets and scale as vectors
+# of SCALAR_VECTOR_ELEMENTS or more (16 bytes: past the pool), which MLX allocates in device
+# memory (`kernel_offsets`, `kernel_scale`); the split form's kernels also read each scalar once
+# a block into shared memory, not once a warp (SCALARS_ONCE in their sources).
+SCALAR_VECTOR_ELEMENTS = 4
 TWO_PASS_WARPS = 8  # warps a block of the two-pass form's first pass has (WARPS in _TWO_PASS_SOURCE)
 MERGE_WARPS = 8  # warps a block of the merge has (WARPS in _MERGE_SOURCE)
 
@@ -635,6 +640,29 @@ _rows_usable: bool | None = None
 _split_usable: bool | None = None
 _two_pass_usable: bool | None = None
 _warned_values: set[str] = set()
+_last_offsets: tuple[mx.array, mx.array] | None = None  # kernel_offsets' (offset, padded) of the last call
+
+
+def kernel_offsets(offset: mx.array) -> mx.array:
+    """`offset` (a scalar, or one per batch row) as the int32 vector the kernels read,
+    zero-padded to SCALAR_VECTOR_ELEMENTS so that it lies in device memory (the comment at
+    SCALAR_VECTOR_ELEMENTS says why). A forward's layers pass one offset array
+    (fused.static_caches, fused_cohort's shared offsets), so the padded vector of the last
+    offset seen is kept: one pad a forward, not one a layer."""
+    global _last_offsets
+    if _last_offsets is not None and _last_offsets[0] is offset:
+        return _last_offsets[1]
+    at = offset.astype(mx.int32).reshape(-1)
+    if at.size < SCALAR_VECTOR_ELEMENTS:
+        at = mx.pad(at, (0, SCALAR_VECTOR_ELEMENTS - at.size))
+    _last_offsets = (offset, at)
+    return at
+
+
+def kernel_scale(scale: float) -> mx.array:
+    """The softmax scale as the float32 vector the kernels read (element 0), long enough to
+    lie in device memory (`kernel_offsets`)."""
+    return mx.full((SCALAR_VECTOR_ELEMENTS,), scale, mx.float32)
 
 
 @functools.cache
@@ -664,8 +692,7 @@ def one_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.arra
     """`buffer_attention` by the one-pass kernel, whatever the split form's setting."""
     _, heads, rows, dim = queries.shape
     return _buffer_kernel()(
-        inputs=[queries, keys, values, offset.astype(mx.int32).reshape(1),
-                mx.array([scale], mx.float32)],
+        inputs=[queries, keys, values, kernel_offsets(offset), kernel_scale(scale)],
         template=[("T", queries.dtype), ("D", dim)],
         grid=(heads * 1024, rows, 1), threadgroup=(1024, 1, 1),
         output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
@@ -694,9 +721,9 @@ def _attend_in_parts(first_pass, queries: mx.array, keys: mx.array, values: mx.a
     (`chunk` slots a part, the split form's, or 0: every part, the two-pass form's).
     `offset`: a scalar, or one per batch row."""
     batch, heads, rows, dim = queries.shape
-    at = offset.astype(mx.int32).reshape(-1)
+    at = kernel_offsets(offset)
     partial = first_pass(
-        inputs=[queries, keys, values, at, mx.array([scale], mx.float32)],
+        inputs=[queries, keys, values, at, kernel_scale(scale)],
         template=[("T", queries.dtype), ("D", dim), *template], grid=grid,
         threadgroup=(32 * warps, 1, 1),
         output_shapes=[(batch, heads, rows, parts)] * 2 + [(batch, heads, rows, parts, dim)],
@@ -765,14 +792,13 @@ def form_wanted() -> str | None:
 
 def form_for(queries: mx.array, keys: mx.array) -> str:
     """The form a call of these shapes asks for (`form_wanted`, AUTO resolved): by default
-    the split form for buffers of SPLIT_FROM_SLOTS slots or more at head sizes up to
-    SPLIT_DEFAULT_MAX_DIM, else one-pass; a buffer of one chunk, or a shape outside
-    `split_shape_supported`, keeps one-pass whatever was asked. Fixed by the shapes, so a
-    traced loop takes one form for all its calls (a capacity bucket is one shape)."""
+    the split form for buffers of SPLIT_FROM_SLOTS slots or more, else one-pass; a buffer of
+    one chunk, or a shape outside `split_shape_supported`, keeps one-pass whatever was
+    asked. Fixed by the shapes, so a traced loop takes one form for all its calls (a
+    capacity bucket is one shape)."""
     form = form_wanted() or "one-pass"
     if form == AUTO:
-        form = ("split" if keys.shape[2] >= SPLIT_FROM_SLOTS and queries.shape[-1] <= SPLIT_DEFAULT_MAX_DIM
-                else "one-pass")
+        form = "split" if keys.shape[2] >= SPLIT_FROM_SLOTS else "one-pass"
     if form == "split" and not (keys.shape[2] > SPLIT_SLOTS and split_shape_supported(queries, keys)):
         return "one-pass"
     return form
@@ -796,7 +822,7 @@ def rows_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array,
         return split_buffer_attention(queries, keys, values, offsets, scale)
     batch, heads, rows, dim = queries.shape
     return _rows_buffer_kernel()(
-        inputs=[queries, keys, values, offsets.astype(mx.int32), mx.array([scale], mx.float32)],
+        inputs=[queries, keys, values, kernel_offsets(offsets), kernel_scale(scale)],
         template=[("T", queries.dtype), ("D", dim)],
         grid=(heads * 1024, rows, batch), threadgroup=(1024, 1, 1),
         output_shapes=[queries.shape], output_dtypes=[queries.dtype])[0]
@@ -881,7 +907,7 @@ def path_name() -> str:
     form = form_wanted()
     if form == AUTO and _form_usable(form):
         return (f"buffer CUDA kernel: one pass below {SPLIT_FROM_SLOTS} slots, from there split into "
-                f"{SPLIT_SLOTS}-slot chunks per KV head (head sizes up to {SPLIT_DEFAULT_MAX_DIM})")
+                f"{SPLIT_SLOTS}-slot chunks per KV head")
     if form == "split" and _form_usable(form):
         return f"buffer CUDA kernel, split into {SPLIT_SLOTS}-slot chunks per KV head"
     if form == "two-pass" and _form_usable(form):

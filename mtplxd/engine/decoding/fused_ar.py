@@ -44,13 +44,15 @@ from mtplxd.engine.model.trunk import Trunk
 
 _forced: bool | None = None
 # The longest prompt for which a dense model whose decode steps take the small-M kernel
-# decodes AR in this loop. Its attention is the buffer kernel, one block per query row
-# walking the row's keys in turn (buffer_attention.py), whose cost grows with the context
-# where the op-by-op loop's cuDNN attention hardly does: at 512 tokens 16.2-17.1 ms compiled
-# against 16.0-28.3 op by op; at 2,048 op by op was 1.4 ms a token faster than compiled with
-# the first split attention (docs/benchmarks.md, "The KV scatter timed"). Longer prompts keep
-# the op-by-op loop until the split attention by KV head is timed.
-DENSE_PROMPT_TOKENS = 1024
+# decodes AR in this loop; longer ones keep the op-by-op loop, whose cuDNN attention grows
+# slowly with the context. This loop's attention is the buffer kernel (buffer_attention.py),
+# split by KV head from 2,048 slots. On an H100 (the 32B 4-bit at 8,192 tokens, one process,
+# 2026-12-06, eighth session) this loop took 14.9-15.1 ms a token with the split form, where
+# the op-by-op loop took 16.2-30.6 (seven figures: its host-bound steps swing between rounds)
+# and this loop with the one-pass kernel 23.2-23.3 (docs/benchmarks.md, "The offset in device
+# memory"); below 2,048 slots the one-pass kernel's layer costs less than the split form's at
+# 8,192 tokens. Past 8,192 tokens it is untimed.
+DENSE_PROMPT_TOKENS = 8192
 
 
 def fused_ar_wanted(trunk: Trunk, cache: list[Any], prompt_tokens: int = 0) -> bool:
