@@ -130,10 +130,10 @@
 #                 split and two-pass forms, MLX's attention over the keys seen as an op-by-op
 #                 step runs it, and MLX's masked attention over the buffer), 1 and 4 rows, at
 #                 CONTEXTS (512 2048 8192): wall per call and the device's time per call
-#                 (`-device.json`); FORMS (one-pass split two-pass mlx masked; split-N[-wW][-pP]:
+#                 (`-ncu.json`; `-device.json` before 2026-12-06's eighth session); FORMS (one-pass split two-pass mlx masked; split-N[-wW][-pP]:
 #                 the split form in N-slot chunks, blocks of W warps, at most P pairs a warp,
-#                 e.g. "split-64 split-128-w8-p1"); ARGS="--offset-on-device" (any more
-#                 attention_profile arguments) with TAG=device (appended to the files' names);
+#                 e.g. "split-64 split-128-w8-p1"); ARGS="--scalars-in-pool" (any more
+#                 attention_profile arguments) with TAG=pool (appended to the files' names);
 #                 SHAPE_ARGS="--heads 24 --kv-heads 4 --dim 256" for the hybrid 27B's attention
 #   PART=kv-write  the fused loops' KV writes (2026-12-06: a slice_update at an array offset ran
 #                 one thread per element of the whole buffer on CUDA, 3.3 ms of the 32B's step;
@@ -375,14 +375,14 @@ elif [ "$PART" = decode-routing-profile ]; then
     profile "ncu-ar-nodes-$values" node 1 --decode-vector-values "$values"
   done
 elif [ "$PART" = attention-split ]; then
-  [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass or offset" \
+  [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass or offset or scalars" \
     tests/engine/test_buffer_attention.py tests/engine/test_bench_attention_profile.py
   name="attention-forms-${SIZE:-qwen3-32b}-${DTYPES:-4bit}-${CONTEXT:-8192}"
   step "$name" 480 python3 -m mtplxd.engine.bench.real_size --sizes "${SIZE:-qwen3-32b}" --dtypes "${DTYPES:-4bit}" \
     --context "${CONTEXT:-8192}" --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 \
     --small-m-kernel --decode-only --attention-forms "${FORMS:-one-pass,split,0}" --json-out "$work/$name.json"
 elif [ "$PART" = attention-profile ]; then
-  [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass or offset" \
+  [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass or offset or scalars" \
     tests/engine/test_buffer_attention.py tests/engine/test_bench_attention_profile.py
   for context in ${CONTEXTS:-512 2048 8192}; do
     for rows in 1 4; do
@@ -401,8 +401,8 @@ elif [ "$PART" = attention-profile ]; then
         step "$name" 60 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \
           python3 -m mtplxd.engine.bench.attention_profile --form "$form" --context "$context" --rows "$rows" \
           "${knobs[@]}" ${SHAPE_ARGS:-} ${ARGS:-} --calls 16 --profiled --json-out "$work/$name.json"
-        python3 -m mtplxd.engine.bench.step_profile --summarize "$work/$name.log" --steps 16 \
-          --json-out "$work/$name-device.json" || true
+        [ ! -f "$work/$name.log" ] || python3 -m mtplxd.engine.bench.step_profile --summarize "$work/$name.log" \
+          --steps 16 --json-out "$work/$name-ncu.json" || true  # (no log: the budget skipped the step)
       done
     done
   done

@@ -37,22 +37,29 @@ def test_the_kernel_forms_say_they_need_cuda(capsys):
         attention_profile.main(["--form", "split", "--context", "8", "--calls", "1", "--repeats", "1"])
 
 
-@pytest.mark.parametrize("on_device", [False, True])
-def test_the_offset_is_the_context_made_on_the_host_or_on_the_device(on_device):
-    """Both offsets hold the context in the element the kernels read (`offset.reshape(1)[0]`,
-    as buffer_attention passes it); the device one is part of a 16-byte array."""
-    offset = attention_profile.offset_array(300, on_device)
-    assert offset.astype(mx.int32).reshape(1).tolist() == [300]
-    assert offset.shape == ((1,) if on_device else ())
+def test_scalars_in_pool_holds_for_the_run_only():
+    """--scalars-in-pool: the kernels' offset and scale as one-element arrays (MLX's managed
+    pool) inside, the padded vectors back after, and the report says which it timed."""
+    offset = mx.array(300, mx.int32)
+    with attention_profile.scalars_in_pool():
+        assert buffer_attention.kernel_offsets(offset).tolist() == [300]
+        assert buffer_attention.kernel_scale(0.5).nbytes == 4
+    padded = buffer_attention.kernel_offsets(offset)
+    assert padded.nbytes >= 16 and padded[0].item() == 300
+    report = attention_profile.run("mlx", 40, 1, calls=1, repeats=1, profiled=False, shape=SMALL, in_pool=True)
+    assert report["scalars_in_pool"] is True
+    assert buffer_attention.SCALAR_VECTOR_ELEMENTS * 4 >= 16
 
 
 @pytest.mark.skipif(not fixed_shapes_wanted(), reason="the buffer kernels need MLX's CUDA backend")
 @pytest.mark.parametrize("form", ["one-pass", "split"])
-def test_on_cuda_either_offset_gives_the_same_bits(form):
+def test_on_cuda_scalars_in_the_pool_or_padded_give_the_same_bits(form):
     q = mx.random.normal((1, 4, 2, 32), key=mx.random.key(5)).astype(mx.bfloat16)
-    host = attention_profile.attention_call(form, 300, 2, **SMALL)(q)
-    device = attention_profile.attention_call(form, 300, 2, **SMALL, offset_on_device=True)(q)
-    assert mx.array_equal(host, device)
+    padded = attention_profile.attention_call(form, 300, 2, **SMALL)(q)
+    with attention_profile.scalars_in_pool():
+        pooled = attention_profile.attention_call(form, 300, 2, **SMALL)(q)
+        mx.eval(pooled)
+    assert mx.array_equal(padded, pooled)
 
 
 def test_main_writes_its_report(tmp_path):
@@ -61,7 +68,7 @@ def test_main_writes_its_report(tmp_path):
                                    "--repeats", "1", "--json-out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["form"] == "masked" and report["heads"] == 64 and "attention_profile" in report["command"]
-    assert report["offset_on_device"] is False
+    assert report["scalars_in_pool"] is False
 
 
 def test_main_takes_another_shape_and_refuses_partial_groups(tmp_path):

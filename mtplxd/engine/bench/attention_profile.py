@@ -3,7 +3,7 @@ per call, and under Nsight Compute the device's own time (issue 22: the fused lo
 attention grows with the context; docs/benchmarks.md, "The KV scatter timed").
 
     python -m mtplxd.engine.bench.attention_profile --form split --context 8192 --rows 4 \\
-        [--split-slots 256] [--split-warps 8] [--split-pairs 1] [--offset-on-device] \\
+        [--split-slots 256] [--split-warps 8] [--split-pairs 1] [--scalars-in-pool] \\
         [--calls 16] [--json-out FILE]
     ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \\
         python -m mtplxd.engine.bench.attention_profile ... --profiled > ncu.csv
@@ -21,11 +21,12 @@ with 256 slots to spare, as the fused loops allocate it. Forms:
             several rows: what an op-by-op AR step runs (cuDNN on CUDA past 256 keys)
   masked    mx.fast.scaled_dot_product_attention over the whole buffer with a boolean mask:
             what the fused loops ran before the buffer kernel
-The offset (row 0's cache position) is an int32 array made on the host, as the op-by-op
-steps make theirs: MLX (0.32.4, CUDA) keeps arrays of 8 bytes or less in a pool of managed
-memory that the GPU reaches through a mapping. With --offset-on-device it is instead the first
-element of a 4-element array computed on the GPU, which MLX allocates in device memory: the
-buffer kernels read the same value from there (does reading the pool cost the kernels time?).
+The offset (row 0's cache position) is an int32 scalar made on the host, as the op-by-op
+steps make theirs; the buffer kernels take it, and the scale, padded to 16-byte vectors,
+which MLX allocates in device memory (buffer_attention.kernel_offsets says why). With
+--scalars-in-pool they take one-element arrays instead, which MLX (0.32.4, CUDA) keeps in a
+pool of managed memory that the GPU reaches through a mapping: the layout before the
+padding, to time the two side by side.
 One form a process, so that an ncu log holds that form's kernels only. The wall figure
 (unprofiled) is the median over `--repeats` of `--calls` chained calls evaluated at once,
 per call; with `--profiled` the same calls then run once more between cuProfilerStart and
@@ -52,26 +53,17 @@ SPARE_SLOTS = 256  # slots a fused loop's buffer keeps past the prompt (real_siz
 QWEN3_32B = {"heads": 64, "kv_heads": 8, "dim": 128}
 
 
-def offset_array(context: int, on_device: bool = False) -> mx.array:
-    """The buffer kernels' offset: an int32 scalar made on the host, or (`on_device`) the
-    first element of 4 (16 bytes: past MLX's small-array pool) computed by a kernel."""
-    if on_device:
-        return (mx.zeros((4,), mx.int32) + context)[:1]
-    return mx.array(context, mx.int32)
-
-
 def attention_call(form: str, context: int, rows: int, heads: int, kv_heads: int,
-                   dim: int, offset_on_device: bool = False) -> Callable[[mx.array], mx.array]:
+                   dim: int) -> Callable[[mx.array], mx.array]:
     """`attend(queries) -> output` of `form` (module docstring) over one random bf16 buffer of
-    context + SPARE_SLOTS slots, row 0 at position `context` (`offset_on_device`: the
-    module docstring)."""
+    context + SPARE_SLOTS slots, row 0 at position `context`."""
     if form in buffer_attention.FORMS and not buffer_attention.usable():
         raise SystemExit(f"form {form} needs the buffer kernel (MLX's CUDA backend)")
     slots = context + SPARE_SLOTS
     keys = mx.random.split(mx.random.key(0), 2)
     k = mx.random.normal((1, kv_heads, slots, dim), key=keys[0]).astype(mx.bfloat16)
     v = mx.random.normal((1, kv_heads, slots, dim), key=keys[1]).astype(mx.bfloat16)
-    offset = offset_array(context, offset_on_device)
+    offset = mx.array(context, mx.int32)
     mask = mx.arange(slots)[None] <= context + mx.arange(rows)[:, None]
     mx.eval(k, v, mask, offset)
     scale = 1 / math.sqrt(dim)
@@ -88,10 +80,34 @@ def attention_call(form: str, context: int, rows: int, heads: int, kv_heads: int
     return lambda q: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
+@contextmanager
+def scalars_in_pool(wanted: bool = True) -> Iterator[None]:
+    """With `wanted`, the buffer kernels take their offset and scale as one-element arrays
+    inside (buffer_attention.SCALAR_VECTOR_ELEMENTS = 1), which MLX keeps in its pool of
+    managed memory, as they did before 2026-12-06's eighth session; the padded vectors back
+    after. The padded offset kept for the last offset array is dropped on both sides."""
+    shipped = buffer_attention.SCALAR_VECTOR_ELEMENTS
+    if wanted:
+        buffer_attention.SCALAR_VECTOR_ELEMENTS = 1
+    buffer_attention._last_offsets = None
+    try:
+        yield
+    finally:
+        buffer_attention.SCALAR_VECTOR_ELEMENTS = shipped
+        buffer_attention._last_offsets = None
+
+
 def run(form: str, context: int, rows: int, calls: int, repeats: int, profiled: bool,
-        shape: dict[str, int] = QWEN3_32B, offset_on_device: bool = False) -> dict[str, Any]:
-    """Wall microseconds per call of `form` (and, `profiled`, the calls ncu times)."""
-    attend = attention_call(form, context, rows, **shape, offset_on_device=offset_on_device)
+        shape: dict[str, int] = QWEN3_32B, in_pool: bool = False) -> dict[str, Any]:
+    """Wall microseconds per call of `form` (and, `profiled`, the calls ncu times);
+    `in_pool`: the kernels' scalars as `scalars_in_pool` keeps them."""
+    with scalars_in_pool(in_pool):
+        return _run(form, context, rows, calls, repeats, profiled, shape) | {"scalars_in_pool": in_pool}
+
+
+def _run(form: str, context: int, rows: int, calls: int, repeats: int, profiled: bool,
+         shape: dict[str, int]) -> dict[str, Any]:
+    attend = attention_call(form, context, rows, **shape)
     q = mx.random.normal((1, shape["heads"], rows, shape["dim"]), key=mx.random.key(2)).astype(mx.bfloat16)
     mx.eval(q)
 
@@ -111,7 +127,7 @@ def run(form: str, context: int, rows: int, calls: int, repeats: int, profiled: 
         profiler.stop()
     return {"form": form, "context": context, "rows": rows, "slots": context + SPARE_SLOTS,
             **shape, "calls": calls, "repeats": repeats, "wall_us_per_call": wall_us,
-            "profiled": profiled, "offset_on_device": offset_on_device}
+            "profiled": profiled}
 
 
 @contextmanager
@@ -141,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="warps a block of the split form's first pass has")
     parser.add_argument("--split-pairs", type=int, choices=(1, 2, 4), default=buffer_attention.SPLIT_MAX_PAIRS,
                         help="(query head, row) pairs a warp of it serves at most (fewer where shared memory is short)")
-    parser.add_argument("--offset-on-device", action="store_true",
-                        help="the offset computed on the GPU (device memory), not made on the host")
+    parser.add_argument("--scalars-in-pool", action="store_true",
+                        help="the kernels' offset and scale in MLX's managed small-array pool, as before "
+                             "they were padded (the module docstring)")
     parser.add_argument("--calls", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--profiled", action="store_true",
@@ -160,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         report = {**machine(), "command": command_line(PROG, argv), "split_slots": args.split_slots,
                   "split_warps": args.split_warps, "split_pairs": args.split_pairs,
                   **run(args.form, args.context, args.rows, args.calls, args.repeats, args.profiled, shape,
-                        args.offset_on_device)}
+                        args.scalars_in_pool)}
     print(f"{args.form} context {args.context} rows {args.rows}: "
           f"{report['wall_us_per_call']:.1f} us a call", flush=True)
     if args.json_out:

@@ -41,7 +41,10 @@ ran at 137 us (one row) and 308 (four) on that H200, bound by the instructions t
 not by memory. This third one took 74 us and 155 on an H100 at 8,192 tokens, where the
 one-pass kernel took 196 and 253; at 1,024 tokens it lost, 55 and 85 against 40 and 63, a
 block's 4 warps working through their tiles with little to hide their latency
-(docs/benchmarks.md, "The split form on an H100"): hence the default's threshold.
+(docs/benchmarks.md, "The split form on an H100"). With its offset in device memory rather
+than MLX's managed pool (SCALAR_VECTOR_ELEMENTS) it took 54 and 118 us at 8,192 tokens and
+32 and 52 at 1,024, level with the one-pass kernel there at one row: hence the default's
+threshold (SPLIT_FROM_SLOTS).
 
 The two-pass form (`_TWO_PASS_SOURCE`) keeps the one-pass kernel's per-key arithmetic but
 spreads each row's keys over TWO_PASS_BLOCKS blocks of 8 warps, as MLX's two-pass decode
