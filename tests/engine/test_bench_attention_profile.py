@@ -41,7 +41,7 @@ def test_scalars_in_pool_holds_for_the_run_only():
     """--scalars-in-pool: the kernels' offset and scale as one-element arrays (MLX's managed
     pool) inside, the padded vectors back after, and the report says which it timed."""
     offset = mx.array(300, mx.int32)
-    with attention_profile.scalars_in_pool():
+    with buffer_attention.scalars_in_pool():
         assert buffer_attention.kernel_offsets(offset).tolist() == [300]
         assert buffer_attention.kernel_scale(0.5).nbytes == 4
     padded = buffer_attention.kernel_offsets(offset)
@@ -56,7 +56,7 @@ def test_scalars_in_pool_holds_for_the_run_only():
 def test_on_cuda_scalars_in_the_pool_or_padded_give_the_same_bits(form):
     q = mx.random.normal((1, 4, 2, 32), key=mx.random.key(5)).astype(mx.bfloat16)
     padded = attention_profile.attention_call(form, 300, 2, **SMALL)(q)
-    with attention_profile.scalars_in_pool():
+    with buffer_attention.scalars_in_pool():
         pooled = attention_profile.attention_call(form, 300, 2, **SMALL)(q)
         mx.eval(pooled)
     assert mx.array_equal(padded, pooled)

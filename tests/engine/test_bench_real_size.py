@@ -429,18 +429,23 @@ def test_decode_only_with_attention_forms_times_the_forms_and_nothing_else(small
 
 
 def test_decode_only_with_attention_forms_and_no_kernel_reports_them_at_the_top(tmp_path):
+    """(With `auto+pool` too: the default form with the loops' scalars left in MLX's pool, the
+    layout put back after.)"""
     out = tmp_path / "r.json"
     assert real_size.main(["--sizes", "tiny", "--dtypes", "bf16", "--context", "16", "--decode-tokens", "4",
-                           "--cycles", "2", "--decode-only", "--attention-forms", "0",
+                           "--cycles", "2", "--decode-only", "--attention-forms", "0,auto+pool",
                            "--json-out", str(out)]) == 0
     entry = json.loads(out.read_text())["configs"][0]
     assert entry["by_attention_form"]["0"]["decode_ms"][0] > 0 and "small_m_kernel" not in entry
+    assert min(entry["by_attention_form"]["auto+pool"]["cycle_ms"]) > 0
+    from mtplxd.engine.decoding import buffer_attention
+    assert buffer_attention.SCALAR_VECTOR_ELEMENTS == 4
 
 
 def test_an_unknown_attention_form_is_refused(capsys):
     with pytest.raises(SystemExit):
         real_size.main(["--sizes", "tiny", "--attention-forms", "one-pass,fast"])
-    assert "--attention-forms: choose from 0, auto, one-pass, split, two-pass" in capsys.readouterr().err
+    assert "--attention-forms: choose from 0, auto, one-pass, split, two-pass (each may end in +pool)" in capsys.readouterr().err
 
 
 def test_stacked_times_the_kernel_again_with_shared_input_projections_as_one_product(

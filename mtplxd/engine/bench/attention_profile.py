@@ -80,28 +80,11 @@ def attention_call(form: str, context: int, rows: int, heads: int, kv_heads: int
     return lambda q: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
-@contextmanager
-def scalars_in_pool(wanted: bool = True) -> Iterator[None]:
-    """With `wanted`, the buffer kernels take their offset and scale as one-element arrays
-    inside (buffer_attention.SCALAR_VECTOR_ELEMENTS = 1), which MLX keeps in its pool of
-    managed memory, as they did before 2026-12-06's eighth session; the padded vectors back
-    after. The padded offset kept for the last offset array is dropped on both sides."""
-    shipped = buffer_attention.SCALAR_VECTOR_ELEMENTS
-    if wanted:
-        buffer_attention.SCALAR_VECTOR_ELEMENTS = 1
-    buffer_attention._last_offsets = None
-    try:
-        yield
-    finally:
-        buffer_attention.SCALAR_VECTOR_ELEMENTS = shipped
-        buffer_attention._last_offsets = None
-
-
 def run(form: str, context: int, rows: int, calls: int, repeats: int, profiled: bool,
         shape: dict[str, int] = QWEN3_32B, in_pool: bool = False) -> dict[str, Any]:
     """Wall microseconds per call of `form` (and, `profiled`, the calls ncu times);
-    `in_pool`: the kernels' scalars as `scalars_in_pool` keeps them."""
-    with scalars_in_pool(in_pool):
+    `in_pool`: the kernels' scalars as buffer_attention.scalars_in_pool keeps them."""
+    with buffer_attention.scalars_in_pool(in_pool):
         return _run(form, context, rows, calls, repeats, profiled, shape) | {"scalars_in_pool": in_pool}
 
 

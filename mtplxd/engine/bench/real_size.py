@@ -50,7 +50,10 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     buffer attention (`MTPLX_BUFFER_ATTENTION`'s values; `0`: MLX's masked attention), in
     two rounds (the second in reverse order) in this process, `by_attention_form`: between
     processes whole steps swung more than the forms differ (2026-12-06, sixth session);
-    `auto` is the default, split from 4,096 slots (buffer_attention.form_for);
+    `auto` is the default, split from 2,048 slots (buffer_attention.form_for); a form ending
+    in `+pool` (`auto+pool`) runs with the loops' offsets and the kernels' scale left in
+    MLX's managed small-array pool (buffer_attention.scalars_in_pool), as before they were
+    moved to device memory;
     `--kernel-decode-from never` keeps decode steps on MLX's matvec for the whole run (the
     kernel on verify rows only, which is what a hybrid or 8-bit model gets by default:
     small_m_qmm.decode_wanted, since their decode ran slower through it), `--kernel-decode-from
@@ -732,13 +735,16 @@ def _by_attention_form(trunk, model: nn.Module, prompt: list[int], decode_tokens
     try:
         for order in (forms, forms[::-1]):
             for form in order:
-                os.environ[buffer_attention.KERNEL_ENV] = form
+                name, _, layout = form.partition("+")  # "+pool": the loops' scalars in MLX's pool
+                os.environ[buffer_attention.KERNEL_ENV] = name
                 buffer_attention.prepare_form()
-                trunk.compiled_graphs.clear()
-                ours_decode_ms(trunk, prompt[:64], 4, 0.0)  # warm-up: this form's graphs
-                out[form]["decode_ms"].append(ours_decode_ms(trunk, prompt, decode_tokens, 0.0))
-                out[form]["compiled_ar_ms"].append(compiled_decode_ms(trunk, prompt, decode_tokens))
-                out[form]["cycle_ms"].append(loop_cycle_ms(trunk, model.mtp, prompt, depth, 0.0, cycles)["ms"])
+                with buffer_attention.scalars_in_pool(layout == "pool"):
+                    trunk.compiled_graphs.clear()
+                    ours_decode_ms(trunk, prompt[:64], 4, 0.0)  # warm-up: this form's graphs
+                    out[form]["decode_ms"].append(ours_decode_ms(trunk, prompt, decode_tokens, 0.0))
+                    out[form]["compiled_ar_ms"].append(compiled_decode_ms(trunk, prompt, decode_tokens))
+                    out[form]["cycle_ms"].append(loop_cycle_ms(trunk, model.mtp, prompt, depth, 0.0, cycles)["ms"])
+                    trunk.compiled_graphs.clear()
                 out[form]["path"] = buffer_attention.path_name()
     finally:
         if before is None:
@@ -839,7 +845,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --small-m-loops or --decode-only: greedy decode and the depth-3 cycle "
                              "again with the fused loops' attention in each of these forms "
                              "(MTPLX_BUFFER_ATTENTION values, comma-separated: auto, one-pass, split, "
-                             "two-pass, 0), two rounds")
+                             "two-pass, 0; +pool after one: the loops' scalars in MLX's pool), two rounds")
     parser.add_argument("--kernel-decode-from", default=None,
                         help="with --small-m-kernel: decode steps take the vector layout from this many "
                              "weights a matrix for the whole run, or `never` (verify rows only)")
@@ -888,8 +894,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"dtypes: {', '.join(DTYPES)})")
     from mtplxd.engine.decoding.buffer_attention import AUTO, FORMS
 
-    if not set(_attention_forms(args)) <= {"0", AUTO, *FORMS}:
-        parser.error(f"--attention-forms: choose from 0, {AUTO}, {', '.join(FORMS)}")
+    if not {form.removesuffix("+pool") for form in _attention_forms(args)} <= {"0", AUTO, *FORMS}:
+        parser.error(f"--attention-forms: choose from 0, {AUTO}, {', '.join(FORMS)} (each may end in +pool)")
     depths = [int(d) for d in args.depths.split(",") if d]
     report: dict[str, Any] = {"configs": [], **machine(), "context": args.context,
                               "profile": list(PROFILE), "bandwidth_bytes_per_s": BANDWIDTH_BYTES_PER_S,

@@ -58,10 +58,11 @@ one-pass kernel's arithmetic per key, spread wider.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
-from typing import Callable
+from typing import Callable, Iterator
 
 import mlx.core as mx
 
@@ -604,8 +605,11 @@ SPLIT_FROM_SLOTS = 2048
 # tokens), its first pass 3-5 us less, the one-pass kernel 6-7 less (docs/benchmarks.md,
 # "The offset in device memory"). So every kernel here takes its offsets and scale as vectors
 # of SCALAR_VECTOR_ELEMENTS or more (16 bytes: past the pool), which MLX allocates in device
-# memory (`kernel_offsets`, `kernel_scale`); the split form's kernels also read each scalar once
-# a block into shared memory, not once a warp (SCALARS_ONCE in their sources).
+# memory (`kernel_offsets`, `kernel_scale`), and the fused loops' caches hold their offsets as
+# views of those vectors (`in_device_memory`), so that mlx-lm's RoPE and the KV write read
+# them from there too (untimed: the next lease's `+pool` forms in real_size time it). The
+# split form's kernels also read each scalar once a block into shared memory, not once a warp
+# (SCALARS_ONCE in their sources).
 SCALAR_VECTOR_ELEMENTS = 4
 TWO_PASS_WARPS = 8  # warps a block of the two-pass form's first pass has (WARPS in _TWO_PASS_SOURCE)
 MERGE_WARPS = 8  # warps a block of the merge has (WARPS in _MERGE_SOURCE)
@@ -647,19 +651,54 @@ _last_offsets: tuple[mx.array, mx.array] | None = None  # kernel_offsets' (offse
 
 
 def kernel_offsets(offset: mx.array) -> mx.array:
-    """`offset` (a scalar, or one per batch row) as the int32 vector the kernels read,
-    zero-padded to SCALAR_VECTOR_ELEMENTS so that it lies in device memory (the comment at
-    SCALAR_VECTOR_ELEMENTS says why). A forward's layers pass one offset array
+    """`offset` (a scalar, or one per batch row) as the int32 vector the kernels read, its
+    values repeated to SCALAR_VECTOR_ELEMENTS or more so that it lies in device memory (the
+    comment at SCALAR_VECTOR_ELEMENTS says why; the kernels read element `batch` only, and a
+    tile is one copy where a zero pad is two kernels). A forward's layers pass one offset array
     (fused.static_caches, fused_cohort's shared offsets), so the padded vector of the last
-    offset seen is kept: one pad a forward, not one a layer."""
+    offset seen is kept: one copy a forward, not one a layer."""
     global _last_offsets
     if _last_offsets is not None and _last_offsets[0] is offset:
         return _last_offsets[1]
     at = offset.astype(mx.int32).reshape(-1)
     if at.size < SCALAR_VECTOR_ELEMENTS:
-        at = mx.pad(at, (0, SCALAR_VECTOR_ELEMENTS - at.size))
+        at = mx.tile(at, -(-SCALAR_VECTOR_ELEMENTS // at.size))
     _last_offsets = (offset, at)
     return at
+
+
+def in_device_memory(offset: mx.array) -> mx.array:
+    """`offset` (int32: a cache position, or one per batch row) as a view of its padded vector
+    (`kernel_offsets`): the same values, which every kernel reading them then reads from device
+    memory, mlx-lm's RoPE and the cache's KV write as well as this module's kernels (which take
+    the padded vector itself: it is kept for this view). The fused loops' caches hold their
+    offsets so (fused.static_caches, fused_cohort.rows_caches). Other dtypes pass through."""
+    global _last_offsets
+    if offset.dtype != mx.int32:
+        return offset
+    padded = kernel_offsets(offset)
+    view = padded[:offset.size].reshape(offset.shape)
+    _last_offsets = (view, padded)
+    return view
+
+
+@contextlib.contextmanager
+def scalars_in_pool(wanted: bool = True) -> Iterator[None]:
+    """With `wanted`, the offsets and scale stay one-element arrays inside
+    (SCALAR_VECTOR_ELEMENTS = 1), which MLX keeps in its managed pool, as before 2026-12-06's
+    eighth session; the padded vectors back after (benches: attention_profile
+    --scalars-in-pool, real_size's `+pool` forms). A traced loop keeps the layout it saw:
+    callers drop the compiled graphs on both sides. The padded offset kept for the last
+    offset array is dropped on both sides."""
+    global SCALAR_VECTOR_ELEMENTS, _last_offsets
+    shipped = SCALAR_VECTOR_ELEMENTS
+    if wanted:
+        SCALAR_VECTOR_ELEMENTS = 1
+    _last_offsets = None
+    try:
+        yield
+    finally:
+        SCALAR_VECTOR_ELEMENTS, _last_offsets = shipped, None
 
 
 def kernel_scale(scale: float) -> mx.array:

@@ -331,7 +331,10 @@ def empty_head_buffers(trunk: Trunk, head: MTPHead, capacity: int) -> list[mx.ar
 
 
 def static_caches(buffers: list[mx.array], offset: mx.array) -> list[StaticKVCache]:
-    """One StaticKVCache per [keys, values] pair of `buffers`, all at `offset`."""
+    """One StaticKVCache per [keys, values] pair of `buffers`, all at `offset`, held as a view
+    of a 16-byte vector (buffer_attention.in_device_memory: on CUDA, out of MLX's managed
+    pool)."""
+    offset = buffer_attention.in_device_memory(offset)
     return [StaticKVCache(buffers[i], buffers[i + 1], offset) for i in range(0, len(buffers), 2)]
 
 
@@ -615,7 +618,8 @@ def _draft(trunk: Trunk, head: MTPHead, params: SamplingParams, K: int, s: _Cycl
     head_cache = static_caches(s.head_kv, s.head_n)
     g = head(s.pending_h, trunk.embed(s.pending_tokens[None]), head_cache)
     g = mx.take(g, (s.count - 1).reshape(1), axis=1)
-    head_cache[0].offset = s.head_n + s.count  # the chained steps overwrite the invalid rows
+    # the chained steps overwrite the invalid rows; each offset held as static_caches holds it
+    head_cache[0].offset = buffer_attention.in_device_memory(s.head_n + s.count)
     drafts, q_weights = [], []
     counts, seen = s.counts[None], s.seen[None]
     for i in range(K):
@@ -632,7 +636,7 @@ def _draft(trunk: Trunk, head: MTPHead, params: SamplingParams, K: int, s: _Cycl
             counts, seen = counts + onehot, seen + onehot
         if i + 1 < K:
             g = head(g, trunk.embed(d[None]), head_cache)
-            head_cache[0].offset = head_cache[0].offset + 1
+            head_cache[0].offset = buffer_attention.in_device_memory(head_cache[0].offset + 1)
     return head_cache, mx.stack(drafts), mx.stack(q_weights) if q_weights else None
 
 

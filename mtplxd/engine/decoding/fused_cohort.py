@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
-from mtplxd.engine.decoding import row_sampling
+from mtplxd.engine.decoding import buffer_attention, row_sampling
 from mtplxd.engine.decoding.cohort_memory import UNLIMITED, CohortMemory, slot_bytes
 from mtplxd.engine.decoding.cohort_rows import CohortCall, width_for
 from mtplxd.engine.decoding.fused import (
@@ -59,8 +59,10 @@ from mtplxd.engine.model.trunk import Trunk
 
 
 def rows_caches(buffers: list[mx.array], offset: mx.array) -> list[RowsKVCache]:
-    """One RowsKVCache per [keys, values] pair of `buffers`, all rows at `offset` (W,),
-    sharing one write index (built once per forward)."""
+    """One RowsKVCache per [keys, values] pair of `buffers`, all rows at `offset` (W,), held as a
+    view of a 16-byte vector (buffer_attention.in_device_memory: on CUDA, out of MLX's managed
+    pool), sharing one write index (built once per forward)."""
+    offset = buffer_attention.in_device_memory(offset)
     shared: dict = {}
     return [RowsKVCache(buffers[i], buffers[i + 1], offset, shared)
             for i in range(0, len(buffers), 2)]
@@ -167,7 +169,8 @@ def _draft_rows(trunk: Trunk, head: MTPHead, rows: _Rows, K: int, s: _CycleState
     head_cache = rows_caches(s.head_kv, s.head_n)
     g = head(s.pending_h, trunk.embed(s.pending_tokens), head_cache)
     g = g[mx.arange(W), s.count - 1][:, None]  # each row's last real PENDING pair
-    head_cache[0].offset = s.head_n + s.count  # the chained steps overwrite the invalid rows
+    # the chained steps overwrite the invalid rows; each offset held as static_caches holds it
+    head_cache[0].offset = buffer_attention.in_device_memory(s.head_n + s.count)
     drafts, q_weights = [], []
     counts, seen = s.counts, s.seen
     for i in range(K):
@@ -185,7 +188,7 @@ def _draft_rows(trunk: Trunk, head: MTPHead, rows: _Rows, K: int, s: _CycleState
             counts, seen = counts + onehot, seen + onehot
         if i + 1 < K:
             g = head(g, trunk.embed(d[:, None]), head_cache)
-            head_cache[0].offset = head_cache[0].offset + 1
+            head_cache[0].offset = buffer_attention.in_device_memory(head_cache[0].offset + 1)
     return (head_cache, mx.stack(drafts, axis=1),
             mx.stack(q_weights, axis=1) if q_weights else None)
 
