@@ -703,8 +703,9 @@ def scalars_in_pool(wanted: bool = True) -> Iterator[None]:
 
 def kernel_scale(scale: float) -> mx.array:
     """The softmax scale as the float32 vector the kernels read (element 0), long enough to
-    lie in device memory (`kernel_offsets`)."""
-    return mx.full((SCALAR_VECTOR_ELEMENTS,), scale, mx.float32)
+    lie in device memory (`kernel_offsets`): made on the host, so a traced graph holds it as a
+    constant rather than a kernel that fills it."""
+    return mx.array([scale] * SCALAR_VECTOR_ELEMENTS, mx.float32)
 
 
 @functools.cache
