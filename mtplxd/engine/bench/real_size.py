@@ -744,7 +744,6 @@ def _by_attention_form(trunk, model: nn.Module, prompt: list[int], decode_tokens
                     out[form]["decode_ms"].append(ours_decode_ms(trunk, prompt, decode_tokens, 0.0))
                     out[form]["compiled_ar_ms"].append(compiled_decode_ms(trunk, prompt, decode_tokens))
                     out[form]["cycle_ms"].append(loop_cycle_ms(trunk, model.mtp, prompt, depth, 0.0, cycles)["ms"])
-                    trunk.compiled_graphs.clear()
                 out[form]["path"] = buffer_attention.path_name()
     finally:
         if before is None:
