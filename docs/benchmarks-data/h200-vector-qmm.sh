@@ -137,6 +137,12 @@
 #                 e.g. "split-64 split-128-w8-p1"); ARGS="--scalars-in-pool" (any more
 #                 attention_profile arguments) with TAG=pool (appended to the files' names);
 #                 SHAPE_ARGS="--heads 24 --kv-heads 4 --dim 256" for the hybrid 27B's attention
+#   PART=in-place  the vector layout's unpack in place (small_m_qmm.VECTOR_IN_PLACE, 2026-12-06, ninth
+#                 session: 15% fewer instructions a 4-bit pass in sm_90 SASS, the same outputs): its
+#                 CUDA tests (bit for bit the masked unpack's outputs) and the buffer attention's
+#                 (split, two-pass, offsets, padded scalars), then the micro-bench at the Qwen3-32B
+#                 matrices, 4- and 8-bit, ROWS (1,4), masked and in place side by side
+#                 (bench.small_m's vector_masked_us, vector_in_place_us)
 #   PART=kv-write  the fused loops' KV writes (2026-12-06: a slice_update at an array offset ran
 #                 one thread per element of the whole buffer on CUDA, 3.3 ms of the 32B's step;
 #                 since then a scatter): Qwen3-32B at DTYPES (4bit), the kernel as served, decode
@@ -166,7 +172,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing, decode-routing-profile, kv-write, attention-split, attention-profile or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing, decode-routing-profile, kv-write, in-place, attention-split, attention-profile or ncu}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -408,6 +414,13 @@ elif [ "$PART" = attention-profile ]; then
       done
     done
   done
+elif [ "$PART" = in-place ]; then
+  step cuda-tests 200 python3 -m pytest -q -p no:cacheprovider -k "cuda and (in_place or bit_for_bit)" \
+    tests/engine/test_small_m_qmm.py
+  step attention-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass or offset or scalars" \
+    tests/engine/test_buffer_attention.py tests/engine/test_bench_attention_profile.py
+  step small-m-32b 240 python3 -m mtplxd.engine.bench.small_m "$work/small-m-32b.json" \
+    --sizes qwen3-32b --bits 4,8 --rows "${ROWS:-1,4}" --repeats 6 --shipped-only
 elif [ "$PART" = kv-write ]; then
   for context in 512 "${CONTEXT:-8192}"; do
     step "kv-write-32b-${DTYPES:-4bit}-$context" 270 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b \

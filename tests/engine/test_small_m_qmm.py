@@ -138,6 +138,40 @@ def test_cuda_and_or_unpack_gives_the_conversions_outputs_bit_for_bit(bits, layo
         assert mx.array_equal(unpacked, converted).item()
 
 
+@pytest.mark.parametrize("bits", small_m_qmm.BITS)
+def test_the_in_place_unpack_times_its_input_scale_gives_each_product_exactly(bits):
+    """_HEADER's mtplx_unpack_word_in_place, spelled in numpy float32: value i of a word masked
+    in place under 2^23's exponent, less 2^23, is q * 2^(BITS j) exactly (j its place in its
+    half-word), and with the input scaled by mtplx_in_place_scale (2^-(BITS j)) every product
+    is the float x * q, so the vector layout's sums cannot move."""
+    import numpy as np
+
+    rng = np.random.default_rng(bits)
+    words = rng.integers(0, 2**32, size=4096, dtype=np.uint64).astype(np.uint32)
+    x = rng.standard_normal(4096 * 32 // bits).astype(np.float32).reshape(4096, -1)
+    per_half, mask = 16 // bits, (1 << bits) - 1
+    for i in range(32 // bits):
+        half, j = divmod(i, per_half)
+        h = words >> np.uint32(16) if half else words
+        placed = ((h & np.uint32(mask << (bits * j))) | np.uint32(0x4B000000)).view(np.float32)
+        value = placed - np.float32(2.0**23)
+        q = ((words >> np.uint32(16 * half + bits * j)) & np.uint32(mask)).astype(np.float32)
+        assert np.array_equal(value, q * np.float32(2.0 ** (bits * j)))
+        scale = np.float32(1.0 / (1 << (bits * (i % per_half))))  # mtplx_in_place_scale<BITS>(i)
+        assert np.array_equal((x[:, i] * scale) * value, x[:, i] * q)
+
+
+@needs_cuda
+@pytest.mark.parametrize("bits", small_m_qmm.BITS)
+@pytest.mark.parametrize("dtype", small_m_qmm.MMA_DTYPES)
+def test_cuda_vector_layout_unpacked_in_place_gives_the_masked_outputs_bit_for_bit(bits, dtype):
+    for rows in (1, 3, 6, 9):
+        x, w, scales, biases, _ = small_m_qmm.probe_case(rows, bits, N=999, K=1024, dtype=dtype)
+        in_place = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector", in_place=True)
+        masked = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector", in_place=False)
+        assert mx.array_equal(in_place, masked).item()
+
+
 @needs_cuda
 @pytest.mark.parametrize("bits", small_m_qmm.BITS)
 @pytest.mark.parametrize("unroll", [2, 4])
@@ -714,7 +748,9 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                           lambda bits: (1, small_m_qmm.MIN_ROWS[bits] - 1, small_m_qmm.VECTOR_MAX_ROWS[bits]), 1),
                "vector_u2": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS,
                              lambda bits: (1, small_m_qmm.MIN_ROWS[bits] - 1), 2),
-               "vector_u4": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS, lambda bits: (1,), 4)}
+               "vector_u4": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS, lambda bits: (1,), 4),
+               "vector_in_place": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS,
+                                   lambda bits: (1, small_m_qmm.VECTOR_MAX_ROWS[bits]), 1)}
     # The tensor-core layout: both input types, one tile and the most a block takes, and the
     # micro-bench's most groups loaded before use.
     for bits in small_m_qmm.BITS:
@@ -741,7 +777,7 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                 kernels.append(kernel(
                     f"k_{layout}_{rows}_{bits}", dtype,
                     {"M": rows, "BITS": bits, "GS": small_m_qmm.GROUP_SIZE, "R": per_block, "CONVERT": False,
-                     "U": unroll}, body))
+                     "U": unroll, "IN_PLACE": layout == "vector_in_place"}, body))
     # MLX's default header gives the body `Shape` and the `cg` alias (mlx/backend/cuda/custom_kernel.cpp).
     source = (small_m_qmm._HEADER + "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n"
               "#include <cooperative_groups.h>\n#include <cuda/std/array>\nnamespace mlx::core::cu {\n"

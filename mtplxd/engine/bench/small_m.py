@@ -16,7 +16,9 @@ bandwidth layout (16-byte loads, warps splitting K: small_m_qmm._SOURCE_VECTOR) 
 `vector_us_by_columns` at 4, 8 and 16 output columns per block (`--shipped-only`: only the
 shipped widths, a shorter run). `kernel_convert_us` and `vector_convert_us` time both layouts
 with the int-to-float conversion per weight value that the and-or unpack replaced (same
-outputs; small_m_qmm._HEADER says why). At one row, `vector_us_by_unroll` times the vector
+outputs; small_m_qmm._HEADER says why), and `vector_in_place_us` the vector layout with its
+weights unpacked in place (small_m_qmm.VECTOR_IN_PLACE: fewer instructions;
+`in_place_equals_masked`: bit for bit, as it must). At one row, `vector_us_by_unroll` times the vector
 layout with 1, 2 and 4 vectors of each weight row loaded per thread before use (in a block of
 that many times fewer threads), and `vector_unroll_error` is their worst error. The `mma_*`
 fields time the tensor-core layout (small_m_qmm._SOURCE_MMA: short verify blocks of large
@@ -134,8 +136,9 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
             return mx.quantized_matmul(x, w, scales, biases, transpose=True,
                                        group_size=small_m_qmm.GROUP_SIZE, bits=bits)
 
-        def kernel(x, per_warp=small_m_qmm.ROWS_PER_WARP, layout="word", convert=False, unroll=1):
-            return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, per_warp, layout, convert, unroll)
+        def kernel(x, per_warp=small_m_qmm.ROWS_PER_WARP, layout="word", convert=False, unroll=1, in_place=None):
+            return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, per_warp, layout, convert, unroll,
+                                              in_place=in_place)
 
         truth = mx.quantized_matmul(x.astype(mx.float32), w, scales.astype(mx.float32),
                                     biases.astype(mx.float32), transpose=True,
@@ -177,6 +180,15 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
                        vector_unpack_over_convert=vector_us / vector_convert_us,
                        kernel_unpack_over_convert=kernel_us / kernel_convert_us,
                        unpack_equals_convert=bool(same))
+            # The vector layout's unpack in place and masked, side by side (the same outputs).
+            by_unpack = {in_place: _per_call_us(
+                lambda x, p=in_place: kernel(x, small_m_qmm.VECTOR_ROWS, "vector", in_place=p), x, repeats)
+                for in_place in (False, True)}
+            row.update(vector_masked_us=by_unpack[False], vector_in_place_us=by_unpack[True],
+                       vector_in_place_over_masked=by_unpack[True] / by_unpack[False],
+                       in_place_equals_masked=bool(mx.array_equal(
+                           kernel(x, small_m_qmm.VECTOR_ROWS, "vector", in_place=True),
+                           kernel(x, small_m_qmm.VECTOR_ROWS, "vector", in_place=False)).item()))
             # The tensor-core layout, at its default and other block widths.
             def mma(x, warps=small_m_qmm.MMA_WARPS):
                 return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma", warps=warps)
@@ -238,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                     kernel = (f"kernel {row['kernel_us']:8.1f} us ({row['kernel_over_mlx']:.2f}x, "
                               f"err {row['kernel_error']:.1e}) vector {row['vector_us']:8.1f} us "
                               f"({row['vector_over_mlx']:.2f}x, {row['vector_of_roofline']:.0%} of roofline, "
-                              f"err {row['vector_error']:.1e}; with conversions {row['vector_convert_us']:.1f} us) "
+                              f"err {row['vector_error']:.1e}; with conversions {row['vector_convert_us']:.1f} us, "
+                              f"masked {row['vector_masked_us']:.1f} us, in place {row['vector_in_place_us']:.1f} us, "
+                              f"same bits {row['in_place_equals_masked']}) "
                               f"mma {row['mma_us']:8.1f} us ({row['mma_over_mlx']:.2f}x, "
                               f"{row['mma_of_roofline']:.0%} of roofline, err {row['mma_error']:.1e})"
                               if row["kernel_us"] is not None else "kernel n/a")

@@ -122,6 +122,31 @@ __device__ __forceinline__ void mtplx_unpack_word(uint32_t word, float (&q)[32 /
         }
     }
 }
+// mtplx_unpack_word's values each times 2^(BITS j), j the value's place in its half-word, in
+// fewer instructions: every value is masked in place under one exponent, 2^23's, then 2^23 is
+// subtracted ((word & 0xF0) | 0x4B000000 is 2^23 + 16 q). The and-or above needs a mask and a
+// magic for each place, and an and-or takes one constant operand, so the compiler made the
+// other afresh before each value (a register each would hold it: 233 of the vector layout's
+// 1,422 instructions a 4-bit pass at one row, sm_90 SASS); here the one magic stays in a
+// register (`magic`, from the caller) and each place's mask is the immediate. The caller scales
+// each input by 2^-(BITS j), which is exact, so every product x q is the same float.
+template <int BITS>
+__device__ __forceinline__ void mtplx_unpack_word_in_place(uint32_t word, float (&q)[32 / BITS], uint32_t magic) {
+    constexpr int PER_HALF = 16 / BITS;
+    constexpr uint32_t MASK = (1u << BITS) - 1u;
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const uint32_t h = half ? word >> 16 : word;
+        #pragma unroll
+        for (int j = 0; j < PER_HALF; ++j)
+            q[PER_HALF * half + j] = __uint_as_float((h & (MASK << (BITS * j))) | magic) - 8388608.f;  // 2^23
+    }
+}
+// The input scale that matches value i of a word under mtplx_unpack_word_in_place: 2^-(BITS j).
+template <int BITS>
+__device__ __forceinline__ constexpr float mtplx_in_place_scale(int i) {
+    return 1.f / static_cast<float>(1u << (BITS * (i % (16 / BITS))));
+}
 template <int BITS>
 __device__ __forceinline__ void mtplx_convert_word(uint32_t word, float (&q)[32 / BITS]) {
     #pragma unroll
@@ -339,6 +364,10 @@ _SOURCE_VECTOR = r"""
         for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
     }
 
+    // 2^23's bits for the in-place unpack, behind a test the compiler cannot decide (N is
+    // positive), so that it keeps them in one register rather than making them per value.
+    const uint32_t magic = N > 0 ? 0x4B000000u : 0u;
+
     // U 16-byte vectors of each row per thread per pass, all loaded before any is used (more
     // bytes in flight per thread); thread t takes vectors t, t + blockDim.x, ... in that order
     // whatever U is, so at one block size U changes no sum's order.
@@ -377,8 +406,9 @@ _SOURCE_VECTOR = r"""
                     float s = 0.f;
                     #pragma unroll
                     for (int i = 0; i < VALS; ++i) {
-                        xs[m][i] = static_cast<float>(vals[i]);
-                        s += xs[m][i];
+                        const float v = static_cast<float>(vals[i]);
+                        s += v;
+                        xs[m][i] = IN_PLACE && !CONVERT ? v * mtplx_in_place_scale<BITS>(i) : v;
                     }
                     xsum[m] = s;
                 }
@@ -386,7 +416,9 @@ _SOURCE_VECTOR = r"""
                 for (int r = 0; r < R; ++r) {
                     const uint32_t word = reinterpret_cast<const uint32_t*>(&packed[u][r])[j];
                     float q[VALS];
-                    if constexpr (CONVERT) mtplx_convert_word<BITS>(word, q); else mtplx_unpack_word<BITS>(word, q);
+                    if constexpr (CONVERT) mtplx_convert_word<BITS>(word, q);
+                    else if constexpr (IN_PLACE) mtplx_unpack_word_in_place<BITS>(word, q, magic);
+                    else mtplx_unpack_word<BITS>(word, q);
                     #pragma unroll
                     for (int m = 0; m < M; ++m) {
                         float dot = 0.f;
@@ -596,6 +628,13 @@ MMA_PIPELINED_MAX_WARPS = 8
 SHARED_MEMORY_BYTES = 48 * 1024  # a block's static shared memory
 VECTOR_ROWS = 8  # output columns a block of the vector layout computes together (H200: 8 beat 2 and 4)
 VECTOR_MAX_THREADS = 256
+# The vector layout's unpack in place (_HEADER's mtplx_unpack_word_in_place): the same outputs
+# bit for bit in 15% fewer instructions a 4-bit pass at one row (1,200 against 1,422 in sm_90
+# SASS, 80 registers either way; 8-bit 737 against 843), where Nsight Compute found a decode
+# step's product issuing an instruction every 1.35 cycles per scheduler at 42% of DRAM bandwidth
+# (docs/benchmarks.md, "a profile of the quantized matmuls"). Off until a GPU times it beside the
+# masked unpack (bench.small_m's `vector_in_place_us`).
+VECTOR_IN_PLACE = False
 # Weights (N x K) from which a decode step's product (under MIN_ROWS rows) takes the vector
 # layout: on the H200 it beat MLX's matvec on Qwen3-32B's down/gate/up projections and both
 # lm_heads at 4-bit (0.59-0.80x), and lost on the small ones (k_proj, a 4B layer's matrices).
@@ -643,7 +682,7 @@ def _small_m_kernel(layout: str = "word"):
 def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
                    rows_per_warp: int | None = None, layout: str | None = None,
                    convert: bool = False, unroll: int | None = None, warps: int | None = None,
-                   stages: int | None = None) -> mx.array:
+                   stages: int | None = None, in_place: bool | None = None) -> mx.array:
     """x (..., K) times the dequantized W (N, K) transposed: (..., N), as
     mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=64, bits=bits).
     CUDA only (see `usable`); any number of rows, ROW_CHUNK at a time per block.
@@ -656,7 +695,8 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     vectors of each weight row a thread loads before using any, in a block of 1/unroll the
     threads (the micro-bench's question: do more bytes in flight per thread read faster? The
     fewer threads split K differently, so outputs round apart from unroll 1's by a little);
-    None is 1.
+    None is 1. `in_place` (vector layout): unpack the weights in place (VECTOR_IN_PLACE when
+    None; the same outputs bit for bit in fewer instructions).
     "mma" (bfloat16/float16 inputs: the tensor cores, a block per 16 columns and up to
     32 rows, see _SOURCE_MMA) takes `warps` (MMA_WARPS) warps a block and `unroll` groups a
     lane loads before using any (MMA_GROUPS_PER_LOAD), pipelined through `stages`
@@ -681,7 +721,8 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     out = _small_m_kernel(layout)(
         inputs=[rows, w, scales, biases],
         template=[("T", x.dtype), ("M", chunk), ("BITS", bits), ("GS", GROUP_SIZE), ("R", per_block),
-                  ("CONVERT", convert), ("U", unroll)],
+                  ("CONVERT", convert), ("U", unroll),
+                  ("IN_PLACE", VECTOR_IN_PLACE if in_place is None else in_place)],
         grid=(blocks * threads, _ceil_div(M, chunk), 1), threadgroup=(threads, 1, 1),
         output_shapes=[out_shape], output_dtypes=[x.dtype])[0]
     return out
