@@ -137,12 +137,12 @@
 #                 e.g. "split-64 split-128-w8-p1"); ARGS="--scalars-in-pool" (any more
 #                 attention_profile arguments) with TAG=pool (appended to the files' names);
 #                 SHAPE_ARGS="--heads 24 --kv-heads 4 --dim 256" for the hybrid 27B's attention
-#   PART=in-place  the vector layout's unpack in place (small_m_qmm.VECTOR_IN_PLACE, 2026-12-06, ninth
-#                 session: 15% fewer instructions a 4-bit pass in sm_90 SASS, the same outputs): its
-#                 CUDA tests (bit for bit the masked unpack's outputs) and the buffer attention's
-#                 (split, two-pass, offsets, padded scalars), then the micro-bench at the Qwen3-32B
-#                 matrices, 4- and 8-bit, ROWS (1,4), masked and in place side by side
-#                 (bench.small_m's vector_masked_us, vector_in_place_us)
+#   PART=in-place  the vector layout's forms with fewer instructions a weight (small_m_qmm.VECTOR_IN_PLACE
+#                 and VECTOR_BIAS_ONCE, 2026-12-06, ninth session: 15% and 19% fewer in a 4-bit pass's
+#                 sm_90 SASS, docs/benchmarks-data/sass-mix.py): their CUDA tests (in place: bit for bit
+#                 the masked unpack's outputs) and the buffer attention's (split, two-pass, offsets,
+#                 padded scalars), then the micro-bench at the Qwen3-32B matrices, 4- and 8-bit, ROWS
+#                 (1,4), the three forms side by side (bench.small_m's vector_us_by_form)
 #   PART=kv-write  the fused loops' KV writes (2026-12-06: a slice_update at an array offset ran
 #                 one thread per element of the whole buffer on CUDA, 3.3 ms of the 32B's step;
 #                 since then a scatter): Qwen3-32B at DTYPES (4bit), the kernel as served, decode

@@ -165,11 +165,19 @@ def test_the_in_place_unpack_times_its_input_scale_gives_each_product_exactly(bi
 @pytest.mark.parametrize("bits", small_m_qmm.BITS)
 @pytest.mark.parametrize("dtype", small_m_qmm.MMA_DTYPES)
 def test_cuda_vector_layout_unpacked_in_place_gives_the_masked_outputs_bit_for_bit(bits, dtype):
+    """Unpacked in place, the vector layout's outputs are the masked unpack's bit for bit; with
+    a group's bias once a vector too, as near the float32 truth."""
     for rows in (1, 3, 6, 9):
-        x, w, scales, biases, _ = small_m_qmm.probe_case(rows, bits, N=999, K=1024, dtype=dtype)
-        in_place = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector", in_place=True)
-        masked = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector", in_place=False)
+        x, w, scales, biases, truth = small_m_qmm.probe_case(rows, bits, N=999, K=1024, dtype=dtype)
+        in_place = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector", in_place=True,
+                                              bias_once=False)
+        masked = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector", in_place=False,
+                                            bias_once=False)
         assert mx.array_equal(in_place, masked).item()
+        truth_error = small_m_qmm.relative_error(masked, truth)
+        bias_once = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector", in_place=True,
+                                               bias_once=True)
+        assert small_m_qmm.relative_error(bias_once, truth) < max(0.01, 1.5 * truth_error)
 
 
 @needs_cuda
@@ -777,7 +785,8 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                 kernels.append(kernel(
                     f"k_{layout}_{rows}_{bits}", dtype,
                     {"M": rows, "BITS": bits, "GS": small_m_qmm.GROUP_SIZE, "R": per_block, "CONVERT": False,
-                     "U": unroll, "IN_PLACE": layout == "vector_in_place"}, body))
+                     "U": unroll, "IN_PLACE": layout == "vector_in_place",
+                     "BIAS_ONCE": layout == "vector_in_place"}, body))
     # MLX's default header gives the body `Shape` and the `cg` alias (mlx/backend/cuda/custom_kernel.cpp).
     source = (small_m_qmm._HEADER + "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n"
               "#include <cooperative_groups.h>\n#include <cuda/std/array>\nnamespace mlx::core::cu {\n"

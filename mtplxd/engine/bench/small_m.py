@@ -16,9 +16,11 @@ bandwidth layout (16-byte loads, warps splitting K: small_m_qmm._SOURCE_VECTOR) 
 `vector_us_by_columns` at 4, 8 and 16 output columns per block (`--shipped-only`: only the
 shipped widths, a shorter run). `kernel_convert_us` and `vector_convert_us` time both layouts
 with the int-to-float conversion per weight value that the and-or unpack replaced (same
-outputs; small_m_qmm._HEADER says why), and `vector_in_place_us` the vector layout with its
-weights unpacked in place (small_m_qmm.VECTOR_IN_PLACE: fewer instructions;
-`in_place_equals_masked`: bit for bit, as it must). At one row, `vector_us_by_unroll` times the vector
+outputs; small_m_qmm._HEADER says why). `vector_us_by_form` times the vector layout's forms
+with fewer instructions a weight side by side (small_m_qmm.VECTOR_IN_PLACE, VECTOR_BIAS_ONCE):
+`masked` (the and-or unpack), `in_place` (`in_place_equals_masked`: bit for bit, as it must)
+and `bias_once` (in place, a group's bias once a 16-byte vector; its error against the truth
+`bias_once_error`). At one row, `vector_us_by_unroll` times the vector
 layout with 1, 2 and 4 vectors of each weight row loaded per thread before use (in a block of
 that many times fewer threads), and `vector_unroll_error` is their worst error. The `mma_*`
 fields time the tensor-core layout (small_m_qmm._SOURCE_MMA: short verify blocks of large
@@ -67,6 +69,8 @@ CALLS = 16  # calls evaluated together per timed sample
 OTHER_ROWS_PER_WARP = (1, 2)  # variants of the kernel's output columns per warp, timed too
 VECTOR_COLUMNS = (8, 4, 16)  # output columns per block of the vector layout, timed (the shipped one first)
 UNROLLS = (2, 4)  # 16-byte vectors a thread loads before using them, timed at one row (shipped: 1)
+# The vector layout's forms by (in_place, bias_once): small_m_qmm.VECTOR_IN_PLACE's comment.
+VECTOR_FORMS = {"masked": (False, False), "in_place": (True, False), "bias_once": (True, True)}
 MMA_WARPS = (8, 4, 16)  # warps a block of the mma layout, timed (the default first)
 MMA_LOADS = (2, 4, 8)  # groups a lane of the mma layout loads before using any, timed at 1 and 6 rows
 # Warps x groups a load [s stages of shared memory] of the mma layout, plain and pipelined,
@@ -136,9 +140,10 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
             return mx.quantized_matmul(x, w, scales, biases, transpose=True,
                                        group_size=small_m_qmm.GROUP_SIZE, bits=bits)
 
-        def kernel(x, per_warp=small_m_qmm.ROWS_PER_WARP, layout="word", convert=False, unroll=1, in_place=None):
+        def kernel(x, per_warp=small_m_qmm.ROWS_PER_WARP, layout="word", convert=False, unroll=1,
+                   in_place=None, bias_once=None):
             return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, per_warp, layout, convert, unroll,
-                                              in_place=in_place)
+                                              in_place=in_place, bias_once=bias_once)
 
         truth = mx.quantized_matmul(x.astype(mx.float32), w, scales.astype(mx.float32),
                                     biases.astype(mx.float32), transpose=True,
@@ -180,15 +185,16 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
                        vector_unpack_over_convert=vector_us / vector_convert_us,
                        kernel_unpack_over_convert=kernel_us / kernel_convert_us,
                        unpack_equals_convert=bool(same))
-            # The vector layout's unpack in place and masked, side by side (the same outputs).
-            by_unpack = {in_place: _per_call_us(
-                lambda x, p=in_place: kernel(x, small_m_qmm.VECTOR_ROWS, "vector", in_place=p), x, repeats)
-                for in_place in (False, True)}
-            row.update(vector_masked_us=by_unpack[False], vector_in_place_us=by_unpack[True],
-                       vector_in_place_over_masked=by_unpack[True] / by_unpack[False],
-                       in_place_equals_masked=bool(mx.array_equal(
-                           kernel(x, small_m_qmm.VECTOR_ROWS, "vector", in_place=True),
-                           kernel(x, small_m_qmm.VECTOR_ROWS, "vector", in_place=False)).item()))
+            # The vector layout's forms with fewer instructions, side by side.
+            def vector_form(x, form):
+                in_place, bias_once = VECTOR_FORMS[form]
+                return kernel(x, small_m_qmm.VECTOR_ROWS, "vector", in_place=in_place, bias_once=bias_once)
+
+            by_form = {form: _per_call_us(lambda x, f=form: vector_form(x, f), x, repeats) for form in VECTOR_FORMS}
+            row.update(vector_us_by_form=by_form,
+                       in_place_equals_masked=bool(mx.array_equal(vector_form(x, "in_place"),
+                                                                  vector_form(x, "masked")).item()),
+                       bias_once_error=small_m_qmm.relative_error(vector_form(x, "bias_once"), truth))
             # The tensor-core layout, at its default and other block widths.
             def mma(x, warps=small_m_qmm.MMA_WARPS):
                 return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma", warps=warps)
@@ -251,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                               f"err {row['kernel_error']:.1e}) vector {row['vector_us']:8.1f} us "
                               f"({row['vector_over_mlx']:.2f}x, {row['vector_of_roofline']:.0%} of roofline, "
                               f"err {row['vector_error']:.1e}; with conversions {row['vector_convert_us']:.1f} us, "
-                              f"masked {row['vector_masked_us']:.1f} us, in place {row['vector_in_place_us']:.1f} us, "
-                              f"same bits {row['in_place_equals_masked']}) "
+                              "forms " + " ".join(f"{f} {us:.1f}" for f, us in row["vector_us_by_form"].items())
+                              + f" us, in place same bits {row['in_place_equals_masked']}) "
                               f"mma {row['mma_us']:8.1f} us ({row['mma_over_mlx']:.2f}x, "
                               f"{row['mma_of_roofline']:.0%} of roofline, err {row['mma_error']:.1e})"
                               if row["kernel_us"] is not None else "kernel n/a")

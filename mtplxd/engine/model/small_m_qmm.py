@@ -392,6 +392,9 @@ _SOURCE_VECTOR = r"""
             const int v = base + u * (int)blockDim.x + (int)threadIdx.x;
             if (v >= vecs) break;
             const int k = v * VEC * VALS;
+            float vsum[M];                       // BIAS_ONCE: the vector's inputs summed
+            #pragma unroll
+            for (int m = 0; m < M; ++m) vsum[m] = 0.f;
             #pragma unroll
             for (int j = 0; j < VEC; ++j) {
                 float xs[M][VALS];
@@ -411,6 +414,7 @@ _SOURCE_VECTOR = r"""
                         xs[m][i] = IN_PLACE && !CONVERT ? v * mtplx_in_place_scale<BITS>(i) : v;
                     }
                     xsum[m] = s;
+                    vsum[m] += s;
                 }
                 #pragma unroll
                 for (int r = 0; r < R; ++r) {
@@ -424,8 +428,17 @@ _SOURCE_VECTOR = r"""
                         float dot = 0.f;
                         #pragma unroll
                         for (int i = 0; i < VALS; ++i) dot += xs[m][i] * q[i];
-                        acc[r][m] += scale[u][r] * dot + bias[u][r] * xsum[m];
+                        acc[r][m] += BIAS_ONCE ? scale[u][r] * dot : scale[u][r] * dot + bias[u][r] * xsum[m];
                     }
+                }
+            }
+            if constexpr (BIAS_ONCE) {
+                // The vector's VEC words share one group, so one bias: applied once to their
+                // inputs' sum rather than per word (a multiply a word and row fewer).
+                #pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    #pragma unroll
+                    for (int m = 0; m < M; ++m) acc[r][m] += bias[u][r] * vsum[m];
                 }
             }
         }
@@ -628,13 +641,16 @@ MMA_PIPELINED_MAX_WARPS = 8
 SHARED_MEMORY_BYTES = 48 * 1024  # a block's static shared memory
 VECTOR_ROWS = 8  # output columns a block of the vector layout computes together (H200: 8 beat 2 and 4)
 VECTOR_MAX_THREADS = 256
-# The vector layout's unpack in place (_HEADER's mtplx_unpack_word_in_place): the same outputs
-# bit for bit in 15% fewer instructions a 4-bit pass at one row (1,200 against 1,422 in sm_90
-# SASS, 80 registers either way; 8-bit 737 against 843), where Nsight Compute found a decode
-# step's product issuing an instruction every 1.35 cycles per scheduler at 42% of DRAM bandwidth
-# (docs/benchmarks.md, "a profile of the quantized matmuls"). Off until a GPU times it beside the
-# masked unpack (bench.small_m's `vector_in_place_us`).
+# Two ways to fewer instructions a weight in the vector layout, where Nsight Compute found a
+# decode step's product issuing an instruction every 1.35 cycles per scheduler at 42% of DRAM
+# bandwidth (docs/benchmarks.md, "a profile of the quantized matmuls"). Counted in sm_90 SASS
+# (docs/benchmarks-data/sass-mix.py), the loop over one 16-byte vector of each of 8 rows at one
+# row, 4-bit: 1,422 instructions masked (as served), 1,200 unpacked in place (the same outputs
+# bit for bit: _HEADER's mtplx_unpack_word_in_place), 1,148 with the bias once a vector too
+# (sums in another order); 8-bit 843, 737, 685; 80 registers or fewer each. Both off until a
+# GPU times them beside the masked form (bench.small_m's `vector_in_place_us`, `vector_lean_us`).
 VECTOR_IN_PLACE = False
+VECTOR_BIAS_ONCE = False
 # Weights (N x K) from which a decode step's product (under MIN_ROWS rows) takes the vector
 # layout: on the H200 it beat MLX's matvec on Qwen3-32B's down/gate/up projections and both
 # lm_heads at 4-bit (0.59-0.80x), and lost on the small ones (k_proj, a 4B layer's matrices).
@@ -682,7 +698,8 @@ def _small_m_kernel(layout: str = "word"):
 def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
                    rows_per_warp: int | None = None, layout: str | None = None,
                    convert: bool = False, unroll: int | None = None, warps: int | None = None,
-                   stages: int | None = None, in_place: bool | None = None) -> mx.array:
+                   stages: int | None = None, in_place: bool | None = None,
+                   bias_once: bool | None = None) -> mx.array:
     """x (..., K) times the dequantized W (N, K) transposed: (..., N), as
     mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=64, bits=bits).
     CUDA only (see `usable`); any number of rows, ROW_CHUNK at a time per block.
@@ -696,7 +713,8 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     threads (the micro-bench's question: do more bytes in flight per thread read faster? The
     fewer threads split K differently, so outputs round apart from unroll 1's by a little);
     None is 1. `in_place` (vector layout): unpack the weights in place (VECTOR_IN_PLACE when
-    None; the same outputs bit for bit in fewer instructions).
+    None; the same outputs bit for bit in fewer instructions); `bias_once`: apply a group's
+    bias once a 16-byte vector rather than per word (VECTOR_BIAS_ONCE when None).
     "mma" (bfloat16/float16 inputs: the tensor cores, a block per 16 columns and up to
     32 rows, see _SOURCE_MMA) takes `warps` (MMA_WARPS) warps a block and `unroll` groups a
     lane loads before using any (MMA_GROUPS_PER_LOAD), pipelined through `stages`
@@ -722,7 +740,8 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
         inputs=[rows, w, scales, biases],
         template=[("T", x.dtype), ("M", chunk), ("BITS", bits), ("GS", GROUP_SIZE), ("R", per_block),
                   ("CONVERT", convert), ("U", unroll),
-                  ("IN_PLACE", VECTOR_IN_PLACE if in_place is None else in_place)],
+                  ("IN_PLACE", VECTOR_IN_PLACE if in_place is None else in_place),
+                  ("BIAS_ONCE", VECTOR_BIAS_ONCE if bias_once is None else bias_once)],
         grid=(blocks * threads, _ceil_div(M, chunk), 1), threadgroup=(threads, 1, 1),
         output_shapes=[out_shape], output_dtypes=[x.dtype])[0]
     return out
