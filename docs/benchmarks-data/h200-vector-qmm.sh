@@ -142,7 +142,9 @@
 #                 sm_90 SASS, docs/benchmarks-data/sass-mix.py): their CUDA tests (in place: bit for bit
 #                 the masked unpack's outputs) and the buffer attention's (split, two-pass, offsets,
 #                 padded scalars), then the micro-bench at the Qwen3-32B matrices, 4- and 8-bit, ROWS
-#                 (1,4), the three forms side by side (bench.small_m's vector_us_by_form)
+#                 (1,4), the three forms side by side (bench.small_m's vector_us_by_form); likewise
+#                 the mma layout with its unpack's constants in registers (MMA_HOIST: 9-10% fewer
+#                 instructions at one row tile, the same outputs; mma_us_by_hoist)
 #   PART=kv-write  the fused loops' KV writes (2026-12-06: a slice_update at an array offset ran
 #                 one thread per element of the whole buffer on CUDA, 3.3 ms of the 32B's step;
 #                 since then a scatter): Qwen3-32B at DTYPES (4bit), the kernel as served, decode

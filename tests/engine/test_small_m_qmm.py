@@ -182,6 +182,18 @@ def test_cuda_vector_layout_unpacked_in_place_gives_the_masked_outputs_bit_for_b
 
 @needs_cuda
 @pytest.mark.parametrize("bits", small_m_qmm.BITS)
+@pytest.mark.parametrize("dtype", small_m_qmm.MMA_DTYPES)
+@pytest.mark.parametrize("stages", [0, small_m_qmm.MMA_STAGES])
+def test_cuda_mma_layout_with_its_constants_hoisted_gives_the_same_outputs_bit_for_bit(bits, dtype, stages):
+    for rows in (1, 3, 8, 9, 32):
+        x, w, scales, biases, _ = small_m_qmm.probe_case(rows, bits, N=999, K=1024, dtype=dtype)
+        hoisted, plain = (small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma", stages=stages,
+                                                     hoist=hoist) for hoist in (True, False))
+        assert mx.array_equal(hoisted, plain).item()
+
+
+@needs_cuda
+@pytest.mark.parametrize("bits", small_m_qmm.BITS)
 @pytest.mark.parametrize("unroll", [2, 4])
 def test_cuda_unrolled_vector_layout_matches_the_float32_truth_at_one_row(bits, unroll):
     for N, K in ((320, 512), (2560, 2560), (999, 1024)):
@@ -760,7 +772,8 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                "vector_in_place": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS,
                                    lambda bits: (1, small_m_qmm.VECTOR_MAX_ROWS[bits]), 1)}
     # The tensor-core layout: both input types, one tile and the most a block takes, and the
-    # micro-bench's most groups loaded before use.
+    # micro-bench's most groups loaded before use (that one with its constants in registers,
+    # MMA_HOIST's form).
     for bits in small_m_qmm.BITS:
         for mma_dtype, bf16 in ((dtype, True), ("__half", False)):
             default = small_m_qmm.MMA_GROUPS_PER_LOAD[bits]
@@ -768,7 +781,7 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                 kernels.append(kernel(
                     f"k_mma_{bf16}_{tiles}_{loads}_{bits}", mma_dtype,
                     {"BF16": bf16, "BITS": bits, "GS": small_m_qmm.GROUP_SIZE, "MT": tiles,
-                     "KW": small_m_qmm.MMA_WARPS, "U": loads}, small_m_qmm._SOURCE_MMA))
+                     "KW": small_m_qmm.MMA_WARPS, "U": loads, "HOIST": loads == 8}, small_m_qmm._SOURCE_MMA))
             # The pipelined form at the most stages that fit, at the shipped block shape and
             # the micro-bench's 4 warps with 4 stages.
             for tiles, warps, loads, asked in ((1, small_m_qmm.MMA_WARPS, default, 8),
@@ -778,7 +791,7 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                 kernels.append(kernel(
                     f"k_mma_pipelined_{bf16}_{tiles}_{warps}_{stages}_{bits}", mma_dtype,
                     {"BF16": bf16, "BITS": bits, "GS": small_m_qmm.GROUP_SIZE, "MT": tiles, "KW": warps,
-                     "U": loads, "S": stages}, small_m_qmm._SOURCE_MMA_PIPELINED))
+                     "U": loads, "S": stages, "HOIST": small_m_qmm.MMA_HOIST}, small_m_qmm._SOURCE_MMA_PIPELINED))
     for layout, (body, per_block, row_counts, unroll) in layouts.items():
         for bits in small_m_qmm.BITS:
             for rows in row_counts(bits):

@@ -20,7 +20,9 @@ outputs; small_m_qmm._HEADER says why). `vector_us_by_form` times the vector lay
 with fewer instructions a weight side by side (small_m_qmm.VECTOR_IN_PLACE, VECTOR_BIAS_ONCE):
 `masked` (the and-or unpack), `in_place` (`in_place_equals_masked`: bit for bit, as it must)
 and `bias_once` (in place, a group's bias once a 16-byte vector; its error against the truth
-`bias_once_error`). At one row, `vector_us_by_unroll` times the vector
+`bias_once_error`); `mma_us_by_hoist` the mma layout with its unpack's constants made before
+each use (False, as served) and kept in registers (True: small_m_qmm.MMA_HOIST;
+`hoisted_equals_plain`: bit for bit, as it must). At one row, `vector_us_by_unroll` times the vector
 layout with 1, 2 and 4 vectors of each weight row loaded per thread before use (in a block of
 that many times fewer threads), and `vector_unroll_error` is their worst error. The `mma_*`
 fields time the tensor-core layout (small_m_qmm._SOURCE_MMA: short verify blocks of large
@@ -205,6 +207,13 @@ def measure_shape(N: int, K: int, bits: int, rows: list[int], repeats: int,
             row.update(mma_us=mma_us, mma_over_mlx=mma_us / mlx_us, mma_us_by_warps=by_warps,
                        mma_of_roofline=read / BANDWIDTH_BYTES_PER_S * 1e6 / mma_us,
                        mma_error=small_m_qmm.relative_error(mma(x), truth))
+            # Its unpack's constants made per use (as served) and kept in registers, side by side.
+            def mma_hoisted(x, hoist):
+                return small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma", hoist=hoist)
+
+            row.update(mma_us_by_hoist={h: _per_call_us(lambda x, h=h: mma_hoisted(x, h), x, repeats)
+                                        for h in (False, True)},
+                       hoisted_equals_plain=bool(mx.array_equal(mma_hoisted(x, True), mma_hoisted(x, False)).item()))
             if M > 1:  # row invariance: each row of the M-row product, bit for bit its 1-row product
                 row.update(mma_rows_equal_one_row=_rows_equal_one_row(mma, x),
                            mlx_rows_equal_one_row=_rows_equal_one_row(stock, x),
@@ -260,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
                               "forms " + " ".join(f"{f} {us:.1f}" for f, us in row["vector_us_by_form"].items())
                               + f" us, in place same bits {row['in_place_equals_masked']}) "
                               f"mma {row['mma_us']:8.1f} us ({row['mma_over_mlx']:.2f}x, "
-                              f"{row['mma_of_roofline']:.0%} of roofline, err {row['mma_error']:.1e})"
+                              f"{row['mma_of_roofline']:.0%} of roofline, err {row['mma_error']:.1e}; hoisted "
+                              f"{row['mma_us_by_hoist'][True]:.1f} us against {row['mma_us_by_hoist'][False]:.1f}, "
+                              f"same bits {row['hoisted_equals_plain']})"
                               if row["kernel_us"] is not None else "kernel n/a")
                     print(f"{size:10s} {name:9s} q{bits} M={row['M']}: mlx {row['mlx_us']:8.1f} us "
                           f"({row['mlx_of_roofline']:.0%} of roofline) {kernel}", flush=True)

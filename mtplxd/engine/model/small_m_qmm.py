@@ -173,13 +173,24 @@ __device__ __forceinline__ void mtplx_mma(float (&d)[4], uint32_t a0, uint32_t a
 // (n0 + g + 8), this lane's TW words of each (`wa`, `wb`) with their scales and biases, against
 // MT tiles of 8 input rows from row m0 (the lane's inputs from k0); adds the group's products to
 // acc[mt] (d[0], d[1]: column a, rows 2t, 2t+1 of the tile; d[2], d[3]: column b).
+// The unpack's nibble mask and the sums' all-ones A fragment. Each is a constant that an and-or
+// or an mma takes only from a register, so the compiler makes it afresh before every use (sm_90
+// SASS, docs/benchmarks-data/sass-mix.py: 36 of the pipelined layout's 410 instructions a
+// 4-group pass at one tile, 4-bit). With HOIST they come from behind a test the compiler cannot
+// decide (N is positive) and stay in registers: 374 instructions, the same arithmetic.
+struct MtplxMmaConstants { uint32_t mask, ones; };
+template <bool BF16, bool HOIST>
+__device__ __forceinline__ MtplxMmaConstants mtplx_mma_constants(int N) {
+    constexpr uint32_t ONES = BF16 ? 0x3F803F80u : 0x3C003C00u;   // 1.0 in both halves
+    if constexpr (HOIST) return {N > 0 ? 0x000F000Fu : 0u, N > 0 ? ONES : 0u};
+    else return {0x000F000Fu, ONES};
+}
 template <bool BF16, int BITS, int GS, int MT, typename T>
 __device__ __forceinline__ void mtplx_mma_group(float (&acc)[MT][4], const uint32_t* wa, const uint32_t* wb,
                                                 float sa, float sb, float ba, float bb, const T* x, int K,
-                                                int k0, int m0, int rows, int g) {
+                                                int k0, int m0, int rows, int g, MtplxMmaConstants c) {
     constexpr int TW = GS / (32 / BITS) / 4;            // words of a group per lane: 2 (4-bit), 4 (8-bit)
     constexpr uint32_t MAGIC = BF16 ? 0x43004300u : 0x64006400u;  // 128 / 1024 in both halves
-    constexpr uint32_t ONES = BF16 ? 0x3F803F80u : 0x3C003C00u;   // 1.0 in both halves
     constexpr float OFFSET_SUM = (BF16 ? 128.f : 1024.f) * (BITS == 8 ? 17.f : 1.f);
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -201,22 +212,22 @@ __device__ __forceinline__ void mtplx_mma_group(float (&acc)[MT][4], const uint3
                     const uint32_t lo = xw[4 * j + step], hi = xw[4 * j + step + 2];
                     const uint32_t b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
                     const int sh = 8 * step;
-                    mtplx_mma<BF16>(d, ((wa[j] >> sh) & 0x000F000Fu) | MAGIC, ((wb[j] >> sh) & 0x000F000Fu) | MAGIC,
-                                    ((wa[j] >> (sh + 4)) & 0x000F000Fu) | MAGIC,
-                                    ((wb[j] >> (sh + 4)) & 0x000F000Fu) | MAGIC, b0, b1);
-                    mtplx_mma<BF16>(s, ONES, ONES, ONES, ONES, b0, b1);
+                    mtplx_mma<BF16>(d, ((wa[j] >> sh) & c.mask) | MAGIC, ((wb[j] >> sh) & c.mask) | MAGIC,
+                                    ((wa[j] >> (sh + 4)) & c.mask) | MAGIC,
+                                    ((wb[j] >> (sh + 4)) & c.mask) | MAGIC, b0, b1);
+                    mtplx_mma<BF16>(s, c.ones, c.ones, c.ones, c.ones, b0, b1);
                 }
             } else {
                 // word j: values 4j..4j+3, pairs (0,2), (1,3); low nibbles, then high
                 const uint32_t lo = xw[2 * j], hi = xw[2 * j + 1];
                 const uint32_t b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
-                mtplx_mma<BF16>(d, (wa[j] & 0x000F000Fu) | MAGIC, (wb[j] & 0x000F000Fu) | MAGIC,
-                                ((wa[j] >> 8) & 0x000F000Fu) | MAGIC, ((wb[j] >> 8) & 0x000F000Fu) | MAGIC,
+                mtplx_mma<BF16>(d, (wa[j] & c.mask) | MAGIC, (wb[j] & c.mask) | MAGIC,
+                                ((wa[j] >> 8) & c.mask) | MAGIC, ((wb[j] >> 8) & c.mask) | MAGIC,
                                 b0, b1);
-                mtplx_mma<BF16>(dh, ((wa[j] >> 4) & 0x000F000Fu) | MAGIC, ((wb[j] >> 4) & 0x000F000Fu) | MAGIC,
-                                ((wa[j] >> 12) & 0x000F000Fu) | MAGIC,
-                                ((wb[j] >> 12) & 0x000F000Fu) | MAGIC, b0, b1);
-                mtplx_mma<BF16>(s, ONES, ONES, ONES, ONES, b0, b1);
+                mtplx_mma<BF16>(dh, ((wa[j] >> 4) & c.mask) | MAGIC, ((wb[j] >> 4) & c.mask) | MAGIC,
+                                ((wa[j] >> 12) & c.mask) | MAGIC,
+                                ((wb[j] >> 12) & c.mask) | MAGIC, b0, b1);
+                mtplx_mma<BF16>(s, c.ones, c.ones, c.ones, c.ones, b0, b1);
             }
         }
         #pragma unroll
@@ -499,6 +510,7 @@ _SOURCE_MMA = r"""
     const int K = words * VALS;
     const int groups = K / GS;
     const int n0 = blockIdx.x * 16;
+    const MtplxMmaConstants constants = mtplx_mma_constants<BF16, HOIST>(N);
     const int m0 = blockIdx.y * ROWS;
     const int rows = x_shape[0] - m0 < ROWS ? x_shape[0] - m0 : ROWS;
     const int na = min(n0 + g, N - 1), nb = min(n0 + g + 8, N - 1);  // past the edge: read a real row, never store it
@@ -528,7 +540,7 @@ _SOURCE_MMA = r"""
             const int gi = base + u;
             if (gi >= groups) break;                    // the same for the whole warp
             mtplx_mma_group<BF16, BITS, GS, MT>(acc, qa[u].v, qb[u].v, sa[u], sb[u], ba[u], bb[u], x, K,
-                                                gi * GS + t * (GS / 4), m0, rows, g);
+                                                gi * GS + t * (GS / 4), m0, rows, g, constants);
         }
     }
     mtplx_mma_store<KW, MT>(partial, acc, out, N, n0, m0, rows);
@@ -562,6 +574,7 @@ _SOURCE_MMA_PIPELINED = r"""
     const int K = words * VALS;
     const int groups = K / GS;                          // a whole number of U (pipelined_stages)
     const int n0 = blockIdx.x * 16;
+    const MtplxMmaConstants constants = mtplx_mma_constants<BF16, HOIST>(N);
     const int m0 = blockIdx.y * ROWS;
     const int rows = x_shape[0] - m0 < ROWS ? x_shape[0] - m0 : ROWS;
     uint32_t* const stages = smem + wid * S * STAGE_WORDS;
@@ -611,7 +624,7 @@ _SOURCE_MMA_PIPELINED = r"""
                 acc, stage + (u * 16 + g) * GW + t * TW, stage + (u * 16 + g + 8) * GW + t * TW,
                 static_cast<float>(sb[g * U + u]), static_cast<float>(sb[(g + 8) * U + u]),
                 static_cast<float>(sb[(16 + g) * U + u]), static_cast<float>(sb[(24 + g) * U + u]), x, K,
-                (base + u) * GS + t * (GS / 4), m0, rows, g);
+                (base + u) * GS + t * (GS / 4), m0, rows, g, constants);
         }
         __syncwarp();                                   // every lane is done with the stage before its refill
     }
@@ -638,6 +651,12 @@ MMA_STAGES = 2
 # registers than an SM has ("too many resources requested for launch"). 256 threads fit at
 # any register count.
 MMA_PIPELINED_MAX_WARPS = 8
+# The mma layout's unpack mask and all-ones fragment kept in registers (_HEADER's
+# mtplx_mma_constants): the same outputs in 9-10% fewer instructions at one row tile in sm_90
+# SASS (pipelined 4-bit: 374 against 410 a 4-group pass, 64 registers against 60; 8-bit 293
+# against 324; the plain layout 444 against 491), level at four tiles (911 against 901). Off
+# until a GPU times it (bench.small_m's `mma_us_by_hoist`).
+MMA_HOIST = False
 SHARED_MEMORY_BYTES = 48 * 1024  # a block's static shared memory
 VECTOR_ROWS = 8  # output columns a block of the vector layout computes together (H200: 8 beat 2 and 4)
 VECTOR_MAX_THREADS = 256
@@ -699,7 +718,7 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
                    rows_per_warp: int | None = None, layout: str | None = None,
                    convert: bool = False, unroll: int | None = None, warps: int | None = None,
                    stages: int | None = None, in_place: bool | None = None,
-                   bias_once: bool | None = None) -> mx.array:
+                   bias_once: bool | None = None, hoist: bool | None = None) -> mx.array:
     """x (..., K) times the dequantized W (N, K) transposed: (..., N), as
     mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=64, bits=bits).
     CUDA only (see `usable`); any number of rows, ROW_CHUNK at a time per block.
@@ -718,13 +737,15 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     "mma" (bfloat16/float16 inputs: the tensor cores, a block per 16 columns and up to
     32 rows, see _SOURCE_MMA) takes `warps` (MMA_WARPS) warps a block and `unroll` groups a
     lane loads before using any (MMA_GROUPS_PER_LOAD), pipelined through `stages`
-    (MMA_STAGES) stages of shared memory where that fits (`pipelined_stages`)."""
+    (MMA_STAGES) stages of shared memory where that fits (`pipelined_stages`), its unpack's
+    constants kept in registers with `hoist` (MMA_HOIST when None; the same outputs)."""
     layout = layout or "word"
     rows = kernel_rows(x)
     M, N = x.size // x.shape[-1], w.shape[0]
     out_shape = (*x.shape[:-1], N)
     if layout == "mma":
-        return _mma_matmul(rows, w, scales, biases, bits, warps, unroll, stages, out_shape)
+        return _mma_matmul(rows, w, scales, biases, bits, warps, unroll, stages, out_shape,
+                           MMA_HOIST if hoist is None else hoist)
     unroll = unroll or 1
     chunk = min(M, ROW_CHUNK)  # the kernel's M: rows per block
     if layout == "vector":
@@ -763,11 +784,12 @@ def kernel_rows(x: mx.array) -> mx.array:
 
 def _mma_matmul(rows: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
                 warps: int | None, groups_per_load: int | None, stages: int | None,
-                out_shape: tuple[int, ...]) -> mx.array:
+                out_shape: tuple[int, ...], hoist: bool = False) -> mx.array:
     """The mma layout on `kernel_rows` (M rows of K): a block per 16 output columns and up to
     MMA_MAX_TILES tiles of 8 rows, `warps` (MMA_WARPS) warps splitting K's groups, each
     loading `groups_per_load` groups before using any, through `stages` (MMA_STAGES) stages
-    of shared memory where they fit; the output in `out_shape`."""
+    of shared memory where they fit, its unpack's constants in registers with `hoist`
+    (mtplx_mma_constants); the output in `out_shape`."""
     if rows.dtype not in MMA_DTYPES:
         raise ValueError(f"the mma layout takes bfloat16 or float16 inputs, not {rows.dtype}")
     M, N = rows.size // rows.shape[-1], w.shape[0]
@@ -779,7 +801,7 @@ def _mma_matmul(rows: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     if scales.dtype.size != 2 or biases.dtype.size != 2:
         stages = 0  # the pipelined form copies a row's scales of a batch as 16-bit values
     template = [("T", rows.dtype), ("BF16", rows.dtype == mx.bfloat16), ("BITS", bits), ("GS", GROUP_SIZE),
-                ("MT", tiles), ("KW", warps), ("U", groups_per_load)]
+                ("MT", tiles), ("KW", warps), ("U", groups_per_load), ("HOIST", hoist)]
     kernel = _small_m_kernel("mma_pipelined" if stages else "mma")
     return kernel(inputs=[rows, w, scales, biases], template=template + ([("S", stages)] if stages else []),
                   grid=(_ceil_div(N, 16) * 32 * warps, _ceil_div(M, 8 * tiles), 1), threadgroup=(32 * warps, 1, 1),
