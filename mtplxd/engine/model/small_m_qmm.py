@@ -169,10 +169,6 @@ __device__ __forceinline__ void mtplx_mma(float (&d)[4], uint32_t a0, uint32_t a
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
     }
 }
-// One group of GS inputs through the mma layout: a warp's weight rows a (column n0 + g) and b
-// (n0 + g + 8), this lane's TW words of each (`wa`, `wb`) with their scales and biases, against
-// MT tiles of 8 input rows from row m0 (the lane's inputs from k0); adds the group's products to
-// acc[mt] (d[0], d[1]: column a, rows 2t, 2t+1 of the tile; d[2], d[3]: column b).
 // The unpack's nibble mask and the sums' all-ones A fragment. Each is a constant that an and-or
 // or an mma takes only from a register, so the compiler makes it afresh before every use (sm_90
 // SASS, docs/benchmarks-data/sass-mix.py: 36 of the pipelined layout's 410 instructions a
@@ -185,6 +181,11 @@ __device__ __forceinline__ MtplxMmaConstants mtplx_mma_constants(int N) {
     if constexpr (HOIST) return {N > 0 ? 0x000F000Fu : 0u, N > 0 ? ONES : 0u};
     else return {0x000F000Fu, ONES};
 }
+// One group of GS inputs through the mma layout: a warp's weight rows a (column n0 + g) and b
+// (n0 + g + 8), this lane's TW words of each (`wa`, `wb`) with their scales and biases, against
+// MT tiles of 8 input rows from row m0 (the lane's inputs from k0); adds the group's products to
+// acc[mt] (d[0], d[1]: column a, rows 2t, 2t+1 of the tile; d[2], d[3]: column b); `c` from
+// mtplx_mma_constants.
 template <bool BF16, int BITS, int GS, int MT, typename T>
 __device__ __forceinline__ void mtplx_mma_group(float (&acc)[MT][4], const uint32_t* wa, const uint32_t* wb,
                                                 float sa, float sb, float ba, float bb, const T* x, int K,
@@ -667,7 +668,7 @@ VECTOR_MAX_THREADS = 256
 # row, 4-bit: 1,422 instructions masked (as served), 1,200 unpacked in place (the same outputs
 # bit for bit: _HEADER's mtplx_unpack_word_in_place), 1,148 with the bias once a vector too
 # (sums in another order); 8-bit 843, 737, 685; 80 registers or fewer each. Both off until a
-# GPU times them beside the masked form (bench.small_m's `vector_in_place_us`, `vector_lean_us`).
+# GPU times them beside the masked form (bench.small_m's `vector_us_by_form`).
 VECTOR_IN_PLACE = False
 VECTOR_BIAS_ONCE = False
 # Weights (N x K) from which a decode step's product (under MIN_ROWS rows) takes the vector
