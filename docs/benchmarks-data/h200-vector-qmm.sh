@@ -417,10 +417,10 @@ elif [ "$PART" = attention-profile ]; then
     done
   done
 elif [ "$PART" = in-place ]; then
-  step cuda-tests 200 python3 -m pytest -q -p no:cacheprovider -k "cuda and (in_place or bit_for_bit)" \
-    tests/engine/test_small_m_qmm.py
   step attention-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass or offset or scalars" \
     tests/engine/test_buffer_attention.py tests/engine/test_bench_attention_profile.py
+  step cuda-tests 160 python3 -m pytest -q -p no:cacheprovider -k "cuda and (in_place or bit_for_bit)" \
+    tests/engine/test_small_m_qmm.py
   step small-m-32b 240 python3 -m mtplxd.engine.bench.small_m "$work/small-m-32b.json" \
     --sizes qwen3-32b --bits 4,8 --rows "${ROWS:-1,4}" --repeats 6 --shipped-only
 elif [ "$PART" = kv-write ]; then
