@@ -138,7 +138,7 @@
 #                 attention_profile arguments) with TAG=pool (appended to the files' names);
 #                 SHAPE_ARGS="--heads 24 --kv-heads 4 --dim 256" for the hybrid 27B's attention
 #   PART=in-place  the vector layout's forms with fewer instructions a weight (small_m_qmm.VECTOR_IN_PLACE
-#                 and VECTOR_BIAS_ONCE, 2026-12-06, ninth session: 15% and 19% fewer in a 4-bit pass's
+#                 and VECTOR_BIAS_ONCE, 2026-12-06, ninth session: 19% and 23% fewer in a 4-bit pass's
 #                 sm_90 SASS, docs/benchmarks-data/sass-mix.py): their CUDA tests (in place: bit for bit
 #                 the masked unpack's outputs) and the buffer attention's (split, two-pass, offsets,
 #                 padded scalars), then the micro-bench at the Qwen3-32B matrices, 4- and 8-bit, ROWS

@@ -394,9 +394,15 @@ _SOURCE_VECTOR = r"""
             #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const int n = n0 + r < N ? n0 + r : N - 1;   // past the edge: read a real row, never store it
-                packed[u][r] = reinterpret_cast<const uint4*>(w + (size_t)n * words)[v];
-                scale[u][r] = static_cast<float>(scales[(size_t)n * groups + g]);
-                bias[u][r] = static_cast<float>(biases[(size_t)n * groups + g]);
+                if constexpr (IN_PLACE) {  // 32-bit indices: 46 fewer instructions a pass than 64-bit
+                    packed[u][r] = reinterpret_cast<const uint4*>(w)[n * vecs + v];
+                    scale[u][r] = static_cast<float>(scales[n * groups + g]);
+                    bias[u][r] = static_cast<float>(biases[n * groups + g]);
+                } else {
+                    packed[u][r] = reinterpret_cast<const uint4*>(w + (size_t)n * words)[v];
+                    scale[u][r] = static_cast<float>(scales[(size_t)n * groups + g]);
+                    bias[u][r] = static_cast<float>(biases[(size_t)n * groups + g]);
+                }
             }
         }
         #pragma unroll
@@ -665,9 +671,10 @@ VECTOR_MAX_THREADS = 256
 # decode step's product issuing an instruction every 1.35 cycles per scheduler at 42% of DRAM
 # bandwidth (docs/benchmarks.md, "a profile of the quantized matmuls"). Counted in sm_90 SASS
 # (docs/benchmarks-data/sass-mix.py), the loop over one 16-byte vector of each of 8 rows at one
-# row, 4-bit: 1,422 instructions masked (as served), 1,200 unpacked in place (the same outputs
-# bit for bit: _HEADER's mtplx_unpack_word_in_place), 1,148 with the bias once a vector too
-# (sums in another order); 8-bit 843, 737, 685; 80 registers or fewer each. Both off until a
+# row, 4-bit: 1,422 instructions masked (as served); 1,154 unpacked in place (_HEADER's
+# mtplx_unpack_word_in_place) with its loads indexed in 32 bits (a matrix of under 2^31 words;
+# `small_m_matmul` checks), the same outputs bit for bit; 1,102 with the bias once a vector too
+# (sums in another order); 8-bit 843, 691, 638; 80 registers or fewer each. Both off until a
 # GPU times them beside the masked form (bench.small_m's `vector_us_by_form`).
 VECTOR_IN_PLACE = False
 VECTOR_BIAS_ONCE = False
@@ -732,8 +739,9 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     vectors of each weight row a thread loads before using any, in a block of 1/unroll the
     threads (the micro-bench's question: do more bytes in flight per thread read faster? The
     fewer threads split K differently, so outputs round apart from unroll 1's by a little);
-    None is 1. `in_place` (vector layout): unpack the weights in place (VECTOR_IN_PLACE when
-    None; the same outputs bit for bit in fewer instructions); `bias_once`: apply a group's
+    None is 1. `in_place` (vector layout): unpack the weights in place and index them in 32
+    bits (VECTOR_IN_PLACE when None; the same outputs bit for bit in fewer instructions; a
+    matrix of 2^31 words or more keeps the 64-bit form); `bias_once`: apply a group's
     bias once a 16-byte vector rather than per word (VECTOR_BIAS_ONCE when None).
     "mma" (bfloat16/float16 inputs: the tensor cores, a block per 16 columns and up to
     32 rows, see _SOURCE_MMA) takes `warps` (MMA_WARPS) warps a block and `unroll` groups a
@@ -762,7 +770,7 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
         inputs=[rows, w, scales, biases],
         template=[("T", x.dtype), ("M", chunk), ("BITS", bits), ("GS", GROUP_SIZE), ("R", per_block),
                   ("CONVERT", convert), ("U", unroll),
-                  ("IN_PLACE", VECTOR_IN_PLACE if in_place is None else in_place),
+                  ("IN_PLACE", (VECTOR_IN_PLACE if in_place is None else in_place) and w.size < 2**31),
                   ("BIAS_ONCE", VECTOR_BIAS_ONCE if bias_once is None else bias_once)],
         grid=(blocks * threads, _ceil_div(M, chunk), 1), threadgroup=(threads, 1, 1),
         output_shapes=[out_shape], output_dtypes=[x.dtype])[0]
