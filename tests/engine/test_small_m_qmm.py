@@ -713,6 +713,35 @@ def test_the_micro_bench_runs_here_and_says_the_kernel_is_not(tmp_path):
 
 
 
+def test_the_micro_bench_times_the_fewer_instruction_forms_beside_the_served_ones(monkeypatch, tmp_path, capsys):
+    """On CUDA each row times the vector layout's three forms and the mma layout hoisted or not,
+    and says whether the forms that must keep the bits did (here the kernel is its plain-ops
+    twin, nudged where only the bias-once form may move)."""
+    from mtplxd.engine.bench import small_m
+
+    seen = set()
+
+    def twin(x, w, scales, biases, bits, *args, in_place=None, bias_once=None, hoist=None, **kwargs):
+        seen.add((in_place, bias_once, hoist))
+        out = small_m_qmm.reference(x, w, scales, biases, bits)
+        return out * (1 + 1e-3) if bias_once else out
+
+    monkeypatch.setattr(small_m_qmm, "usable", lambda: True)
+    monkeypatch.setattr(small_m_qmm, "small_m_matmul", twin)
+    rows = small_m.measure_shape(64, 256, 4, [1, 2], repeats=1, shipped_only=True)
+    for row in rows:
+        assert set(row["vector_us_by_form"]) == {"masked", "in_place", "bias_once"}
+        assert all(us > 0 for us in row["vector_us_by_form"].values())
+        assert row["in_place_equals_masked"] is True and 5e-4 < row["bias_once_error"] < 0.01
+        assert set(row["mma_us_by_hoist"]) == {False, True} and row["hoisted_equals_plain"] is True
+    assert {(False, False, None), (True, False, None), (True, True, None), (None, None, True),
+            (None, None, False)} <= seen
+    out = tmp_path / "small-m.json"  # the whole command, its printed line included
+    assert small_m.main([str(out), "--sizes", "tiny", "--rows", "1", "--bits", "4", "--repeats", "1",
+                         "--shipped-only"]) == 0
+    assert "in place same bits True" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("pipelined_moves_a_bit", [False, True])
 def test_the_micro_bench_times_each_mma_config_and_checks_the_pipelined_form(monkeypatch, pipelined_moves_a_bit):
     """`--mma-variants` on CUDA times the mma layout at every MMA_CONFIGS shape, says which
