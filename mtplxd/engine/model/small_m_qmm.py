@@ -129,7 +129,9 @@ __device__ __forceinline__ void mtplx_unpack_word(uint32_t word, float (&q)[32 /
 // other afresh before each value (a register each would hold it: 233 of the vector layout's
 // 1,422 instructions a 4-bit pass at one row, sm_90 SASS); here the one magic stays in a
 // register (`magic`, from the caller) and each place's mask is the immediate. The caller scales
-// each input by 2^-(BITS j), which is exact, so every product x q is the same float.
+// each input by 2^-(BITS j), which is exact while the scaled input stays a normal float, so
+// every product x q is the same float (if subnormals flush, an input under 2^-114 loses its
+// product, under 2^-110, where the masked form keeps it; the CUDA tests draw normal inputs).
 template <int BITS>
 __device__ __forceinline__ void mtplx_unpack_word_in_place(uint32_t word, float (&q)[32 / BITS], uint32_t magic) {
     constexpr int PER_HALF = 16 / BITS;
