@@ -119,7 +119,9 @@
 #                 (one-pass,split,0; also auto, the default, and two-pass; 0: MLX's masked
 #                 attention; any of them ending in +pool, e.g. auto,auto+pool: with the loops'
 #                 offsets and the kernels' scale in MLX's managed pool, as before 2026-12-06's
-#                 eighth session) in two rounds in the same process (real_size --attention-forms: the
+#                 eighth session; or in +in_place, +bias_once, +hoist, any of them: the small-M
+#                 kernel's forms of those names on, e.g. CONTEXT=512
+#                 FORMS=auto,auto+in_place,auto+in_place+bias_once+hoist) in two rounds in the same process (real_size --attention-forms: the
 #                 served AR, the compiled AR loop beside it, the depth-3 cycle at T=0; on
 #                 2026-12-06, sixth session, one process per form swung more than the forms
 #                 differ; seventh, without --decode-only the forwards and stock cycles took the

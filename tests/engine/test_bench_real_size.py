@@ -445,7 +445,33 @@ def test_decode_only_with_attention_forms_and_no_kernel_reports_them_at_the_top(
 def test_an_unknown_attention_form_is_refused(capsys):
     with pytest.raises(SystemExit):
         real_size.main(["--sizes", "tiny", "--attention-forms", "one-pass,fast"])
-    assert "--attention-forms: choose from 0, auto, one-pass, split, two-pass (each may end in +pool)" in capsys.readouterr().err
+    assert ("--attention-forms: choose from 0, auto, one-pass, split, two-pass (each may go on with "
+            "+pool, +in_place, +bias_once, +hoist)") in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        real_size.main(["--sizes", "tiny", "--attention-forms", "auto+in_place+unrolled"])
+
+
+def test_attention_forms_turn_the_small_m_kernels_forms_on_by_name_and_back_after(
+        small_m_kernel_twin, tmp_path, monkeypatch):
+    """`auto+in_place+hoist`: whole steps with the kernel's fewer-instruction forms named on
+    (the others off), traced afresh; the shipped flags back after."""
+    from mtplxd.engine.model import small_m_qmm
+
+    flags = ("VECTOR_IN_PLACE", "VECTOR_BIAS_ONCE", "MMA_HOIST")
+    shipped = {flag: getattr(small_m_qmm, flag) for flag in flags}
+    seen = set()
+    twin = small_m_qmm.small_m_matmul
+
+    def recording_twin(*args, **kwargs):
+        seen.add(tuple(getattr(small_m_qmm, flag) for flag in flags))
+        return twin(*args, **kwargs)
+
+    monkeypatch.setattr(small_m_qmm, "small_m_matmul", recording_twin)
+    entry = _tiny_hybrid_kernel_run(tmp_path, "--decode-only", "--attention-forms", "auto,auto+in_place+hoist")
+    forms = entry["small_m_kernel"]["by_attention_form"]
+    assert all(min(forms[form]["cycle_ms"]) > 0 for form in ("auto", "auto+in_place+hoist"))
+    assert {(False, False, False), (True, False, True)} <= seen
+    assert {flag: getattr(small_m_qmm, flag) for flag in flags} == shipped
 
 
 def test_stacked_times_the_kernel_again_with_shared_input_projections_as_one_product(

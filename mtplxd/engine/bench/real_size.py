@@ -53,7 +53,10 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     `auto` is the default, split from 2,048 slots (buffer_attention.form_for); a form ending
     in `+pool` (`auto+pool`) runs with the loops' offsets and the kernels' scale left in
     MLX's managed small-array pool (buffer_attention.scalars_in_pool), as before they were
-    moved to device memory;
+    moved to device memory; `+in_place`, `+bias_once` and `+hoist` (any of them, after the
+    form or its `+pool`) turn on the small-M kernel's forms with fewer instructions a weight
+    (small_m_qmm.VECTOR_IN_PLACE, VECTOR_BIAS_ONCE, MMA_HOIST; each off where not named), so
+    `auto,auto+in_place+bias_once+hoist` times whole steps with and without them;
     `--kernel-decode-from never` keeps decode steps on MLX's matvec for the whole run (the
     kernel on verify rows only, which is what a hybrid or 8-bit model gets by default:
     small_m_qmm.decode_wanted, since their decode ran slower through it), `--kernel-decode-from
@@ -723,10 +726,10 @@ def _by_attention_form(trunk, model: nn.Module, prompt: list[int], decode_tokens
     """Our greedy decode (`decode_ms`: the AR loop this run serves, op by op or compiled),
     the compiled AR loop (`compiled_ar_ms`: None where `decode_ms` is that loop already) and
     the greedy depth-`depth` cycle with the fused loops attending by each of `forms`
-    (buffer_attention.KERNEL_ENV's values), in two rounds, the second in reverse order: each
-    form's times as a list, and the path /health would name. Each form's kernels are probed
-    before anything is traced, and the compiled graphs dropped at each change (a traced loop
-    keeps the form it saw); KERNEL_ENV is restored after."""
+    (buffer_attention.KERNEL_ENV's values, each with its FORM_MODIFIERS), in two rounds, the
+    second in reverse order: each form's times as a list, and the path /health would name. Each
+    form's kernels are probed before anything is traced, and the compiled graphs dropped at each
+    change (a traced loop keeps the form it saw); KERNEL_ENV is restored after."""
     from mtplxd.engine.decoding import buffer_attention
 
     out: dict[str, dict[str, Any]] = {form: {"decode_ms": [], "compiled_ar_ms": [], "cycle_ms": []}
@@ -735,10 +738,10 @@ def _by_attention_form(trunk, model: nn.Module, prompt: list[int], decode_tokens
     try:
         for order in (forms, forms[::-1]):
             for form in order:
-                name, _, layout = form.partition("+")  # "+pool": the loops' scalars in MLX's pool
+                name, *modifiers = form.split("+")
                 os.environ[buffer_attention.KERNEL_ENV] = name
                 buffer_attention.prepare_form()
-                with buffer_attention.scalars_in_pool(layout == "pool"):
+                with buffer_attention.scalars_in_pool("pool" in modifiers), small_m_forms(modifiers):
                     trunk.compiled_graphs.clear()
                     ours_decode_ms(trunk, prompt[:64], 4, 0.0)  # warm-up: this form's graphs
                     out[form]["decode_ms"].append(ours_decode_ms(trunk, prompt, decode_tokens, 0.0))
@@ -752,6 +755,30 @@ def _by_attention_form(trunk, model: nn.Module, prompt: list[int], decode_tokens
             os.environ[buffer_attention.KERNEL_ENV] = before
         trunk.compiled_graphs.clear()
     return out
+
+
+# What may follow an attention form in `--attention-forms`, each after a "+": `pool` keeps the
+# fused loops' scalars in MLX's pool (buffer_attention.scalars_in_pool); the others turn on
+# the small-M kernel's form of that name (small_m_qmm's flag), which is off where not named.
+SMALL_M_FORMS = {"in_place": "VECTOR_IN_PLACE", "bias_once": "VECTOR_BIAS_ONCE", "hoist": "MMA_HOIST"}
+FORM_MODIFIERS = ("pool", *SMALL_M_FORMS)
+
+
+@contextmanager
+def small_m_forms(names: list[str]) -> Iterator[None]:
+    """The small-M kernel's forms named in `names` on (SMALL_M_FORMS' flags), every other off,
+    inside; the shipped flags back after. A traced graph keeps the form it saw: the caller
+    drops the compiled graphs at each change (_by_attention_form does)."""
+    from mtplxd.engine.model import small_m_qmm
+
+    before = {flag: getattr(small_m_qmm, flag) for flag in SMALL_M_FORMS.values()}
+    try:
+        for name, flag in SMALL_M_FORMS.items():
+            setattr(small_m_qmm, flag, name in names)
+        yield
+    finally:
+        for flag, value in before.items():
+            setattr(small_m_qmm, flag, value)
 
 
 @contextmanager
@@ -844,7 +871,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --small-m-loops or --decode-only: greedy decode and the depth-3 cycle "
                              "again with the fused loops' attention in each of these forms "
                              "(MTPLX_BUFFER_ATTENTION values, comma-separated: auto, one-pass, split, "
-                             "two-pass, 0; +pool after one: the loops' scalars in MLX's pool), two rounds")
+                             "two-pass, 0; +pool after one: the loops' scalars in MLX's pool; +in_place, "
+                             "+bias_once, +hoist: the small-M kernel's forms of those names), two rounds")
     parser.add_argument("--kernel-decode-from", default=None,
                         help="with --small-m-kernel: decode steps take the vector layout from this many "
                              "weights a matrix for the whole run, or `never` (verify rows only)")
@@ -893,8 +921,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"dtypes: {', '.join(DTYPES)})")
     from mtplxd.engine.decoding.buffer_attention import AUTO, FORMS
 
-    if not {form.removesuffix("+pool") for form in _attention_forms(args)} <= {"0", AUTO, *FORMS}:
-        parser.error(f"--attention-forms: choose from 0, {AUTO}, {', '.join(FORMS)} (each may end in +pool)")
+    for form in _attention_forms(args):
+        name, *modifiers = form.split("+")
+        if name not in {"0", AUTO, *FORMS} or not set(modifiers) <= set(FORM_MODIFIERS):
+            parser.error(f"--attention-forms: choose from 0, {AUTO}, {', '.join(FORMS)} (each may go "
+                         f"on with +{', +'.join(FORM_MODIFIERS)})")
     depths = [int(d) for d in args.depths.split(",") if d]
     report: dict[str, Any] = {"configs": [], **machine(), "context": args.context,
                               "profile": list(PROFILE), "bandwidth_bytes_per_s": BANDWIDTH_BYTES_PER_S,
