@@ -272,7 +272,7 @@ def test_the_pipelined_mma_layout_runs_the_most_stages_that_fit():
     assert fits(4, 8, 1, 80, 8) == 0 and fits(4, 8, 3, 81, 8) == 0  # 2- or 6-byte scales: no single copy
     assert fits(4, 8, 4, 80, 1) == 0 and fits(4, 8, 4, 80, 0) == 0
     # 16 warps with 5 row tiles asked an H100 for more registers than an SM has (the launch
-    # failed); 16 warps of 2 groups would fit shared memory.
+    # failed; MMA_WARPS_ANY_REGISTERS); 16 warps of 2 groups would fit shared memory.
     assert fits(4, 16, 2, 80, 2) == 0 and fits(4, 8, 2, 80, 2) == 2
     assert small_m_qmm.MMA_STAGES == 2  # served: the shipped 8 x 4 takes 2 stages (above)
 
@@ -502,6 +502,25 @@ def test_the_kernel_takes_rows_without_a_reshape_where_the_first_dimension_count
     assert out.shape == out_shape == (*shape[:-1], 64)
     assert (rows is not x) == reshaped and rows.size == x.size and rows.shape[0] * 128 == x.size
     assert grid[1] >= 1
+
+
+@pytest.mark.parametrize("warps,tiles", [(8, 4), (4, 4), (16, 1)])
+def test_a_block_of_more_warps_than_fit_any_register_count_takes_one_row_tile(monkeypatch, warps, tiles):
+    """33 rows: four 8-row tiles a block (two blocks down grid y) at up to 8 warps; a block of
+    16 warps (512 threads, at most 128 registers each) takes one tile, five blocks down (4
+    tiles of the plain layout at 8-bit needed 134 registers and failed to launch on an H100)."""
+    given = []
+
+    def kernel(*, template, grid, threadgroup, output_shapes, output_dtypes, **_):
+        given.append((dict(template), grid, threadgroup))
+        return [mx.zeros(output_shapes[0], output_dtypes[0])]
+
+    monkeypatch.setattr(small_m_qmm, "_small_m_kernel", lambda name: kernel)
+    x, w, scales, biases, _ = small_m_qmm.probe_case(33, 8, N=64, K=512, dtype=mx.bfloat16)
+    small_m_qmm.small_m_matmul(x, w, scales, biases, 8, layout="mma", warps=warps, unroll=2, stages=0)
+    (template, grid, threadgroup), = given
+    assert template["MT"] == tiles and template["KW"] == warps and threadgroup == (32 * warps, 1, 1)
+    assert grid[1] == -(-33 // (8 * tiles))
 
 
 def test_the_mma_layout_takes_16_bit_inputs_only():

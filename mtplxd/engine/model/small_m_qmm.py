@@ -655,11 +655,14 @@ MMA_DTYPES = (mx.bfloat16, mx.float16)
 # us against 494 and 313), and lost 1-3 us on the small k_proj. Whole models: not yet measured
 # (`bench.real_size --mma-configs 8x4,8x4s2`).
 MMA_STAGES = 2
-# A block of the pipelined layout has at most this many warps: its registers a thread grow
-# with the row tiles, and on an H100 16 warps (512 threads) over 5 row tiles asked for more
-# registers than an SM has ("too many resources requested for launch"). 256 threads fit at
-# any register count.
-MMA_PIPELINED_MAX_WARPS = 8
+# A block of the mma layout launches at any register count a thread up to this many warps
+# (256 threads x 255 registers fit an SM's 65,536). A thread's registers grow with the row
+# tiles and the groups it loads: 16 warps (512 threads, at most 128 registers each) over 4 row
+# tiles failed to launch on an H100 ("too many resources requested for launch": the pipelined
+# layout on 2026-12-05, the plain one at 8-bit on 2026-12-07, which needs 134 registers there
+# in sm_90 SASS at 2 groups a load). So a larger block (the micro-bench's 16 warps) runs the
+# plain layout over one row tile, where a thread needs at most 118 (4 groups a load).
+MMA_WARPS_ANY_REGISTERS = 8
 # The mma layout's unpack mask and all-ones fragment kept in registers (_HEADER's
 # mtplx_mma_constants): the same outputs in 9-10% fewer instructions at one row tile in sm_90
 # SASS (pipelined 4-bit: 374 against 410 a 4-group pass, 64 registers against 60; 8-bit 293
@@ -797,15 +800,16 @@ def _mma_matmul(rows: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
                 warps: int | None, groups_per_load: int | None, stages: int | None,
                 out_shape: tuple[int, ...], hoist: bool = False) -> mx.array:
     """The mma layout on `kernel_rows` (M rows of K): a block per 16 output columns and up to
-    MMA_MAX_TILES tiles of 8 rows, `warps` (MMA_WARPS) warps splitting K's groups, each
+    MMA_MAX_TILES tiles of 8 rows (one in a block of over MMA_WARPS_ANY_REGISTERS warps),
+    `warps` (MMA_WARPS) warps splitting K's groups, each
     loading `groups_per_load` groups before using any, through `stages` (MMA_STAGES) stages
     of shared memory where they fit, its unpack's constants in registers with `hoist`
     (mtplx_mma_constants); the output in `out_shape`."""
     if rows.dtype not in MMA_DTYPES:
         raise ValueError(f"the mma layout takes bfloat16 or float16 inputs, not {rows.dtype}")
     M, N = rows.size // rows.shape[-1], w.shape[0]
-    tiles = min(MMA_MAX_TILES, _ceil_div(M, 8))
     warps = warps or MMA_WARPS
+    tiles = min(MMA_MAX_TILES if warps <= MMA_WARPS_ANY_REGISTERS else 1, _ceil_div(M, 8))
     groups_per_load = groups_per_load or MMA_GROUPS_PER_LOAD[bits]
     stages = pipelined_stages(bits, warps, groups_per_load, rows.shape[-1] // GROUP_SIZE,
                               MMA_STAGES if stages is None else stages)
@@ -826,8 +830,8 @@ def pipelined_stages(bits: int, warps: int, groups_per_load: int, groups: int, s
     plain layout) below 2 stages, or where a row's scales of one batch are no single 4-, 8- or
     16-byte copy (`groups_per_load` of 2, 4 or 8 dividing the matrix's `groups`). It depends
     on the matrix and the shape only, never on the rows, so every row count of a matrix takes
-    one layout. A block of more than MMA_PIPELINED_MAX_WARPS warps runs the plain layout."""
-    if groups_per_load not in (2, 4, 8) or groups % groups_per_load or warps > MMA_PIPELINED_MAX_WARPS:
+    one layout. A block of more than MMA_WARPS_ANY_REGISTERS warps runs the plain layout."""
+    if groups_per_load not in (2, 4, 8) or groups % groups_per_load or warps > MMA_WARPS_ANY_REGISTERS:
         return 0
     stage_bytes = groups_per_load * 16 * (GROUP_SIZE * bits // 8) + 16 * groups_per_load * 4
     fitting = min(stages, SHARED_MEMORY_BYTES // (warps * stage_bytes))
