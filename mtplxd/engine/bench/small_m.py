@@ -20,8 +20,8 @@ outputs; small_m_qmm._HEADER says why). `vector_us_by_form` times the vector lay
 with fewer instructions a weight side by side (small_m_qmm.VECTOR_IN_PLACE, VECTOR_BIAS_ONCE):
 `masked` (the and-or unpack), `in_place` (`in_place_equals_masked`: bit for bit, as it must)
 and `bias_once` (in place, a group's bias once a 16-byte vector; its error against the truth
-`bias_once_error`); `mma_us_by_hoist` the mma layout with its unpack's constants made before
-each use (False, as served) and kept in registers (True: small_m_qmm.MMA_HOIST;
+`bias_once_error`; `in_place` is served); `mma_us_by_hoist` the mma layout with its unpack's
+constants made before each use (False) and kept in registers (True, as served: small_m_qmm.MMA_HOIST;
 `hoisted_equals_plain`: bit for bit, as it must). At one row, `vector_us_by_unroll` times the vector
 layout with 1, 2 and 4 vectors of each weight row loaded per thread before use (in a block of
 that many times fewer threads), and `vector_unroll_error` is their worst error. The `mma_*`

@@ -666,9 +666,13 @@ MMA_WARPS_ANY_REGISTERS = 8
 # The mma layout's unpack mask and all-ones fragment kept in registers (_HEADER's
 # mtplx_mma_constants): the same outputs in 9-10% fewer instructions at one row tile in sm_90
 # SASS (pipelined 4-bit: 374 against 410 a 4-group pass, 64 registers against 60; 8-bit 293
-# against 324; the plain layout 444 against 491), level at four tiles (911 against 901). Off
-# until a GPU times it (bench.small_m's `mma_us_by_hoist`).
-MMA_HOIST = False
+# against 324; the plain layout 444 against 491), level at four tiles (911 against 901).
+# Served since 2026-12-07: on an H100 (bench.small_m, the 32B's six matrices at 4 and 8 bits,
+# 1 and 4 rows) it was faster than the constants made before each use on 21 of 24 products
+# (median 4%; gate_proj 4-bit 1 row 44.8 against 47.6 us, lm_head 187 against 194), the same
+# outputs bit for bit there and in the CUDA tests (docs/benchmarks.md, "The fewer-instruction
+# forms timed").
+MMA_HOIST = True
 SHARED_MEMORY_BYTES = 48 * 1024  # a block's static shared memory
 VECTOR_ROWS = 8  # output columns a block of the vector layout computes together (H200: 8 beat 2 and 4)
 VECTOR_MAX_THREADS = 256
@@ -676,12 +680,18 @@ VECTOR_MAX_THREADS = 256
 # decode step's product issuing an instruction every 1.35 cycles per scheduler at 42% of DRAM
 # bandwidth (docs/benchmarks.md, "a profile of the quantized matmuls"). Counted in sm_90 SASS
 # (docs/benchmarks-data/sass-mix.py), the loop over one 16-byte vector of each of 8 rows at one
-# row, 4-bit: 1,422 instructions masked (as served); 1,154 unpacked in place (_HEADER's
-# mtplx_unpack_word_in_place) with its loads indexed in 32 bits (a matrix of under 2^31 words;
+# row, 4-bit: 1,422 instructions masked (served until 2026-12-07); 1,154 unpacked in place
+# (_HEADER's mtplx_unpack_word_in_place) with its loads indexed in 32 bits (under 2^31 words;
 # `small_m_matmul` checks), the same outputs bit for bit; 1,102 with the bias once a vector too
-# (sums in another order); 8-bit 843, 691, 638; 80 registers or fewer each. Both off until a
-# GPU times them beside the masked form (bench.small_m's `vector_us_by_form`).
-VECTOR_IN_PLACE = False
+# (sums in another order); 8-bit 843, 691, 638; 80 registers or fewer each. Timed on an H100
+# (2026-12-07, docs/benchmarks.md "The fewer-instruction forms timed"): at one row all three
+# level within the run's noise (in place 0.77-1.07x the masked form's time, median 1.02: not
+# issue-bound there on the H100's lower bandwidth), at 4 rows 0.64-1.09x (median 0.94); whole
+# 32B 4-bit decode steps in place 12.0-13.7 ms (median 12.2) against 12.9-17.3 (13.5) in two
+# processes. In place is served: the same outputs bit for bit (CUDA tests, both bit widths and
+# input types). Bias once stays off: no faster in whole steps (14.5-14.6 against in place's
+# 12.2-13.7 in one process) and it moves the rounding.
+VECTOR_IN_PLACE = True
 VECTOR_BIAS_ONCE = False
 # Weights (N x K) from which a decode step's product (under MIN_ROWS rows) takes the vector
 # layout: on the H200 it beat MLX's matvec on Qwen3-32B's down/gate/up projections and both
