@@ -446,18 +446,18 @@ def test_an_unknown_attention_form_is_refused(capsys):
     with pytest.raises(SystemExit):
         real_size.main(["--sizes", "tiny", "--attention-forms", "one-pass,fast"])
     assert ("--attention-forms: choose from 0, auto, one-pass, split, two-pass (each may go on with "
-            "+pool, +in_place, +bias_once, +hoist)") in capsys.readouterr().err
+            "+pool, +in_place, +bias_once, +hoist, +mma_decode)") in capsys.readouterr().err
     with pytest.raises(SystemExit):
         real_size.main(["--sizes", "tiny", "--attention-forms", "auto+in_place+unrolled"])
 
 
 def test_attention_forms_turn_the_small_m_kernels_forms_on_by_name_and_back_after(
         small_m_kernel_twin, tmp_path, monkeypatch):
-    """`auto+in_place+hoist`: whole steps with the kernel's fewer-instruction forms named on
-    (the others off), traced afresh; the shipped flags back after."""
+    """`auto+in_place+hoist+mma_decode`: whole steps with the kernel's forms named on (the
+    others off), traced afresh; the shipped settings back after."""
     from mtplxd.engine.model import small_m_qmm
 
-    flags = ("VECTOR_IN_PLACE", "VECTOR_BIAS_ONCE", "MMA_HOIST")
+    flags = ("VECTOR_IN_PLACE", "VECTOR_BIAS_ONCE", "MMA_HOIST", "DECODE_MMA_VALUES")
     shipped = {flag: getattr(small_m_qmm, flag) for flag in flags}
     seen = set()
     twin = small_m_qmm.small_m_matmul
@@ -467,10 +467,11 @@ def test_attention_forms_turn_the_small_m_kernels_forms_on_by_name_and_back_afte
         return twin(*args, **kwargs)
 
     monkeypatch.setattr(small_m_qmm, "small_m_matmul", recording_twin)
-    entry = _tiny_hybrid_kernel_run(tmp_path, "--decode-only", "--attention-forms", "auto,auto+in_place+hoist")
+    entry = _tiny_hybrid_kernel_run(tmp_path, "--decode-only", "--attention-forms",
+                                    "auto,auto+in_place+hoist+mma_decode")
     forms = entry["small_m_kernel"]["by_attention_form"]
-    assert all(min(forms[form]["cycle_ms"]) > 0 for form in ("auto", "auto+in_place+hoist"))
-    assert {(False, False, False), (True, False, True)} <= seen
+    assert all(min(forms[form]["cycle_ms"]) > 0 for form in ("auto", "auto+in_place+hoist+mma_decode"))
+    assert {(False, False, False, None), (True, False, True, 64 * 2**20)} <= seen
     assert {flag: getattr(small_m_qmm, flag) for flag in flags} == shipped
 
 

@@ -700,6 +700,25 @@ def test_route_sends_short_verify_blocks_of_large_matrices_to_the_tensor_cores(m
     assert "tensor cores" not in small_m_qmm.path_name(1)
 
 
+def test_decode_steps_of_the_largest_matrices_take_the_tensor_cores_when_asked(monkeypatch):
+    """DECODE_MMA_VALUES (opt-in): a 1-row product of 16-bit inputs on a matrix of that many
+    weights goes to the mma layout instead of the vector layout; smaller large matrices, float32
+    inputs and a GPU whose mma layout failed its probe keep the vector layout; /health says so."""
+    big, mid = (nn.QuantizedLinear(128, n, group_size=64, bits=4) for n in (256, 192))
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
+    monkeypatch.setattr(small_m_qmm, "LARGE_MATRIX_VALUES", 128 * 192)
+    one_row = mx.zeros((1, 1, 128), mx.bfloat16)
+    assert small_m_qmm.route(one_row, big) == small_m_qmm.route(one_row, mid) == "vector"  # served
+    assert "decode steps of large matrices on the vector layout)" in small_m_qmm.path_name(1)
+    monkeypatch.setattr(small_m_qmm, "DECODE_MMA_VALUES", 128 * 256)
+    assert small_m_qmm.route(one_row, big) == "mma" and small_m_qmm.route(one_row, mid) == "vector"
+    assert small_m_qmm.route(mx.zeros((1, 128), mx.float32), big) == "vector"
+    assert "the vector layout, from 0.03125M weights on the tensor cores" in small_m_qmm.path_name(1)
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", False)
+    assert small_m_qmm.route(one_row, big) == "vector"
+    assert "tensor cores" not in small_m_qmm.path_name(1)
+
+
 def test_a_kernel_probe_that_fails_or_disagrees_keeps_the_fallback(caplog):
     from mtplxd.engine.model import custom_kernels
 

@@ -55,8 +55,10 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     MLX's managed small-array pool (buffer_attention.scalars_in_pool), as before they were
     moved to device memory; `+in_place`, `+bias_once` and `+hoist` (any of them, after the
     form or its `+pool`) turn on the small-M kernel's forms with fewer instructions a weight
-    (small_m_qmm.VECTOR_IN_PLACE, VECTOR_BIAS_ONCE, MMA_HOIST; each off where not named), so
-    `auto,auto+in_place+bias_once+hoist` times whole steps with and without them;
+    (small_m_qmm.VECTOR_IN_PLACE, VECTOR_BIAS_ONCE, MMA_HOIST), `+mma_decode` its decode
+    steps' products of 64M weights or more on the tensor cores (DECODE_MMA_VALUES); each is
+    off where not named, so `auto+in_place+hoist,auto+in_place+hoist+mma_decode` times whole
+    steps as served since 2026-12-07 and with the MLP's decode products on the mma layout;
     `--kernel-decode-from never` keeps decode steps on MLX's matvec for the whole run (the
     kernel on verify rows only, which is what a hybrid or 8-bit model gets by default:
     small_m_qmm.decode_wanted, since their decode ran slower through it), `--kernel-decode-from
@@ -759,26 +761,29 @@ def _by_attention_form(trunk, model: nn.Module, prompt: list[int], decode_tokens
 
 # What may follow an attention form in `--attention-forms`, each after a "+": `pool` keeps the
 # fused loops' scalars in MLX's pool (buffer_attention.scalars_in_pool); the others turn on
-# the small-M kernel's form of that name (small_m_qmm's flag), which is off where not named.
-SMALL_M_FORMS = {"in_place": "VECTOR_IN_PLACE", "bias_once": "VECTOR_BIAS_ONCE", "hoist": "MMA_HOIST"}
+# the small-M kernel's form of that name, which is off where not named: small_m_qmm's setting,
+# its value on, its value off. `mma_decode`: a decode step's 1-row products of 64M weights or
+# more (the 32B's MLP and lm_head) on the mma layout.
+SMALL_M_FORMS = {"in_place": ("VECTOR_IN_PLACE", True, False), "bias_once": ("VECTOR_BIAS_ONCE", True, False),
+                 "hoist": ("MMA_HOIST", True, False), "mma_decode": ("DECODE_MMA_VALUES", 64 * 2**20, None)}
 FORM_MODIFIERS = ("pool", *SMALL_M_FORMS)
 
 
 @contextmanager
 def small_m_forms(names: list[str]) -> Iterator[None]:
-    """The small-M kernel's forms named in `names` on (SMALL_M_FORMS' flags), every other off,
-    inside; the shipped flags back after. A traced graph keeps the form it saw: the caller
+    """The small-M kernel's forms named in `names` on (SMALL_M_FORMS), every other off,
+    inside; the shipped settings back after. A traced graph keeps the form it saw: the caller
     drops the compiled graphs at each change (_by_attention_form does)."""
     from mtplxd.engine.model import small_m_qmm
 
-    before = {flag: getattr(small_m_qmm, flag) for flag in SMALL_M_FORMS.values()}
+    before = {setting: getattr(small_m_qmm, setting) for setting, _, _ in SMALL_M_FORMS.values()}
     try:
-        for name, flag in SMALL_M_FORMS.items():
-            setattr(small_m_qmm, flag, name in names)
+        for name, (setting, on, off) in SMALL_M_FORMS.items():
+            setattr(small_m_qmm, setting, on if name in names else off)
         yield
     finally:
-        for flag, value in before.items():
-            setattr(small_m_qmm, flag, value)
+        for setting, value in before.items():
+            setattr(small_m_qmm, setting, value)
 
 
 @contextmanager
@@ -872,7 +877,8 @@ def main(argv: list[str] | None = None) -> int:
                              "again with the fused loops' attention in each of these forms "
                              "(MTPLX_BUFFER_ATTENTION values, comma-separated: auto, one-pass, split, "
                              "two-pass, 0; +pool after one: the loops' scalars in MLX's pool; +in_place, "
-                             "+bias_once, +hoist: the small-M kernel's forms of those names), two rounds")
+                             "+bias_once, +hoist, +mma_decode: the small-M kernel's forms of those names), "
+                             "two rounds")
     parser.add_argument("--kernel-decode-from", default=None,
                         help="with --small-m-kernel: decode steps take the vector layout from this many "
                              "weights a matrix for the whole run, or `never` (verify rows only)")

@@ -701,6 +701,14 @@ VECTOR_BIAS_ONCE = False
 # tokens) and 18.06 against 19.07 op by op (4,096), in one process each; the device's time
 # per step 18.94 against 20.60 ms (docs/benchmarks.md, "The attention, layer by layer").
 LARGE_MATRIX_VALUES = 32 * 2**20
+# Weights from which such a decode step's 1-row product of 16-bit inputs takes the mma layout
+# rather than the vector layout; None (served): never. On an H100 (2026-12-07, bench.small_m)
+# the pipelined mma layout at one row beat the vector layout on the 32B's 4-bit gate_proj,
+# down_proj and lm_head alone (44.8-51.3 against 56.8-60.4 us; lm_head 187 against 220) and
+# tied on q_proj and o_proj (42M); on 2026-12-05 it tied on gate_proj (58.2 against 58.5). A
+# product routed so rounds as the verify's rows of it do. Off until whole decode steps time
+# it (real_size's `+mma_decode` form puts it at 64M: the 32B's MLP and lm_head).
+DECODE_MMA_VALUES: int | None = None
 # Verify blocks (MIN_ROWS..VECTOR_MAX_ROWS rows) take the vector layout from this many weights:
 # on the H200 (docs/benchmarks-data/h200-vector-qmm-2026-12-02/lease2) it beat the word layout
 # at 4 and 7 rows on every Qwen3-32B matrix of 42M weights or more, 4- and 8-bit (4-bit, 7
@@ -879,7 +887,8 @@ def route(x: mx.array, layer: Any) -> str | None:
       rows on such a matrix "vector" (float32 inputs, or no mma), else "word";
     - fewer rows (decode steps): "vector" on a matrix of at least LARGE_MATRIX_VALUES
       weights, where its 16-byte loads beat MLX's matvec (H200, docs/benchmarks.md), unless
-      the layer's `kernel_decode` is False (`install` sets it: a hybrid model's);
+      the layer's `kernel_decode` is False (`install` sets it: a hybrid model's); "mma" there
+      instead on a matrix of at least DECODE_MMA_VALUES weights (opt-in) with 16-bit inputs;
     the rest stays on MLX. A layer marked `row_invariant` (`install`), or `cycle_row_invariant`
     inside an MTP cycle (`cycle_routed`), sends every 1..MAX_ROWS rows of 16-bit inputs to
     "mma", whatever the matrix (the module docstring says why). Both
@@ -902,8 +911,15 @@ def route(x: mx.array, layer: Any) -> str | None:
     if rows >= MIN_ROWS[layer.bits]:
         return "vector" if large and rows <= VECTOR_MAX_ROWS[layer.bits] else "word"
     if rows >= 1 and values >= LARGE_MATRIX_VALUES and getattr(layer, "kernel_decode", True):
-        return "vector"
+        return "mma" if _decode_on_mma(values, x) else "vector"
     return None
+
+
+def _decode_on_mma(values: int, x: mx.array) -> bool:
+    """Whether a decode step's product of a matrix of `values` weights takes the mma layout
+    (DECODE_MMA_VALUES)."""
+    return (DECODE_MMA_VALUES is not None and values >= DECODE_MMA_VALUES and x.dtype in MMA_DTYPES
+            and _mma_usable is not False)
 
 
 def _routed_row_invariant(layer: Any) -> bool:
@@ -1129,11 +1145,11 @@ def path_name(switched: int, *, decode: bool = True, row_invariant: bool = False
         return (f"small-M CUDA kernel, row-invariant (1..{MAX_ROWS} rows on {_tensor_cores()}, "
                 f"decode steps included)")
     if switched and cycle_row_invariant and _mma_usable is not False:
-        steps = "large matrices on the vector layout" if decode else "on mlx"
+        steps = f"large matrices on {_decode_layouts()}" if decode else "on mlx"
         return (f"small-M CUDA kernel, row-invariant in MTP cycles (1..{MAX_ROWS} rows on "
                 f"{_tensor_cores()}); AR decode steps {steps}")
     if switched:
-        steps = "decode steps of large matrices too" if decode else "decode steps on mlx"
+        steps = f"decode steps of large matrices on {_decode_layouts()}" if decode else "decode steps on mlx"
         tensor_cores = "" if _mma_usable is False else f", 2..{MAX_ROWS} on {_tensor_cores()} for large matrices"
         return (f"small-M CUDA kernel (verify blocks of {MIN_ROWS[4]}..{MAX_ROWS} rows at 4-bit, "
                 f"{MIN_ROWS[8]}..{MAX_ROWS} at 8-bit{tensor_cores}; {steps})")
@@ -1142,6 +1158,13 @@ def path_name(switched: int, *, decode: bool = True, row_invariant: bool = False
     if _usable is False:  # probed (at install) and failed; an unprobed kernel is not compiled here
         return "mlx (the small-M kernel failed its probe)"
     return "mlx (the small-M kernel is on by default for 27B/32B-class 4- and 8-bit models only)"
+
+
+def _decode_layouts() -> str:
+    """The layouts of a decode step's large products as path_name names them."""
+    if DECODE_MMA_VALUES is None or _mma_usable is False:
+        return "the vector layout"
+    return f"the vector layout, from {DECODE_MMA_VALUES / 2**20:g}M weights on {_tensor_cores()}"
 
 
 def _tensor_cores() -> str:
