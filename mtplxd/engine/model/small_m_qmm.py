@@ -22,7 +22,10 @@ Two more layouts of the same product: "vector" (16-byte loads, for decode steps 
 matrices, _SOURCE_VECTOR) and "mma" (the tensor cores, for short verify blocks of large
 matrices, _SOURCE_MMA); `route` picks one per product. The mma layout has a pipelined
 form (_SOURCE_MMA_PIPELINED: its loads through shared memory, fewer registers; the same
-outputs bit for bit), served wherever it fits (MMA_STAGES).
+outputs bit for bit), served wherever it fits (MMA_STAGES). Both serve forms with fewer
+instructions a weight and the same outputs bit for bit: the vector layout unpacks its weights
+in place (VECTOR_IN_PLACE), the mma layout keeps its unpack's constants in registers
+(MMA_HOIST).
 
 `reference` spells the same arithmetic in plain MLX ops (the CPU runs it; a test compares it
 with mx.quantized_matmul, which pins the layout the kernel reads). Where the kernel is not
