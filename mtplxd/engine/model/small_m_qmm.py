@@ -822,10 +822,10 @@ def _mma_matmul(rows: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
                 out_shape: tuple[int, ...], hoist: bool = False) -> mx.array:
     """The mma layout on `kernel_rows` (M rows of K): a block per 16 output columns and up to
     MMA_MAX_TILES tiles of 8 rows (one in a block of over MMA_WARPS_ANY_REGISTERS warps),
-    `warps` (MMA_WARPS) warps splitting K's groups, each
-    loading `groups_per_load` groups before using any, through `stages` (MMA_STAGES) stages
-    of shared memory where they fit, its unpack's constants in registers with `hoist`
-    (mtplx_mma_constants); the output in `out_shape`."""
+    `warps` (MMA_WARPS) warps splitting K's groups, each loading `groups_per_load` groups
+    before using any, through `stages` (MMA_STAGES) stages of shared memory where they fit,
+    its unpack's constants in registers with `hoist` (mtplx_mma_constants); the output in
+    `out_shape`."""
     if rows.dtype not in MMA_DTYPES:
         raise ValueError(f"the mma layout takes bfloat16 or float16 inputs, not {rows.dtype}")
     M, N = rows.size // rows.shape[-1], w.shape[0]
