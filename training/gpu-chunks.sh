@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Re-split the MLX CUDA wheels of ../shared/gpu/prepare-mlx-cuda.sh (.gpu-a + .gpu-b) into seven
-# git-ignored folders .gpu-1 .. .gpu-7 of ~13 MB each. Needed since the repository itself carries
+# Re-split the MLX CUDA wheels of ../shared/gpu/prepare-mlx-cuda.sh (.gpu-a + .gpu-b) into eight
+# git-ignored folders .gpu-1 .. .gpu-8 of ~11 MB each. Needed since the repository itself carries
 # the 35 MB embedded model: tracked files + a part must fit one 64 MiB transfer. Four parts
 # (22.4 MB) stopped fitting on 2026-12-03 (tracked 44 MB), five (18 MB, 19 with the small wheels)
 # on 2026-12-06 (tracked 49 MB, the Nsight logs under docs/benchmarks-data/); six (15 MB, 16.3
-# with the small wheels) left 0.5 MB to spare later that day (tracked 50.3 MB).
+# with the small wheels) left 0.5 MB to spare later that day (tracked 50.3 MB); seven (12.8 MB,
+# 14.1 with them) 1.7 MB on 2026-12-07 (tracked 51.2 MB).
 # Device runs, one right after the other (the machine keeps /root while it stays warm):
-#   carry [".gpu-1"]: bash .gpu-1/stage.sh      ... likewise .gpu-2 .. .gpu-6
-#   carry [".gpu-7", ...]: bash .gpu-7/stage.sh && bash .gpu-7/install.sh && export PYTHONPATH=$PWD:/root/site
+#   carry [".gpu-1"]: bash .gpu-1/stage.sh      ... likewise .gpu-2 .. .gpu-7
+#   carry [".gpu-8", ...]: bash .gpu-8/stage.sh && bash .gpu-8/install.sh && export PYTHONPATH=$PWD:/root/site
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -15,7 +16,7 @@ test -f .gpu-a/cuda.part.aa -a -f .gpu-b/cuda.part.ab || { echo "run ../shared/g
 tmp=$(mktemp -d)
 cat .gpu-a/cuda.part.aa .gpu-b/cuda.part.ab > "$tmp/cuda.whl"
 echo "$(cat .gpu-b/cuda.sha256)  $tmp/cuda.whl" | sha256sum -c - >/dev/null
-parts=7
+parts=8
 last=".gpu-$parts"
 rm -rf .gpu-[0-9]
 split -n $parts -d "$tmp/cuda.whl" "$tmp/part."
