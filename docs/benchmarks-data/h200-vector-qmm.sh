@@ -172,11 +172,16 @@
 #   PART=ncu      Nsight Compute on the kernel's layouts and MLX's quantized matmul at Qwen3-32B
 #                 4-bit gate_proj (1 and 6 rows), down_proj and k_proj (1 row): speed of light,
 #                 occupancy, warp stalls, memory (bench.small_m_ncu; issue 22, point 6)
+#   PART=read-ceiling  what holds a 1-row product at 56-61% of an H100's DRAM bandwidth (2026-12-07,
+#                 second session: the vector and mma layouts alike under Nsight): bench.read_ceiling's
+#                 CUDA tests, then Nsight Compute at Qwen3-32B 4-bit gate_proj, down_proj and q_proj,
+#                 1 row: the served layouts, the vector layout at 4 and 16 rows a block, and readers
+#                 of the same bytes that compute nothing (its grid; one flat stream)
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing, decode-routing-profile, kv-write, in-place, attention-split, attention-profile or ncu}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing, decode-routing-profile, kv-write, in-place, attention-split, attention-profile, ncu or read-ceiling}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -460,6 +465,15 @@ elif [ "$PART" = ncu ]; then
     set -- $shape
     step "ncu-$1" 150 ncu --clock-control none -k regex:'small_m|qmv|qmm|gemv|affine' "${sections[@]}" \
       python3 -m mtplxd.engine.bench.small_m_ncu --size qwen3-32b --matrix "$1" --bits 4 --rows "$2" --calls 2
+  done
+elif [ "$PART" = read-ceiling ]; then
+  step cuda-tests 120 python3 -m pytest -q -p no:cacheprovider tests/engine/test_bench_read_ceiling.py
+  sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+            --section MemoryWorkloadAnalysis --section SchedulerStats)
+  for matrix in gate_proj down_proj q_proj; do
+    step "ncu-read-$matrix" 150 ncu --clock-control none -k regex:'small_m_qmm_(vector|mma)|read_ceiling' \
+      "${sections[@]}" python3 -m mtplxd.engine.bench.small_m_ncu --size qwen3-32b --matrix "$matrix" \
+      --bits 4 --rows 1 --calls 2 --vector-rows 4,16 --read-ceiling
   done
 else
   # PART=widen: where the kernel is off by default and not yet timed whole (32B 8-bit, the

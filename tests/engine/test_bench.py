@@ -383,6 +383,16 @@ def test_the_profile_driver_runs_each_product_it_names(capsys):
     assert lines == ["tiny proj q4 M=1 mlx: 1 calls", "tiny proj q4 M=3 mlx: 1 calls"]
 
 
+def test_the_profile_drivers_variants_are_cuda_only(capsys):
+    from mtplxd.engine.bench.small_m_ncu import main as ncu_main
+
+    assert ncu_main(["--size", "tiny", "--matrix", "proj", "--rows", "1", "--calls", "1",
+                     "--vector-rows", "2,4", "--read-ceiling"]) == 0
+    # The vector layout at other block heights and the readers are kernels: off CUDA only
+    # MLX's product runs, and the options are taken without error.
+    assert capsys.readouterr().out.splitlines() == ["tiny proj q4 M=1 mlx: 1 calls"]
+
+
 def test_the_profile_driver_times_calls_evaluated_together(capsys):
     from mtplxd.engine.bench.small_m_ncu import main as ncu_main
 

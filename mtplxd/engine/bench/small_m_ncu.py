@@ -2,10 +2,10 @@
 Compute (`ncu`) to profile: what limits the small-M kernel (issue 22, point 6: measured with
 a profile, not guessed).
 
-    ncu --clock-control none -k regex:'small_m|qmv|qmm|gemv' --section SpeedOfLight \\
+    ncu --clock-control none -k regex:'small_m|qmv|qmm|gemv|read_ceiling' --section SpeedOfLight \\
         --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \\
         python -m mtplxd.engine.bench.small_m_ncu [--size qwen3-32b] [--matrix gate_proj] \\
-        [--bits 4] [--rows 1,6] [--calls 2] [--together 1]
+        [--bits 4] [--rows 1,6] [--calls 2] [--together 1] [--vector-rows 4,16] [--read-ceiling]
 
 For each row count, in this order: MLX's `quantized_matmul`, the kernel's vector layout (where
 `small_m_qmm.route` would give it one: up to VECTOR_MAX_ROWS rows), its word layout and its
@@ -13,6 +13,12 @@ tensor-core layout ("mma"), each
 `--calls` times with an evaluation after each call, so every call is its own launch in the
 profile, in the order it prints. Off CUDA only MLX's product runs (the kernel is CUDA only),
 so the script runs anywhere.
+
+`--vector-rows 2,4,16` adds the vector layout at those output rows a block beside the served
+VECTOR_ROWS (`vector-rR`: fewer registers and more blocks, or the reverse); `--read-ceiling`
+adds bench.read_ceiling's readers, which read the same bytes and compute nothing
+(`read-vector` in the vector layout's grid, `read-stream` as one flat array): how near
+the bandwidth the fetch alone gets.
 
 `--together N` evaluates N calls at once instead, as the micro-bench (bench.small_m) times
 them, and prints per call the host's time to build them and the wall time of the evaluation:
@@ -28,13 +34,18 @@ import time
 
 import mlx.core as mx
 
+from mtplxd.engine.bench import read_ceiling as read_ceiling_module
 from mtplxd.engine.bench.harness import median
 from mtplxd.engine.bench.small_m import SHAPES
 from mtplxd.engine.model import small_m_qmm
 
 
-def products(w: mx.array, scales: mx.array, biases: mx.array, bits: int, rows: int) -> dict:
-    """name -> the product of an (rows, K) input, as it would be served."""
+def products(w: mx.array, scales: mx.array, biases: mx.array, bits: int, rows: int,
+             vector_rows: tuple[int, ...] = (), read_ceiling: bool = False) -> dict:
+    """name -> the product of an (rows, K) input, as it would be served; `vector_rows`: the
+    vector layout again with that many output rows a block (`vector-rR`); `read_ceiling`:
+    bench.read_ceiling's readers of the same bytes, which compute nothing (`read-vector`,
+    `read-stream`)."""
     def mlx_product(x):
         return mx.quantized_matmul(x, w, scales, biases, transpose=True,
                                    group_size=small_m_qmm.GROUP_SIZE, bits=bits)
@@ -43,8 +54,14 @@ def products(w: mx.array, scales: mx.array, biases: mx.array, bits: int, rows: i
     if small_m_qmm.usable():
         if rows <= small_m_qmm.VECTOR_MAX_ROWS[bits]:
             out["vector"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector")
+            for r in vector_rows:
+                out[f"vector-r{r}"] = lambda x, r=r: small_m_qmm.small_m_matmul(
+                    x, w, scales, biases, bits, layout="vector", rows_per_warp=r)
         out["word"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="word")
         out["mma"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma")
+        if read_ceiling:
+            out["read-vector"] = lambda x: read_ceiling_module.read_vector(w, scales, biases, bits)
+            out["read-stream"] = lambda x: read_ceiling_module.read_stream(w, scales, biases)
     return out
 
 
@@ -68,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2)
     parser.add_argument("--together", type=int, default=1,
                         help="calls evaluated at once (the micro-bench's way: 16)")
+    parser.add_argument("--vector-rows", default="",
+                        help="the vector layout again at these output rows a block, e.g. 2,4,16")
+    parser.add_argument("--read-ceiling", action="store_true",
+                        help="also read the same bytes computing nothing (bench.read_ceiling)")
     args = parser.parse_args(argv)
+    vector_rows = tuple(int(r) for r in args.vector_rows.split(",") if r)
     shapes = {name: (N, K) for name, N, K in SHAPES[args.size]}
     if args.matrix not in shapes:
         parser.error(f"no matrix {args.matrix} in {args.size}: {', '.join(shapes)}")
@@ -79,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     for rows in (int(r) for r in args.rows.split(",")):
         x = mx.random.normal((rows, K), key=mx.random.key(rows)).astype(mx.bfloat16)
         mx.eval(x)
-        for name, product in products(w, scales, biases, args.bits, rows).items():
+        for name, product in products(w, scales, biases, args.bits, rows, vector_rows,
+                                      args.read_ceiling).items():
             timings = [run_together(product, x, args.together) for _ in range(args.calls)]
             line = f"{args.size} {args.matrix} q{args.bits} M={rows} {name}: {args.calls} calls"
             if args.together > 1:

@@ -785,9 +785,7 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     chunk = min(M, ROW_CHUNK)  # the kernel's M: rows per block
     if layout == "vector":
         per_block = rows_per_warp or VECTOR_ROWS
-        vecs = w.shape[1] // 4  # 16-byte loads per weight row
-        threads = min(VECTOR_MAX_THREADS, max(32, _ceil_div(vecs, 32 * unroll) * 32))
-        blocks = _ceil_div(N, per_block)
+        threads, blocks = vector_grid(w, per_block, unroll)
     else:
         per_block = rows_per_warp or ROWS_PER_WARP
         threads = WARPS_PER_BLOCK * 32
@@ -801,6 +799,15 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
         grid=(blocks * threads, _ceil_div(M, chunk), 1), threadgroup=(threads, 1, 1),
         output_shapes=[out_shape], output_dtypes=[x.dtype])[0]
     return out
+
+
+def vector_grid(w: mx.array, rows_per_block: int, unroll: int = 1) -> tuple[int, int]:
+    """(threads a block, blocks) of the vector layout over the packed weights `w` (N, words):
+    a block per `rows_per_block` output columns, its threads splitting a row's 16-byte
+    vectors, `unroll` of them a thread per pass (bench.read_ceiling reads in the same grid)."""
+    vecs = w.shape[1] // 4  # 16-byte loads per weight row
+    threads = min(VECTOR_MAX_THREADS, max(32, _ceil_div(vecs, 32 * unroll) * 32))
+    return threads, _ceil_div(w.shape[0], rows_per_block)
 
 
 def kernel_rows(x: mx.array) -> mx.array:

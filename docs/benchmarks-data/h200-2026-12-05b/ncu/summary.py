@@ -1,11 +1,12 @@
 """Each profiled matmul kernel of an ncu log, one line: duration, DRAM throughput, occupancy,
-registers (the probe's small kernels and the quantize kernels left out by their grid)."""
-import re, sys
+registers (the probe's small kernels and the quantize kernels left out by their grid).
+Reads .log or .log.gz; bench.read_ceiling's readers too."""
+import gzip, re, sys
 for f in sys.argv[1:]:
     print('==', f)
-    for b in re.split(r'\n  (?=\S)', open(f).read()):
+    for b in re.split(r'\n  (?=\S)', (gzip.open if f.endswith('.gz') else open)(f, 'rt').read()):
         head = b.split('\n')[0]
-        if 'affine_quantize' in head or not re.search(r'qmv|qmm|gemv|small_m', head):
+        if 'affine_quantize' in head or not re.search(r'qmv|qmm|gemv|small_m|read_ceiling', head):
             continue
         m = re.search(r'Duration\s+(\S+)\s+([\d.,]+)', b)
         grid = re.search(r'\((\d+), \d+, \d+\)x\((\d+), (\d+), \d+\)', head)
