@@ -709,8 +709,13 @@ LARGE_MATRIX_VALUES = 32 * 2**20
 # the pipelined mma layout at one row beat the vector layout on the 32B's 4-bit gate_proj,
 # down_proj and lm_head alone (44.8-51.3 against 56.8-60.4 us; lm_head 187 against 220) and
 # tied on q_proj and o_proj (42M); on 2026-12-05 it tied on gate_proj (58.2 against 58.5). A
-# product routed so rounds as the verify's rows of it do. Off until whole decode steps time
-# it (real_size's `+mma_decode` form puts it at 64M: the 32B's MLP and lm_head).
+# product routed so rounds as the verify's rows of it do. Timed whole on an H100 (2026-12-07,
+# second session; real_size's `+mma_decode` form, 64M: the 32B's MLP and lm_head): 32B 4-bit
+# decode median 14.8 ms against 15.5 as served, ten rounds in five processes, paired rounds
+# -4.1..+4.2 ms (faster in 6 of 10): within the noise. Under Nsight the two layouts' 1-row
+# products took the same device time (gate_proj 39.4-39.8 us against the vector layout's
+# 39.3-40.9; down_proj 41.4-41.8 against 37.2-37.9): the micro-bench's lead was the host's.
+# So off.
 DECODE_MMA_VALUES: int | None = None
 # Verify blocks (MIN_ROWS..VECTOR_MAX_ROWS rows) take the vector layout from this many weights:
 # on the H200 (docs/benchmarks-data/h200-vector-qmm-2026-12-02/lease2) it beat the word layout
