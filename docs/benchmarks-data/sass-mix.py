@@ -9,7 +9,7 @@ bound how near the bandwidth it can get.
 
 LAYOUT names a body of small_m_qmm (vector, word, mma, mma_pipelined); NAME=VALUE sets its
 template constants (defaults: T=__nv_bfloat16 M=1 BITS=4 GS=64 R=8 CONVERT=false U=1
-IN_PLACE=false BIAS_ONCE=false HOIST=false MT=1 KW=8 BF16=true S=2), e.g. `vector BITS=8 IN_PLACE=true`. --show prints the
+IN_PLACE=false BIAS_ONCE=false PERSISTENT=false HOIST=false MT=1 KW=8 BF16=true S=2), e.g. `vector BITS=8 IN_PLACE=true`. --show prints the
 loop's SASS. The body is wrapped in the signature mx.fast.cuda_kernel generates (as
 tests/engine/test_small_m_qmm.py's compile test does). Needs NVRTC, its headers and the
 disassembler, all wheels (no GPU, no CUDA toolkit):
@@ -35,7 +35,7 @@ from pathlib import Path
 SOURCE = Path(__file__).resolve().parents[2] / "mtplxd/engine/model/small_m_qmm.py"
 BODIES = {"vector": "_SOURCE_VECTOR", "word": "_SOURCE", "mma": "_SOURCE_MMA", "mma_pipelined": "_SOURCE_MMA_PIPELINED"}
 DEFAULTS = {"T": "__nv_bfloat16", "M": "1", "BITS": "4", "GS": "64", "R": "8", "CONVERT": "false", "U": "1",
-            "IN_PLACE": "false", "BIAS_ONCE": "false", "HOIST": "false", "MT": "1", "KW": "8", "BF16": "true", "S": "2"}
+            "IN_PLACE": "false", "BIAS_ONCE": "false", "PERSISTENT": "false", "HOIST": "false", "MT": "1", "KW": "8", "BF16": "true", "S": "2"}
 
 
 def cuda_root() -> Path:

@@ -180,6 +180,40 @@ def test_cuda_vector_layout_unpacked_in_place_gives_the_masked_outputs_bit_for_b
         assert small_m_qmm.relative_error(bias_once, truth) < max(0.01, 1.5 * truth_error)
 
 
+def test_the_vector_layouts_persistent_form_takes_fewer_blocks_than_column_blocks_only():
+    w = mx.zeros((999, 1024 * 4 // 32), mx.uint32)  # 999 rows of K = 1,024 at 4-bit: 32 vectors a row
+    assert small_m_qmm.vector_grid(w, 8) == (32, 125, False)  # a block per 8 columns
+    assert small_m_qmm.vector_grid(w, 8, persistent_blocks=7) == (32, 7, True)
+    assert small_m_qmm.vector_grid(w, 8, persistent_blocks=125) == (32, 125, False)  # no fewer: the plain form
+    assert small_m_qmm.vector_grid(w, 4, persistent_blocks=0) == (32, 250, False)
+    wide = mx.zeros((64, 25600 * 4 // 32), mx.uint32)  # down_proj's K: 800 vectors, passes of 256 threads
+    assert small_m_qmm.vector_grid(wide, 8, persistent_blocks=3) == (256, 3, True)
+
+
+@needs_cuda
+@pytest.mark.parametrize("bits", small_m_qmm.BITS)
+@pytest.mark.parametrize("dtype", small_m_qmm.MMA_DTYPES)
+def test_cuda_vector_layouts_persistent_form_gives_the_same_outputs_bit_for_bit(bits, dtype):
+    """Fewer blocks striding over the column blocks, the next pass's loads ahead of this one's
+    arithmetic: each thread's sums in the same order, so the same outputs bit for bit, over
+    one pass a column block (K = 1,024) and several (K = 9,216: 288 vectors at 4-bit, two
+    passes of 256 threads), column blocks part empty (999 columns) and blocks that take
+    one column block or several."""
+    for K in (1024, 9216):
+        for rows in (1, 3, 6):
+            x, w, scales, biases, _ = small_m_qmm.probe_case(rows, bits, N=999, K=K, dtype=dtype)
+            plain = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector", persistent_blocks=0)
+            for rows_per_block, blocks in ((8, 1), (8, 7), (4, 100), (8, 124)):
+                persistent = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector",
+                                                        rows_per_warp=rows_per_block, persistent_blocks=blocks)
+                if rows_per_block == small_m_qmm.VECTOR_ROWS:
+                    assert mx.array_equal(persistent, plain).item(), (K, rows, rows_per_block, blocks)
+                else:  # another block height: its own plain form is the one to equal
+                    own = small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector",
+                                                     rows_per_warp=rows_per_block, persistent_blocks=0)
+                    assert mx.array_equal(persistent, own).item(), (K, rows, rows_per_block, blocks)
+
+
 @needs_cuda
 @pytest.mark.parametrize("bits", small_m_qmm.BITS)
 @pytest.mark.parametrize("dtype", small_m_qmm.MMA_DTYPES)
@@ -717,6 +751,9 @@ def test_decode_steps_of_the_largest_matrices_take_the_tensor_cores_when_asked(m
     monkeypatch.setattr(small_m_qmm, "_mma_usable", False)
     assert small_m_qmm.route(one_row, big) == "vector"
     assert "tensor cores" not in small_m_qmm.path_name(1)
+    # The vector layout's persistent form (opt-in) is named where it serves.
+    monkeypatch.setattr(small_m_qmm, "VECTOR_PERSISTENT_BLOCKS", 264)
+    assert "decode steps of large matrices on the vector layout (persistent, 264 blocks))" in small_m_qmm.path_name(1)
 
 
 def test_a_kernel_probe_that_fails_or_disagrees_keeps_the_fallback(caplog):
@@ -837,7 +874,11 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                              lambda bits: (1, small_m_qmm.MIN_ROWS[bits] - 1), 2),
                "vector_u4": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS, lambda bits: (1,), 4),
                "vector_in_place": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS,
-                                   lambda bits: (1, small_m_qmm.VECTOR_MAX_ROWS[bits]), 1)}
+                                   lambda bits: (1, small_m_qmm.VECTOR_MAX_ROWS[bits]), 1),
+               # The persistent form (VECTOR_PERSISTENT_BLOCKS: one-row products) at the served
+               # block height and at 4 rows a block (72 registers at 4-bit: two passes in flight).
+               "vector_persistent": (small_m_qmm._SOURCE_VECTOR, small_m_qmm.VECTOR_ROWS, lambda bits: (1,), 1),
+               "vector_persistent_r4": (small_m_qmm._SOURCE_VECTOR, 4, lambda bits: (1,), 1)}
     # The tensor-core layout: both input types, one tile and the most a block takes, and the
     # micro-bench's most groups loaded before use (that one with its constants in registers,
     # MMA_HOIST's form).
@@ -865,8 +906,9 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                 kernels.append(kernel(
                     f"k_{layout}_{rows}_{bits}", dtype,
                     {"M": rows, "BITS": bits, "GS": small_m_qmm.GROUP_SIZE, "R": per_block, "CONVERT": False,
-                     "U": unroll, "IN_PLACE": layout == "vector_in_place",
-                     "BIAS_ONCE": layout == "vector_in_place"}, body))
+                     "U": unroll, "IN_PLACE": layout.startswith(("vector_in_place", "vector_persistent")),
+                     "BIAS_ONCE": layout == "vector_in_place",
+                     "PERSISTENT": layout.startswith("vector_persistent")}, body))
     # MLX's default header gives the body `Shape` and the `cg` alias (mlx/backend/cuda/custom_kernel.cpp).
     source = (small_m_qmm._HEADER + "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n"
               "#include <cooperative_groups.h>\n#include <cuda/std/array>\nnamespace mlx::core::cu {\n"

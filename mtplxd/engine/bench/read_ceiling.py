@@ -127,7 +127,7 @@ def read_vector(w: mx.array, scales: mx.array, biases: mx.array, bits: int,
                 rows_per_block: int = small_m_qmm.VECTOR_ROWS) -> mx.array:
     """(N,) uint32: each weight row's words, and its groups' scale and bias bits (bias high),
     XORed, read in the vector layout's grid (`small_m_qmm.vector_grid`) and order."""
-    threads, blocks = small_m_qmm.vector_grid(w, rows_per_block)
+    threads, blocks, _ = small_m_qmm.vector_grid(w, rows_per_block)
     return _kernel("vector")(
         inputs=[w, scales, biases],
         template=[("R", rows_per_block), ("BITS", bits), ("GS", small_m_qmm.GROUP_SIZE)],

@@ -5,7 +5,8 @@ a profile, not guessed).
     ncu --clock-control none -k regex:'small_m|qmv|qmm|gemv|read_ceiling' --section SpeedOfLight \\
         --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \\
         python -m mtplxd.engine.bench.small_m_ncu [--size qwen3-32b] [--matrix gate_proj] \\
-        [--bits 4] [--rows 1,6] [--calls 2] [--together 1] [--vector-rows 4,16] [--read-ceiling]
+        [--bits 4] [--rows 1,6] [--calls 2] [--together 1] [--vector-rows 4,16] \\
+        [--persistent-blocks 528,660] [--read-ceiling]
 
 For each row count, in this order: MLX's `quantized_matmul`, the kernel's vector layout (where
 `small_m_qmm.route` would give it one: up to VECTOR_MAX_ROWS rows), its word layout and its
@@ -15,7 +16,9 @@ profile, in the order it prints. Off CUDA only MLX's product runs (the kernel is
 so the script runs anywhere.
 
 `--vector-rows 2,4,16` adds the vector layout at those output rows a block beside the served
-VECTOR_ROWS (`vector-rR`: fewer registers and more blocks, or the reverse); `--read-ceiling`
+VECTOR_ROWS (`vector-rR`: fewer registers and more blocks, or the reverse);
+`--persistent-blocks 528,660` the vector layout's persistent form (small_m_qmm's
+VECTOR_PERSISTENT_BLOCKS) in that many blocks at each of those block heights; `--read-ceiling`
 adds bench.read_ceiling's readers, which read the same bytes and compute nothing
 (`read-vector` in the vector layout's grid, `read-stream` as one flat array): how near
 the bandwidth the fetch alone gets.
@@ -41,11 +44,13 @@ from mtplxd.engine.model import small_m_qmm
 
 
 def products(w: mx.array, scales: mx.array, biases: mx.array, bits: int, rows: int,
-             vector_rows: tuple[int, ...] = (), read_ceiling: bool = False) -> dict:
+             vector_rows: tuple[int, ...] = (), read_ceiling: bool = False,
+             persistent_blocks: tuple[int, ...] = ()) -> dict:
     """name -> the product of an (rows, K) input, as it would be served; `vector_rows`: the
-    vector layout again with that many output rows a block (`vector-rR`); `read_ceiling`:
-    bench.read_ceiling's readers of the same bytes, which compute nothing (`read-vector`,
-    `read-stream`)."""
+    vector layout again with that many output rows a block (`vector-rR`); `persistent_blocks`:
+    the vector layout's persistent form in that many blocks, at the served rows a block and at
+    each of `vector_rows` (`vector-pB`, `vector-rR-pB`); `read_ceiling`: bench.read_ceiling's
+    readers of the same bytes, which compute nothing (`read-vector`, `read-stream`)."""
     def mlx_product(x):
         return mx.quantized_matmul(x, w, scales, biases, transpose=True,
                                    group_size=small_m_qmm.GROUP_SIZE, bits=bits)
@@ -53,10 +58,12 @@ def products(w: mx.array, scales: mx.array, biases: mx.array, bits: int, rows: i
     out = {"mlx": mlx_product}
     if small_m_qmm.usable():
         if rows <= small_m_qmm.VECTOR_MAX_ROWS[bits]:
-            out["vector"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector")
-            for r in vector_rows:
-                out[f"vector-r{r}"] = lambda x, r=r: small_m_qmm.small_m_matmul(
-                    x, w, scales, biases, bits, layout="vector", rows_per_warp=r)
+            for r in (None, *vector_rows):
+                for blocks in (None, *persistent_blocks):
+                    name = "vector" + (f"-r{r}" if r else "") + (f"-p{blocks}" if blocks else "")
+                    out[name] = lambda x, r=r, blocks=blocks: small_m_qmm.small_m_matmul(
+                        x, w, scales, biases, bits, layout="vector", rows_per_warp=r,
+                        persistent_blocks=blocks)
         out["word"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="word")
         out["mma"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma")
         if read_ceiling:
@@ -87,10 +94,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="calls evaluated at once (the micro-bench's way: 16)")
     parser.add_argument("--vector-rows", default="",
                         help="the vector layout again at these output rows a block, e.g. 2,4,16")
+    parser.add_argument("--persistent-blocks", default="",
+                        help="the vector layout's persistent form in these many blocks, e.g. 528,660")
     parser.add_argument("--read-ceiling", action="store_true",
                         help="also read the same bytes computing nothing (bench.read_ceiling)")
     args = parser.parse_args(argv)
     vector_rows = tuple(int(r) for r in args.vector_rows.split(",") if r)
+    persistent_blocks = tuple(int(b) for b in args.persistent_blocks.split(",") if b)
     shapes = {name: (N, K) for name, N, K in SHAPES[args.size]}
     if args.matrix not in shapes:
         parser.error(f"no matrix {args.matrix} in {args.size}: {', '.join(shapes)}")
@@ -102,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         x = mx.random.normal((rows, K), key=mx.random.key(rows)).astype(mx.bfloat16)
         mx.eval(x)
         for name, product in products(w, scales, biases, args.bits, rows, vector_rows,
-                                      args.read_ceiling).items():
+                                      args.read_ceiling, persistent_blocks).items():
             timings = [run_together(product, x, args.together) for _ in range(args.calls)]
             line = f"{args.size} {args.matrix} q{args.bits} M={rows} {name}: {args.calls} calls"
             if args.together > 1:

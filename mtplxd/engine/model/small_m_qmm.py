@@ -25,7 +25,9 @@ form (_SOURCE_MMA_PIPELINED: its loads through shared memory, fewer registers; t
 outputs bit for bit), served wherever it fits (MMA_STAGES). Both serve forms with fewer
 instructions a weight and the same outputs bit for bit: the vector layout unpacks its weights
 in place (VECTOR_IN_PLACE), the mma layout keeps its unpack's constants in registers
-(MMA_HOIST).
+(MMA_HOIST). The vector layout also has a persistent form for one-row products, fewer blocks
+each with its next loads in flight while it computes (VECTOR_PERSISTENT_BLOCKS; opt-in, the
+same outputs bit for bit).
 
 `reference` spells the same arithmetic in plain MLX ops (the CPU runs it; a test compares it
 with mx.quantized_matmul, which pins the layout the kernel reads). Where the kernel is not
@@ -370,9 +372,9 @@ _SOURCE_VECTOR = r"""
     const int K = words * VALS;
     const int groups = K / GS;
     const int vecs = words / VEC;
-    const int n0 = blockIdx.x * R;
     const int m0 = blockIdx.y * M;
     const int rows = x_shape[0] - m0 < M ? x_shape[0] - m0 : M;
+    const int pass_vecs = blockDim.x * U;        // vectors of a row one pass covers
 
     float acc[R][M];
     #pragma unroll
@@ -385,12 +387,11 @@ _SOURCE_VECTOR = r"""
     // positive), so that it keeps them in one register rather than making them per value.
     const uint32_t magic = N > 0 ? 0x4B000000u : 0u;
 
-    // U 16-byte vectors of each row per thread per pass, all loaded before any is used (more
-    // bytes in flight per thread); thread t takes vectors t, t + blockDim.x, ... in that order
-    // whatever U is, so at one block size U changes no sum's order.
-    for (int base = 0; base < vecs; base += blockDim.x * U) {
-        uint4 packed[U][R];
-        float scale[U][R], bias[U][R];
+    // One pass: U 16-byte vectors of each of the R rows from n0 per thread, all loaded before
+    // any is used (more bytes in flight per thread); thread t takes vectors t, t + blockDim.x,
+    // ... in that order whatever U is, so at one block size U changes no sum's order.
+    struct Pass { uint4 packed[U][R]; float scale[U][R], bias[U][R]; };
+    auto load = [&](Pass& p, const int n0, const int base) {
         #pragma unroll
         for (int u = 0; u < U; ++u) {
             // Past the end: a real vector is read, never used.
@@ -400,16 +401,18 @@ _SOURCE_VECTOR = r"""
             for (int r = 0; r < R; ++r) {
                 const int n = n0 + r < N ? n0 + r : N - 1;   // past the edge: read a real row, never store it
                 if constexpr (IN_PLACE) {  // 32-bit indices: 46 fewer instructions a pass than 64-bit
-                    packed[u][r] = reinterpret_cast<const uint4*>(w)[n * vecs + v];
-                    scale[u][r] = static_cast<float>(scales[n * groups + g]);
-                    bias[u][r] = static_cast<float>(biases[n * groups + g]);
+                    p.packed[u][r] = reinterpret_cast<const uint4*>(w)[n * vecs + v];
+                    p.scale[u][r] = static_cast<float>(scales[n * groups + g]);
+                    p.bias[u][r] = static_cast<float>(biases[n * groups + g]);
                 } else {
-                    packed[u][r] = reinterpret_cast<const uint4*>(w + (size_t)n * words)[v];
-                    scale[u][r] = static_cast<float>(scales[(size_t)n * groups + g]);
-                    bias[u][r] = static_cast<float>(biases[(size_t)n * groups + g]);
+                    p.packed[u][r] = reinterpret_cast<const uint4*>(w + (size_t)n * words)[v];
+                    p.scale[u][r] = static_cast<float>(scales[(size_t)n * groups + g]);
+                    p.bias[u][r] = static_cast<float>(biases[(size_t)n * groups + g]);
                 }
             }
         }
+    };
+    auto use = [&](const Pass& p, const int base) {
         #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int v = base + u * (int)blockDim.x + (int)threadIdx.x;
@@ -441,7 +444,7 @@ _SOURCE_VECTOR = r"""
                 }
                 #pragma unroll
                 for (int r = 0; r < R; ++r) {
-                    const uint32_t word = reinterpret_cast<const uint32_t*>(&packed[u][r])[j];
+                    const uint32_t word = reinterpret_cast<const uint32_t*>(&p.packed[u][r])[j];
                     float q[VALS];
                     if constexpr (CONVERT) mtplx_convert_word<BITS>(word, q);
                     else if constexpr (IN_PLACE) mtplx_unpack_word_in_place<BITS>(word, q, magic);
@@ -451,7 +454,7 @@ _SOURCE_VECTOR = r"""
                         float dot = 0.f;
                         #pragma unroll
                         for (int i = 0; i < VALS; ++i) dot += xs[m][i] * q[i];
-                        acc[r][m] += BIAS_ONCE ? scale[u][r] * dot : scale[u][r] * dot + bias[u][r] * xsum[m];
+                        acc[r][m] += BIAS_ONCE ? p.scale[u][r] * dot : p.scale[u][r] * dot + p.bias[u][r] * xsum[m];
                     }
                 }
             }
@@ -461,26 +464,69 @@ _SOURCE_VECTOR = r"""
                 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     #pragma unroll
-                    for (int m = 0; m < M; ++m) acc[r][m] += bias[u][r] * vsum[m];
+                    for (int m = 0; m < M; ++m) acc[r][m] += p.bias[u][r] * vsum[m];
                 }
             }
         }
-    }
-    #pragma unroll
-    for (int r = 0; r < R; ++r) {
+    };
+    // The block's sums of its R columns from n0, across warps through shared memory, out.
+    auto store = [&](const int n0) {
         #pragma unroll
-        for (int m = 0; m < M; ++m) {
-            const float total = cg::reduce(warp, acc[r][m], cg::plus<float>());
-            if (lane == 0) partial[wid][r][m] = total;
+        for (int r = 0; r < R; ++r) {
+            #pragma unroll
+            for (int m = 0; m < M; ++m) {
+                const float total = cg::reduce(warp, acc[r][m], cg::plus<float>());
+                if (lane == 0) partial[wid][r][m] = total;
+            }
         }
-    }
-    block.sync();
-    for (int t = threadIdx.x; t < R * M; t += blockDim.x) {
-        const int r = t / M, m = t % M, n = n0 + r;
-        if (n >= N || m >= rows) continue;
-        float total = 0.f;
-        for (int i = 0; i < nwarps; ++i) total += partial[i][r][m];
-        out[(size_t)(m0 + m) * N + n] = static_cast<T>(total);
+        block.sync();
+        for (int t = threadIdx.x; t < R * M; t += blockDim.x) {
+            const int r = t / M, m = t % M, n = n0 + r;
+            if (n >= N || m >= rows) continue;
+            float total = 0.f;
+            for (int i = 0; i < nwarps; ++i) total += partial[i][r][m];
+            out[(size_t)(m0 + m) * N + n] = static_cast<T>(total);
+        }
+    };
+
+    if constexpr (!PERSISTENT) {                 // a block per R columns
+        const int n0 = blockIdx.x * R;
+        for (int base = 0; base < vecs; base += pass_vecs) {
+            Pass p;
+            load(p, n0, base);
+            use(p, base);
+        }
+        store(n0);
+    } else {
+        // Fewer blocks than column blocks (VECTOR_PERSISTENT_BLOCKS), each striding over them,
+        // the next pass's loads (of this column block or the next) issued before this pass's
+        // arithmetic: no last wave of blocks part empty, and loads in flight while a block
+        // computes. Each thread's sums run in the order above: the same outputs bit for bit.
+        const int column_blocks = (N + R - 1) / R;
+        int column_block = blockIdx.x, base = 0;
+        Pass now, next;
+        if (column_block < column_blocks) load(now, column_block * R, 0);
+        while (column_block < column_blocks) {
+            int next_block = column_block, next_base = base + pass_vecs;
+            if (next_base >= vecs) {
+                next_base = 0;
+                next_block += gridDim.x;
+            }
+            if (next_block < column_blocks) load(next, next_block * R, next_base);
+            use(now, base);
+            if (next_base == 0) {                // this column block is done
+                store(column_block * R);
+                #pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    #pragma unroll
+                    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+                }
+                block.sync();                    // `partial` read by all before its next write
+            }
+            now = next;
+            column_block = next_block;
+            base = next_base;
+        }
     }
 """
 # The same product on the tensor cores, for 1 to 32 rows a read of the weights. The vector
@@ -696,6 +742,16 @@ VECTOR_MAX_THREADS = 256
 # 12.2-13.7 in one process) and it moves the rounding.
 VECTOR_IN_PLACE = True
 VECTOR_BIAS_ONCE = False
+# Blocks of the vector layout's persistent form (None, served: a block per VECTOR_ROWS columns).
+# Under Nsight on an H100 (2026-12-07, second session) the 1-row gate_proj's 3,200 blocks ran at
+# 4 an SM in 6.06 waves (the last 6% full), each block loading its pass and then computing it,
+# at 56-58% of DRAM bandwidth. The persistent form runs this many blocks, each striding over
+# the column blocks with the next pass's loads in flight during this one's arithmetic; the
+# same outputs bit for bit. One-row products only (at 8 rows a block it holds two passes in
+# 165 registers at one row and spills at six; 72 at 4 rows a block). Untimed: opt-in
+# (`small_m_matmul(persistent_blocks=...)`, bench.small_m_ncu --persistent-blocks) until a GPU
+# times it.
+VECTOR_PERSISTENT_BLOCKS: int | None = None
 # Weights (N x K) from which a decode step's product (under MIN_ROWS rows) takes the vector
 # layout: on the H200 it beat MLX's matvec on Qwen3-32B's down/gate/up projections and both
 # lm_heads at 4-bit (0.59-0.80x), and lost on the small ones (k_proj, a 4B layer's matrices).
@@ -757,7 +813,8 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
                    rows_per_warp: int | None = None, layout: str | None = None,
                    convert: bool = False, unroll: int | None = None, warps: int | None = None,
                    stages: int | None = None, in_place: bool | None = None,
-                   bias_once: bool | None = None, hoist: bool | None = None) -> mx.array:
+                   bias_once: bool | None = None, hoist: bool | None = None,
+                   persistent_blocks: int | None = None) -> mx.array:
     """x (..., K) times the dequantized W (N, K) transposed: (..., N), as
     mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=64, bits=bits).
     CUDA only (see `usable`); any number of rows, ROW_CHUNK at a time per block.
@@ -773,7 +830,10 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
     None is 1. `in_place` (vector layout): unpack the weights in place and index them in 32
     bits (VECTOR_IN_PLACE when None; the same outputs bit for bit in fewer instructions; a
     matrix of 2^31 words or more keeps the 64-bit form); `bias_once`: apply a group's
-    bias once a 16-byte vector rather than per word (VECTOR_BIAS_ONCE when None).
+    bias once a 16-byte vector rather than per word (VECTOR_BIAS_ONCE when None);
+    `persistent_blocks`: that many blocks striding over the column blocks, the next pass's
+    loads issued before this one's arithmetic (when None: VECTOR_PERSISTENT_BLOCKS for a
+    one-row product; 0 or None: a block per column block; the same outputs either way).
     "mma" (bfloat16/float16 inputs: the tensor cores, a block per 16 columns and up to
     32 rows, see _SOURCE_MMA) takes `warps` (MMA_WARPS) warps a block and `unroll` groups a
     lane loads before using any (MMA_GROUPS_PER_LOAD), pipelined through `stages`
@@ -788,9 +848,12 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
                            MMA_HOIST if hoist is None else hoist)
     unroll = unroll or 1
     chunk = min(M, ROW_CHUNK)  # the kernel's M: rows per block
+    persistent = False
     if layout == "vector":
         per_block = rows_per_warp or VECTOR_ROWS
-        threads, blocks = vector_grid(w, per_block, unroll)
+        if persistent_blocks is None:  # served on one-row products only (it spills at 6 rows)
+            persistent_blocks = VECTOR_PERSISTENT_BLOCKS if M == 1 else 0
+        threads, blocks, persistent = vector_grid(w, per_block, unroll, persistent_blocks)
     else:
         per_block = rows_per_warp or ROWS_PER_WARP
         threads = WARPS_PER_BLOCK * 32
@@ -800,19 +863,26 @@ def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
         template=[("T", x.dtype), ("M", chunk), ("BITS", bits), ("GS", GROUP_SIZE), ("R", per_block),
                   ("CONVERT", convert), ("U", unroll),
                   ("IN_PLACE", (VECTOR_IN_PLACE if in_place is None else in_place) and w.size < 2**31),
-                  ("BIAS_ONCE", VECTOR_BIAS_ONCE if bias_once is None else bias_once)],
+                  ("BIAS_ONCE", VECTOR_BIAS_ONCE if bias_once is None else bias_once),
+                  ("PERSISTENT", persistent)],
         grid=(blocks * threads, _ceil_div(M, chunk), 1), threadgroup=(threads, 1, 1),
         output_shapes=[out_shape], output_dtypes=[x.dtype])[0]
     return out
 
 
-def vector_grid(w: mx.array, rows_per_block: int, unroll: int = 1) -> tuple[int, int]:
-    """(threads a block, blocks) of the vector layout over the packed weights `w` (N, words):
-    a block per `rows_per_block` output columns, its threads splitting a row's 16-byte
-    vectors, `unroll` of them a thread per pass (bench.read_ceiling reads in the same grid)."""
+def vector_grid(w: mx.array, rows_per_block: int, unroll: int = 1,
+                persistent_blocks: int | None = None) -> tuple[int, int, bool]:
+    """(threads a block, blocks, persistent) of the vector layout over the packed weights `w`
+    (N, words): a block per `rows_per_block` output columns, its threads splitting a row's
+    16-byte vectors, `unroll` of them a thread per pass (bench.read_ceiling reads in the same
+    grid); or, where `persistent_blocks` is fewer than those blocks, that many, each striding
+    over them (the kernel's PERSISTENT form)."""
     vecs = w.shape[1] // 4  # 16-byte loads per weight row
     threads = min(VECTOR_MAX_THREADS, max(32, _ceil_div(vecs, 32 * unroll) * 32))
-    return threads, _ceil_div(w.shape[0], rows_per_block)
+    blocks = _ceil_div(w.shape[0], rows_per_block)
+    if persistent_blocks and persistent_blocks < blocks:
+        return threads, persistent_blocks, True
+    return threads, blocks, False
 
 
 def kernel_rows(x: mx.array) -> mx.array:
@@ -1177,9 +1247,11 @@ def path_name(switched: int, *, decode: bool = True, row_invariant: bool = False
 
 def _decode_layouts() -> str:
     """The layouts of a decode step's large products as path_name names them."""
+    vector = "the vector layout" + (f" (persistent, {VECTOR_PERSISTENT_BLOCKS} blocks)"
+                                    if VECTOR_PERSISTENT_BLOCKS else "")
     if DECODE_MMA_VALUES is None or _mma_usable is False:
-        return "the vector layout"
-    return f"the vector layout, from {DECODE_MMA_VALUES / 2**20:g}M weights on {_tensor_cores()}"
+        return vector
+    return f"{vector}, from {DECODE_MMA_VALUES / 2**20:g}M weights on {_tensor_cores()}"
 
 
 def _tensor_cores() -> str:
