@@ -446,18 +446,18 @@ def test_an_unknown_attention_form_is_refused(capsys):
     with pytest.raises(SystemExit):
         real_size.main(["--sizes", "tiny", "--attention-forms", "one-pass,fast"])
     assert ("--attention-forms: choose from 0, auto, one-pass, split, two-pass (each may go on with "
-            "+pool, +in_place, +bias_once, +hoist, +mma_decode)") in capsys.readouterr().err
+            "+pool, +in_place, +bias_once, +hoist, +mma_decode, +persistent)") in capsys.readouterr().err
     with pytest.raises(SystemExit):
         real_size.main(["--sizes", "tiny", "--attention-forms", "auto+in_place+unrolled"])
 
 
 def test_attention_forms_turn_the_small_m_kernels_forms_on_by_name_and_back_after(
         small_m_kernel_twin, tmp_path, monkeypatch):
-    """`auto+in_place+hoist+mma_decode`: whole steps with the kernel's forms named on (the
+    """`auto+in_place+hoist+mma_decode+persistent`: whole steps with the kernel's forms named on (the
     others off), traced afresh; the shipped settings back after."""
     from mtplxd.engine.model import small_m_qmm
 
-    flags = ("VECTOR_IN_PLACE", "VECTOR_BIAS_ONCE", "MMA_HOIST", "DECODE_MMA_VALUES")
+    flags = ("VECTOR_IN_PLACE", "VECTOR_BIAS_ONCE", "MMA_HOIST", "DECODE_MMA_VALUES", "VECTOR_PERSISTENT_BLOCKS")
     shipped = {flag: getattr(small_m_qmm, flag) for flag in flags}
     seen = set()
     twin = small_m_qmm.small_m_matmul
@@ -468,10 +468,10 @@ def test_attention_forms_turn_the_small_m_kernels_forms_on_by_name_and_back_afte
 
     monkeypatch.setattr(small_m_qmm, "small_m_matmul", recording_twin)
     entry = _tiny_hybrid_kernel_run(tmp_path, "--decode-only", "--attention-forms",
-                                    "auto,auto+in_place+hoist+mma_decode")
+                                    "auto,auto+in_place+hoist+mma_decode+persistent")
     forms = entry["small_m_kernel"]["by_attention_form"]
-    assert all(min(forms[form]["cycle_ms"]) > 0 for form in ("auto", "auto+in_place+hoist+mma_decode"))
-    assert {(False, False, False, None), (True, False, True, 64 * 2**20)} <= seen
+    assert all(min(forms[form]["cycle_ms"]) > 0 for form in ("auto", "auto+in_place+hoist+mma_decode+persistent"))
+    assert {(False, False, False, None, None), (True, False, True, 64 * 2**20, 264)} <= seen
     assert {flag: getattr(small_m_qmm, flag) for flag in flags} == shipped
 
 

@@ -56,9 +56,11 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     moved to device memory; `+in_place`, `+bias_once` and `+hoist` (any of them, after the
     form or its `+pool`) turn on the small-M kernel's forms with fewer instructions a weight
     (small_m_qmm.VECTOR_IN_PLACE, VECTOR_BIAS_ONCE, MMA_HOIST), `+mma_decode` its decode
-    steps' products of 64M weights or more on the tensor cores (DECODE_MMA_VALUES); each is
-    off where not named, so `auto+in_place+hoist,auto+in_place+hoist+mma_decode` times whole
-    steps as served since 2026-12-07 and with the MLP's decode products on the mma layout;
+    steps' products of 64M weights or more on the tensor cores (DECODE_MMA_VALUES),
+    `+persistent` the vector layout's persistent form in 264 blocks (VECTOR_PERSISTENT_BLOCKS);
+    each is off where not named, so `auto+in_place+hoist,auto+in_place+hoist+persistent`
+    times whole steps as served since 2026-12-07 and with the decode products in the
+    persistent form;
     `--kernel-decode-from never` keeps decode steps on MLX's matvec for the whole run (the
     kernel on verify rows only, which is what a hybrid or 8-bit model gets by default:
     small_m_qmm.decode_wanted, since their decode ran slower through it), `--kernel-decode-from
@@ -763,9 +765,12 @@ def _by_attention_form(trunk, model: nn.Module, prompt: list[int], decode_tokens
 # fused loops' scalars in MLX's pool (buffer_attention.scalars_in_pool); the others turn on
 # the small-M kernel's form of that name, which is off where not named: small_m_qmm's setting,
 # its value on, its value off. `mma_decode`: a decode step's 1-row products of 64M weights or
-# more (the 32B's MLP and lm_head) on the mma layout.
+# more (the 32B's MLP and lm_head) on the mma layout; `persistent`: the vector layout's
+# persistent form in 264 blocks (what 132 SMs hold of it at 8 rows a block and 160 threads,
+# the 32B's products of K = 5,120; its down_proj's 256-thread blocks fit 132).
 SMALL_M_FORMS = {"in_place": ("VECTOR_IN_PLACE", True, False), "bias_once": ("VECTOR_BIAS_ONCE", True, False),
-                 "hoist": ("MMA_HOIST", True, False), "mma_decode": ("DECODE_MMA_VALUES", 64 * 2**20, None)}
+                 "hoist": ("MMA_HOIST", True, False), "mma_decode": ("DECODE_MMA_VALUES", 64 * 2**20, None),
+                 "persistent": ("VECTOR_PERSISTENT_BLOCKS", 264, None)}
 FORM_MODIFIERS = ("pool", *SMALL_M_FORMS)
 
 
@@ -877,7 +882,8 @@ def main(argv: list[str] | None = None) -> int:
                              "again with the fused loops' attention in each of these forms "
                              "(MTPLX_BUFFER_ATTENTION values, comma-separated: auto, one-pass, split, "
                              "two-pass, 0; +pool after one: the loops' scalars in MLX's pool; +in_place, "
-                             "+bias_once, +hoist, +mma_decode: the small-M kernel's forms of those names), "
+                             "+bias_once, +hoist, +mma_decode, +persistent: the small-M kernel's forms of those "
+                             "names), "
                              "two rounds")
     parser.add_argument("--kernel-decode-from", default=None,
                         help="with --small-m-kernel: decode steps take the vector layout from this many "
