@@ -6,7 +6,7 @@ a profile, not guessed).
         --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \\
         python -m mtplxd.engine.bench.small_m_ncu [--size qwen3-32b] [--matrix gate_proj] \\
         [--bits 4] [--rows 1,6] [--calls 2] [--together 1] [--vector-rows 4,16] \\
-        [--persistent-blocks 528,660] [--read-ceiling]
+        [--persistent-blocks 264,660] [--read-ceiling]
 
 For each row count, in this order: MLX's `quantized_matmul`, the kernel's vector layout (where
 `small_m_qmm.route` would give it one: up to VECTOR_MAX_ROWS rows), its word layout and its
@@ -17,7 +17,7 @@ so the script runs anywhere.
 
 `--vector-rows 2,4,16` adds the vector layout at those output rows a block beside the served
 VECTOR_ROWS (`vector-rR`: fewer registers and more blocks, or the reverse);
-`--persistent-blocks 528,660` the vector layout's persistent form (small_m_qmm's
+`--persistent-blocks 264,660` the vector layout's persistent form (small_m_qmm's
 VECTOR_PERSISTENT_BLOCKS) in that many blocks at each of those block heights; `--read-ceiling`
 adds bench.read_ceiling's readers, which read the same bytes and compute nothing
 (`read-vector` in the vector layout's grid, `read-stream` as one flat array): how near
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vector-rows", default="",
                         help="the vector layout again at these output rows a block, e.g. 2,4,16")
     parser.add_argument("--persistent-blocks", default="",
-                        help="the vector layout's persistent form in these many blocks, e.g. 528,660")
+                        help="the vector layout's persistent form in these many blocks, e.g. 264,660")
     parser.add_argument("--read-ceiling", action="store_true",
                         help="also read the same bytes computing nothing (bench.read_ceiling)")
     args = parser.parse_args(argv)
