@@ -56,7 +56,9 @@ def test_keepalive_comments_flow_while_the_first_token_waits(tiny_checkpoint, tm
     first_content = next(i for i, f in enumerate(frames) if b'"finish_reason":"' in f or b'"content":"' in f
                          and b'"role"' not in f)
     keepalives = [i for i, f in enumerate(frames) if f == b": keep-alive\n\n"]
-    assert len(keepalives) >= 3 and max(keepalives) < first_content
+    # At least three while the owner is busy (0.6 s at 0.05 s a keep-alive), before any token.
+    # (Later ones are right too: a token slower than 0.05 s on a loaded CI machine gets one.)
+    assert len([i for i in keepalives if i < first_content]) >= 3
     assert frames[-1] == b"data: [DONE]\n\n"
 
 
