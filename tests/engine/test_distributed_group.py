@@ -270,13 +270,16 @@ def test_a_worker_killed_between_requests_fails_the_next_one_naming_the_rank(tmp
 
 
 def test_a_hung_worker_fails_the_request_at_the_deadline_and_is_stopped(tmp_path, checkpoints):
+    # The deadline covers the load and the requests before the fault too: 3 s lost the group
+    # before the fault on CI's loaded cores once (2026-12-07), so 6.
     out = run_group(tmp_path, 3, checkpoints["qwen3"], "--prompts", json.dumps(PROMPTS[:1]),
-                    "--depths", "0", "--max-tokens", "4", "--fault", "stop:2", "--timeout", "3")
+                    "--depths", "0", "--max-tokens", "4", "--fault", "stop:2", "--timeout", "6")
+    assert "after_fault" in out, out  # else the group was lost or refused before the fault
     failed = out["after_fault"][0]
     assert failed["error"] == "group_lost"
-    assert "did not answer within 3 s" in failed["message"]
+    assert "did not answer within 6 s" in failed["message"]
     assert "still runs" in failed["message"]
-    assert 3 <= out["after_fault_seconds"] < 15
+    assert 6 <= out["after_fault_seconds"] < 18
     assert out["status"]["lost"] == failed["message"]
     assert not any(rank["running"] for rank in out["status"]["ranks"][1:])  # none left behind
 
