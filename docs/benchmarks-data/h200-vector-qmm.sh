@@ -174,8 +174,8 @@
 #                 occupancy, warp stalls, memory (bench.small_m_ncu; issue 22, point 6)
 #   PART=read-ceiling  what holds a 1-row product at 56-61% of an H100's DRAM bandwidth (2026-12-07,
 #                 second session: the vector and mma layouts alike under Nsight): bench.read_ceiling's
-#                 CUDA tests, then Nsight Compute at Qwen3-32B 4-bit gate_proj, down_proj and q_proj,
-#                 1 row: the served layouts, the vector layout at 4 rows a block, its persistent
+#                 CUDA tests (SKIP_TESTS=1: none), then Nsight Compute at Qwen3-32B 4-bit MATRICES
+#                 (gate_proj down_proj q_proj), 1 row: the served layouts, the vector layout at 4 rows a block, its persistent
 #                 form (small_m_qmm.VECTOR_PERSISTENT_BLOCKS) in PERSISTENT (264,660: what fits
 #                 132 SMs at 8 rows a block, 165 registers, and at 4, 72 registers, 160 threads)
 #                 blocks at both heights, and readers of the same bytes that compute nothing (its
@@ -470,11 +470,11 @@ elif [ "$PART" = ncu ]; then
       python3 -m mtplxd.engine.bench.small_m_ncu --size qwen3-32b --matrix "$1" --bits 4 --rows "$2" --calls 2
   done
 elif [ "$PART" = read-ceiling ]; then
-  step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_bench_read_ceiling.py \
+  [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_bench_read_ceiling.py \
     tests/engine/test_small_m_qmm.py -k "read or persistent"
   sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
             --section MemoryWorkloadAnalysis --section SchedulerStats)
-  for matrix in gate_proj down_proj q_proj; do
+  for matrix in ${MATRICES:-gate_proj down_proj q_proj}; do
     step "ncu-read-$matrix" 150 ncu --clock-control none -k regex:'small_m_qmm_(vector|mma)|read_ceiling' \
       "${sections[@]}" python3 -m mtplxd.engine.bench.small_m_ncu --size qwen3-32b --matrix "$matrix" \
       --bits 4 --rows 1 --calls 1 --vector-rows 4 --persistent-blocks "${PERSISTENT:-264,660}" --read-ceiling
