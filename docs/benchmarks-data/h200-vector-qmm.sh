@@ -178,8 +178,10 @@
 #                 (gate_proj down_proj q_proj), 1 row: the served layouts, the vector layout at 4 rows a block, its persistent
 #                 form (small_m_qmm.VECTOR_PERSISTENT_BLOCKS) in PERSISTENT (264,660: what fits
 #                 132 SMs at 8 rows a block, 165 registers, and at 4, 72 registers, 160 threads)
-#                 blocks at both heights, and readers of the same bytes that compute nothing (its
-#                 grid; one flat stream)
+#                 blocks at both heights (PERSISTENT= : none), with UNROLL (e.g. 2,4) 16-byte
+#                 vectors a thread a pass at both heights, and readers of the same bytes that
+#                 compute nothing (its grid; one flat stream). 2026-12-07, third session: the
+#                 persistent form lost everywhere; down_proj's grid is its ceiling (next: UNROLL)
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
@@ -477,7 +479,8 @@ elif [ "$PART" = read-ceiling ]; then
   for matrix in ${MATRICES:-gate_proj down_proj q_proj}; do
     step "ncu-read-$matrix" 150 ncu --clock-control none -k regex:'small_m_qmm_(vector|mma)|read_ceiling' \
       "${sections[@]}" python3 -m mtplxd.engine.bench.small_m_ncu --size qwen3-32b --matrix "$matrix" \
-      --bits 4 --rows 1 --calls 1 --vector-rows 4 --persistent-blocks "${PERSISTENT:-264,660}" --read-ceiling
+      --bits 4 --rows 1 --calls 1 --vector-rows 4 --persistent-blocks "${PERSISTENT-264,660}" \
+      ${UNROLL:+--unroll "$UNROLL"} --read-ceiling
   done
 else
   # PART=widen: where the kernel is off by default and not yet timed whole (32B 8-bit, the

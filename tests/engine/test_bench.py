@@ -387,7 +387,8 @@ def test_the_profile_drivers_variants_are_cuda_only(capsys):
     from mtplxd.engine.bench.small_m_ncu import main as ncu_main
 
     assert ncu_main(["--size", "tiny", "--matrix", "proj", "--rows", "1", "--calls", "1",
-                     "--vector-rows", "2,4", "--persistent-blocks", "3", "--read-ceiling"]) == 0
+                     "--vector-rows", "2,4", "--persistent-blocks", "3", "--unroll", "2",
+                     "--read-ceiling"]) == 0
     # The vector layout's variants and the readers are kernels: off CUDA only
     # MLX's product runs, and the options are taken without error.
     assert capsys.readouterr().out.splitlines() == ["tiny proj q4 M=1 mlx: 1 calls"]

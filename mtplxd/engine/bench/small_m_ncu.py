@@ -6,7 +6,7 @@ a profile, not guessed).
         --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \\
         python -m mtplxd.engine.bench.small_m_ncu [--size qwen3-32b] [--matrix gate_proj] \\
         [--bits 4] [--rows 1,6] [--calls 2] [--together 1] [--vector-rows 4,16] \\
-        [--persistent-blocks 264,660] [--read-ceiling]
+        [--persistent-blocks 264,660] [--unroll 2,4] [--read-ceiling]
 
 For each row count, in this order: MLX's `quantized_matmul`, the kernel's vector layout (where
 `small_m_qmm.route` would give it one: up to VECTOR_MAX_ROWS rows), its word layout and its
@@ -18,7 +18,11 @@ so the script runs anywhere.
 `--vector-rows 2,4,16` adds the vector layout at those output rows a block beside the served
 VECTOR_ROWS (`vector-rR`: fewer registers and more blocks, or the reverse);
 `--persistent-blocks 264,660` the vector layout's persistent form (small_m_qmm's
-VECTOR_PERSISTENT_BLOCKS) in that many blocks at each of those block heights; `--read-ceiling`
+VECTOR_PERSISTENT_BLOCKS) in that many blocks at each of those block heights; `--unroll 2,4`
+the vector layout, at each of those block heights, with that many 16-byte vectors of each row
+a thread loads before using any (`vector-uU`, `vector-rR-uU`: fewer sequential passes a block
+where K is long, as down_proj's; at 4 rows a block and 2 vectors, the served form's 80 registers
+and bytes in flight in twice the blocks; outputs round apart from the served ones by a little); `--read-ceiling`
 adds bench.read_ceiling's readers, which read the same bytes and compute nothing
 (`read-vector` in the vector layout's grid, `read-stream` as one flat array): how near
 the bandwidth the fetch alone gets.
@@ -45,11 +49,12 @@ from mtplxd.engine.model import small_m_qmm
 
 def products(w: mx.array, scales: mx.array, biases: mx.array, bits: int, rows: int,
              vector_rows: tuple[int, ...] = (), read_ceiling: bool = False,
-             persistent_blocks: tuple[int, ...] = ()) -> dict:
+             persistent_blocks: tuple[int, ...] = (), unrolls: tuple[int, ...] = ()) -> dict:
     """name -> the product of an (rows, K) input, as it would be served; `vector_rows`: the
     vector layout again with that many output rows a block (`vector-rR`); `persistent_blocks`:
     the vector layout's persistent form in that many blocks, at the served rows a block and at
-    each of `vector_rows` (`vector-pB`, `vector-rR-pB`); `read_ceiling`: bench.read_ceiling's
+    each of `vector_rows` (`vector-pB`, `vector-rR-pB`); `unrolls`: the vector layout with that
+    many vectors of each row a thread per pass, at each block height (`vector-uU`, `vector-rR-uU`); `read_ceiling`: bench.read_ceiling's
     readers of the same bytes, which compute nothing (`read-vector`, `read-stream`)."""
     def mlx_product(x):
         return mx.quantized_matmul(x, w, scales, biases, transpose=True,
@@ -64,6 +69,10 @@ def products(w: mx.array, scales: mx.array, biases: mx.array, bits: int, rows: i
                     out[name] = lambda x, r=r, blocks=blocks: small_m_qmm.small_m_matmul(
                         x, w, scales, biases, bits, layout="vector", rows_per_warp=r,
                         persistent_blocks=blocks)
+                for u in unrolls:
+                    out["vector" + (f"-r{r}" if r else "") + f"-u{u}"] = lambda x, r=r, u=u: (
+                        small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector",
+                                                   rows_per_warp=r, unroll=u))
         out["word"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="word")
         out["mma"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma")
         if read_ceiling:
@@ -96,11 +105,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="the vector layout again at these output rows a block, e.g. 2,4,16")
     parser.add_argument("--persistent-blocks", default="",
                         help="the vector layout's persistent form in these many blocks, e.g. 264,660")
+    parser.add_argument("--unroll", default="",
+                        help="the vector layout again with these many vectors of a row a thread per pass, e.g. 2,4")
     parser.add_argument("--read-ceiling", action="store_true",
                         help="also read the same bytes computing nothing (bench.read_ceiling)")
     args = parser.parse_args(argv)
     vector_rows = tuple(int(r) for r in args.vector_rows.split(",") if r)
     persistent_blocks = tuple(int(b) for b in args.persistent_blocks.split(",") if b)
+    unrolls = tuple(int(u) for u in args.unroll.split(",") if u)
     shapes = {name: (N, K) for name, N, K in SHAPES[args.size]}
     if args.matrix not in shapes:
         parser.error(f"no matrix {args.matrix} in {args.size}: {', '.join(shapes)}")
@@ -112,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         x = mx.random.normal((rows, K), key=mx.random.key(rows)).astype(mx.bfloat16)
         mx.eval(x)
         for name, product in products(w, scales, biases, args.bits, rows, vector_rows,
-                                      args.read_ceiling, persistent_blocks).items():
+                                      args.read_ceiling, persistent_blocks, unrolls).items():
             timings = [run_together(product, x, args.together) for _ in range(args.calls)]
             line = f"{args.size} {args.matrix} q{args.bits} M={rows} {name}: {args.calls} calls"
             if args.together > 1:

@@ -26,8 +26,8 @@ outputs bit for bit), served wherever it fits (MMA_STAGES). Both serve forms wit
 instructions a weight and the same outputs bit for bit: the vector layout unpacks its weights
 in place (VECTOR_IN_PLACE), the mma layout keeps its unpack's constants in registers
 (MMA_HOIST). The vector layout also has a persistent form for one-row products, fewer blocks
-each with its next loads in flight while it computes (VECTOR_PERSISTENT_BLOCKS; opt-in, the
-same outputs bit for bit).
+each with its next loads in flight while it computes (VECTOR_PERSISTENT_BLOCKS; opt-in and
+off: slower on an H100, the same outputs bit for bit).
 
 `reference` spells the same arithmetic in plain MLX ops (the CPU runs it; a test compares it
 with mx.quantized_matmul, which pins the layout the kernel reads). Where the kernel is not
@@ -748,9 +748,11 @@ VECTOR_BIAS_ONCE = False
 # at 56-58% of DRAM bandwidth. The persistent form runs this many blocks, each striding over
 # the column blocks with the next pass's loads in flight during this one's arithmetic; the
 # same outputs bit for bit. One-row products only (at 8 rows a block it holds two passes in
-# 165 registers at one row and spills at six; 72 at 4 rows a block). Untimed: opt-in
-# (`small_m_matmul(persistent_blocks=...)`, bench.small_m_ncu --persistent-blocks) until a GPU
-# times it.
+# 165 registers at one row and spills at six; 72 at 4 rows a block). Timed under Nsight on an
+# H100 (2026-12-07, third session; docs/benchmarks.md "What a 1-row product's fetch can reach"):
+# slower everywhere, 1.25-1.55x the served form's time (gate_proj 49.7-52.6 against 39.6 us,
+# down_proj 54.8 against 36.5), its occupancy halved by the registers: it stays opt-in
+# (`small_m_matmul(persistent_blocks=...)`, bench.small_m_ncu --persistent-blocks), off.
 VECTOR_PERSISTENT_BLOCKS: int | None = None
 # Weights (N x K) from which a decode step's product (under MIN_ROWS rows) takes the vector
 # layout: on the H200 it beat MLX's matvec on Qwen3-32B's down/gate/up projections and both
