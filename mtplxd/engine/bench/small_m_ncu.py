@@ -21,11 +21,11 @@ VECTOR_ROWS (`vector-rR`: fewer registers and more blocks, or the reverse);
 VECTOR_PERSISTENT_BLOCKS) in that many blocks at each of those block heights; `--unroll 2,4`
 the vector layout, at each of those block heights, with that many 16-byte vectors of each row
 a thread loads before using any (`vector-uU`, `vector-rR-uU`: fewer sequential passes a block
-where K is long, as down_proj's; at 4 rows a block and 2 vectors, the served form's 80 registers
-and bytes in flight in twice the blocks; outputs round apart from the served ones by a little); `--read-ceiling`
-adds bench.read_ceiling's readers, which read the same bytes and compute nothing
-(`read-vector` in the vector layout's grid, `read-stream` as one flat array): how near
-the bandwidth the fetch alone gets.
+where K is long, as down_proj's; at 4 rows a block and 2 vectors, the served form's 80
+registers and bytes in flight in twice the blocks; outputs round apart from the served ones by
+a little); `--read-ceiling` adds bench.read_ceiling's readers, which read the same bytes
+and compute nothing (`read-vector` in the vector layout's grid, `read-stream` as one flat
+array): how near the bandwidth the fetch alone gets.
 
 `--together N` evaluates N calls at once instead, as the micro-bench (bench.small_m) times
 them, and prints per call the host's time to build them and the wall time of the evaluation:
@@ -54,8 +54,9 @@ def products(w: mx.array, scales: mx.array, biases: mx.array, bits: int, rows: i
     vector layout again with that many output rows a block (`vector-rR`); `persistent_blocks`:
     the vector layout's persistent form in that many blocks, at the served rows a block and at
     each of `vector_rows` (`vector-pB`, `vector-rR-pB`); `unrolls`: the vector layout with that
-    many vectors of each row a thread per pass, at each block height (`vector-uU`, `vector-rR-uU`); `read_ceiling`: bench.read_ceiling's
-    readers of the same bytes, which compute nothing (`read-vector`, `read-stream`)."""
+    many vectors of each row a thread per pass, at each block height (`vector-uU`,
+    `vector-rR-uU`); `read_ceiling`: bench.read_ceiling's readers of the same bytes, which
+    compute nothing (`read-vector`, `read-stream`)."""
     def mlx_product(x):
         return mx.quantized_matmul(x, w, scales, biases, transpose=True,
                                    group_size=small_m_qmm.GROUP_SIZE, bits=bits)
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--persistent-blocks", default="",
                         help="the vector layout's persistent form in these many blocks, e.g. 264,660")
     parser.add_argument("--unroll", default="",
-                        help="the vector layout again with these many vectors of a row a thread per pass, e.g. 2,4")
+                        help="the vector layout again with these many vectors of a row a thread "
+                             "per pass, e.g. 2,4")
     parser.add_argument("--read-ceiling", action="store_true",
                         help="also read the same bytes computing nothing (bench.read_ceiling)")
     args = parser.parse_args(argv)
