@@ -65,13 +65,14 @@ def products(w: mx.array, scales: mx.array, biases: mx.array, bits: int, rows: i
     if small_m_qmm.usable():
         if rows <= small_m_qmm.VECTOR_MAX_ROWS[bits]:
             for r in (None, *vector_rows):
+                height = "vector" + (f"-r{r}" if r else "")
                 for blocks in (None, *persistent_blocks):
-                    name = "vector" + (f"-r{r}" if r else "") + (f"-p{blocks}" if blocks else "")
-                    out[name] = lambda x, r=r, blocks=blocks: small_m_qmm.small_m_matmul(
-                        x, w, scales, biases, bits, layout="vector", rows_per_warp=r,
-                        persistent_blocks=blocks)
+                    name = height + (f"-p{blocks}" if blocks else "")
+                    out[name] = lambda x, r=r, blocks=blocks: (
+                        small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector",
+                                                   rows_per_warp=r, persistent_blocks=blocks))
                 for u in unrolls:
-                    out["vector" + (f"-r{r}" if r else "") + f"-u{u}"] = lambda x, r=r, u=u: (
+                    out[f"{height}-u{u}"] = lambda x, r=r, u=u: (
                         small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector",
                                                    rows_per_warp=r, unroll=u))
         out["word"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="word")
@@ -92,6 +93,11 @@ def run_together(product, x: mx.array, together: int) -> tuple[float, float]:
     return (built - start) * 1e6 / together, (done - start) * 1e6 / together
 
 
+def comma_ints(text: str) -> tuple[int, ...]:
+    """"2,4" as (2, 4), "" as (): the variant options' argparse type."""
+    return tuple(int(item) for item in text.split(",") if item)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mtplxd.engine.bench.small_m_ncu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,19 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2)
     parser.add_argument("--together", type=int, default=1,
                         help="calls evaluated at once (the micro-bench's way: 16)")
-    parser.add_argument("--vector-rows", default="",
+    parser.add_argument("--vector-rows", type=comma_ints, default=(),
                         help="the vector layout again at these output rows a block, e.g. 2,4,16")
-    parser.add_argument("--persistent-blocks", default="",
+    parser.add_argument("--persistent-blocks", type=comma_ints, default=(),
                         help="the vector layout's persistent form in these many blocks, e.g. 264,660")
-    parser.add_argument("--unroll", default="",
+    parser.add_argument("--unroll", type=comma_ints, default=(),
                         help="the vector layout again with these many vectors of a row a thread "
                              "per pass, e.g. 2,4")
     parser.add_argument("--read-ceiling", action="store_true",
                         help="also read the same bytes computing nothing (bench.read_ceiling)")
     args = parser.parse_args(argv)
-    vector_rows = tuple(int(r) for r in args.vector_rows.split(",") if r)
-    persistent_blocks = tuple(int(b) for b in args.persistent_blocks.split(",") if b)
-    unrolls = tuple(int(u) for u in args.unroll.split(",") if u)
     shapes = {name: (N, K) for name, N, K in SHAPES[args.size]}
     if args.matrix not in shapes:
         parser.error(f"no matrix {args.matrix} in {args.size}: {', '.join(shapes)}")
@@ -125,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     for rows in (int(r) for r in args.rows.split(",")):
         x = mx.random.normal((rows, K), key=mx.random.key(rows)).astype(mx.bfloat16)
         mx.eval(x)
-        for name, product in products(w, scales, biases, args.bits, rows, vector_rows,
-                                      args.read_ceiling, persistent_blocks, unrolls).items():
+        variants = products(w, scales, biases, args.bits, rows, args.vector_rows, args.read_ceiling,
+                            args.persistent_blocks, args.unroll)
+        for name, product in variants.items():
             timings = [run_together(product, x, args.together) for _ in range(args.calls)]
             line = f"{args.size} {args.matrix} q{args.bits} M={rows} {name}: {args.calls} calls"
             if args.together > 1:
