@@ -203,6 +203,7 @@ profile() {  # NAME MODE STEPS ARGS...: the steps of the PART's bench.step_profi
   local name=$1 mode=$2 steps=$3; shift 3
   step "$name" 150 ncu --profile-from-start off --graph-profiling "$mode" --metrics gpu__time_duration.sum \
     --csv "${sp[@]}" --steps "$steps" --profiled "$@"
+  [ -f "$work/$name.log" ] || return 0  # the step was skipped (ONLY, or the budget spent)
   python3 -m mtplxd.engine.bench.step_profile --summarize "$work/$name.log" --steps "$steps" \
     --json-out "$work/$name.json" || true
 }

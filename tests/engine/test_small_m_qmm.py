@@ -66,8 +66,8 @@ def _quantized(out_dims: int, in_dims: int, bits: int) -> nn.QuantizedLinear:
 
 def test_the_kernel_is_on_by_default_only_for_large_quantized_models(tiny_model_factory):
     """Where whole forwards measured it faster (a dense 32B at 4- and 8-bit, the hybrid 27B's
-    verify blocks), not where it measured slower (the embedded model at 8-bit, the hybrid
-    27B's decode steps) or level (4B)."""
+    verify blocks, a dense 4-bit 4B's decode steps), not where it measured slower (the
+    embedded model at 8-bit, the hybrid 27B's decode steps)."""
     from mtplxd.engine.bench import real_size
 
     def model(*layers):
@@ -86,7 +86,16 @@ def test_the_kernel_is_on_by_default_only_for_large_quantized_models(tiny_model_
     installed = model(_quantized(*q_proj, 4))
     installed.layers[0].__class__ = small_m_qmm.SmallMQuantizedLinear  # as /health asks it, after install
     assert small_m_qmm.decode_wanted(installed)
-    assert not small_m_qmm.default_wanted(model(_quantized(2560, 9728, 4)))  # Qwen3-4B's largest
+    # Qwen3-4B's largest (the MLP's, 25M weights): its 4-bit decode steps take the kernel, its
+    # verify blocks and MTP cycles keep the mixed routing; 8-bit stays on MLX.
+    four_b = model(_quantized(2560, 9728, 4), _quantized(4096, 2560, 4))
+    assert small_m_qmm.default_wanted(four_b) and small_m_qmm.decode_wanted(four_b)
+    assert not small_m_qmm.verify_wanted(four_b) and not small_m_qmm.cycle_row_invariant_wanted(four_b)
+    assert not small_m_qmm.row_invariant_wanted(four_b)
+    assert not small_m_qmm.default_wanted(model(_quantized(2560, 9728, 8)))
+    assert not small_m_qmm.default_wanted(model(_quantized(2048, 6144, 4)))  # Qwen3-1.7B's: 12.6M
+    assert small_m_qmm.verify_wanted(model(_quantized(*q_proj, 4)))
+    assert small_m_qmm.cycle_row_invariant_wanted(model(_quantized(*q_proj, 4)))
     assert not small_m_qmm.default_wanted(model(nn.Linear(64, 64)))
     assert not small_m_qmm.default_wanted(load_model(tiny_model_factory("qwen3", quantize_bits=4)).model)
 
@@ -625,7 +634,7 @@ def test_decode_rows_of_large_matrices_take_the_vector_layout(tiny_model_factory
     assert small_m_qmm.install(eight_bit.model, force=True) > 0
     assert not any(getattr(m, "kernel_decode", True) for _, m in eight_bit.model.named_modules()
                    if isinstance(m, small_m_qmm.SmallMQuantizedLinear))
-    model = load_model(tiny_model_factory("qwen3"), quantize="4bit")
+    model = load_model(tiny_model_factory("qwen3"), quantize="4bit", small_m_kernel=False)  # installed below
     assert small_m_qmm.install(model.model, force=True) > 0
     ids = model.tokenizer.encode("def add(a, b):")
 

@@ -59,7 +59,8 @@ def fused_ar_wanted(trunk: Trunk, cache: list[Any], prompt_tokens: int = 0) -> b
     """Whether an AR request of `prompt_tokens` on `trunk` decodes in this loop: on CUDA,
     where the fused loops run (`decode_loop` "fused"), a hybrid (Gated DeltaNet layers in its
     cache), or a model whose decode steps take the small-M kernel (`small_m_qmm.decode_routed`:
-    a dense 4-bit 27B/32B-class model) for prompts of at most DENSE_PROMPT_TOKENS.
+    a dense 4-bit model of Qwen3-4B's size or larger) for prompts of at most DENSE_PROMPT_TOKENS
+    (timed at 8,192 tokens on the 32B; the 4B's were timed at 512).
     `MTPLX_FUSED_AR` "0" turns it off, "1" on for any model the loop takes (benches); `force`
     overrides both."""
     if not fused_supported(trunk, cache, hybrid=True):

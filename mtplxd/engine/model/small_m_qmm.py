@@ -36,8 +36,9 @@ mx.quantized_matmul, and `path_name()` says which is active (`/health`, `mtplxct
 By default it serves only the models where whole forwards measured it faster on the H200:
 4- and 8-bit models with matrices of a 27B/32B model's size (`default_wanted`); a hybrid
 model (Gated DeltaNet) row-invariantly (below: `row_invariant_wanted`), a dense one so in
-its MTP cycles (`cycle_row_invariant_wanted`); elsewhere it is off (on the embedded model it
-made decoding slower).
+its MTP cycles (`cycle_row_invariant_wanted`); and, since an H100 measured it (2026-12-07),
+a dense 4-bit model of Qwen3-4B's size for its decode steps (its MTP cycles keep the mixed
+routing); elsewhere it is off (on the embedded model it made decoding slower).
 `load_model(path, small_m_kernel=True or False)` decides instead (the benches'
 `--small-m-kernel`).
 
@@ -761,7 +762,13 @@ VECTOR_PERSISTENT_BLOCKS: int | None = None
 # 32B 4-bit's whole decode steps ran 13.19 ms against 14.56 in the compiled AR loop (512
 # tokens) and 18.06 against 19.07 op by op (4,096), in one process each; the device's time
 # per step 18.94 against 20.60 ms (docs/benchmarks.md, "The attention, layer by layer").
-LARGE_MATRIX_VALUES = 32 * 2**20
+# From 32M down to 16M on 2026-12-07 (a Qwen3-4B's MLP, 25M, now takes it, and with it the
+# 4-bit 4B is served by `default_wanted` and decodes in the compiled AR loop): on an H100 its
+# decode steps took 4.4-6.3 ms (median 5.10, seven processes) against 5.1-7.8 (median 7.38)
+# with MLX's matvec op by op, faster in each of seven pairs; under Nsight its MLP's products
+# took 1.62 device ms a step against MLX's 2.46 (docs/benchmarks.md, "The 4B's decode steps on
+# the kernel"). A Qwen3-8B's q/o (exactly 16M) take it too: untimed there.
+LARGE_MATRIX_VALUES = 16 * 2**20
 # Weights from which such a decode step's 1-row product of 16-bit inputs takes the mma layout
 # rather than the vector layout; None (served): never. On an H100 (2026-12-07, bench.small_m)
 # the pipelined mma layout at one row beat the vector layout on the 32B's 4-bit gate_proj,
@@ -1076,20 +1083,38 @@ class SmallMQuantizedLinear(nn.QuantizedLinear):
 
 
 def default_wanted(model: nn.Module) -> bool:
-    """Whether the kernel serves `model` unless asked otherwise: a model whose quantized
-    linear layers are all 4-bit or all 8-bit, some holding at least VERIFY_VECTOR_VALUES
-    weights (a 27B/32B model's q/o and MLP projections). That is where whole forwards
-    measured it faster on the H200 (docs/benchmarks.md, "The small-M kernel in whole 32B
-    forwards", "Whole models with the kernel, 2026-12-03" and "The hybrid's verify with the
-    kernel, decode steps on MLX"): Qwen3-32B 4-bit, a depth-3 cycle 2.16-2.29 decode steps against MLX's
-    3.91-4.28; 8-bit, 3.05-3.16 against 3.82-4.24, the decode level; the hybrid 27B 4-bit
-    with its decode steps left on MLX (`decode_wanted`), a depth-3 cycle 54 ms against 79.
-    Off elsewhere: on the embedded model (8-bit, small) the kernel made decoding slower, at
-    Qwen3-4B size it was level."""
-    layers = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
-    return (bool(layers) and len({m.bits for m in layers}) == 1 and layers[0].bits in BITS
-            and any(m["weight"].shape[0] * m["weight"].shape[1] * 32 // m.bits >= VERIFY_VECTOR_VALUES
-                    for m in layers))
+    """Whether the kernel serves `model` unless asked otherwise: a model whose verify blocks
+    gain (`verify_wanted`), or a dense 4-bit model (`decode_wanted`) with matrices of at least
+    LARGE_MATRIX_VALUES weights, whose decode steps gain (Qwen3-4B on an H100: 5.10 ms a step
+    against 7.38, its depth-3 cycles level at 12.7 against 13.1; LARGE_MATRIX_VALUES says
+    more). Off elsewhere: on the embedded model (8-bit, small) the kernel made decoding
+    slower."""
+    return verify_wanted(model) or (decode_wanted(model) and _largest_values(model) >= LARGE_MATRIX_VALUES)
+
+
+def verify_wanted(model: nn.Module) -> bool:
+    """Whether `model`'s verify blocks take the kernel: its quantized linear layers all 4-bit
+    or all 8-bit, some holding at least VERIFY_VECTOR_VALUES weights (a 27B/32B model's q/o
+    and MLP projections). That is where whole forwards measured it faster on the H200
+    (docs/benchmarks.md, "The small-M kernel in whole 32B forwards", "Whole models with the
+    kernel, 2026-12-03" and "The hybrid's verify with the kernel, decode steps on MLX"):
+    Qwen3-32B 4-bit, a depth-3 cycle 2.16-2.29 decode steps against MLX's 3.91-4.28; 8-bit,
+    3.05-3.16 against 3.82-4.24, the decode level; the hybrid 27B 4-bit with its decode steps
+    left on MLX (`decode_wanted`), a depth-3 cycle 54 ms against 79. At Qwen3-4B size the
+    cycles were level."""
+    bits = {m.bits for m in _unswitched(model)}
+    return len(bits) == 1 and bits <= set(BITS) and _largest_values(model) >= VERIFY_VECTOR_VALUES
+
+
+def _unswitched(model: nn.Module) -> list[nn.QuantizedLinear]:
+    """`model`'s quantized linear layers not yet switched to the kernel (`install`)."""
+    return [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
+
+
+def _largest_values(model: nn.Module) -> int:
+    """The most weights any of `model`'s unswitched quantized linear layers holds."""
+    return max((m["weight"].shape[0] * m["weight"].shape[1] * 32 // m.bits for m in _unswitched(model)),
+               default=0)
 
 
 def decode_wanted(model: nn.Module) -> bool:
@@ -1098,14 +1123,14 @@ def decode_wanted(model: nn.Module) -> bool:
     (Gated DeltaNet layers), whose decode steps took 34-48 ms through it on the H200 against
     MLX's 20-29; not at 8-bit, where a 1-row product of the 32B's gate_proj took 83 us through
     it against MLX's 74, and the 32B's 1-token forward 29.5 ms against 26.5 (its verify blocks
-    gain in both: `default_wanted`)."""
+    gain in both: `verify_wanted`)."""
     return not _hybrid(model) and _quantized_bits(model) == {4}
 
 
 def row_invariant_wanted(model: nn.Module | None = None) -> bool:
     """Whether `install` routes `model` row-invariantly unless told: MTPLX_ROW_INVARIANT "1"
     or "0" decides; else a hybrid model (Gated DeltaNet) whose quantized layers are all
-    4-bit and that the kernel serves by default (`default_wanted`). There it made greedy MTP
+    4-bit whose verify blocks take the kernel (`verify_wanted`). There it made greedy MTP
     equal AR (the mixed routing diverged 32 times in 40-43 tokens, row-invariant none in
     2,000) with cycles as fast as the mixed routing's in the same process (H200, hybrid 27B
     4-bit, depth 3: 29.0 / 28.9 ms at T=0 / 0.6 against 29.9 / 32.0; docs/benchmarks.md,
@@ -1114,19 +1139,21 @@ def row_invariant_wanted(model: nn.Module | None = None) -> bool:
     row-invariantly inside their MTP cycles only (`cycle_row_invariant_wanted`)."""
     if (asked := _row_invariant_asked()) is not None:
         return asked
-    return model is not None and _hybrid(model) and default_wanted(model)
+    return model is not None and _hybrid(model) and verify_wanted(model)
 
 
 def cycle_row_invariant_wanted(model: nn.Module | None = None) -> bool:
     """Whether `install` routes `model` row-invariantly inside its MTP cycles
-    (`cycle_routed`) unless told: MTPLX_ROW_INVARIANT "1" or "0" decides; else any model the
-    kernel serves by default (`default_wanted`). A dense Qwen3-32B's depth-3 cycle took
-    1.26-1.38 decode steps so at 4-bit against the mixed routing's 1.60-1.68, and 1.31 against
-    1.56 at 8-bit (H100, T=0, one process each, 2026-12-05), while its AR decode steps keep the
-    mixed routing's speed."""
+    (`cycle_routed`) unless told: MTPLX_ROW_INVARIANT "1" or "0" decides; else any model
+    whose verify blocks take the kernel (`verify_wanted`). A dense Qwen3-32B's depth-3 cycle
+    took 1.26-1.38 decode steps so at 4-bit against the mixed routing's 1.60-1.68, and 1.31
+    against 1.56 at 8-bit (H100, T=0, one process each, 2026-12-05), while its AR decode steps
+    keep the mixed routing's speed. A 4B-class model, served for its decode steps only, keeps
+    the mixed routing in its cycles: so they measured level with the kernel off (12.7 against
+    13.1 ms at depth 3, H100, 2026-12-07); row-invariant there is untimed."""
     if (asked := _row_invariant_asked()) is not None:
         return asked
-    return model is not None and default_wanted(model)
+    return model is not None and verify_wanted(model)
 
 
 def _row_invariant_asked() -> bool | None:
