@@ -121,6 +121,26 @@ def test_static_cache_writes_rows_at_the_offset_by_scatter_and_by_the_fallback(m
     assert mx.array_equal(keys[:, :, untouched], buffers[:, :, untouched])
 
 
+def test_a_forwards_static_caches_build_one_write_index():
+    """The layers of a forward share one offset array, so their scatter index is built once
+    (two launches a layer fewer on CUDA), and again only when a cache's offset is another
+    array (the head's, a cycle moving it); each layer's rows still land at the offset."""
+    buffers = [mx.zeros((1, 2, 16, 8), mx.bfloat16) for _ in range(6)]
+    caches = fused.static_caches(buffers, mx.array(3, mx.int32))
+    rows = [mx.full((1, 2, 2, 8), layer + 1, mx.bfloat16) for layer in range(3)]
+    for cache, new in zip(caches, rows):
+        cache.update_and_fetch(new, -new)
+    assert caches[0].shared["index"] is caches[2].shared["index"]
+    for cache, new in zip(caches, rows):
+        assert mx.array_equal(cache.keys[:, :, 3:5], new) and mx.array_equal(cache.values[:, :, 3:5], -new)
+        assert not mx.any(cache.keys[:, :, 5:]).item() and not mx.any(cache.keys[:, :, :3]).item()
+    first = caches[0].shared["index"]
+    caches[1].offset = mx.array(9, mx.int32)
+    caches[1].update_and_fetch(rows[1], rows[1])
+    assert caches[1].shared["index"] is not first
+    assert mx.array_equal(caches[1].keys[:, :, 9:11], rows[1])
+
+
 def test_device_keys_differ_by_seed_position_and_purpose():
     keys = [device_position_keys(seed_words(seed), mx.array([pos]), purpose)[0].tolist()
             for seed in (0, 1, 2**40) for pos in (0, 1, 77) for purpose in (1, 2, 3)]

@@ -77,10 +77,18 @@ class StaticKVCache:
     each (docs/benchmarks.md, "The 32B's AR step compiled, and the KV write that read the
     whole buffer"); a scatter's grid is the written rows' elements. The buffer's contents
     are the same either way.
+
+    The scatter's index is built once for all caches that share `shared` and the offset
+    array (a forward's layers: `static_caches`), not once a layer: on CUDA each build is an
+    arange and an add, two launches of a few microseconds for one element's worth of work
+    (a 4B's compiled AR step under Nsight, docs/benchmarks.md "The 4B's decode steps on the
+    kernel").
     """
 
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array) -> None:
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array,
+                 shared: dict | None = None) -> None:
         self.keys, self.values, self.offset = keys, values, offset
+        self.shared = {} if shared is None else shared
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write (B, heads, n, D) keys and values at the offset; return the whole buffers."""
@@ -88,7 +96,7 @@ class StaticKVCache:
             self.keys = _write_at(self.keys, keys, self.offset)
             self.values = _write_at(self.values, values, self.offset)
             return self.keys, self.values
-        index = _slot_index(self.offset.reshape(1), keys.shape)
+        index = _shared_slot_index(self.shared, self.offset, keys.shape)
         self.keys = mx.put_along_axis(self.keys, index, keys, axis=2)
         self.values = mx.put_along_axis(self.values, index, values, axis=2)
         return self.keys, self.values
@@ -127,16 +135,10 @@ class RowsKVCache:
                         for w in range(new.shape[0])]
                 setattr(self, name, mx.concatenate(rows))
             return self.keys, self.values
-        index = self._write_index(keys.shape)
+        index = _shared_slot_index(self.shared, self.offset, keys.shape)
         self.keys = mx.put_along_axis(self.keys, index, keys, axis=2)
         self.values = mx.put_along_axis(self.values, index, values, axis=2)
         return self.keys, self.values
-
-    def _write_index(self, shape: tuple[int, ...]) -> mx.array:
-        """put_along_axis's index for (W, heads, n, D) rows written at each row's offset."""
-        if self.shared.get("offset") is not self.offset or self.shared.get("shape") != shape:
-            self.shared.update(offset=self.offset, shape=shape, index=_slot_index(self.offset, shape))
-        return self.shared["index"]
 
     def make_mask(self, n: int, return_array: bool = False,
                   window_size: int | None = None) -> mx.array:
@@ -146,6 +148,15 @@ class RowsKVCache:
         slots = mx.arange(self.keys.shape[2])[None, None, None]
         last = self.offset[:, None, None, None] + mx.arange(n)[None, None, :, None]
         return slots <= last
+
+
+def _shared_slot_index(shared: dict, offset: mx.array, shape: tuple[int, ...]) -> mx.array:
+    """`_slot_index` for rows written at `offset` (a device scalar, or one per row), kept in
+    `shared` while the caches that hold it see the same offset array and shape."""
+    if shared.get("offset") is not offset or shared.get("shape") != shape:
+        offsets = offset if offset.ndim == 1 else offset.reshape(1)
+        shared.update(offset=offset, shape=shape, index=_slot_index(offsets, shape))
+    return shared["index"]
 
 
 def _slot_index(offsets: mx.array, shape: tuple[int, ...]) -> mx.array:
@@ -334,8 +345,8 @@ def static_caches(buffers: list[mx.array], offset: mx.array) -> list[StaticKVCac
     """One StaticKVCache per [keys, values] pair of `buffers`, all at `offset`, held as a view
     of a 16-byte vector (buffer_attention.in_device_memory: on CUDA, out of MLX's managed
     pool)."""
-    offset = buffer_attention.in_device_memory(offset)
-    return [StaticKVCache(buffers[i], buffers[i + 1], offset) for i in range(0, len(buffers), 2)]
+    offset, shared = buffer_attention.in_device_memory(offset), {}
+    return [StaticKVCache(buffers[i], buffers[i + 1], offset, shared) for i in range(0, len(buffers), 2)]
 
 
 def buffers_of(caches: list[StaticKVCache] | list[RowsKVCache]) -> list[mx.array]:
