@@ -346,7 +346,8 @@ def static_caches(buffers: list[mx.array], offset: mx.array) -> list[StaticKVCac
     of a 16-byte vector (buffer_attention.in_device_memory: on CUDA, out of MLX's managed
     pool)."""
     offset, shared = buffer_attention.in_device_memory(offset), {}
-    return [StaticKVCache(buffers[i], buffers[i + 1], offset, shared) for i in range(0, len(buffers), 2)]
+    return [StaticKVCache(buffers[i], buffers[i + 1], offset, shared)
+            for i in range(0, len(buffers), 2)]
 
 
 def buffers_of(caches: list[StaticKVCache] | list[RowsKVCache]) -> list[mx.array]:

@@ -1089,7 +1089,8 @@ def default_wanted(model: nn.Module) -> bool:
     against 7.38, its depth-3 cycles level at 12.7 against 13.1; LARGE_MATRIX_VALUES says
     more). Off elsewhere: on the embedded model (8-bit, small) the kernel made decoding
     slower."""
-    return verify_wanted(model) or (decode_wanted(model) and _largest_values(model) >= LARGE_MATRIX_VALUES)
+    decode_gains = decode_wanted(model) and _largest_values(model) >= LARGE_MATRIX_VALUES
+    return verify_wanted(model) or decode_gains
 
 
 def verify_wanted(model: nn.Module) -> bool:
@@ -1113,8 +1114,8 @@ def _unswitched(model: nn.Module) -> list[nn.QuantizedLinear]:
 
 def _largest_values(model: nn.Module) -> int:
     """The most weights any of `model`'s unswitched quantized linear layers holds."""
-    return max((m["weight"].shape[0] * m["weight"].shape[1] * 32 // m.bits for m in _unswitched(model)),
-               default=0)
+    return max((m["weight"].shape[0] * m["weight"].shape[1] * 32 // m.bits
+                for m in _unswitched(model)), default=0)
 
 
 def decode_wanted(model: nn.Module) -> bool:
