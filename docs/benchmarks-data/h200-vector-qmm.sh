@@ -20,7 +20,8 @@
 #                 (4bit), stock and with the kernel, at MLX's defaults and with CUDA graphs off
 #   PART=step-profile  the device's own time per step (bench.step_profile under Nsight Compute):
 #                 SIZE (qwen3-32b) at DTYPES (4bit), AR stock and with the kernel, the depth-3
-#                 cycle with the kernel, each beside its unprofiled wall time; STACKED=1: with
+#                 cycle with the kernel, each beside its unprofiled wall time, and every kernel
+#                 of an AR step stock and with the kernel (node mode); STACKED=1: with
 #                 the projections that read one input stacked (stacked.py; 2026-12-06: whole
 #                 steps did not gain what the products alone did, and the 32B's decode lost)
 #   PART=widen    stock against the kernel, depths 1-5 at T=0 and 0.6, where it is off by default:
@@ -270,6 +271,7 @@ elif [ "$PART" = step-profile ]; then
   profile ncu-ar-kernel-graphs graph 4 --small-m-kernel
   profile ncu-cycle3-kernel-graphs graph 4 --depth 3 --small-m-kernel
   profile ncu-ar-nodes node 1
+  profile ncu-ar-kernel-nodes node 1 --small-m-kernel
 elif [ "$PART" = divergence ]; then
   step "divergence-${SIZE:?set SIZE}-${DTYPES:-4bit}" 560 python3 -m mtplxd.engine.bench.real_size \
     --sizes "$SIZE" --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \
