@@ -32,7 +32,6 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 ENV = "MTPLX_BLAS"

@@ -14,7 +14,7 @@ import psutil
 
 from mtplxd import POWERED_BY, __version__, blas
 from mtplxd.api.chat_format import effort_levels
-from mtplxd.config import (SETTINGS, ConfigError, load_config, set_in_file, settings_now,
+from mtplxd.config import (ConfigError, load_config, set_in_file, settings_now,
                            unknown_setting)
 from mtplxd.control.protocol import PROTOCOL_VERSION, app_error, invalid_params
 from mtplxd.control.registry import MethodRegistry, Notify
