@@ -64,17 +64,15 @@ def products(w: mx.array, scales: mx.array, biases: mx.array, bits: int, rows: i
     out = {"mlx": mlx_product}
     if small_m_qmm.usable():
         if rows <= small_m_qmm.VECTOR_MAX_ROWS[bits]:
+            # Each block height's forms: as served, then persistent, then unrolled.
+            forms = [("", {}),
+                     *((f"-p{blocks}", {"persistent_blocks": blocks}) for blocks in persistent_blocks),
+                     *((f"-u{u}", {"unroll": u}) for u in unrolls)]
             for r in (None, *vector_rows):
-                height = "vector" + (f"-r{r}" if r else "")
-                for blocks in (None, *persistent_blocks):
-                    name = height + (f"-p{blocks}" if blocks else "")
-                    out[name] = lambda x, r=r, blocks=blocks: (
+                for suffix, form in forms:
+                    out["vector" + (f"-r{r}" if r else "") + suffix] = lambda x, r=r, form=form: (
                         small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector",
-                                                   rows_per_warp=r, persistent_blocks=blocks))
-                for u in unrolls:
-                    out[f"{height}-u{u}"] = lambda x, r=r, u=u: (
-                        small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="vector",
-                                                   rows_per_warp=r, unroll=u))
+                                                   rows_per_warp=r, **form))
         out["word"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="word")
         out["mma"] = lambda x: small_m_qmm.small_m_matmul(x, w, scales, biases, bits, layout="mma")
         if read_ceiling:

@@ -1103,7 +1103,7 @@ def verify_wanted(model: nn.Module) -> bool:
     3.05-3.16 against 3.82-4.24, the decode level; the hybrid 27B 4-bit with its decode steps
     left on MLX (`decode_wanted`), a depth-3 cycle 54 ms against 79. At Qwen3-4B size the
     cycles were level."""
-    bits = {m.bits for m in _unswitched(model)}
+    bits = _quantized_bits(model)
     return len(bits) == 1 and bits <= set(BITS) and _largest_values(model) >= VERIFY_VECTOR_VALUES
 
 
