@@ -24,6 +24,13 @@
 #                 of an AR step stock and with the kernel (node mode); STACKED=1: with
 #                 the projections that read one input stacked (stacked.py; 2026-12-06: whole
 #                 steps did not gain what the products alone did, and the 32B's decode lost)
+#                 NORM_ROPE=1: with the query and key norms and rope as one kernel a layer
+#                 (qk_norm_rope.py)
+#   PART=norm-rope  the query and key norms and rope as one kernel a layer (qk_norm_rope.py,
+#                 2026-12-07, fifth session, written without a GPU): its CUDA tests (SKIP_TESTS=1:
+#                 none), then SIZE (qwen3-4b) at DTYPES (4bit) with the small-M kernel as served,
+#                 256 AR decode steps without and with it in alternating processes (ROUNDS, 2),
+#                 128 depth-3 cycles each, and every kernel of an AR step with it under Nsight
 #   PART=widen    stock against the kernel, depths 1-5 at T=0 and 0.6, where it is off by default:
 #                 Qwen3-32B 8-bit, Qwen3-4B 4-bit, the hybrid 27B 4-bit (not yet run)
 #   PART=unpack   the and-or unpack (small_m_qmm._HEADER: no int-to-float conversion per weight
@@ -187,7 +194,7 @@
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, stacked-profile, decode-routing, decode-routing-profile, kv-write, in-place, attention-split, attention-profile, ncu or read-ceiling}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, norm-rope, stacked-profile, decode-routing, decode-routing-profile, kv-write, in-place, attention-split, attention-profile, ncu or read-ceiling}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -263,7 +270,7 @@ elif [ "$PART" = step-profile ]; then
   # summed per step beside the same steps' unprofiled wall time. Reserve ~150 s on a fresh
   # machine: the first process compiles MLX's kernels. SIZE (qwen3-32b) at DTYPES (4bit).
   sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-32b}" --dtype "${DTYPES:-4bit}"
-      ${STACKED:+--stacked})
+      ${STACKED:+--stacked} ${NORM_ROPE:+--qk-norm-rope})
   step wall-ar 150 "${sp[@]}" --steps 16 --json-out "$work/wall-ar.json"
   step wall-ar-kernel 100 "${sp[@]}" --steps 16 --small-m-kernel --json-out "$work/wall-ar-kernel.json"
   step wall-cycle3-kernel 100 "${sp[@]}" --steps 16 --depth 3 --small-m-kernel --json-out "$work/wall-cycle3-kernel.json"
@@ -272,6 +279,16 @@ elif [ "$PART" = step-profile ]; then
   profile ncu-cycle3-kernel-graphs graph 4 --depth 3 --small-m-kernel
   profile ncu-ar-nodes node 1
   profile ncu-ar-kernel-nodes node 1 --small-m-kernel
+elif [ "$PART" = norm-rope ]; then
+  [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_qk_norm_rope.py
+  sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-4b}" --dtype "${DTYPES:-4bit}" --small-m-kernel)
+  for r in $(seq "${ROUNDS:-2}"); do
+    step "wall-ar-off-$r" 90 "${sp[@]}" --steps 256 --json-out "$work/wall-ar-off-$r.json"
+    step "wall-ar-on-$r" 90 "${sp[@]}" --steps 256 --qk-norm-rope --json-out "$work/wall-ar-on-$r.json"
+  done
+  step wall-cycle3-on 90 "${sp[@]}" --depth 3 --steps 128 --qk-norm-rope --json-out "$work/wall-cycle3-on.json"
+  step wall-cycle3-off 90 "${sp[@]}" --depth 3 --steps 128 --json-out "$work/wall-cycle3-off.json"
+  profile ncu-ar-on-nodes node 1 --qk-norm-rope
 elif [ "$PART" = divergence ]; then
   step "divergence-${SIZE:?set SIZE}-${DTYPES:-4bit}" 560 python3 -m mtplxd.engine.bench.real_size \
     --sizes "$SIZE" --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \

@@ -21,7 +21,7 @@ from mtplxd.engine.interface import (
     GenerationResult, ModelInfo, ModelLoadError, TokenDelta,
 )
 from mtplxd.engine.model import cpu_attention as cpu_attention_path
-from mtplxd.engine.model import gdn_kernel, mrope, small_m_qmm, stacked
+from mtplxd.engine.model import gdn_kernel, mrope, qk_norm_rope, small_m_qmm, stacked
 from mtplxd.engine.model.families import get_family
 from mtplxd.engine.model.hybrid import HYBRID_MODEL_TYPES
 from mtplxd.engine.model.kv_cache import KV_BITS_CHOICES, fixed_shapes_wanted, kv_group_size
@@ -217,6 +217,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     stacked_groups = stacked.stack(model) if stacked.wanted() and shard is None else 0
     # The model's quantized layers, MTP head included.
     switched = small_m_qmm.install(model, force=small_m_kernel)
+    # A dense qwen3's query and key norms and rope as one kernel a layer (opt-in:
+    # qk_norm_rope.py says why); not on a rank's shard.
+    norm_rope_layers = qk_norm_rope.install(model) if shard is None else 0
     spec = get_family(report.model_type)
     trunk = Trunk(model, spec)
     if decode_loop != "auto":
@@ -245,7 +248,7 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
                              row_invariant=small_m_qmm.routed_row_invariant(model),
                              cycle_row_invariant=small_m_qmm.routed_row_invariant(model, in_cycles=True),
                              ar_decode=fused_ar.path_name(trunk), dequantized=dequantized,
-                             stacked_groups=stacked_groups),
+                             stacked_groups=stacked_groups, norm_rope_layers=norm_rope_layers),
         decode_loop=("fused" if with_mtp and trunk.decode_loop == "fused"
                      and fused_supported(trunk, trunk.make_cache(), hybrid=True) else "stepwise"),
         vision=report.vision and text_only is None,
@@ -279,7 +282,7 @@ def _mx():
 def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode: bool = True,
                  row_invariant: bool = False, cycle_row_invariant: bool = False,
                  ar_decode: str = "op by op", dequantized: bool = False,
-                 stacked_groups: int = 0) -> dict[str, str]:
+                 stacked_groups: int = 0, norm_rope_layers: int = 0) -> dict[str, str]:
     """Which implementation each fast path runs on this machine (`ModelInfo.kernels`):
     quantized matmuls (`kernel_decode`: whether decode steps take the small-M kernel, the rule
     `small_m_qmm.install` applied; `row_invariant`: whether it routed every row count to the
@@ -288,7 +291,8 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode:
     (`ar_decode`: fused_ar.path_name) and the precision of float32 matmuls. Off CUDA every
     kernel entry names MLX's own ops (or mlx-lm's). A model `dequantized` at load has no
     quantized matmul left. `stacked_groups`: how many groups of projections that read one
-    input run as one product (stacked.py)."""
+    input run as one product (stacked.py); `norm_rope_layers`: how many attention layers run
+    their query and key norms and rope as one kernel (qk_norm_rope.py)."""
     paths = {
         "quantized_matmul": (DEQUANTIZED_PATH if dequantized else
                              small_m_qmm.path_name(quantized_layers_switched, decode=kernel_decode,
@@ -304,6 +308,7 @@ def kernel_paths(quantized_layers_switched: int, *, hybrid: bool, kernel_decode:
     paths["shared_input_projections"] = (
         f"stacked: one product a group ({stacked_groups} groups, {stacked.ENV}=1)" if stacked_groups
         else "one product each")
+    paths["qk_norm_rope"] = qk_norm_rope.path_name(norm_rope_layers)
     mx = _mx()
     paths["float32_matmul"] = matmul_precision.path_name(on_gpu=mx.default_device() == mx.gpu)
     return paths

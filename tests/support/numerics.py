@@ -45,3 +45,19 @@ def run_on_reference_blas(*pytest_args: str, expect_passed: int) -> None:
     assert done.returncode == 0, done.stdout[-3000:]
     passed = re.search(r"(\d+) passed", done.stdout)
     assert passed and int(passed.group(1)) >= expect_passed, done.stdout[-1000:]
+
+
+def assert_computes_as(changed, reference, ids: list[int], max_tokens: int = 12) -> None:
+    """A loaded model changed in how it computes (`changed`) against the same checkpoint as
+    loaded (`reference`): the prompt's logits bit for bit, and greedy AR and MTP (depth 3)
+    tokens equal to the reference's greedy AR tokens."""
+    from mtplxd.engine import GenerationRequest, SamplingParams
+
+    logits = [m.trunk.forward(mx.array([ids]), m.trunk.make_cache(), all_logits=True)[1] for m in (reference, changed)]
+    assert mx.array_equal(*logits).item()
+
+    def run(model, depth: int) -> list[int]:
+        sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        return model.complete(GenerationRequest(ids, sampling, depth=depth)).token_ids
+
+    assert run(changed, 0) == run(changed, 3) == run(reference, 0)

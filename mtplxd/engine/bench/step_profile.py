@@ -4,7 +4,7 @@ limits each figure, measured with a profile rather than guessed.)
 
     python -m mtplxd.engine.bench.step_profile [--size qwen3-32b] [--dtype 4bit] \\
         [--depth 0] [--steps 4] [--context 512] [--small-m-kernel] [--stacked] \\
-        [--decode-vector-values N] --json-out step.json
+        [--decode-vector-values N] [--qk-norm-rope] --json-out step.json
     ncu --profile-from-start off --graph-profiling graph --metrics gpu__time_duration.sum \\
         --csv --log-file ncu.csv python -m mtplxd.engine.bench.step_profile ... --profiled
     python -m mtplxd.engine.bench.step_profile --summarize ncu.csv --steps 4 [--json-out FILE]
@@ -118,24 +118,28 @@ class DriverProfiler:
 
 def run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: bool,
               profiled: bool, context: int = 512, warmup: int = 8, stacked: bool = False,
-              decode_vector_values: int | None = None) -> dict[str, Any]:
+              decode_vector_values: int | None = None, qk_norm_rope: bool = False) -> dict[str, Any]:
     """Build the model, run `warmup` steps, then time `steps` more (the profiled range when
     `profiled`): wall ms per step (one cycle at depth > 0) and tokens per step. `stacked`:
     the projections that read one input as one product first (stacked.py), as load_model
     does with MTPLX_STACKED_PROJECTIONS=1. `decode_vector_values`: the weights from which a
     decode step's product takes the kernel's vector layout (small_m_qmm.LARGE_MATRIX_VALUES;
-    None: as shipped)."""
+    None: as shipped). `qk_norm_rope`: attention's query and key norms and rope as one kernel a
+    layer (qk_norm_rope.py), as load_model does with MTPLX_QK_NORM_ROPE=1."""
     from mtplxd.engine.bench.real_size import decode_vector_threshold
 
     with decode_vector_threshold(decode_vector_values):
-        return _run_steps(size, dtype, depth, steps, small_m_kernel, profiled, context, warmup, stacked)
+        return _run_steps(size, dtype, depth, steps, small_m_kernel, profiled, context, warmup, stacked,
+                          qk_norm_rope)
 
 
 def _run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: bool,
-               profiled: bool, context: int, warmup: int, stacked: bool) -> dict[str, Any]:
+               profiled: bool, context: int, warmup: int, stacked: bool,
+               qk_norm_rope: bool) -> dict[str, Any]:
     import mlx.core as mx
 
     from mtplxd.engine.bench.real_size import build_model, engine_loop
+    from mtplxd.engine.model import qk_norm_rope as norm_rope
     from mtplxd.engine.model import small_m_qmm
     from mtplxd.engine.model.stacked import stack
     from mtplxd.engine.model.trunk import Trunk
@@ -145,6 +149,7 @@ def _run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: bo
     stacked_groups = stack(model) if stacked else 0
     if small_m_kernel:
         small_m_qmm.install(model, force=True)
+    norm_rope_layers = norm_rope.install(model, force=True) if qk_norm_rope else 0
     vocab = trunk.text.args.vocab_size
     prompt = mx.random.randint(0, vocab, (context,), key=mx.random.key(1)).tolist()
     loop, _, fused = engine_loop(trunk, model.mtp, prompt, depth, 0.0)
@@ -164,7 +169,7 @@ def _run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: bo
     return {"size": size, "dtype": dtype, "depth": depth, "steps": steps, "context": context,
             "loop": ("ar compiled" if fused else "ar") if depth == 0 else ("fused" if fused else "stepwise"),
             "small_m_kernel": small_m_kernel, "large_matrix_values": small_m_qmm.LARGE_MATRIX_VALUES,
-            "stacked_groups": stacked_groups, "profiled": profiled,
+            "stacked_groups": stacked_groups, "norm_rope_layers": norm_rope_layers, "profiled": profiled,
             "wall_ms_per_step": elapsed * 1000 / steps, "tokens_per_step": tokens / steps}
 
 
@@ -183,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-vector-values", type=int, default=None, metavar="N",
                         help="with --small-m-kernel: decode steps' products of N weights or more take the "
                              "vector layout (small_m_qmm.LARGE_MATRIX_VALUES; default as shipped)")
+    parser.add_argument("--qk-norm-rope", action="store_true",
+                        help="attention's query and key norms and rope as one kernel a layer (qk_norm_rope.py)")
     parser.add_argument("--profiled", action="store_true",
                         help="run the timed steps between cuProfilerStart and cuProfilerStop (under ncu)")
     parser.add_argument("--summarize", type=Path, default=None, metavar="NCU_CSV",
@@ -199,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         report = {**machine(), "command": command_line(PROG, argv),
                   **run_steps(args.size, args.dtype, args.depth, args.steps, args.small_m_kernel,
                               args.profiled, args.context, stacked=args.stacked,
-                              decode_vector_values=args.decode_vector_values)}
+                              decode_vector_values=args.decode_vector_values,
+                              qk_norm_rope=args.qk_norm_rope)}
         print(f"{args.size} {args.dtype} depth {args.depth}: {report['wall_ms_per_step']:.2f} ms "
               f"a step, {report['tokens_per_step']:.2f} tokens", flush=True)
     if args.json_out:

@@ -33,6 +33,7 @@ from mlx_lm.models.base import (
     create_attention_mask, create_ssm_mask, scaled_dot_product_attention,
 )
 
+from mtplxd.engine.model import qk_norm_rope
 from mtplxd.engine.model.trunk import Trunk
 
 
@@ -146,18 +147,24 @@ def _dense_block(layer: Any, x: mx.array, masks: list[Any], caches: list[Any | N
     B, L, _ = x.shape
     normed = layer.input_layernorm(x)
     queries, keys, values = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
-    queries = attn.q_norm(queries.reshape(B, L, attn.n_heads, -1)).transpose(0, 2, 1, 3)
-    keys = attn.k_norm(keys.reshape(B, L, attn.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+    # A layer whose norms and rope are one kernel (qk_norm_rope.py) runs it row by row, as
+    # the row's solo forward does; mlx-lm's layer norms the batch, then ropes each row.
+    one_kernel = isinstance(attn, qk_norm_rope.NormRopeAttention)
+    if not one_kernel:
+        queries = attn.q_norm(queries.reshape(B, L, attn.n_heads, -1)).transpose(0, 2, 1, 3)
+        keys = attn.k_norm(keys.reshape(B, L, attn.n_kv_heads, -1)).transpose(0, 2, 1, 3)
     values = values.reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
     outputs = []
     for i, cache in enumerate(caches):
-        q = queries[i:i + 1]
         if cache is None:  # a padding row: its attention is skipped, its output discarded
-            outputs.append(mx.zeros_like(q))
+            outputs.append(mx.zeros((1, attn.n_heads, L, values.shape[-1]), queries.dtype))
             continue
         n = L if lengths is None else lengths[i]
-        q = attn.rope(q[:, :, :n], offset=cache.offset)
-        k = attn.rope(keys[i:i + 1, :, :n], offset=cache.offset)
+        if one_kernel:
+            q, k = qk_norm_rope.norm_rope(attn, queries[i:i + 1, :n], keys[i:i + 1, :n], cache.offset)
+        else:
+            q = attn.rope(queries[i:i + 1, :, :n], offset=cache.offset)
+            k = attn.rope(keys[i:i + 1, :, :n], offset=cache.offset)
         k, v = cache.update_and_fetch(k, values[i:i + 1, :, :n])
         attended = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale,
                                                 mask=masks[i])
