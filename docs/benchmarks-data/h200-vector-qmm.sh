@@ -44,7 +44,8 @@
 #                 through the engine's loops, the kernel as served, at SIZE (qwen3-4b, qwen3-32b or
 #                 hybrid-27b; one a run: the hybrid's took 122 s in the fused loop) and DTYPES
 #                 (4bit; f32 is the rounding control, 2026-12-04 fifth session); since 2026-12-04
-#                 every divergence, MTP resynchronised on AR after each
+#                 every divergence, MTP resynchronised on AR after each; NORM_ROPE=1: with the
+#                 query and key norms and rope as one kernel a layer (qk_norm_rope.py)
 #   PART=hybrid-parity  issue 22 point 5 for the hybrid, whose single decode figures swing
 #                 19-32 ms between processes: bench.ar_parity (our AR and mlx-lm's generate_step
 #                 interleaved, CPU time beside wall) on the hybrid 27B at DTYPES (4bit,8bit)
@@ -292,8 +293,8 @@ elif [ "$PART" = norm-rope ]; then
 elif [ "$PART" = divergence ]; then
   step "divergence-${SIZE:?set SIZE}-${DTYPES:-4bit}" 560 python3 -m mtplxd.engine.bench.real_size \
     --sizes "$SIZE" --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \
-    --repeats 2 --divergence-tokens "${TOKENS:-2000}" \
-    --json-out "$work/divergence-$SIZE-${DTYPES:-4bit}.json"
+    --repeats 2 --divergence-tokens "${TOKENS:-2000}" ${NORM_ROPE:+--qk-norm-rope} \
+    --json-out "$work/divergence-$SIZE-${DTYPES:-4bit}${NORM_ROPE:+-norm-rope}.json"
 elif [ "$PART" = hybrid-parity ]; then
   step hybrid-parity 540 python3 -m mtplxd.engine.bench.ar_parity --size hybrid-27b \
     --dtypes "${DTYPES:-4bit,8bit}" --tokens 64 --repeats 6 --budget-s $(( BUDGET - 80 )) \

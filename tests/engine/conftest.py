@@ -29,3 +29,21 @@ def small_m_kernel_twin(monkeypatch):
     monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
     monkeypatch.setattr(small_m_qmm, "small_m_matmul", kernel_twin)
     return calls
+
+
+@pytest.fixture
+def qk_norm_rope_twin(monkeypatch):
+    """The query and key norm and rope kernel as if on CUDA (its probe passed), computed by
+    its plain-ops twin (`qk_norm_rope.reference`). Returns the list of (batch, tokens) of
+    each call."""
+    from mtplxd.engine.model import qk_norm_rope
+
+    calls = []
+
+    def kernel_twin(attention, queries, keys, offset):
+        calls.append(queries.shape[:2])
+        return qk_norm_rope.reference(attention, queries, keys, offset)
+
+    monkeypatch.setattr(qk_norm_rope, "_usable", True)
+    monkeypatch.setattr(qk_norm_rope, "qk_norm_rope", kernel_twin)
+    return calls

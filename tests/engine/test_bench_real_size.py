@@ -559,3 +559,17 @@ def test_a_size_is_the_same_random_model_in_every_build():
     assert [k for k, _ in first] == [k for k, _ in again]
     assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(first, again))
     assert not all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(first, other))
+
+
+def test_qk_norm_rope_runs_every_figure_with_the_one_kernel_forward(qk_norm_rope_twin, tmp_path):
+    """`--qk-norm-rope`: every attention layer swapped (the head's too), its decode, cycles
+    and greedy divergence through the one-kernel forward (here its plain-ops twin), and greedy
+    MTP still follows AR."""
+    out = tmp_path / "real.json"
+    assert real_size.main(["--sizes", "tiny", "--dtypes", "bf16", "--context", "16", "--depths", "2",
+                           "--decode-tokens", "3", "--cycles", "2", "--repeats", "1",
+                           "--divergence-tokens", "8", "--qk-norm-rope", "--json-out", str(out)]) == 0
+    config = json.loads(out.read_text())["configs"][0]
+    assert config["qk_norm_rope_layers"] == real_size.SIZES["tiny"][1]["num_hidden_layers"] + 1
+    assert config["greedy_divergence"]["first_divergence"] is None
+    assert (1, 1) in qk_norm_rope_twin and (1, 3) in qk_norm_rope_twin  # decode steps and depth-2 verifies

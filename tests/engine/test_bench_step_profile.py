@@ -77,6 +77,19 @@ def test_stacked_steps_run_with_every_group_stacked(tmp_path, size, depth):
     assert report["wall_ms_per_step"] > 0 and 1 <= report["tokens_per_step"] <= depth + 1
 
 
+@pytest.mark.parametrize("depth", [0, 2])
+def test_qk_norm_rope_steps_run_the_one_kernel_forward(qk_norm_rope_twin, tmp_path, depth):
+    """`--qk-norm-rope`: every attention layer (the head's too) swapped as
+    MTPLX_QK_NORM_ROPE=1 loads it, the steps through its forward (here the kernel's twin)."""
+    out = tmp_path / "steps.json"
+    assert step_profile.main(["--size", "tiny", "--dtype", "bf16", "--depth", str(depth), "--steps", "2",
+                              "--context", "16", "--qk-norm-rope", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["norm_rope_layers"] == real_size.SIZES["tiny"][1]["num_hidden_layers"] + 1
+    assert (1, 1 if depth == 0 else depth + 1) in qk_norm_rope_twin
+    assert report["wall_ms_per_step"] > 0
+
+
 def test_the_decode_threshold_moves_for_the_run_and_back(small_m_kernel_twin, tmp_path):
     """`--decode-vector-values 0`: every 1-row product of the AR steps takes the vector layout
     (the tiny model's matrices are far under the shipped threshold, where they stay on MLX),

@@ -84,7 +84,8 @@ def _args(**change) -> qwen3.ModelArgs:
 
 def test_only_plain_rope_qwen3_layers_are_installable():
     assert qk_norm_rope.installable(qwen3.Attention(_args()))
-    assert not qk_norm_rope.installable(qwen3.Attention(_args(head_dim=16)))  # not whole warps of pairs
+    assert qk_norm_rope.installable(qwen3.Attention(_args(head_dim=16)))  # half a warp of pairs
+    assert not qk_norm_rope.installable(qwen3.Attention(_args(head_dim=1024)))  # over MAX_HEAD_DIM
     scaled = qwen3.Attention(_args(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}))
     assert type(scaled.rope) is not nn.RoPE and not qk_norm_rope.installable(scaled)
@@ -153,6 +154,14 @@ def test_cuda_kernel_matches_mlxs_ops_at_a_4b_layers_shape(dtype, batch, tokens,
     assert qk_norm_rope.usable()
     attention = qk_norm_rope.probe_attention(head_dim=128, heads=32, kv_heads=8)
     assert qk_norm_rope.kernel_error(attention, batch, tokens, offset, dtype) < 1.0
+
+
+@needs_cuda
+@pytest.mark.parametrize("head_dim", [16, 64, 256])
+def test_cuda_kernel_matches_mlxs_ops_at_other_head_widths(head_dim):
+    """Half a warp of pairs (the tiny fixtures' heads), two warps, four."""
+    attention = qk_norm_rope.probe_attention(head_dim=head_dim, heads=6, kv_heads=2)
+    assert qk_norm_rope.kernel_error(attention, 1, 4, mx.array(77, dtype=mx.int32)) < 1.0
 
 
 @needs_cuda

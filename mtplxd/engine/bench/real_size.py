@@ -6,7 +6,7 @@
         [--small-m-loops] [--decode-vector-values N,...] [--kernel-decode-from N|never]
         [--divergence-tokens N] [--divergence-limit 32] [--prefill-tokens N] [--decode-only]
         [--gdn-chunked] [--row-invariant] [--row-invariant-beside] [--mma-configs 4x4,4x2]
-        [--kv-write-beside] [--stacked] [--attention-forms one-pass,two-pass,split,0]
+        [--kv-write-beside] [--stacked] [--attention-forms one-pass,two-pass,split,0] [--qk-norm-rope]
         [--json-out FILE]
 
 No download: each model is built from its config with random weights (bf16, then MLX affine
@@ -93,6 +93,9 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     the buffer on CUDA, so try it at `--context 8192` too); `--stacked` times them once more,
     last, with the projections that read one input stacked into one product (stacked.py;
     keys ending in `_stacked`);
+  * `--qk-norm-rope`: every figure with the attention layers' query and key norms and rope as
+    one kernel (qk_norm_rope.py, MTPLX_QK_NORM_ROPE=1's path; mlx-lm's reference decode runs
+    the swapped layers too): for the greedy divergence with it;
   * with `--divergence-tokens N`: greedy AR and greedy MTP at `--divergence-depth` (3) over N
     tokens through the engine's own loops, the kernel as served (`greedy_divergence`): every
     position where they differ (MTP resynchronised on AR's tokens after each, up to
@@ -447,7 +450,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
                    row_invariant: bool = False, row_invariant_beside: bool = False,
                    mma_configs: tuple[tuple[int, int, int], ...] = (),
                    kv_write_beside: bool = False, stacked: bool = False,
-                   attention_forms: tuple[str, ...] = ()) -> dict[str, Any]:
+                   attention_forms: tuple[str, ...] = (), qk_norm_rope: bool = False) -> dict[str, Any]:
     """Every figure of one size and dtype (see the module docstring), JSON-ready.
     `kernel_decode`: whether the kernel's decode steps take it (small_m_qmm.install's
     `decode`); None follows small_m_qmm.decode_wanted. `row_invariant`: every kernel install
@@ -461,15 +464,18 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     decode figures alone (with the kernel's where `small_m_kernel`), no forwards or cycles.
     `stacked`: last, the projections that read one input stacked into one product (every
     MLP's gate and up, a GDN layer's four inputs, attention's q, k and v: stacked.py) and the kernel's figures timed
-    again in this process, as served (keys ending in `_stacked`)."""
+    again in this process, as served (keys ending in `_stacked`). `qk_norm_rope`: every
+    figure with the query and key norms and rope as one kernel a layer (qk_norm_rope.py)."""
     from mtplxd.engine.decoding import buffer_attention
     from mtplxd.engine.model import gdn_kernel, small_m_qmm
+    from mtplxd.engine.model import qk_norm_rope as norm_rope
     from mtplxd.engine.model.trunk import Trunk
 
     started = time.perf_counter()
     phase = _phases(f"{size} {dtype}", started)
     model, spec = build_model(size, dtype)
     build_seconds = time.perf_counter() - started
+    norm_rope_layers = norm_rope.install(model, force=True) if qk_norm_rope else 0
     trunk = Trunk(model, spec)
     vocab = trunk.text.args.vocab_size
     prompt = mx.random.randint(0, vocab, (context,), key=mx.random.key(1)).tolist()
@@ -478,6 +484,7 @@ def measure_config(size: str, dtype: str, *, context: int, depths: list[int], de
     hybrid = spec.model_type != "qwen3"
     entry: dict[str, Any] = {"size": size, "dtype": dtype, "family": spec.model_type, **sizes,
                              "roofline_ms": roofline_ms, "build_seconds": build_seconds,
+                             "qk_norm_rope_layers": norm_rope_layers,
                              "gdn_verify": gdn_kernel.verify_path_name() if hybrid else None,
                              # Asked here, outside any compiled trace: the first ask probes the kernel.
                              "gdn_decode": gdn_kernel.path_name() if hybrid else None,
@@ -920,6 +927,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stacked", action="store_true",
                         help="with --small-m-kernel: last, the projections that read one input stacked "
                              "into one product and the kernel's figures timed again (keys ending in _stacked)")
+    parser.add_argument("--qk-norm-rope", action="store_true",
+                        help="every figure with the query and key norms and rope as one kernel a layer "
+                             "(qk_norm_rope.py)")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
     cycle_temperatures = tuple(float(t) for t in args.cycle_temperatures.split(","))
@@ -984,7 +994,7 @@ def _measure_all(args: Any, sizes: list[str], dtypes: list[str], depths: list[in
                                    row_invariant_beside=args.row_invariant_beside,
                                    mma_configs=parse_mma_configs(args.mma_configs),
                                    kv_write_beside=args.kv_write_beside, stacked=args.stacked,
-                                   attention_forms=_attention_forms(args))
+                                   attention_forms=_attention_forms(args), qk_norm_rope=args.qk_norm_rope)
             # The model died with measure_config's frame: free it before the next is built.
             gc.collect()
             mx.clear_cache()

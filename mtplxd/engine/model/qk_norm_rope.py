@@ -39,14 +39,16 @@ from mlx_lm.models import qwen3
 from mtplxd.engine.model import custom_kernels
 
 ENV = "MTPLX_QK_NORM_ROPE"
-HEAD_DIMS = (64, 128, 256)  # D / 2 threads a head: whole warps
+MAX_HEAD_DIM = 512  # a block's threads hold a head's pairs: D / 2, rounded up to whole warps
 
 # Grid (x: a block per head, query heads then key heads; y: token, batch row-major); a block
-# is D / 2 threads, thread i holding the pair (i, i + D / 2) of its head's row.
+# is D / 2 threads rounded up to whole warps, thread i holding the pair (i, i + D / 2) of its
+# head's row (the threads past D / 2 add nothing and write nothing).
 _SOURCE = r"""
     constexpr int P = D / 2;
-    constexpr int WARPS = P / 32;
+    constexpr int WARPS = (P + 31) / 32;
     const int i = threadIdx.x;
+    const bool live = i < P;
     const int head = blockIdx.x;
     const int token = blockIdx.y;
     const int batch = token / L;
@@ -54,8 +56,8 @@ _SOURCE = r"""
     const bool is_q = head < HQ;
     const int h = is_q ? head : head - HQ;
     const T* src = is_q ? q + ((size_t)token * HQ + h) * D : k + ((size_t)token * HK + h) * D;
-    const float x1 = static_cast<float>(src[i]);
-    const float x2 = static_cast<float>(src[i + P]);
+    const float x1 = live ? static_cast<float>(src[i]) : 0.0f;
+    const float x2 = live ? static_cast<float>(src[i + P]) : 0.0f;
 
     // RMSNorm: the row's sum of squares across the block's warps.
     float squares = x1 * x1 + x2 * x2;
@@ -68,6 +70,7 @@ _SOURCE = r"""
     float total = 0.0f;
     for (int w = 0; w < WARPS; ++w) total += warp_sums[w];
     const float normalizer = rsqrt(total / D + __int_as_float(EPS));
+    if (!live) return;
     const T weight1 = static_cast<T>(is_q ? q_weight[i] : k_weight[i]);
     const T weight2 = static_cast<T>(is_q ? q_weight[i + P] : k_weight[i + P]);
     const float n1 = static_cast<float>(weight1 * static_cast<T>(x1 * normalizer));
@@ -95,13 +98,14 @@ def wanted() -> bool:
 
 def installable(attention: nn.Module) -> bool:
     """True for an mlx-lm qwen3 Attention whose norms and rope the kernel computes: MLX's plain
-    `nn.RoPE` (not traditional) over the whole head, both norms with one eps, a head of
-    HEAD_DIMS."""
+    `nn.RoPE` (not traditional) over the whole head, both norms with one eps, an even head of
+    at most MAX_HEAD_DIM."""
     if not isinstance(attention, qwen3.Attention):
         return False
     rope, head_dim = attention.rope, attention.q_norm.weight.shape[0]
     return (type(rope) is nn.RoPE and not rope.traditional and rope.dims == head_dim
-            and head_dim in HEAD_DIMS and attention.k_norm.weight.shape[0] == head_dim
+            and head_dim % 2 == 0 and head_dim <= MAX_HEAD_DIM
+            and attention.k_norm.weight.shape[0] == head_dim
             and attention.q_norm.eps == attention.k_norm.eps)
 
 
@@ -176,6 +180,7 @@ def qk_norm_rope(attention: nn.Module, queries: mx.array, keys: mx.array,
     if isinstance(offset, int):
         offset = mx.array(offset, dtype=mx.int32)
     rope = attention.rope
+    threads = -(-D // 64) * 32  # D / 2 pairs in whole warps
     return tuple(_kernel(
         inputs=[queries, keys, attention.q_norm.weight, attention.k_norm.weight, offset.astype(mx.int32)],
         template=[("T", queries.dtype), ("D", D), ("HQ", HQ), ("HK", HK), ("L", L),
@@ -184,7 +189,7 @@ def qk_norm_rope(attention: nn.Module, queries: mx.array, keys: mx.array,
                   # float32 bits: one compile a model, no constant array a call
                   ("EPS", _float_bits(attention.q_norm.eps)), ("LOG2_BASE", _float_bits(math.log2(rope.base))),
                   ("SCALE", _float_bits(rope.scale))],
-        grid=((HQ + HK) * D // 2, B * L, 1), threadgroup=(D // 2, 1, 1),
+        grid=((HQ + HK) * threads, B * L, 1), threadgroup=(threads, 1, 1),
         output_shapes=[(B, HQ, L, D), (B, HK, L, D)], output_dtypes=[queries.dtype] * 2))
 
 
