@@ -9,7 +9,9 @@
 #   PART=kernels  CUDA tests of both layouts; micro-bench at the Qwen3-32B and Qwen3-4B shapes
 #   PART=real     real_size: Qwen3-32B 4-bit and 8-bit, stock and with the kernel installed as
 #                 small_m_qmm.route serves it (verify blocks on the mma layout, decode rows of large
-#                 matrices on the vector one), with both decode steps' host split
+#                 matrices on the vector one), with both decode steps' host split, at DTYPES
+#                 (4bit,8bit); since 2026-12-07 (fifth session) with the forwards of 1-6 tokens
+#                 compiled over fixed buffers as the fused loop verifies (forward_compiled_*)
 #   PART=real-graphs  the 32B's decode host split read near-zero wait because MLX's async_eval
 #                 blocks past 10 command buffers in flight and a 32B step commits ~15 graphs at
 #                 the H200's default limits (100 kernels, 1000 M elements): Qwen3-32B 4-bit,
@@ -234,7 +236,7 @@ elif [ "$PART" = mma ]; then
     --sizes qwen3-32b --bits 8 --rows 2,3,7,8 --repeats 6 --shipped-only
 elif [ "$PART" = real ]; then
   lean=(--depths 1,3 --cycle-temperatures 0.6 --decode-tokens 32 --cycles 10 --repeats 6)
-  step real-32b-kernel 400 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b --dtypes 4bit,8bit \
+  step real-32b-kernel 400 python3 -m mtplxd.engine.bench.real_size --sizes qwen3-32b --dtypes "${DTYPES:-4bit,8bit}" \
     "${lean[@]}" --small-m-kernel --small-m-loops --json-out "$work/real-size-32b-kernel.json"
 elif [ "$PART" = unpack ]; then
   step cuda-tests 200 python3 -m pytest -q -p no:cacheprovider -k "cuda" tests/engine/test_small_m_qmm.py

@@ -71,6 +71,13 @@ def test_forwards_and_cycles_are_multiples_of_a_decode_step(report):
         forward = config["forward_ms_by_tokens"]
         assert set(forward) == {"1", "2", "3", "4", "5", "6"}
         assert config["forward_over_one_token"]["1"] == 1.0
+        compiled = config["forward_compiled_ms_by_tokens"]  # the verify as the fused loop runs it
+        if config["family"] == "qwen3":
+            assert set(compiled) == set(forward) and config["forward_compiled_over_one_token"]["1"] == 1.0
+            assert config["forward_compiled_over_decode"]["6"] == pytest.approx(
+                compiled["6"] / config["decode"]["0.0"]["ours_ms"])
+        else:  # a hybrid's recurrent state: not over fixed buffers in this bench
+            assert compiled == {} and config["forward_compiled_over_decode"] == {}
         for temperature in ("0.0", "0.6"):
             cycles = config["cycles"][temperature]
             decode = config["decode"][temperature]["ours_ms"]
@@ -281,6 +288,36 @@ def test_the_compiled_ar_arm_decodes_our_ar_loops_greedy_tokens(tiny_model_facto
     tokens, ms = compiled_greedy_decode(model.trunk, ids, 40)
     assert tokens == served
     assert ms > 0
+
+
+def test_the_compiled_forward_computes_the_trunks_logits_and_rewrites_the_same_slots(tiny_model_factory):
+    """The verify as the fused loop runs it (bench.verify.compiled_forward): the logits of T
+    tokens after the prompt equal the op-by-op forward's, a second call at the same n gives
+    them again (it wrote the slots the first wrote), and the cache it copied is untouched."""
+    import mlx.core as mx
+
+    from mtplxd.engine.bench.verify import compiled_forward, measure_compiled_forward_costs
+    from mtplxd.engine.loaded_model import load_model
+
+    model = load_model(tiny_model_factory("qwen3"), quantize="none")
+    trunk, vocab = model.trunk, model.info.vocab_size
+    ids = model.tokenizer.encode("def add(a, b):")
+    cache = trunk.make_cache()
+    trunk.prefill(ids, cache)
+    block = mx.array([[5, 9, 13, 2]])
+    step, buffers, n = compiled_forward(trunk, cache, 4)
+    first, *buffers = step(block, n, *buffers)
+    again, *buffers = step(block, n, *buffers)
+    _, want = trunk.forward(block, cache, all_logits=True)
+    assert mx.allclose(first, want, atol=1e-4).item() and mx.array_equal(first, again).item()
+    for entry in cache:
+        entry.trim(4)
+    ms = measure_compiled_forward_costs(trunk, cache, vocab, (1, 4), steps=3)
+    assert set(ms) == {"1", "4"} and all(v > 0 for v in ms.values())
+    assert {entry.offset for entry in cache} == {len(ids)}
+    hybrid = load_model(tiny_model_factory("qwen3_5"), quantize="none")
+    assert measure_compiled_forward_costs(hybrid.trunk, hybrid.trunk.make_cache(), hybrid.info.vocab_size,
+                                          (1,), steps=1) == {}
 
 
 def test_pipelined_forwards_leave_the_cache_where_they_found_it(tiny_model_factory):

@@ -37,8 +37,11 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
   * forward of 1..6 tokens (cache trimmed back after each: fixed shapes), and each as a
     multiple of the 1-token forward; the same forwards run back to back, each handed to the
     device before the last finishes (`forward_pipelined_ms_by_tokens`), and each as a
-    multiple of our decode step (`forward_pipelined_over_decode`: issue 22's verify
-    target); with `--small-m-kernel`, again with the small-M quantized kernel installed
+    multiple of our decode step (`forward_pipelined_over_decode`); for a dense model the
+    same forwards compiled over fixed KV buffers as the fused MTP loop verifies, back to back
+    (`forward_compiled_ms_by_tokens`, `forward_compiled_over_decode`: issue 22's verify
+    target in the form the engine runs it, and `forward_compiled_over_one_token`); with
+    `--small-m-kernel`, again with the small-M quantized kernel installed
     (small_m_qmm.py; quantized dtypes, CUDA only); with `--small-m-loops` also decode (with
     its host split) and cycles with it (`small_m_kernel` in the report: its
     decode steps take the vector layout on matrices of LARGE_MATRIX_VALUES weights or more;
@@ -133,7 +136,7 @@ from mtplxd.engine.bench.ar_reference import mlx_lm_decode_ms, ours_decode_ms
 from mtplxd.engine.bench.harness import bench_parser, command_line, machine, write_report
 from mtplxd.engine.bench.small_m import mma_config_name, parse_mma_configs
 from mtplxd.engine.bench.verify import (
-    DIMS, logit_gaps, measure_forward_costs, measure_pipelined_forward_costs,
+    DIMS, logit_gaps, measure_compiled_forward_costs, measure_forward_costs, measure_pipelined_forward_costs,
 )
 from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.loader import model_dtype
@@ -397,10 +400,18 @@ def _phases(config: str, started: float) -> Callable[[str], None]:
 def _pipelined_forwards(trunk, cache, vocab: int, repeats: int, decode_ms: float) -> dict[str, Any]:
     """Forwards of 1..6 tokens run back to back (bench.verify.measure_pipelined_forward_costs),
     and each as a multiple of our greedy decode step, which is pipelined the same way: the
-    verify's cost in decode steps, without the synchronous forward's host time on top."""
-    ms = measure_pipelined_forward_costs(trunk, cache, vocab, range(1, 7), steps=max(2 * repeats, 8))
+    verify's cost in decode steps, without the synchronous forward's host time on top. Then
+    the same forwards compiled over fixed buffers, as the fused MTP loop verifies
+    (measure_compiled_forward_costs; dense models), over the decode step and over their own
+    1-token forward."""
+    steps = max(2 * repeats, 8)
+    ms = measure_pipelined_forward_costs(trunk, cache, vocab, range(1, 7), steps=steps)
+    compiled = measure_compiled_forward_costs(trunk, cache, vocab, range(1, 7), steps=steps)
     return {"forward_pipelined_ms_by_tokens": ms,
-            "forward_pipelined_over_decode": {k: v / decode_ms for k, v in ms.items()} if decode_ms else {}}
+            "forward_pipelined_over_decode": {k: v / decode_ms for k, v in ms.items()} if decode_ms else {},
+            "forward_compiled_ms_by_tokens": compiled,
+            "forward_compiled_over_decode": {k: v / decode_ms for k, v in compiled.items()} if decode_ms else {},
+            "forward_compiled_over_one_token": {k: v / compiled["1"] for k, v in compiled.items()} if compiled else {}}
 
 
 def compiled_decode_ms(trunk: Any, prompt: list[int], tokens: int) -> float | None:

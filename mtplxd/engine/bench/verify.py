@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import mlx.core as mx
 
@@ -95,13 +95,74 @@ def measure_pipelined_forward_costs(trunk, cache, vocab: int, token_counts: Iter
             mx.async_eval(logits)
             return logits
 
-        for _ in range(warmup):
-            mx.eval(launch())
-        start = time.perf_counter()
-        for _ in range(steps):
-            last = launch()
-        mx.eval(last)
-        costs[str(tokens)] = (time.perf_counter() - start) * 1000 / steps
+        costs[str(tokens)] = back_to_back_ms(launch, steps, warmup)
+    return costs
+
+
+def back_to_back_ms(launch: Callable[[], mx.array], steps: int, warmup: int) -> float:
+    """ms per call of `launch` (which hands one forward to the device and returns its output)
+    over `steps` calls in a row, each launched before the last finishes, after `warmup`
+    calls run to the end."""
+    for _ in range(warmup):
+        mx.eval(launch())
+    start = time.perf_counter()
+    for _ in range(steps):
+        last = launch()
+    mx.eval(last)
+    return (time.perf_counter() - start) * 1000 / steps
+
+
+def compiled_forward(trunk, cache, most_tokens: int) -> tuple[Callable, list[mx.array], mx.array] | None:
+    """A trunk forward compiled over fixed KV buffers, as the fused MTP loop's verify runs:
+    (step, buffers, n) where step(tokens (1, T), n, *buffers) -> (logits (1, T, V), *buffers
+    with the T rows written at n), `buffers` copies of `cache`'s rows with room for
+    `most_tokens` more, and n its length as a device int. Called again with its own buffers at
+    the same n it writes the same slots. None where the fused loops do not take the cache
+    (a hybrid's recurrent state)."""
+    from mtplxd.engine.decoding.fused import (
+        buffers_of, capacity_for, fused_supported, route_static_cache_attention, static_caches, to_buffers,
+    )
+
+    if not fused_supported(trunk, cache):
+        return None
+    route_static_cache_attention()
+    length = cache[0].offset
+
+    def forward(tokens: mx.array, n: mx.array, *buffers: mx.array) -> tuple[mx.array, ...]:
+        caches = static_caches(list(buffers), n)
+        logits = trunk.lm_head(trunk.body(tokens, caches))
+        return (logits, *buffers_of(caches))
+
+    return mx.compile(forward), to_buffers(cache, capacity_for(length + most_tokens + 1)), mx.array(length, mx.int32)
+
+
+def measure_compiled_forward_costs(trunk, cache, vocab: int, token_counts: Iterable[int],
+                                   steps: int, warmup: int = 3) -> dict[str, float]:
+    """ms per trunk forward of T tokens compiled over fixed buffers (`compiled_forward`), run
+    back to back as the fused loop runs its cycles, each handed to the device before the last
+    finishes: the verify as the engine serves it, where `measure_pipelined_forward_costs`
+    times mlx-lm's op-by-op forward. Inside an MTP cycle's routing (small_m_qmm's
+    `marked_as_cycle`: layers routed row-invariantly in cycles are so here). {} where the
+    fused loops do not take the cache. `cache` itself is left as it was."""
+    from mtplxd.engine.model import small_m_qmm
+
+    counts = list(token_counts)
+    built = compiled_forward(trunk, cache, max(counts))
+    if built is None:
+        return {}
+    step, buffers, n = built
+    costs = {}
+    with small_m_qmm.marked_as_cycle():
+        for tokens in counts:
+            block = mx.random.randint(0, vocab, (1, tokens))
+
+            def launch(block=block) -> mx.array:
+                nonlocal buffers
+                logits, *buffers = step(block, n, *buffers)  # the old buffers go: written in place
+                mx.async_eval(logits)
+                return logits
+
+            costs[str(tokens)] = back_to_back_ms(launch, steps, warmup)
     return costs
 
 
