@@ -120,7 +120,7 @@ def installable(attention: nn.Module) -> bool:
 class NormRopeAttention(qwen3.Attention):
     """mlx-lm's qwen3 Attention, its query and key norms and rope in one call (`norm_rope`)."""
 
-    def __call__(self, x: mx.array, mask: mx.array | None = None, cache: Any = None) -> mx.array:
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         B, L, _ = x.shape
         queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         queries, keys = norm_rope(self, queries, keys, 0 if cache is None else cache.offset)
