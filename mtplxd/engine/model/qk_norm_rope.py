@@ -27,10 +27,9 @@ the bit.
 Opt-in (`MTPLX_QK_NORM_ROPE=1`): on an H100 (2026-12-07, fifth session; docs/benchmarks.md,
 "The query and key norms and rope as one kernel") the 4-bit 4B's AR step ran 622 kernels
 (800 before it and the shared KV index), the four kernels' 0.63 device ms became 0.35, and
-whole steps were level: median
-3.91 ms against 4.14 in five pairs of processes (faster in two, slower in three), depth-3
-cycles 12.13 against 12.27. Greedy MTP and AR with it: 3 divergences in 2,000 tokens, each a
-near-tie.
+whole steps were level: median 3.91 ms against 4.14 in five pairs of processes (faster in
+two, slower in three), depth-3 cycles 12.13 against 12.27. Greedy MTP and AR with it: 3
+divergences in 2,000 tokens, each a near-tie.
 """
 
 from __future__ import annotations
