@@ -194,11 +194,18 @@
 #                 vectors a thread a pass at both heights, and readers of the same bytes that
 #                 compute nothing (its grid; one flat stream). 2026-12-07, third session: the
 #                 persistent form lost everywhere; down_proj's grid is its ceiling (next: UNROLL)
+#   PART=graph-limits  what bounds the 4-bit 4B's compiled AR step (2026-12-07, sixth session: 622
+#                 kernels and 5.6 Nsight ms a step, a fifth fewer kernels left the 3.9 ms wall level):
+#                 SIZE (qwen3-4b) at DTYPES (4bit), the kernel as served, 256 steps a process
+#                 (wall and the process's CPU time) with MLX's CUDA graphs as shipped (100 ops, 1000 MB
+#                 a graph on sm_90), one graph a step (1000 ops, 100000 MB), small graphs (20 ops) and
+#                 none (MLX_USE_CUDA_GRAPHS=0), ROUNDS (2) rounds; then the device's busy time a step
+#                 (Nsight, graph workloads) as shipped and at one graph a step
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, norm-rope, stacked-profile, decode-routing, decode-routing-profile, kv-write, in-place, attention-split, attention-profile, ncu or read-ceiling}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, norm-rope, graph-limits, stacked-profile, decode-routing, decode-routing-profile, kv-write, in-place, attention-split, attention-profile, ncu or read-ceiling}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -283,6 +290,18 @@ elif [ "$PART" = step-profile ]; then
   profile ncu-cycle3-kernel-graphs graph 4 --depth 3 --small-m-kernel
   profile ncu-ar-nodes node 1
   profile ncu-ar-kernel-nodes node 1 --small-m-kernel
+elif [ "$PART" = graph-limits ]; then
+  sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-4b}" --dtype "${DTYPES:-4bit}" --small-m-kernel)
+  declare -A limits=([shipped]="" [one-graph]="MLX_MAX_OPS_PER_BUFFER=1000 MLX_MAX_MB_PER_BUFFER=100000"
+                     [small-graphs]="MLX_MAX_OPS_PER_BUFFER=20" [no-graphs]="MLX_USE_CUDA_GRAPHS=0")
+  for r in $(seq "${ROUNDS:-2}"); do
+    for name in shipped one-graph small-graphs no-graphs; do
+      step "wall-$name-$r" 90 env ${limits[$name]} "${sp[@]}" --steps 256 --json-out "$work/wall-$name-$r.json"
+    done
+  done
+  profile ncu-shipped-graphs graph 4
+  sp=(env MLX_MAX_OPS_PER_BUFFER=1000 MLX_MAX_MB_PER_BUFFER=100000 "${sp[@]}")
+  profile ncu-one-graph-graphs graph 4
 elif [ "$PART" = norm-rope ]; then
   [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_qk_norm_rope.py
   sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-4b}" --dtype "${DTYPES:-4bit}" --small-m-kernel)

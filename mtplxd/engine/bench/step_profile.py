@@ -22,7 +22,8 @@ duration, for a breakdown by kernel (`top_workloads`).
 The model is built as bench.real_size builds it (random weights, `--context` tokens);
 `--depth 0` profiles the engine's AR loop, `--depth K` its MTP loop at depth K (the fused
 one, hybrid models' too, as a greedy request is served), greedy. Without `--profiled` the script times the same
-steps unprofiled (`wall_ms_per_step`) and stops. With it, the steps run between
+steps unprofiled (`wall_ms_per_step`, with the process's CPU time beside it, `cpu_ms_per_step`:
+every thread's, MLX's encoder and its waits included) and stops. With it, the steps run between
 cuProfilerStart and cuProfilerStop (the CUDA driver's, which `--profile-from-start off`
 obeys), after a warm-up outside the range. `--summarize` reads ncu's CSV afterwards (on any
 machine: no MLX needed).
@@ -159,10 +160,10 @@ def _run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: bo
     profiler = DriverProfiler() if profiled else None
     if profiler:
         profiler.start()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     tokens = sum(len(next(loop)) for _ in range(steps))
     mx.synchronize()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     if profiler:
         profiler.stop()
     loop.close()
@@ -170,7 +171,8 @@ def _run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: bo
             "loop": ("ar compiled" if fused else "ar") if depth == 0 else ("fused" if fused else "stepwise"),
             "small_m_kernel": small_m_kernel, "large_matrix_values": small_m_qmm.LARGE_MATRIX_VALUES,
             "stacked_groups": stacked_groups, "norm_rope_layers": norm_rope_layers, "profiled": profiled,
-            "wall_ms_per_step": elapsed * 1000 / steps, "tokens_per_step": tokens / steps}
+            "wall_ms_per_step": elapsed * 1000 / steps, "cpu_ms_per_step": cpu * 1000 / steps,
+            "tokens_per_step": tokens / steps}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                               decode_vector_values=args.decode_vector_values,
                               qk_norm_rope=args.qk_norm_rope)}
         print(f"{args.size} {args.dtype} depth {args.depth}: {report['wall_ms_per_step']:.2f} ms "
-              f"a step, {report['tokens_per_step']:.2f} tokens", flush=True)
+              f"a step ({report['cpu_ms_per_step']:.2f} ms of the process's CPU time), "
+              f"{report['tokens_per_step']:.2f} tokens", flush=True)
     if args.json_out:
         write_report(args.json_out, report)
     return 0
