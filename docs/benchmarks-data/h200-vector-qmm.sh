@@ -200,7 +200,9 @@
 #                 (wall and the process's CPU time) with MLX's CUDA graphs as shipped (100 ops, 1000 MB
 #                 a graph on sm_90), one graph a step (1000 ops, 100000 MB), small graphs (20 ops) and
 #                 none (MLX_USE_CUDA_GRAPHS=0), ROUNDS (2) rounds; then the device's busy time a step
-#                 (Nsight, graph workloads) as shipped and at one graph a step
+#                 (Nsight, graph workloads) as shipped and at one graph a step. First bench.launch_cost (a
+#                 kernel's floor: MLX's rms_norm, a short cuda_kernel and one with a 20 kB source)
+#                 with graphs and without
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
@@ -294,6 +296,11 @@ elif [ "$PART" = graph-limits ]; then
   sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-4b}" --dtype "${DTYPES:-4bit}" --small-m-kernel)
   declare -A limits=([shipped]="" [one-graph]="MLX_MAX_OPS_PER_BUFFER=1000 MLX_MAX_MB_PER_BUFFER=100000"
                      [small-graphs]="MLX_MAX_OPS_PER_BUFFER=20" [no-graphs]="MLX_USE_CUDA_GRAPHS=0")
+  step launch-tests 60 python3 -m pytest -q -p no:cacheprovider tests/engine/test_bench_launch_cost.py
+  for name in shipped no-graphs; do
+    step "launch-cost-$name" 60 env ${limits[$name]} python3 -m mtplxd.engine.bench.launch_cost \
+      --json-out "$work/launch-cost-$name.json"
+  done
   for r in $(seq "${ROUNDS:-2}"); do
     for name in shipped one-graph small-graphs no-graphs; do
       step "wall-$name-$r" 90 env ${limits[$name]} "${sp[@]}" --steps 256 --json-out "$work/wall-$name-$r.json"
