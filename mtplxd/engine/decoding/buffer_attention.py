@@ -710,7 +710,7 @@ def kernel_scale(scale: float) -> mx.array:
 
 @functools.cache
 def _buffer_kernel():
-    return mx.fast.cuda_kernel(
+    return custom_kernels.cuda_kernel(
         name="mtplx_buffer_attention", input_names=["queries", "keys", "values", "offset", "scale"],
         output_names=["out"], source=_SOURCE, header=_HEADER)
 
@@ -744,16 +744,16 @@ def one_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.arra
 @functools.cache
 def _first_pass_kernel(name: str, source: str):
     """A kernel writing partial results (`_attend_in_parts`): the split or two-pass form's."""
-    return mx.fast.cuda_kernel(name=name, input_names=["queries", "keys", "values", "offset", "scale"],
-                               output_names=["part_max", "part_sum", "part_acc"], source=source,
-                               header=_HEADER)
+    return custom_kernels.cuda_kernel(name=name, input_names=["queries", "keys", "values", "offset", "scale"],
+                                      output_names=["part_max", "part_sum", "part_acc"], source=source,
+                                      header=_HEADER)
 
 
 @functools.cache
 def _merge_kernel():
-    return mx.fast.cuda_kernel(name="mtplx_buffer_attention_merge",
-                               input_names=["part_max", "part_sum", "part_acc", "offset"], output_names=["out"],
-                               source=_MERGE_SOURCE, header=_HEADER)
+    return custom_kernels.cuda_kernel(name="mtplx_buffer_attention_merge",
+                                      input_names=["part_max", "part_sum", "part_acc", "offset"],
+                                      output_names=["out"], source=_MERGE_SOURCE, header=_HEADER)
 
 
 def _attend_in_parts(first_pass, queries: mx.array, keys: mx.array, values: mx.array,
@@ -849,7 +849,7 @@ def form_for(queries: mx.array, keys: mx.array) -> str:
 
 @functools.cache
 def _rows_buffer_kernel():
-    return mx.fast.cuda_kernel(
+    return custom_kernels.cuda_kernel(
         name="mtplx_rows_buffer_attention", input_names=["queries", "keys", "values", "offset", "scale"],
         output_names=["out"], source=_ROWS_SOURCE, header=_HEADER)
 

@@ -114,7 +114,7 @@ def _gdn_kernel(every_row: bool = False):
                   .replace("/*STORE_FINAL*/", "" if every_row else _STORE_FINAL)
                   .replace("/*STATE_OUT*/", "" if every_row else
                            "float* s_out = state_out + ((size_t)n * Dv + dv) * Dk + lane * E;"))
-        _kernels[every_row] = mx.fast.cuda_kernel(
+        _kernels[every_row] = custom_kernels.cuda_kernel(
             name="mtplx_gated_delta_rows" if every_row else "mtplx_gated_delta_step",
             input_names=["q", "k", "v", "a", "b", "A_log", "dt_bias", "state_in"],
             output_names=["y", "row_states" if every_row else "state_out"], source=source, header=_HEADER)

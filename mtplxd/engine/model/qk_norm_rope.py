@@ -178,7 +178,7 @@ def qk_norm_rope(attention: nn.Module, queries: mx.array, keys: mx.array,
     """The kernel (CUDA only; see `usable`)."""
     global _kernel
     if _kernel is None:
-        _kernel = mx.fast.cuda_kernel(
+        _kernel = custom_kernels.cuda_kernel(
             name="mtplx_qk_norm_rope",
             input_names=["q", "k", "q_weight", "k_weight", "offset"],
             output_names=["q_out", "k_out"], source=_SOURCE)

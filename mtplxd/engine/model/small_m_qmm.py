@@ -814,8 +814,8 @@ _mma_usable: bool | None = None  # probed apart: a GPU without bf16 mma.sync kee
 @functools.cache
 def _small_m_kernel(layout: str = "word"):
     source = {"vector": _SOURCE_VECTOR, "mma": _SOURCE_MMA, "mma_pipelined": _SOURCE_MMA_PIPELINED}.get(layout, _SOURCE)
-    return mx.fast.cuda_kernel(name=f"mtplx_small_m_qmm_{layout}", input_names=["x", "w", "scales", "biases"],
-                               output_names=["out"], source=source, header=_HEADER)
+    return custom_kernels.cuda_kernel(name=f"mtplx_small_m_qmm_{layout}", input_names=["x", "w", "scales", "biases"],
+                                      output_names=["out"], source=source, header=_HEADER)
 
 
 def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
