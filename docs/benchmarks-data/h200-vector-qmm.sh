@@ -203,11 +203,17 @@
 #                 (Nsight, graph workloads) as shipped and at one graph a step. First bench.launch_cost (a
 #                 kernel's floor: MLX's rms_norm, a short cuda_kernel and one with a 20 kB source)
 #                 with graphs and without
+#   PART=mma-decode  decode steps' 1-row products on the tensor-core layout, in the compiled AR loop
+#                 (2026-12-07, sixth session: the 32B 8-bit's compiled 1-token forward with the kernel's
+#                 cycle routing took 15.8 ms where its served decode, MLX's qmv op by op, took 17.6):
+#                 SIZE (qwen3-32b) at 8-bit as served, row-invariant (MTPLX_ROW_INVARIANT=1) in the
+#                 compiled loop (MTPLX_FUSED_AR=1) and MLX's products compiled; at 4-bit as served
+#                 and row-invariant; 64 greedy steps a process, ROUNDS (2) rounds
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, norm-rope, graph-limits, stacked-profile, decode-routing, decode-routing-profile, kv-write, in-place, attention-split, attention-profile, ncu or read-ceiling}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, norm-rope, graph-limits, mma-decode, stacked-profile, decode-routing, decode-routing-profile, kv-write, in-place, attention-split, attention-profile, ncu or read-ceiling}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -309,6 +315,16 @@ elif [ "$PART" = graph-limits ]; then
   profile ncu-shipped-graphs graph 4
   sp=(env MLX_MAX_OPS_PER_BUFFER=1000 MLX_MAX_MB_PER_BUFFER=100000 "${sp[@]}")
   profile ncu-one-graph-graphs graph 4
+elif [ "$PART" = mma-decode ]; then
+  declare -A arms=([served]="" [mma-compiled]="MTPLX_ROW_INVARIANT=1 MTPLX_FUSED_AR=1"
+                   [mlx-compiled]="MTPLX_FUSED_AR=1")
+  for r in $(seq "${ROUNDS:-2}"); do
+    for dtype_arm in 8bit:served 8bit:mma-compiled 8bit:mlx-compiled 4bit:served 4bit:mma-compiled; do
+      dtype=${dtype_arm%%:*} arm=${dtype_arm#*:}
+      step "wall-$dtype-$arm-$r" 80 env ${arms[$arm]} python3 -m mtplxd.engine.bench.step_profile \
+        --size "${SIZE:-qwen3-32b}" --dtype "$dtype" --small-m-kernel --steps 64 --json-out "$work/wall-$dtype-$arm-$r.json"
+    done
+  done
 elif [ "$PART" = norm-rope ]; then
   [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_qk_norm_rope.py
   sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-4b}" --dtype "${DTYPES:-4bit}" --small-m-kernel)

@@ -610,3 +610,18 @@ def test_qk_norm_rope_runs_every_figure_with_the_one_kernel_forward(qk_norm_rope
     assert config["qk_norm_rope_layers"] == real_size.SIZES["tiny"][1]["num_hidden_layers"] + 1
     assert config["greedy_divergence"]["first_divergence"] is None
     assert (1, 1) in qk_norm_rope_twin and (1, 3) in qk_norm_rope_twin  # decode steps and depth-2 verifies
+
+
+def test_the_kernels_forwards_stand_over_the_faster_decode_once_it_is_timed(small_m_kernel_twin, tmp_path):
+    """With `--small-m-loops` the kernel's forwards are set over the faster greedy decode step
+    (its own or stock's: what AR runs, as the cycles' figures are), not over stock's alone."""
+    out = tmp_path / "dense.json"
+    assert real_size.main(["--sizes", "tiny", "--dtypes", "4bit", "--context", "16", "--depths", "1",
+                           "--cycle-temperatures", "0", "--decode-tokens", "4", "--repeats", "1",
+                           "--cycles", "2", "--small-m-kernel", "--small-m-loops", "--json-out", str(out)]) == 0
+    entry = json.loads(out.read_text())["configs"][0]
+    faster = min(entry["decode"]["0.0"]["ours_ms"], entry["small_m_kernel"]["decode_ms"]["0.0"])
+    for form in ("forward_pipelined", "forward_compiled"):
+        ms = entry[f"{form}_ms_by_tokens_small_m_kernel"]
+        assert set(ms) == {str(n) for n in range(1, 7)}
+        assert entry[f"{form}_over_decode_small_m_kernel"] == pytest.approx({k: v / faster for k, v in ms.items()})

@@ -58,6 +58,7 @@ def test_unprofiled_steps_run_the_engines_loops(tmp_path, monkeypatch, size, dep
                               "--context", "16", "--json-out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["loop"] == loop and report["steps"] == 3 and not report["profiled"]
+    assert report["row_invariant"] is False  # no kernel here: nothing routed
     assert report["wall_ms_per_step"] > 0 and report["cpu_ms_per_step"] > 0
     # A random head accepts almost nothing: 1 token a cycle, up to depth+1.
     assert 1 <= report["tokens_per_step"] <= depth + 1

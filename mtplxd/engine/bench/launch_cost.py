@@ -42,8 +42,9 @@ PROG = "python -m mtplxd.engine.bench.launch_cost"
 FORMS = ("norm", "custom", "custom-padded")
 SHAPE = (1, 64)
 _ADD_SOURCE = """
-    uint elem = threadIdx.x + blockIdx.x * blockDim.x;
-    if (elem < x_size) out[elem] = x[elem] + 1;
+    // The grid is x's size (`kernel_once`): one element a thread.
+    unsigned int elem = threadIdx.x + blockIdx.x * blockDim.x;
+    out[elem] = x[elem] + 1.0f;
 """
 
 

@@ -170,6 +170,7 @@ def _run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: bo
     return {"size": size, "dtype": dtype, "depth": depth, "steps": steps, "context": context,
             "loop": ("ar compiled" if fused else "ar") if depth == 0 else ("fused" if fused else "stepwise"),
             "small_m_kernel": small_m_kernel, "large_matrix_values": small_m_qmm.LARGE_MATRIX_VALUES,
+            "row_invariant": small_m_qmm.routed_row_invariant(model),
             "stacked_groups": stacked_groups, "norm_rope_layers": norm_rope_layers, "profiled": profiled,
             "wall_ms_per_step": elapsed * 1000 / steps, "cpu_ms_per_step": cpu * 1000 / steps,
             "tokens_per_step": tokens / steps}
