@@ -135,6 +135,12 @@ def test_a_dense_model_whose_decode_steps_take_the_kernel_decodes_in_it_on_cuda(
             f"compiled for prompts up to {fused_ar.DENSE_PROMPT_TOKENS:,} tokens, op by op beyond"
             if wanted[bits] else "op by op")
     assert wanted == {"4bit": True, "8bit": False}
+    # Routed row-invariantly (MTPLX_ROW_INVARIANT=1), the 8-bit model's decode steps take the
+    # kernel's mma layout: a step of custom kernels, so it decodes compiled too.
+    small_m_qmm.uninstall(model.model)
+    assert small_m_qmm.install(model.model, force=True, row_invariant=True) > 0
+    assert not small_m_qmm.decode_routed(model.model)
+    assert fused_ar_wanted(model.trunk, model.trunk.make_cache(), fused_ar.DENSE_PROMPT_TOKENS)
 
 
 def complete(model, max_tokens=40, **sampling):

@@ -59,8 +59,9 @@ def fused_ar_wanted(trunk: Trunk, cache: list[Any], prompt_tokens: int = 0) -> b
     """Whether an AR request of `prompt_tokens` on `trunk` decodes in this loop: on CUDA,
     where the fused loops run (`decode_loop` "fused"), a hybrid (Gated DeltaNet layers in its
     cache), or a model whose decode steps take the small-M kernel (`small_m_qmm.decode_routed`:
-    a dense 4-bit model of Qwen3-4B's size or larger) for prompts of at most DENSE_PROMPT_TOKENS
-    (timed at 8,192 tokens on the 32B; the 4B's were timed at 512).
+    a dense 4-bit model of Qwen3-4B's size or larger; or any model routed row-invariantly,
+    `MTPLX_ROW_INVARIANT=1`) for prompts of at most DENSE_PROMPT_TOKENS (timed at 8,192 tokens
+    on the 32B; the 4B's were timed at 512).
     `MTPLX_FUSED_AR` "0" turns it off, "1" on for any model the loop takes (benches); `force`
     overrides both."""
     if not fused_supported(trunk, cache, hybrid=True):
@@ -77,7 +78,10 @@ def fused_ar_wanted(trunk: Trunk, cache: list[Any], prompt_tokens: int = 0) -> b
         return False
     if "gdn" in cache_layout(cache):
         return True
-    return prompt_tokens <= DENSE_PROMPT_TOKENS and small_m_qmm.decode_routed(trunk.model)
+    # Decode steps on the kernel either way: its vector layout, or every product on its mma
+    # layout when routed row-invariantly (a step of custom kernels op by op is host-bound).
+    kernel_steps = small_m_qmm.decode_routed(trunk.model) or small_m_qmm.routed_row_invariant(trunk.model)
+    return prompt_tokens <= DENSE_PROMPT_TOKENS and kernel_steps
 
 
 def path_name(trunk: Trunk) -> str:
