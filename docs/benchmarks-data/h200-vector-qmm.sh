@@ -203,17 +203,20 @@
 #                 (Nsight, graph workloads) as shipped and at one graph a step. First bench.launch_cost (a
 #                 kernel's floor: MLX's rms_norm, a short cuda_kernel and one with a 20 kB source)
 #                 with graphs and without
-#   PART=mma-decode  decode steps' 1-row products on the tensor-core layout, in the compiled AR loop
-#                 (2026-12-07, sixth session: the 32B 8-bit's compiled 1-token forward with the kernel's
-#                 cycle routing took 15.8 ms where its served decode, MLX's qmv op by op, took 17.6):
-#                 SIZE (qwen3-32b) at 8-bit as served, row-invariant (MTPLX_ROW_INVARIANT=1) in the
-#                 compiled loop (MTPLX_FUSED_AR=1) and MLX's products compiled; at 4-bit as served
-#                 and row-invariant; 64 greedy steps a process, ROUNDS (2) rounds
+#   PART=arms     configurations alternating in one process (bench.step_arms; 2026-12-07, sixth
+#                 session: the 4B's step swung 4.0-6.2 ms between processes, its host the bound):
+#                 the 4-bit Qwen3-4B as served (kernel) against stacked projections and one
+#                 norm-and-rope kernel a layer, together and apart (fewer kernels: less host
+#                 time); the 32B 8-bit as served (MLX's decode op by op) against its decode steps on
+#                 the tensor-core layout in the compiled loop (kernel+row-invariant: its compiled
+#                 1-token forward so took 15.8 ms against a 17.4 ms decode step) and MLX's compiled;
+#                 the 32B 4-bit as served against row-invariant and against stacked + norm-rope.
+#                 ROUNDS (4) rounds
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
 #   PART=kernels OUT=$OUT bash docs/benchmarks-data/h200-vector-qmm.sh
 set -u
 OUT=${OUT:?set OUT to the folder for the reports}
-PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, norm-rope, graph-limits, mma-decode, stacked-profile, decode-routing, decode-routing-profile, kv-write, in-place, attention-split, attention-profile, ncu or read-ceiling}
+PART=${PART:?set PART to kernels, mma, timeline, real, real-graphs, decode-graphs, step-profile, widen, unpack, unpack-real, divergence, hybrid-parity, hybrid-prefill, hybrid-verify, gdn-kernel, ar-loop, compiled-decode, row-invariant, row-invariant-kernels, routings, mma-shape, mma-pipelined, fusion, norm-rope, graph-limits, arms, stacked-profile, decode-routing, decode-routing-profile, kv-write, in-place, attention-split, attention-profile, ncu or read-ceiling}
 BUDGET=${BUDGET:-560}
 export PYTHONPATH=$PWD:${PYTHONPATH:-/root/site} PYTHONUNBUFFERED=1
 export MTPLX_HOME=${MTPLX_HOME:-/root/mtplx-home}
@@ -315,16 +318,14 @@ elif [ "$PART" = graph-limits ]; then
   profile ncu-shipped-graphs graph 4
   sp=(env MLX_MAX_OPS_PER_BUFFER=1000 MLX_MAX_MB_PER_BUFFER=100000 "${sp[@]}")
   profile ncu-one-graph-graphs graph 4
-elif [ "$PART" = mma-decode ]; then
-  declare -A arms=([served]="" [mma-compiled]="MTPLX_ROW_INVARIANT=1 MTPLX_FUSED_AR=1"
-                   [mlx-compiled]="MTPLX_FUSED_AR=1")
-  for r in $(seq "${ROUNDS:-2}"); do
-    for dtype_arm in 8bit:served 8bit:mma-compiled 8bit:mlx-compiled 4bit:served 4bit:mma-compiled; do
-      dtype=${dtype_arm%%:*} arm=${dtype_arm#*:}
-      step "wall-$dtype-$arm-$r" 80 env ${arms[$arm]} python3 -m mtplxd.engine.bench.step_profile \
-        --size "${SIZE:-qwen3-32b}" --dtype "$dtype" --small-m-kernel --steps 64 --json-out "$work/wall-$dtype-$arm-$r.json"
-    done
-  done
+elif [ "$PART" = arms ]; then
+  sa=(python3 -m mtplxd.engine.bench.step_arms --rounds "${ROUNDS:-4}")
+  step arms-4b 200 "${sa[@]}" --size qwen3-4b --dtype 4bit --steps 256 \
+    --arms kernel,kernel+stacked+norm-rope,kernel+stacked,kernel+norm-rope --json-out "$work/arms-4b.json"
+  step arms-32b-8bit 200 "${sa[@]}" --size qwen3-32b --dtype 8bit --steps 64 \
+    --arms kernel,kernel+row-invariant,kernel+compiled-ar --json-out "$work/arms-32b-8bit.json"
+  step arms-32b-4bit 200 "${sa[@]}" --size qwen3-32b --dtype 4bit --steps 64 \
+    --arms kernel,kernel+row-invariant,kernel+stacked+norm-rope --json-out "$work/arms-32b-4bit.json"
 elif [ "$PART" = norm-rope ]; then
   [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_qk_norm_rope.py
   sp=(python3 -m mtplxd.engine.bench.step_profile --size "${SIZE:-qwen3-4b}" --dtype "${DTYPES:-4bit}" --small-m-kernel)

@@ -137,27 +137,60 @@ def run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: boo
 def _run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: bool,
                profiled: bool, context: int, warmup: int, stacked: bool,
                qk_norm_rope: bool) -> dict[str, Any]:
-    import mlx.core as mx
-
-    from mtplxd.engine.bench.real_size import build_model, engine_loop
-    from mtplxd.engine.model import qk_norm_rope as norm_rope
     from mtplxd.engine.model import small_m_qmm
+
+    model, trunk, built = build_for_steps(size, dtype, stacked=stacked, qk_norm_rope=qk_norm_rope)
+    if small_m_kernel:
+        small_m_qmm.install(model, force=True)
+    timed = time_loop(trunk, model, prompt_for(trunk, context), depth, steps, warmup,
+                      DriverProfiler() if profiled else None)
+    return {"size": size, "dtype": dtype, "depth": depth, "steps": steps, "context": context,
+            "loop": timed["loop"], "small_m_kernel": small_m_kernel,
+            "large_matrix_values": small_m_qmm.LARGE_MATRIX_VALUES,
+            "row_invariant": small_m_qmm.routed_row_invariant(model), **built, "profiled": profiled,
+            "wall_ms_per_step": timed["wall_ms_per_step"], "cpu_ms_per_step": timed["cpu_ms_per_step"],
+            "tokens_per_step": timed["tokens_per_step"]}
+
+
+def build_for_steps(size: str, dtype: str, *, stacked: bool = False,
+                    qk_norm_rope: bool = False) -> tuple[Any, Any, dict[str, int]]:
+    """(model, trunk, {"stacked_groups", "norm_rope_layers"}): the model as bench.real_size
+    builds it (random weights), its projections that read one input stacked (`stacked`,
+    stacked.py) and its query and key norms and rope as one kernel a layer (`qk_norm_rope`),
+    as load_model does with MTPLX_STACKED_PROJECTIONS=1 and MTPLX_QK_NORM_ROPE=1."""
+    from mtplxd.engine.bench.real_size import build_model
+    from mtplxd.engine.model import qk_norm_rope as norm_rope
     from mtplxd.engine.model.stacked import stack
     from mtplxd.engine.model.trunk import Trunk
 
     model, spec = build_model(size, dtype)
     trunk = Trunk(model, spec)
     stacked_groups = stack(model) if stacked else 0
-    if small_m_kernel:
-        small_m_qmm.install(model, force=True)
     norm_rope_layers = norm_rope.install(model, force=True) if qk_norm_rope else 0
+    return model, trunk, {"stacked_groups": stacked_groups, "norm_rope_layers": norm_rope_layers}
+
+
+def prompt_for(trunk: Any, context: int) -> list[int]:
+    """`context` random prompt tokens (the same for every model of a vocabulary)."""
+    import mlx.core as mx
+
     vocab = trunk.text.args.vocab_size
-    prompt = mx.random.randint(0, vocab, (context,), key=mx.random.key(1)).tolist()
+    return mx.random.randint(0, vocab, (context,), key=mx.random.key(1)).tolist()
+
+
+def time_loop(trunk: Any, model: Any, prompt: list[int], depth: int, steps: int, warmup: int = 8,
+              profiler: "DriverProfiler | None" = None) -> dict[str, Any]:
+    """The engine's loop over `prompt` (AR at depth 0, else MTP at `depth`; greedy): `warmup`
+    steps, then `steps` more timed (between the profiler's start and stop when given). Its
+    wall and process CPU ms a step, tokens a step and which loop ran."""
+    import mlx.core as mx
+
+    from mtplxd.engine.bench.real_size import engine_loop
+
     loop, _, fused = engine_loop(trunk, model.mtp, prompt, depth, 0.0)
     for _ in range(warmup):
         next(loop)
     mx.synchronize()
-    profiler = DriverProfiler() if profiled else None
     if profiler:
         profiler.start()
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -167,11 +200,7 @@ def _run_steps(size: str, dtype: str, depth: int, steps: int, small_m_kernel: bo
     if profiler:
         profiler.stop()
     loop.close()
-    return {"size": size, "dtype": dtype, "depth": depth, "steps": steps, "context": context,
-            "loop": ("ar compiled" if fused else "ar") if depth == 0 else ("fused" if fused else "stepwise"),
-            "small_m_kernel": small_m_kernel, "large_matrix_values": small_m_qmm.LARGE_MATRIX_VALUES,
-            "row_invariant": small_m_qmm.routed_row_invariant(model),
-            "stacked_groups": stacked_groups, "norm_rope_layers": norm_rope_layers, "profiled": profiled,
+    return {"loop": ("ar compiled" if fused else "ar") if depth == 0 else ("fused" if fused else "stepwise"),
             "wall_ms_per_step": elapsed * 1000 / steps, "cpu_ms_per_step": cpu * 1000 / steps,
             "tokens_per_step": tokens / steps}
 
