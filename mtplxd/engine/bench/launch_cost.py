@@ -15,9 +15,10 @@ call (`mx.eval`):
   its neighbours, as it would chained elementwise ops; a 4B layer runs four of them).
 - `custom`: x + 1 as an `mx.fast.cuda_kernel` with a few lines of source (CUDA only).
 - `custom-padded`: that kernel with `--pad` bytes of comment in its source, as long as
-  small_m_qmm's vector layout (about 19 kB with its header): MLX's CUDA backend hashes a
-  custom kernel's whole source each time it encodes it (`CustomKernel::eval_gpu`, mlx 0.32),
-  so a long source may cost host time a launch.
+  small_m_qmm's vector layout was with its header as written (about 19 kB): MLX's CUDA
+  backend hashes a custom kernel's whole source each time it encodes it
+  (`CustomKernel::eval_gpu`, mlx 0.32), so a long source may cost host time a launch. (It
+  did, on an H100: the engine's kernels now reach MLX compacted, custom_kernels.compact.)
 
 Reported per form: microseconds a kernel pipelined (wall, and the process's CPU time) and
 waited on, medians over `--rounds`. A pipelined figure near the waited one, with CPU time

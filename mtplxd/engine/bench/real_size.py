@@ -669,8 +669,8 @@ def _kernel_figures(trunk, model: nn.Module, cache, prompt: list[int], forward: 
 def _over_faster_decode(figures: dict[str, Any], decode_ms: float) -> dict[str, Any]:
     """The kernel's forwards (`figures`' `*_ms_by_tokens_small_m_kernel`) over `decode_ms`,
     the faster greedy decode step once the kernel's decode is timed too: AR runs the faster
-    one, as the cycles' figures assume (`_kernel_loops`). Before, they stood over the stock
-    decode, which the kernel's made look cheaper than they are."""
+    one, as the cycles' figures assume (`_kernel_loops`). Until 2026-12-07 they were set over
+    stock's decode, which made the kernel's forwards look cheaper than they are."""
     return {f"{form}_over_decode_small_m_kernel": {k: v / decode_ms for k, v in
                                                    figures[f"{form}_ms_by_tokens_small_m_kernel"].items()}
             for form in ("forward_pipelined", "forward_compiled")}
