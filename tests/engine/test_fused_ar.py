@@ -136,11 +136,16 @@ def test_a_dense_model_whose_decode_steps_take_the_kernel_decodes_in_it_on_cuda(
             if wanted[bits] else "op by op")
     assert wanted == {"4bit": True, "8bit": False}
     # Routed row-invariantly (MTPLX_ROW_INVARIANT=1), the 8-bit model's decode steps take the
-    # kernel's mma layout: a step of custom kernels, so it decodes compiled too.
+    # kernel's mma layout where the GPU has it: a step of custom kernels, so it decodes
+    # compiled too; without the layout its products stay MLX's, and so does its loop.
     small_m_qmm.uninstall(model.model)
     assert small_m_qmm.install(model.model, force=True, row_invariant=True) > 0
     assert not small_m_qmm.decode_routed(model.model)
-    assert fused_ar_wanted(model.trunk, model.trunk.make_cache(), fused_ar.DENSE_PROMPT_TOKENS)
+    cache = model.trunk.make_cache()
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", False)  # here the probe found no mma layout
+    assert not fused_ar_wanted(model.trunk, cache, fused_ar.DENSE_PROMPT_TOKENS)
+    monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
+    assert fused_ar_wanted(model.trunk, cache, fused_ar.DENSE_PROMPT_TOKENS)
 
 
 def complete(model, max_tokens=40, **sampling):

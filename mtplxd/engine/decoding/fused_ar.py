@@ -79,8 +79,10 @@ def fused_ar_wanted(trunk: Trunk, cache: list[Any], prompt_tokens: int = 0) -> b
     if "gdn" in cache_layout(cache):
         return True
     # Decode steps on the kernel either way: its vector layout, or every product on its mma
-    # layout when routed row-invariantly (a step of custom kernels op by op is host-bound).
-    kernel_steps = small_m_qmm.decode_routed(trunk.model) or small_m_qmm.routed_row_invariant(trunk.model)
+    # layout when routed row-invariantly and the GPU has it (a step of custom kernels op by op
+    # is host-bound; without the mma layout row-invariant routing leaves MLX's matmuls).
+    kernel_steps = small_m_qmm.decode_routed(trunk.model) or (
+        small_m_qmm.routed_row_invariant(trunk.model) and small_m_qmm.mma_usable())
     return prompt_tokens <= DENSE_PROMPT_TOKENS and kernel_steps
 
 
