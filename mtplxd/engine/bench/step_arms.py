@@ -20,7 +20,8 @@ An arm is features joined by "+" ("stock" for none):
   op-by-op-ar    the AR loop op by op whatever fused_ar_wanted says
 Arms that change the weights (stacked, norm-rope) get a model of their own (random weights
 built the same way); the rest switch the kernel and the loop on one model between turns, the
-compiled graphs dropped each time (a traced graph keeps the routing it was traced with).
+kernel taken out and the compiled graphs dropped after each kernel arm's turn (a traced graph
+keeps the routing it was traced with: real_size.kernel_installed).
 
 Reported per arm: wall and process CPU ms a step of each round, their medians and tokens a
 step; and each arm's ratio to the first arm, round by round and the median of those.
@@ -28,6 +29,7 @@ step; and each arm's ratio to the first arm, round by round and the median of th
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,7 @@ from mtplxd.engine.bench.step_profile import build_for_steps, prompt_for, time_l
 
 PROG = "python -m mtplxd.engine.bench.step_arms"
 FEATURES = ("kernel", "row-invariant", "stacked", "norm-rope", "compiled-ar", "op-by-op-ar")
-MODEL_FEATURES = ("stacked", "norm-rope")  # these change the weights: a model each
+MODEL_FEATURES = frozenset({"stacked", "norm-rope"})  # these change the weights: a model each
 
 
 def parse_arm(text: str) -> frozenset[str]:
@@ -56,50 +58,34 @@ def parse_arm(text: str) -> frozenset[str]:
 def run_arms(size: str, dtype: str, arms: list[str], *, depth: int = 0, steps: int = 256,
              rounds: int = 4, context: int = 512, warmup: int = 8) -> dict[str, Any]:
     """Time each arm once a round, in turn, for `rounds` rounds (module docstring)."""
+    from mtplxd.engine.bench.real_size import kernel_installed
     from mtplxd.engine.decoding import fused_ar
-    from mtplxd.engine.model import small_m_qmm
 
     features = {arm: parse_arm(arm) for arm in arms}
-    models: dict[frozenset[str], tuple[Any, Any, dict[str, int]]] = {}
-    for arm in arms:
-        key = features[arm] & frozenset(MODEL_FEATURES)
-        if key not in models:
-            models[key] = build_for_steps(size, dtype, stacked="stacked" in key, qk_norm_rope="norm-rope" in key)
+    models = {key: build_for_steps(size, dtype, stacked="stacked" in key, qk_norm_rope="norm-rope" in key)
+              for key in dict.fromkeys(f & MODEL_FEATURES for f in features.values())}
+    model_of = {arm: models[features[arm] & MODEL_FEATURES] for arm in arms}
     prompt = prompt_for(next(iter(models.values()))[1], context)
     timed: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     for _ in range(rounds):
         for arm in arms:
-            model, trunk, _ = models[features[arm] & frozenset(MODEL_FEATURES)]
-            switched = _route(model, trunk, features[arm])
-            fused_ar.force(True if "compiled-ar" in features[arm] else
-                           False if "op-by-op-ar" in features[arm] else None)
+            model, trunk, _ = model_of[arm]
+            wanted = features[arm]
+            # The kernel in for the turn, out after, the compiled graphs dropped both ways.
+            routing = (kernel_installed(model, trunk, force=True,
+                                        row_invariant=True if "row-invariant" in wanted else None)
+                       if "kernel" in wanted else contextlib.nullcontext(0))
+            fused_ar.force(True if "compiled-ar" in wanted else False if "op-by-op-ar" in wanted else None)
             try:
-                timed[arm].append({**time_loop(trunk, model, prompt, depth, steps, warmup),
-                                   "kernel_layers": switched})
+                with routing as switched:
+                    timed[arm].append({**time_loop(trunk, model, prompt, depth, steps, warmup),
+                                       "kernel_layers": switched})
             finally:
                 fused_ar.force(None)
-    for model, trunk, _ in models.values():
-        small_m_qmm.uninstall(model)
-        trunk.compiled_graphs.clear()
     return {"size": size, "dtype": dtype, "depth": depth, "steps": steps, "rounds": rounds,
-            "context": context, "arms": {arm: _arm_report(features[arm], timed[arm],
-                                                          models[features[arm] & frozenset(MODEL_FEATURES)][2])
-                                         for arm in arms},
+            "context": context,
+            "arms": {arm: _arm_report(features[arm], timed[arm], model_of[arm][2]) for arm in arms},
             "ratio_to_first": _ratios(arms, timed)}
-
-
-def _route(model: Any, trunk: Any, features: frozenset[str]) -> int:
-    """Put `model` on the arm's routing: the kernel out, then in where asked (row-invariant or
-    as served); the compiled graphs dropped. Returns the layers on the kernel."""
-    from mtplxd.engine.model import small_m_qmm
-
-    small_m_qmm.uninstall(model)
-    switched = 0
-    if "kernel" in features:
-        switched = small_m_qmm.install(model, force=True,
-                                       row_invariant=True if "row-invariant" in features else None)
-    trunk.compiled_graphs.clear()
-    return switched
 
 
 def _arm_report(features: frozenset[str], rounds: list[dict[str, Any]], built: dict[str, int]) -> dict[str, Any]:
