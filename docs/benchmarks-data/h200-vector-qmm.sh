@@ -464,14 +464,14 @@ elif [ "$PART" = decode-routing-profile ]; then
     profile "ncu-ar-nodes-$values" node 1 --decode-vector-values "$values"
   done
 elif [ "$PART" = attention-split ]; then
-  [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass or offset or scalars" \
+  [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass or mma or offset or scalars" \
     tests/engine/test_buffer_attention.py tests/engine/test_bench_attention_profile.py
   name="attention-forms-${SIZE:-qwen3-32b}-${DTYPES:-4bit}-${CONTEXT:-8192}"
   step "$name" 480 python3 -m mtplxd.engine.bench.real_size --sizes "${SIZE:-qwen3-32b}" --dtypes "${DTYPES:-4bit}" \
     --context "${CONTEXT:-8192}" --depths 3 --cycle-temperatures 0 --decode-tokens 32 --cycles 10 --repeats 2 \
     --small-m-kernel --decode-only --attention-forms "${FORMS:-one-pass,split,0}" --json-out "$work/$name.json"
 elif [ "$PART" = attention-profile ]; then
-  [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass or offset or scalars" \
+  [ -n "${SKIP_TESTS:-}" ] || step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass or mma or offset or scalars" \
     tests/engine/test_buffer_attention.py tests/engine/test_bench_attention_profile.py
   for context in ${CONTEXTS:-512 2048 8192}; do
     for rows in 1 4; do
@@ -496,7 +496,7 @@ elif [ "$PART" = attention-profile ]; then
     done
   done
 elif [ "$PART" = in-place ]; then
-  step attention-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass or offset or scalars" \
+  step attention-tests 150 python3 -m pytest -q -p no:cacheprovider -k "split or two_pass or mma or offset or scalars" \
     tests/engine/test_buffer_attention.py tests/engine/test_bench_attention_profile.py
   step cuda-tests 160 python3 -m pytest -q -p no:cacheprovider -k "cuda and (in_place or bit_for_bit)" \
     tests/engine/test_small_m_qmm.py

@@ -33,6 +33,7 @@ from collections import Counter
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[2] / "mtplxd/engine/model/small_m_qmm.py"
+HELPERS = SOURCE.with_name("custom_kernels.py")  # TENSOR_CORE_HEADER: the mma and cp.async helpers
 BODIES = {"vector": "_SOURCE_VECTOR", "word": "_SOURCE", "mma": "_SOURCE_MMA", "mma_pipelined": "_SOURCE_MMA_PIPELINED"}
 DEFAULTS = {"T": "__nv_bfloat16", "M": "1", "BITS": "4", "GS": "64", "R": "8", "CONVERT": "false", "U": "1",
             "IN_PLACE": "false", "BIAS_ONCE": "false", "PERSISTENT": "false", "HOIST": "false", "MT": "1", "KW": "8", "BF16": "true", "S": "2"}
@@ -58,7 +59,8 @@ def kernel_source(layout: str, constants: dict[str, str]) -> str:
     lines = "".join(f"  constexpr {'bool' if v in ('true', 'false') else 'int'} {k} = {v};\n"
                     for k, v in constants.items() if k != "T")
     dtype = constants["T"]
-    return (body("_HEADER") + "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cuda/std/cstdint>\n"
+    helpers = re.search(r'TENSOR_CORE_HEADER = r"""(.*?)"""', HELPERS.read_text(), re.S).group(1)
+    return ("#include <cooperative_groups/reduce.h>\n" + helpers + body("_HEADER") + "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cuda/std/cstdint>\n"
             "using cuda::std::int32_t; using cuda::std::uint32_t; using cuda::std::size_t;\n"
             "#include <cooperative_groups.h>\n#include <cuda/std/array>\nnamespace mlx::core::cu {\n"
             "using Shape = cuda::std::array<int32_t, 8>;\nnamespace cg = cooperative_groups;\n"

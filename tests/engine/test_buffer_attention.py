@@ -6,6 +6,8 @@ attention in place, which the CPU tests here and the fused loop's exactness gate
 """
 
 import math
+import shutil
+import subprocess
 
 import mlx.core as mx
 import mlx_lm.models.qwen3 as mlx_lm_qwen3
@@ -14,6 +16,7 @@ from mlx_lm.models.cache import KVCache
 
 from mtplxd.engine import GenerationRequest, SamplingParams, load_model
 from mtplxd.engine.decoding import buffer_attention, fused
+from mtplxd.engine.model import custom_kernels
 from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 
 needs_cuda = pytest.mark.skipif(not fixed_shapes_wanted(), reason="the kernel needs MLX's CUDA backend")
@@ -64,7 +67,7 @@ def test_shape_supported_is_the_kernels_domain():
 
 
 @needs_cuda
-@pytest.mark.parametrize("form", ["one_pass", "split", "two_pass"])
+@pytest.mark.parametrize("form", ["one_pass", "split", "two_pass", "mma"])
 @pytest.mark.parametrize("heads,kv_heads,dim,rows,offset,slots", [
     (4, 2, 64, 7, 300, 512),  # the embedded model's verify (split: its rows in the second chunk)
     (4, 2, 64, 1, 0, 256),  # a chained draft step at the first slot
@@ -77,11 +80,10 @@ def test_shape_supported_is_the_kernels_domain():
     (64, 8, 128, 9, 700, 1024),  # depth 8 on Qwen3-32B (split: 72 pairs, five blocks a chunk)
 ])
 def test_kernel_matches_masked_attention(form, heads, kv_heads, dim, rows, offset, slots):
-    attend = {"one_pass": buffer_attention.one_pass_buffer_attention,
-              "split": buffer_attention.split_buffer_attention,
-              "two_pass": buffer_attention.two_pass_buffer_attention}[form]
+    attend = getattr(buffer_attention, f"{form}_buffer_attention")
     assert buffer_attention.usable() and {"one_pass": True, "split": buffer_attention.split_usable(),
-                                          "two_pass": buffer_attention.two_pass_usable()}[form]
+                                          "two_pass": buffer_attention.two_pass_usable(),
+                                          "mma": buffer_attention.mma_usable()}[form]
     q, k, v = attention_inputs(heads, kv_heads, rows, dim, slots, seed=rows)
     scale = 1 / math.sqrt(dim)
     got = attend(q, k, v, mx.array(offset, mx.int32), scale)
@@ -139,7 +141,7 @@ def test_off_cuda_a_rows_cache_keeps_each_rows_masked_attention():
 
 
 @needs_cuda
-@pytest.mark.parametrize("form", ["one-pass", "split"])
+@pytest.mark.parametrize("form", ["one-pass", "split", "mma"])
 def test_rows_kernel_gives_each_row_the_one_row_kernels_bits(monkeypatch, form):
     """The W-row kernels (fused cohorts) compute each row as the one-row kernel of the same
     form (the solo fused cycle) does, at that row's own offset: the one-pass rows kernel, and
@@ -241,6 +243,14 @@ def test_a_forwards_layers_share_one_padded_offset():
     ("split", 64, 8, 1, 128, 128, mx.bfloat16, "one-pass"),  # one chunk
     ("split", 4, 2, 2, 256, 8448, mx.float32, "one-pass"),  # a key row past 512 bytes
     ("two-pass", 64, 8, 4, 128, 300, mx.bfloat16, "two-pass"),
+    # the mma form: 16-bit heads of up to 128, past one chunk; else the split form's rule
+    ("mma", 64, 8, 4, 128, 8448, mx.bfloat16, "mma"),
+    ("mma", 32, 8, 1, 128, 512, mx.float16, "mma"),
+    ("mma", 8, 2, 3, 64, 300, mx.bfloat16, "mma"),
+    ("mma", 64, 8, 1, 128, 256, mx.bfloat16, "one-pass"),  # one chunk
+    ("mma", 24, 4, 4, 256, 8448, mx.bfloat16, "split"),  # the hybrid's head of 256
+    ("mma", 8, 2, 2, 128, 8448, mx.float32, "split"),  # float32: no tensor-core input
+    ("mma", 8, 2, 2, 48, 8448, mx.bfloat16, "one-pass"),  # 48 is no multiple of 32: no kernel of ours but one-pass
 ])
 def test_the_form_follows_the_variable_and_the_shapes(monkeypatch, value, heads, kv_heads, rows, dim, slots,
                                                       dtype, form):
@@ -265,7 +275,8 @@ def test_a_cohorts_rows_take_the_form_a_single_stream_with_their_buffers_would(m
     ("auto", f"buffer CUDA kernel: one pass below {buffer_attention.SPLIT_FROM_SLOTS} slots, from there split "
              f"into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head"),
     ("split", f"buffer CUDA kernel, split into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head"),
-    ("two-pass", f"buffer CUDA kernel, two passes over {buffer_attention.TWO_PASS_BLOCKS} key blocks per query head")])
+    ("two-pass", f"buffer CUDA kernel, two passes over {buffer_attention.TWO_PASS_BLOCKS} key blocks per query head"),
+    ("mma", f"buffer CUDA kernel on the tensor cores, {buffer_attention.MMA_SLOTS}-slot chunks per KV head")])
 def test_the_forms_are_named(monkeypatch, form, name):
     """/health's `cache_attention` names the asked form where it runs (CUDA, probed);
     elsewhere the masked attention is named."""
@@ -309,7 +320,7 @@ def test_split_shape_supported_is_the_split_kernels_domain():
 
 
 @needs_cuda
-@pytest.mark.parametrize("form", ["split", "two_pass"])
+@pytest.mark.parametrize("form", ["split", "two_pass", "mma"])
 def test_the_split_forms_rows_do_not_depend_on_the_buffers_capacity(form):
     """The same keys in a larger buffer (the AR loop's and the cycle's buffers need not be
     the same size) give the same bits: the split form's chunks past a row's keys add exact
@@ -331,6 +342,11 @@ def test_the_split_forms_rows_do_not_depend_on_the_buffers_capacity(form):
     ("two_pass", 16, 4, 6, 509, 765),
     ("two_pass", 64, 8, 4, 8000, 8256),
     ("two_pass", 8, 2, 9, 300, 556),
+    # mma: across a chunk's end; 24 pairs (two slices), 72 (five), and a verify's rows at 8k
+    # tokens in both halves of one warp's 16-slot step (8,000 = 16 x 500: rows 0-7 in one step)
+    ("mma", 16, 4, 6, 2 * buffer_attention.MMA_SLOTS - 3, 1024),
+    ("mma", 64, 8, 9, 2 * buffer_attention.MMA_SLOTS - 3, 1024),
+    ("mma", 64, 8, 4, 8006, 8448),
 ])
 def test_the_split_forms_round_each_verify_row_as_its_one_row_step(form, heads, kv_heads, rows, offset, slots):
     """Row i of a K+1-row call equals, bit for bit, the 1-row call at position offset+i (the
@@ -347,7 +363,7 @@ def test_the_split_forms_round_each_verify_row_as_its_one_row_step(form, heads, 
 
 
 @needs_cuda
-@pytest.mark.parametrize("form", ["split", "two_pass"])
+@pytest.mark.parametrize("form", ["split", "two_pass", "mma"])
 def test_buffer_attention_takes_the_asked_form(monkeypatch, form):
     """(The split form past one chunk: this buffer has three.)"""
     monkeypatch.setenv(buffer_attention.KERNEL_ENV, form.replace("_", "-"))
@@ -394,3 +410,97 @@ def test_a_kernel_built_by_editing_another_fails_loudly_when_an_edit_misses():
     assert "blockIdx.z" in buffer_attention._ROWS_SOURCE
     with pytest.raises(ValueError, match="found 0 times"):
         buffer_attention._edited(buffer_attention._SOURCE, ("no such text", "x"))
+
+
+@needs_cuda
+def test_the_mma_form_takes_half_precision_and_views_off_a_16_byte_boundary():
+    """float16 inputs (the other tensor-core type), and buffers MLX passes at an odd offset
+    (a view one slot in, of a head size of 64: 128 bytes a slot, so 16-byte aligned; and of
+    one element in, which is not: those are staged by plain loads)."""
+    q, k, v = attention_inputs(8, 2, 3, 64, 700, seed=11)
+    q, k, v = (x.astype(mx.float16) for x in (q, k, v))
+    got = buffer_attention.mma_buffer_attention(q, k, v, mx.array(500, mx.int32), 0.125)
+    want = masked_attention(q, k, v, 500, 0.125)
+    assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=2e-2, rtol=2e-2)
+    flat = mx.concatenate([mx.zeros((1,), mx.bfloat16), attention_inputs(8, 2, 3, 64, 700, seed=12)[1].reshape(-1)])
+    k_odd = flat[1:].reshape(1, 2, 700, 64)  # one element past the start
+    q2, _, v2 = attention_inputs(8, 2, 3, 64, 700, seed=12)
+    got = buffer_attention.mma_buffer_attention(q2, k_odd, v2, mx.array(500, mx.int32), 0.125)
+    want = masked_attention(q2, k_odd, v2, 500, 0.125)
+    assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=2e-2, rtol=2e-2)
+
+
+def test_mma_shape_supported_is_the_mma_kernels_domain():
+    """16-bit queries and buffers of one dtype, a head size a multiple of 16 up to 128; its
+    shared memory: 4 warps' two stages of 16 keys and 16 values (69,632 bytes at 128 in bf16),
+    which then hold the warps' results (33,792)."""
+    q, k, _ = attention_inputs(64, 8, 4, 128, 512)
+    assert buffer_attention.mma_shape_supported(q, k)
+    assert buffer_attention.mma_shape_supported(q.astype(mx.float16), k.astype(mx.float16))
+    assert not buffer_attention.mma_shape_supported(q.astype(mx.float32), k.astype(mx.float32))
+    assert not buffer_attention.mma_shape_supported(q, k.astype(mx.float16))
+    q256, k256, _ = attention_inputs(8, 2, 4, 256, 512)
+    assert not buffer_attention.mma_shape_supported(q256, k256)
+    assert buffer_attention.mma_shared_bytes(128, 2) == 4 * 2 * 2 * 16 * 136 * 2 == 69_632
+    assert buffer_attention.mma_shared_bytes(64, 2) == max(4 * 2 * 2 * 16 * 72 * 2, 4 * 16 * 66 * 4)
+
+
+NVCC = shutil.which("nvcc")
+
+# MLX's kernel signature and what its default header gives a body (mlx/backend/cuda/custom_kernel.cpp
+# and device/utils.cuh: `Shape`, the `cg` alias, `Limits`), for a compile without a GPU.
+_MLX_PRELUDE = """#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+#include <cfloat>
+#include <cooperative_groups.h>
+#include <cuda/std/array>
+namespace mlx::core::cu {
+using Shape = cuda::std::array<int32_t, 8>;
+template <typename U> struct Limits { __device__ static constexpr U finite_min() { return -FLT_MAX; } };
+}
+"""
+
+
+def _mlx_kernel(name: str, source: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]],
+                constants: dict[str, object]) -> str:
+    """`source` as mx.fast.cuda_kernel wraps it: typed inputs with their shapes, outputs, constants."""
+    def typed(dtype: str) -> str:  # MLX writes the arrays' own types
+        return str(constants["T"]) if dtype == "T" else dtype
+
+    params = [f"const {typed(dtype)}* {n}, const __grid_constant__ Shape {n}_shape" for n, dtype in inputs]
+    params += [f"{typed(dtype)}* {n}" for n, dtype in outputs]
+    lines = "".join(f"  using {k} = {v};\n" if k == "T" else
+                    f"  constexpr {'bool' if isinstance(v, bool) else 'int'} {k} = {str(v).lower()};\n"
+                    for k, v in constants.items())
+    return (f"namespace mlx::core::cu {{\nnamespace cg = cooperative_groups;\n"
+            f"__global__ void {name}({', '.join(params)}) {{\n{lines}{custom_kernels.compact(source)}\n}}\n}}\n")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed here")
+def test_the_split_and_mma_forms_compile_for_the_h200_without_spills(tmp_path):
+    """The split form's first pass, its merge and the mma form, as MLX builds them (bf16 and
+    fp16, head sizes 64 and 128), compile for sm_90 with no register spilled."""
+    attend_inputs = [("queries", "T"), ("keys", "T"), ("values", "T"), ("offset", "int32_t"), ("scale", "float")]
+    parts = [("part_max", "float"), ("part_sum", "float"), ("part_acc", "float")]
+    kernels = []
+    for dtype, bf16 in (("__nv_bfloat16", True), ("__half", False)):
+        for dim in (64, 128):
+            kernels.append(_mlx_kernel(f"mma_{bf16}_{dim}", buffer_attention._MMA_SOURCE, attend_inputs, parts,
+                                       {"T": dtype, "D": dim, "CHUNK": buffer_attention.MMA_SLOTS,
+                                        "WARPS": buffer_attention.MMA_WARPS, "BF16": bf16}))
+    kernels.append(_mlx_kernel("split_128", buffer_attention._SPLIT_SOURCE, attend_inputs, parts,
+                               {"T": "__nv_bfloat16", "D": 128, "CHUNK": buffer_attention.SPLIT_SLOTS,
+                                "PAIRS": 4, "WARPS": buffer_attention.SPLIT_WARPS}))
+    kernels.append(_mlx_kernel("merge_128", buffer_attention._MERGE_SOURCE,
+                               [("part_max", "float"), ("part_sum", "float"), ("part_acc", "float"),
+                                ("offset", "int32_t")], [("out", "T")],
+                               {"T": "__nv_bfloat16", "D": 128, "CHUNK": buffer_attention.MMA_SLOTS}))
+    header = custom_kernels.TENSOR_CORE_HEADER + buffer_attention._HEADER + buffer_attention._MMA_HEADER
+    path = tmp_path / "buffer_attention.cu"
+    path.write_text(_MLX_PRELUDE + custom_kernels.compact(header) + "".join(kernels))
+    done = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-c", str(path), "-o", str(tmp_path / "k.o"),
+                           "-Xptxas", "-v"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    spills = [line for line in done.stderr.splitlines() if "spill stores" in line]
+    assert len(spills) == 6 and all(" 0 bytes spill stores" in line for line in spills), done.stderr

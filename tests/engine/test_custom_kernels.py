@@ -36,9 +36,10 @@ def engine_kernel_sources() -> dict[str, str]:
     found = {}
     for module in (small_m_qmm, buffer_attention, qk_norm_rope, gdn_kernel):
         for name, value in vars(module).items():
-            if name.startswith(("_SOURCE", "_HEADER", "_MERGE", "_ROWS", "_SPLIT", "_TWO_PASS", "_STORE")) \
+            if name.startswith(("_SOURCE", "_HEADER", "_MERGE", "_ROWS", "_SPLIT", "_TWO_PASS", "_STORE", "_MMA")) \
                     and isinstance(value, str):
                 found[f"{module.__name__}.{name}"] = value
+    found["custom_kernels.TENSOR_CORE_HEADER"] = custom_kernels.TENSOR_CORE_HEADER
     return found
 
 

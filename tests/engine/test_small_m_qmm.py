@@ -10,7 +10,7 @@ import mlx.nn as nn
 import pytest
 
 from mtplxd.engine import GenerationRequest, SamplingParams, load_model
-from mtplxd.engine.model import small_m_qmm
+from mtplxd.engine.model import custom_kernels, small_m_qmm
 from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
 
 ON_CUDA = fixed_shapes_wanted()
@@ -919,7 +919,8 @@ def test_the_kernel_source_compiles_for_the_h200(tmp_path):
                      "BIAS_ONCE": layout == "vector_in_place",
                      "PERSISTENT": layout.startswith("vector_persistent")}, body))
     # MLX's default header gives the body `Shape` and the `cg` alias (mlx/backend/cuda/custom_kernel.cpp).
-    source = (small_m_qmm._HEADER + "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n"
+    source = ("#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n"
+              + custom_kernels.TENSOR_CORE_HEADER + small_m_qmm._HEADER +
               "#include <cooperative_groups.h>\n#include <cuda/std/array>\nnamespace mlx::core::cu {\n"
               "using Shape = cuda::std::array<int32_t, 8>;\nnamespace cg = cooperative_groups;\n"
               + "".join(kernels) + "}\n")

@@ -17,6 +17,7 @@ with 256 slots to spare, as the fused loops allocate it. Forms:
             pairs at most (buffer_attention's SPLIT_SLOTS, SPLIT_WARPS and SPLIT_MAX_PAIRS
             unless told: knobs for this bench only)
   two-pass  its two-pass form (two_pass_buffer_attention; CUDA)
+  mma       its mma form (mma_buffer_attention; CUDA): the split form's parts on the tensor cores
   mlx       mx.fast.scaled_dot_product_attention over the keys the last row sees, causal for
             several rows: what an op-by-op AR step runs (cuDNN on CUDA past 256 keys)
   masked    mx.fast.scaled_dot_product_attention over the whole buffer with a boolean mask:
@@ -48,7 +49,7 @@ from mtplxd.engine.bench.step_profile import DriverProfiler
 from mtplxd.engine.decoding import buffer_attention
 
 PROG = "python -m mtplxd.engine.bench.attention_profile"
-FORMS = ("one-pass", "split", "two-pass", "mlx", "masked")
+FORMS = ("one-pass", "split", "two-pass", "mma", "mlx", "masked")
 SPARE_SLOTS = 256  # slots a fused loop's buffer keeps past the prompt (real_size's --context)
 QWEN3_32B = {"heads": 64, "kv_heads": 8, "dim": 128}
 
@@ -74,6 +75,8 @@ def attention_call(form: str, context: int, rows: int, heads: int, kv_heads: int
         return lambda q: buffer_attention.split_buffer_attention(q, k, v, offset, scale)
     if form == "two-pass":
         return lambda q: buffer_attention.two_pass_buffer_attention(q, k, v, offset, scale)
+    if form == "mma":
+        return lambda q: buffer_attention.mma_buffer_attention(q, k, v, offset, scale)
     if form == "mlx":
         return lambda q: mx.fast.scaled_dot_product_attention(
             q, k[:, :, :seen], v[:, :, :seen], scale=scale, mask="causal" if rows > 1 else None)

@@ -911,7 +911,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --small-m-loops or --decode-only: greedy decode and the depth-3 cycle "
                              "again with the fused loops' attention in each of these forms "
                              "(MTPLX_BUFFER_ATTENTION values, comma-separated: auto, one-pass, split, "
-                             "two-pass, 0; +pool after one: the loops' scalars in MLX's pool; +in_place, "
+                             "two-pass, mma, 0; +pool after one: the loops' scalars in MLX's pool; +in_place, "
                              "+bias_once, +hoist, +mma_decode, +persistent: the small-M kernel's forms of those "
                              "names), "
                              "two rounds")

@@ -17,9 +17,9 @@ which keeps greedy MTP equal to greedy AR on CUDA while MLX runs AR steps on tha
 can round apart, as they could before). Other backends keep
 mx.fast.scaled_dot_product_attention with the mask.
 
-Two more forms. By default (`MTPLX_BUFFER_ATTENTION` unset) buffers of SPLIT_FROM_SLOTS slots
-or more take the split form, smaller ones the one-pass kernel (`form_for`); `one-pass`, `split`
-or `two-pass` asks for that form at every size, "0" turns every buffer kernel off. The one-pass
+Three more forms. By default (`MTPLX_BUFFER_ATTENTION` unset) buffers of SPLIT_FROM_SLOTS slots
+or more take the split form, smaller ones the one-pass kernel (`form_for`); `one-pass`, `split`,
+`two-pass` or `mma` asks for that form at every size, "0" turns every buffer kernel off. The one-pass
 kernel gives each query row one
 block, whose 32 warps walk all of that row's keys one after the other and reduce each key's
 score across the warp, and every query head of a GQA group reads the same keys again; so its
@@ -54,6 +54,11 @@ of them; a GQA group's keys are read once per query head, as the one-pass kernel
 on L2 for the repeats. A warp's keys are fixed by slot, so a verify row rounds as the 1-row
 call at its position here too. On the H200 it took 118 us at one row and 266 at four: the
 one-pass kernel's arithmetic per key, spread wider.
+
+The mma form (`_MMA_SOURCE`, opt-in) computes the split form's parts on the tensor cores:
+scores and weighed values of 16 (query head, row) pairs by 16 keys a pass of mma.sync, so a
+verify's rows cost what a decode step's do; the split form's merge adds them. Not yet timed on
+a GPU (docs/engine.md, "The mma form").
 """
 
 from __future__ import annotations
@@ -386,6 +391,248 @@ _SPLIT_SOURCE = r"""
     }
 """
 
+# The mma form's first pass (2026-12-07, seventh session; opt-in, `MTPLX_BUFFER_ATTENTION=mma`):
+# the split form's parts, its scores and weighed values on the tensor cores. The split form's
+# scalar lanes spend 128 multiply-adds a (pair, key) on each of the scores and the values, so
+# its time grows with the pairs a call has (on an H100 at 8,192 tokens a Qwen3-32B layer took
+# 54 us at one row, 118 at four, where its 33.5 MB of keys and values read in 10). Here a
+# warp multiplies 16 pairs by 16 keys in one pass of mma.sync (m16n8k16: a pair a row of A),
+# so a verify's rows cost the same as one.
+#
+# Grid: x = (batch row, KV head, slice of 16 pairs), the slice fastest so that the blocks of
+# one chunk's slices read its keys and values close together in time (from L2 after the
+# first); y = chunk of CHUNK key slots; a block of WARPS warps. Warp w takes the chunk's slots
+# [w * CHUNK / WARPS, (w + 1) * CHUNK / WARPS) in steps of 16, each step's keys and values
+# copied asynchronously into the warp's own double-buffered stage (dynamic shared memory,
+# rows padded by 16 bytes so that the lanes' fragment loads hit distinct banks) while it works
+# on the previous step's. Per step: scores S = Q K^T (fp32 sums), scaled into base 2 and
+# masked (slot <= offset + row), an online softmax per pair (the row's maximum and sum over
+# its four lanes by xor shuffles), P rounded to T and O += P V. Slots past the call's last row
+# are copied as zeros (no stale value can meet a zero weight as NaN). The warps' results are
+# then added in warp order through shared memory and written as the split form's parts, which
+# its merge reads (the chunks below each row's limit).
+#
+# Row-invariance: a pair's arithmetic depends on its query, its limit and the slots alone.
+# Keys masked for a pair (past its position; all of them for a pair past the call's) add
+# exact zeros: its maximum stays, its rescale is exp2(0) = 1, its weights are 0 and P V adds
+# 0 products; so a verify row rounds as the 1-row call at its position, which the compiled AR
+# step makes, whichever other pairs share its mma tile.
+_MMA_SOURCE = r"""
+    constexpr int KT = 16;                   // key slots a warp takes a step
+    constexpr int DK = D / 16;               // the scores' k steps over the head size
+    constexpr int DN = D / 8;                // the output's 8-column tiles
+    constexpr int ROW = D + 8;               // a staged key's (and value's) stride in elements
+    constexpr int STAGE = 2 * KT * ROW;      // one stage: KT keys, then their KT values
+    constexpr int PER_WARP = CHUNK / WARPS;  // the chunk's slots a warp takes, in order
+    extern __shared__ __align__(16) unsigned char mtplx_shared[];
+    __shared__ int at_offset;
+    __shared__ float at_scale;
+
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int rows = queries_shape[2];
+    const int kv_heads = keys_shape[1];
+    const int slots = keys_shape[2];
+    const int group = queries_shape[1] / kv_heads;
+    const int pairs = group * rows;
+    const int slices = (pairs + 15) / 16;
+    const int slice = blockIdx.x % slices;
+    const int kv_head = (blockIdx.x / slices) % kv_heads;
+    const int batch = blockIdx.x / slices / kv_heads;  // a fused cohort's row (0 for a single stream)
+    const int chunk = blockIdx.y;
+    const int begin = chunk * CHUNK;
+    if (threadIdx.x == 0) {  // SCALARS_ONCE
+        at_offset = offset[batch];
+        at_scale = scale[0];
+    }
+    __syncthreads();
+    const int stop = min(begin + CHUNK, min(at_offset + rows, slots));  // one past the last row's last slot here
+    if (begin >= stop) return;  // past every row's keys: the merge reads no part of this chunk
+    const float q_scale = (float)((double)at_scale * 1.4426950408889634);  // * log2(e)
+
+    // This lane's two pairs (rows g and g + 8 of the tile): their queries as A fragments, and
+    // one past the last slot each sees (0 for a pair past the call's: every key masked).
+    int limit[2];
+    uint32_t qa[DK][4];
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int p = slice * 16 + g + 8 * h;
+        const uint32_t* q = nullptr;
+        limit[h] = 0;
+        if (p < pairs) {
+            q = reinterpret_cast<const uint32_t*>(
+                queries + (((size_t)batch * queries_shape[1] + kv_head * group + p / rows) * rows + p % rows) * D);
+            limit[h] = min(at_offset + p % rows + 1, slots);
+        }
+        #pragma unroll
+        for (int ks = 0; ks < DK; ++ks) {
+            qa[ks][h] = q ? q[ks * 8 + t] : 0u;          // elements 16 ks + 2t, + 1
+            qa[ks][2 + h] = q ? q[ks * 8 + 4 + t] : 0u;  // elements 16 ks + 8 + 2t, + 1
+        }
+    }
+
+    float acc[DN][4];  // [n][i]: pair g + 8 (i / 2), dim 8 n + 2t + i % 2
+    #pragma unroll
+    for (int n = 0; n < DN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    float run_max[2] = {Limits<float>::finite_min(), Limits<float>::finite_min()};
+    float run_sum[2] = {0.f, 0.f};
+
+    T* stages = reinterpret_cast<T*>(mtplx_shared) + w * 2 * STAGE;
+    const T* k_head = keys + ((size_t)batch * kv_heads + kv_head) * slots * D;
+    const T* v_head = values + ((size_t)batch * kv_heads + kv_head) * slots * D;
+    const int from = begin + w * PER_WARP;
+    const int to = min(from + PER_WARP, stop);
+    const int steps = from < to ? (to - from + KT - 1) / KT : 0;
+    // Buffers off a 16-byte boundary (a view MLX passes as it is) are staged by plain loads.
+    const bool aligned = ((reinterpret_cast<size_t>(k_head) | reinterpret_cast<size_t>(v_head)) & 15) == 0;
+    auto stage = [&](int k0, int s) {  // slots k0 .. k0 + KT into stage s, zeros from `to`
+        T* k_stage = stages + s * STAGE;
+        T* v_stage = k_stage + KT * ROW;
+        if (aligned) {
+            #pragma unroll
+            for (int x = lane; x < KT * D / 8; x += 32) {  // 16-byte copies
+                const int key = x / (D / 8), col = (x % (D / 8)) * 8;
+                const bool real = k0 + key < to;
+                const size_t at = (size_t)(real ? k0 + key : from) * D + col;
+                mtplx_cp_async_or_zero(k_stage + key * ROW + col, k_head + at, real);
+                mtplx_cp_async_or_zero(v_stage + key * ROW + col, v_head + at, real);
+            }
+        } else {
+            for (int x = lane; x < KT * D; x += 32) {
+                const int key = x / D, col = x % D;
+                const bool real = k0 + key < to;
+                k_stage[key * ROW + col] = real ? k_head[(size_t)(k0 + key) * D + col] : static_cast<T>(0.f);
+                v_stage[key * ROW + col] = real ? v_head[(size_t)(k0 + key) * D + col] : static_cast<T>(0.f);
+            }
+        }
+        mtplx_cp_async_commit();
+    };
+    if (steps > 0) stage(from, 0);
+    for (int i = 0; i < steps; ++i) {
+        const int k0 = from + i * KT;
+        if (i + 1 < steps) {
+            stage(k0 + KT, (i + 1) & 1);
+            mtplx_cp_async_wait<1>();
+        } else {
+            mtplx_cp_async_wait<0>();
+        }
+        __syncwarp();
+        const T* k_stage = stages + (i & 1) * STAGE;
+        const uint16_t* v_stage = reinterpret_cast<const uint16_t*>(k_stage + KT * ROW);
+
+        // Scores of keys k0 + 8 n + 2t (+ 1): s[n][i] for pair g + 8 (i / 2).
+        float s[2][4];
+        #pragma unroll
+        for (int n = 0; n < 2; ++n) {
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+            const uint32_t* k_row = reinterpret_cast<const uint32_t*>(k_stage + (n * 8 + g) * ROW);
+            #pragma unroll
+            for (int ks = 0; ks < DK; ++ks)
+                mtplx_mma<BF16>(s[n], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], k_row[ks * 8 + t], k_row[ks * 8 + 4 + t]);
+        }
+
+        // The online softmax of each of the lane's pairs over this step's keys.
+        uint32_t pa[4];  // P as the A fragment of the values' mma: pair g + 8 (j % 2), keys 8 (j / 2) + 2t, + 1
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float top = Limits<float>::finite_min();
+            #pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                #pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const bool seen = k0 + n * 8 + 2 * t + j < limit[h];
+                    s[n][2 * h + j] = seen ? s[n][2 * h + j] * q_scale : Limits<float>::finite_min();
+                    top = max(top, s[n][2 * h + j]);
+                }
+            }
+            top = max(top, __shfl_xor_sync(0xffffffffu, top, 1));
+            top = max(top, __shfl_xor_sync(0xffffffffu, top, 2));
+            top = max(run_max[h], top);
+            const float rescale = exp2f(run_max[h] - top);
+            float sum = 0.f;
+            #pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                #pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const bool seen = k0 + n * 8 + 2 * t + j < limit[h];
+                    s[n][2 * h + j] = seen ? exp2f(s[n][2 * h + j] - top) : 0.f;
+                    sum += s[n][2 * h + j];
+                }
+                pa[2 * n + h] = mtplx_pack2<T>(s[n][2 * h], s[n][2 * h + 1]);
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            run_max[h] = top;
+            run_sum[h] = run_sum[h] * rescale + sum;
+            #pragma unroll
+            for (int n = 0; n < DN; ++n) {
+                acc[n][2 * h] *= rescale;
+                acc[n][2 * h + 1] *= rescale;
+            }
+        }
+
+        // O += P V: B fragments of values (key 2t, 2t + 1 | 2t + 8, 2t + 9; dim 8 n + g).
+        #pragma unroll
+        for (int n = 0; n < DN; ++n) {
+            const uint16_t* v_col = v_stage + n * 8 + g;
+            const uint32_t b0 = (uint32_t)v_col[(2 * t) * ROW] | ((uint32_t)v_col[(2 * t + 1) * ROW] << 16);
+            const uint32_t b1 = (uint32_t)v_col[(2 * t + 8) * ROW] | ((uint32_t)v_col[(2 * t + 9) * ROW] << 16);
+            mtplx_mma<BF16>(acc[n], pa[0], pa[1], pa[2], pa[3], b0, b1);
+        }
+        __syncwarp();  // the stage is free for the copy two steps on
+    }
+
+    // The warps' results added in warp order: the stages' space now holds them.
+    __syncthreads();
+    float* warp_acc = reinterpret_cast<float*>(mtplx_shared);  // [WARPS][16][D]
+    float* warp_max = warp_acc + WARPS * 16 * D;                // [WARPS][16]
+    float* warp_sum = warp_max + WARPS * 16;
+    #pragma unroll
+    for (int n = 0; n < DN; ++n) {
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) warp_acc[(w * 16 + g + 8 * (i / 2)) * D + n * 8 + 2 * t + i % 2] = acc[n][i];
+    }
+    if (t == 0) {
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            warp_max[w * 16 + g + 8 * h] = run_max[h];
+            warp_sum[w * 16 + g + 8 * h] = run_sum[h];
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < 16 * D; e += WARPS * 32) {
+        const int m = e / D, d = e % D;
+        const int p = slice * 16 + m;
+        if (p >= pairs) break;  // e grows with m: the rest are past the last pair too
+        float top = Limits<float>::finite_min();
+        #pragma unroll
+        for (int x = 0; x < WARPS; ++x) top = max(top, warp_max[x * 16 + m]);
+        float total = 0.f;
+        #pragma unroll
+        for (int x = 0; x < WARPS; ++x) total += warp_acc[(x * 16 + m) * D + d] * exp2f(warp_max[x * 16 + m] - top);
+        const size_t part = (((size_t)batch * queries_shape[1] + kv_head * group + p / rows) * rows + p % rows)
+                            * gridDim.y + chunk;
+        part_acc[part * D + d] = total;
+        if (d == 0) {
+            float weights = 0.f;
+            #pragma unroll
+            for (int x = 0; x < WARPS; ++x) weights += warp_sum[x * 16 + m] * exp2f(warp_max[x * 16 + m] - top);
+            part_max[part] = top;
+            part_sum[part] = weights;
+        }
+    }
+"""
+
+# Two floats rounded to T (16 bits) and packed as one 32-bit mma fragment register, the
+# first in the low half.
+_MMA_HEADER = r"""
+template <typename T>
+__device__ __forceinline__ uint32_t mtplx_pack2(float lo, float hi) {
+    const T a = static_cast<T>(lo), b = static_cast<T>(hi);
+    return (uint32_t)*reinterpret_cast<const uint16_t*>(&a) | ((uint32_t)*reinterpret_cast<const uint16_t*>(&b) << 16);
+}
+"""
+
 # The merge of either form's parts: a block of 8 warps per (batch row, head, row). CHUNK > 0 (the split
 # form): part c holds slots [c*CHUNK, c*CHUNK + CHUNK), and only the parts below the row's
 # limit are read (the first pass skips the rest); 0 (the two-pass form): every part. Warp w
@@ -635,17 +882,25 @@ TWO_PASS_BLOCKS = 32  # blocks of keys per query head (and group of rows) in the
 # (NVRTC for sm_90: 40 registers at 1 row of 128 in bf16, 80 at 4, 125 at 8; a head size of
 # 256 takes half as many rows, 128 registers at 4).
 TWO_PASS_MAX_ROWS = 8
+# The mma form (_MMA_SOURCE): key slots a block takes (MLX's parts a row: a 1-row step at
+# 8,192 tokens writes 32 of them a head, half the split form's) and its warps, each taking
+# MMA_SLOTS / MMA_WARPS slots of them; 16-bit heads of up to 128 (acc holds a lane's D / 2
+# output floats: 64 registers at 128).
+MMA_SLOTS = 256
+MMA_WARPS = 4
+MMA_MAX_DIM = 128
 # Which buffer kernel the fused loops attend with: "0" none (MLX's masked attention), one of
 # FORMS for that form at every buffer size, else ("", "1", "auto") the default: split from
 # SPLIT_FROM_SLOTS slots, one-pass below (`form_for`).
 KERNEL_ENV = "MTPLX_BUFFER_ATTENTION"
-FORMS = ("one-pass", "split", "two-pass")
+FORMS = ("one-pass", "split", "two-pass", "mma")
 AUTO = "auto"
 
 _usable: bool | None = None
 _rows_usable: bool | None = None
 _split_usable: bool | None = None
 _two_pass_usable: bool | None = None
+_mma_usable: bool | None = None
 _warned_values: set[str] = set()
 _last_offsets: tuple[mx.array, mx.array] | None = None  # kernel_offsets' (offset, padded) of the last call
 
@@ -723,6 +978,8 @@ def buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset
     array (the cache position of query row 0). CUDA only: see `usable`.
     """
     form = form_for(queries, keys)
+    if form == "mma" and mma_usable():
+        return mma_buffer_attention(queries, keys, values, offset, scale)
     if form == "split" and split_usable():
         return split_buffer_attention(queries, keys, values, offset, scale)
     if form == "two-pass" and two_pass_usable():
@@ -810,6 +1067,46 @@ def two_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.arra
         (heads * 32 * TWO_PASS_WARPS, -(-rows // per_block), TWO_PASS_BLOCKS), TWO_PASS_WARPS, 0)
 
 
+def mma_shared_bytes(dim: int, itemsize: int) -> int:
+    """The mma form's dynamic shared memory: its warps' double-buffered stages (16 keys and 16
+    values, rows padded by 16 bytes), which then hold the warps' results for the block's sum."""
+    stages = MMA_WARPS * 2 * 2 * 16 * (dim + 8) * itemsize
+    results = MMA_WARPS * 16 * (dim + 2) * 4
+    return max(stages, results)
+
+
+@functools.cache
+def _mma_kernel(shared_bytes: int):
+    return custom_kernels.cuda_kernel(
+        name="mtplx_buffer_attention_mma", input_names=["queries", "keys", "values", "offset", "scale"],
+        output_names=["part_max", "part_sum", "part_acc"], source=_MMA_SOURCE,
+        header=custom_kernels.TENSOR_CORE_HEADER + _HEADER + _MMA_HEADER, shared_memory=shared_bytes)
+
+
+def mma_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
+                         scale: float) -> mx.array:
+    """`buffer_attention` in the mma form (`_MMA_SOURCE`): a block of MMA_WARPS warps per
+    MMA_SLOTS key slots of each KV head and 16 of its (query head, row) pairs, scores and
+    weighed values on the tensor cores, then the split form's merge. Also a fused cohort's W
+    rows, each computed as alone. CUDA only, within `mma_shape_supported`: see `mma_usable`."""
+    batch, heads, rows, dim = queries.shape
+    kv_heads, slots = keys.shape[1], keys.shape[2]
+    chunks = -(-slots // MMA_SLOTS)
+    slices = -(-(heads // kv_heads * rows) // 16)
+    return _attend_in_parts(
+        _mma_kernel(mma_shared_bytes(dim, queries.dtype.size)), queries, keys, values, offset, scale, chunks,
+        [("CHUNK", MMA_SLOTS), ("WARPS", MMA_WARPS), ("BF16", queries.dtype == mx.bfloat16)],
+        (batch * kv_heads * slices * 32 * MMA_WARPS, chunks, 1), MMA_WARPS, MMA_SLOTS)
+
+
+def mma_shape_supported(queries: mx.array, keys: mx.array) -> bool:
+    """The mma form's domain, within `rows_shape_supported`'s: 16-bit queries and buffers (the
+    tensor cores' inputs) and a head size a multiple of 16 up to MMA_MAX_DIM."""
+    dim = queries.shape[-1]
+    return (rows_shape_supported(queries, keys) and queries.dtype in (mx.bfloat16, mx.float16)
+            and keys.dtype == queries.dtype and dim % 16 == 0 and dim <= MMA_MAX_DIM)
+
+
 def split_shape_supported(queries: mx.array, keys: mx.array) -> bool:
     """The split form's domain, within `rows_shape_supported`'s (a single stream's batch of
     one or a cohort's W rows): a key row of 512 bytes at most (a head size of 256 in 16 bits,
@@ -842,6 +1139,13 @@ def form_for(queries: mx.array, keys: mx.array) -> str:
     form = form_wanted() or "one-pass"
     if form == AUTO:
         form = "split" if keys.shape[2] >= SPLIT_FROM_SLOTS else "one-pass"
+    if form == "mma":
+        if not mma_shape_supported(queries, keys):
+            form = "split"  # (a head of 256, float32): the split form's rule below
+        elif keys.shape[2] <= MMA_SLOTS:
+            return "one-pass"
+        else:
+            return "mma"
     if form == "split" and not (keys.shape[2] > SPLIT_SLOTS and split_shape_supported(queries, keys)):
         return "one-pass"
     return form
@@ -861,7 +1165,10 @@ def rows_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array,
     buffer's capacity takes (`form_for`: the split form from SPLIT_FROM_SLOTS by default; the
     two-pass form has no W-row kernel, so there the one-pass one serves), so a cohort row
     rounds as its solo cycle wherever their buffers take one form. CUDA only: see `rows_usable`."""
-    if form_for(queries, keys) == "split" and split_usable():
+    form = form_for(queries, keys)
+    if form == "mma" and mma_usable():
+        return mma_buffer_attention(queries, keys, values, offsets, scale)
+    if form == "split" and split_usable():
         return split_buffer_attention(queries, keys, values, offsets, scale)
     batch, heads, rows, dim = queries.shape
     return _rows_buffer_kernel()(
@@ -929,6 +1236,17 @@ def two_pass_usable() -> bool:
     return _two_pass_usable
 
 
+def mma_usable() -> bool:
+    """`usable` for the mma form: on CUDA once its kernel compiled and, with the split form's
+    merge, matched mx.fast's masked attention on a probe whose rows see several chunks (once
+    per process, before any graph is traced: `prepare_form`)."""
+    global _mma_usable
+    if _mma_usable is None:
+        _mma_usable = fixed_shapes_wanted() and custom_kernels.probe(
+            "mma buffer attention", _mma_probe_error, 0.05, "the one-pass buffer kernel")
+    return _mma_usable
+
+
 def prepare_form() -> bool:
     """Probe the form KERNEL_ENV asks for (its kernels compile and agree), once per process:
     whether it will serve. The one-pass kernel is `usable`'s."""
@@ -940,6 +1258,8 @@ def _form_usable(form: str | None) -> bool:
     the split form's, which it takes for large buffers)."""
     if form in ("split", AUTO):
         return split_usable()
+    if form == "mma":
+        return mma_usable()
     return two_pass_usable() if form == "two-pass" else True
 
 
@@ -953,6 +1273,8 @@ def path_name() -> str:
                 f"{SPLIT_SLOTS}-slot chunks per KV head")
     if form == "split" and _form_usable(form):
         return f"buffer CUDA kernel, split into {SPLIT_SLOTS}-slot chunks per KV head"
+    if form == "mma" and _form_usable(form):
+        return f"buffer CUDA kernel on the tensor cores, {MMA_SLOTS}-slot chunks per KV head"
     if form == "two-pass" and _form_usable(form):
         return f"buffer CUDA kernel, two passes over {TWO_PASS_BLOCKS} key blocks per query head"
     return "buffer CUDA kernel"
@@ -993,6 +1315,10 @@ def _probe_error() -> float:
 
 def _split_probe_error() -> float:  # two batch rows: one sees two chunks, one the first alone
     return _masked_error(split_buffer_attention, [SPLIT_SLOTS + 100, 30], 2 * SPLIT_SLOTS + 40)
+
+
+def _mma_probe_error() -> float:  # as the split form's: one row past its first chunk, one inside it
+    return _masked_error(mma_buffer_attention, [MMA_SLOTS + 100, 30], 2 * MMA_SLOTS + 40)
 
 
 def _two_pass_probe_error() -> float:  # its rows reach past the first 256 slots (all blocks' first keys)

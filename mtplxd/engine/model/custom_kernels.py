@@ -12,6 +12,48 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 
 
+# Device helpers of the kernels that use the tensor cores and asynchronous copies (sm_80 on):
+# small_m_qmm's mma layouts and buffer_attention's mma form put it before their own header.
+TENSOR_CORE_HEADER = r"""// d += A (16 x 16) * B (16 x 8) on the tensor cores, 16-bit inputs, float32 sums (sm_80 on).
+// Per lane (g = lane / 4, t = lane % 4): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1],
+// a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g];
+// d = D[g][2t, 2t+1], D[g+8][2t, 2t+1] (PTX ISA, mma.m16n8k16).
+template <bool BF16>
+__device__ __forceinline__ void mtplx_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+    if constexpr (BF16) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+// Asynchronous copies global -> shared (sm_80 on): BYTES of 4, 8 (through L1) or 16 (L2
+// only: each weight is read once), then a commit closing the copies issued so far into a
+// group, and a wait until at most N groups of this thread's are in flight.
+template <int BYTES>
+__device__ __forceinline__ void mtplx_cp_async(void* dst, const void* src) {
+    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(to), "l"(src) : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" :: "r"(to), "l"(src), "n"(BYTES) : "memory");
+    }
+}
+__device__ __forceinline__ void mtplx_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void mtplx_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
+// The same 16-byte copy, or 16 zero bytes where `real` is false (nothing read: src-size 0).
+__device__ __forceinline__ void mtplx_cp_async_or_zero(void* dst, const void* src, bool real) {
+    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(to), "l"(src), "r"(real ? 16 : 0) : "memory");
+}
+"""
+
+
 def probe(name: str, error: Callable[[], float], limit: float, fallback: str) -> bool:
     """True when `error()` runs (compiling and launching the kernel) and stays below `limit`;
     otherwise log why and return False, so the caller keeps `fallback`."""

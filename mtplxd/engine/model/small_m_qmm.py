@@ -160,23 +160,6 @@ __device__ __forceinline__ void mtplx_convert_word(uint32_t word, float (&q)[32 
     #pragma unroll
     for (int i = 0; i < 32 / BITS; ++i) q[i] = static_cast<float>((word >> (i * BITS)) & ((1u << BITS) - 1u));
 }
-// d += A (16 x 16) * B (16 x 8) on the tensor cores, 16-bit inputs, float32 sums (sm_80 on).
-// Per lane (g = lane / 4, t = lane % 4): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1],
-// a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g];
-// d = D[g][2t, 2t+1], D[g+8][2t, 2t+1] (PTX ISA, mma.m16n8k16).
-template <bool BF16>
-__device__ __forceinline__ void mtplx_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-    if constexpr (BF16) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    } else {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
-}
 // The unpack's nibble mask and the sums' all-ones A fragment. Each is a constant that an and-or
 // or an mma takes only from a register, so the compiler makes it afresh before every use (sm_90
 // SASS, docs/benchmarks-data/sass-mix.py: 36 of the pipelined layout's 410 instructions a
@@ -271,21 +254,6 @@ __device__ __forceinline__ void mtplx_mma_store(float (*partial)[MT][16][8], con
         out[(size_t)(m0 + m) * N + n] = static_cast<T>(total);
     }
 }
-// Asynchronous copies global -> shared (sm_80 on): BYTES of 4, 8 (through L1) or 16 (L2
-// only: each weight is read once), then a commit closing the copies issued so far into a
-// group, and a wait until at most N groups of this thread's are in flight.
-template <int BYTES>
-__device__ __forceinline__ void mtplx_cp_async(void* dst, const void* src) {
-    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    if constexpr (BYTES == 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(to), "l"(src) : "memory");
-    } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" :: "r"(to), "l"(src), "n"(BYTES) : "memory");
-    }
-}
-__device__ __forceinline__ void mtplx_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void mtplx_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
 """
 
 _SOURCE = r"""
@@ -815,7 +783,8 @@ _mma_usable: bool | None = None  # probed apart: a GPU without bf16 mma.sync kee
 def _small_m_kernel(layout: str = "word"):
     source = {"vector": _SOURCE_VECTOR, "mma": _SOURCE_MMA, "mma_pipelined": _SOURCE_MMA_PIPELINED}.get(layout, _SOURCE)
     return custom_kernels.cuda_kernel(name=f"mtplx_small_m_qmm_{layout}", input_names=["x", "w", "scales", "biases"],
-                                      output_names=["out"], source=source, header=_HEADER)
+                                      output_names=["out"], source=source,
+                                      header=custom_kernels.TENSOR_CORE_HEADER + _HEADER)
 
 
 def small_m_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
