@@ -465,14 +465,9 @@ template <typename U> struct Limits { __device__ static constexpr U finite_min()
 def _mlx_kernel(name: str, source: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]],
                 constants: dict[str, object]) -> str:
     """`source` as mx.fast.cuda_kernel wraps it: typed inputs with their shapes, outputs, constants."""
-    def typed(dtype: str) -> str:  # MLX writes the arrays' own types
-        return str(constants["T"]) if dtype == "T" else dtype
+    from tests.support.cuda_emulator import signature
 
-    params = [f"const {typed(dtype)}* {n}, const __grid_constant__ Shape {n}_shape" for n, dtype in inputs]
-    params += [f"{typed(dtype)}* {n}" for n, dtype in outputs]
-    lines = "".join(f"  using {k} = {v};\n" if k == "T" else
-                    f"  constexpr {'bool' if isinstance(v, bool) else 'int'} {k} = {str(v).lower()};\n"
-                    for k, v in constants.items())
+    params, lines = signature(inputs, outputs, constants, "const __grid_constant__ Shape")
     return (f"namespace mlx::core::cu {{\nnamespace cg = cooperative_groups;\n"
             f"__global__ void {name}({', '.join(params)}) {{\n{lines}{custom_kernels.compact(source)}\n}}\n}}\n")
 
@@ -504,3 +499,109 @@ def test_the_split_and_mma_forms_compile_for_the_h200_without_spills(tmp_path):
     assert done.returncode == 0, done.stderr
     spills = [line for line in done.stderr.splitlines() if "spill stores" in line]
     assert len(spills) == 6 and all(" 0 bytes spill stores" in line for line in spills), done.stderr
+
+
+# The mma form's logic on the CPU (tests/support/cuda_emulator.py: the kernel's own source,
+# its threads as OS threads, mma.sync from the PTX ISA's fragment layouts), with the split
+# form's merge in numpy: what a GPU would run, checked where none is lent.
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed here")
+
+
+def emulated_mma_attention(tmp_path, q, k, v, offsets, scale, bf16=True):
+    """The mma form's first pass, emulated, and the merge (`_MERGE_SOURCE`'s sums) in numpy:
+    q (W, Hq, L, D), k and v (W, Hkv, S, D) as bf16 (or, not `bf16`, fp16) bit patterns, one
+    offset a batch row."""
+    import numpy as np
+
+    from tests.support import cuda_emulator
+
+    batch, heads, rows, dim = q.shape
+    kv_heads, slots = k.shape[1], k.shape[2]
+    chunk, warps = buffer_attention.MMA_SLOTS, buffer_attention.MMA_WARPS
+    chunks, slices = -(-slots // chunk), -(-(heads // kv_heads * rows) // 16)
+    library = cuda_emulator.build(
+        "mma", buffer_attention._MMA_SOURCE, buffer_attention._HEADER + buffer_attention._MMA_HEADER,
+        [("queries", "T"), ("keys", "T"), ("values", "T"), ("offset", "int32_t"), ("scale", "float")],
+        [("part_max", "float"), ("part_sum", "float"), ("part_acc", "float")],
+        {"T": "__nv_bfloat16" if bf16 else "__half", "D": dim, "CHUNK": chunk, "WARPS": warps, "BF16": bf16},
+        tmp_path)
+    part_max = np.full((batch, heads, rows, chunks), np.nan, np.float32)
+    part_sum = np.full_like(part_max, np.nan)
+    part_acc = np.full((batch, heads, rows, chunks, dim), np.nan, np.float32)
+    at = np.array(list(offsets) + [0] * 3, np.int32)
+    cuda_emulator.launch(library, [q, k, v, at, np.full(4, scale, np.float32)], [part_max, part_sum, part_acc],
+                         (batch * kv_heads * slices, chunks, 1), 32 * warps,
+                         buffer_attention.mma_shared_bytes(dim, 2))
+    out = np.zeros((batch, heads, rows, dim), np.float32)
+    for b in range(batch):
+        for r in range(rows):
+            count = min(chunks, (offsets[b] + r + chunk) // chunk)  # the chunks below the row's limit
+            top = part_max[b, :, r, :count].max(axis=-1, keepdims=True)
+            weight = np.exp2(part_max[b, :, r, :count] - top)
+            out[b, :, r] = ((weight[..., None] * part_acc[b, :, r, :count]).sum(axis=1)
+                            / (weight * part_sum[b, :, r, :count]).sum(axis=1)[:, None])
+    return out
+
+
+def reference_attention(q, k, v, offsets, scale, bf16=True):
+    """float64 attention over the bf16 (fp16) values, row r of batch row b seeing slots <= offset + r."""
+    import numpy as np
+
+    from tests.support.cuda_emulator import bf16_values
+
+    qf, kf, vf = ((bf16_values(x) if bf16 else x.view(np.float16)).astype(np.float64) for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    kf, vf = np.repeat(kf, group, axis=1), np.repeat(vf, group, axis=1)
+    scores = np.einsum("bhrd,bhsd->bhrs", qf, kf) * scale
+    slots = np.arange(k.shape[2])
+    for b, offset in enumerate(offsets):
+        visible = slots[None, :] <= offset + np.arange(q.shape[2])[:, None]
+        scores[b] = np.where(visible[None], scores[b], -np.inf)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return np.einsum("bhrs,bhsd->bhrd", weights / weights.sum(axis=-1, keepdims=True), vf)
+
+
+def half_precision_inputs(batch, heads, kv_heads, rows, dim, slots, seed, bf16=True):
+    import numpy as np
+
+    from tests.support.cuda_emulator import bf16_bits
+
+    def bits(x):
+        return bf16_bits(x) if bf16 else x.astype(np.float16).view(np.uint16)
+
+    rng = np.random.default_rng(seed)
+    return [bits(rng.standard_normal(shape).astype(np.float32))
+            for shape in ((batch, heads, rows, dim), (batch, kv_heads, slots, dim), (batch, kv_heads, slots, dim))]
+
+
+@needs_gxx
+@pytest.mark.parametrize("heads,kv_heads,rows,dim,offsets,slots,bf16", [
+    (8, 2, 3, 64, [356], 552, True),  # the probe's shape: one slice, three chunks, the last one short
+    (16, 2, 4, 128, [500], 600, True),  # a Qwen3-32B-like group of 8 at four rows: two slices; a chunk's end crossed
+    (8, 4, 7, 64, [300, 20], 520, True),  # a cohort of two rows at their own offsets
+    (8, 2, 2, 64, [400], 520, False),  # float16
+])
+def test_the_mma_form_emulated_matches_attention(tmp_path, heads, kv_heads, rows, dim, offsets, slots, bf16):
+    import numpy as np
+
+    q, k, v = half_precision_inputs(len(offsets), heads, kv_heads, rows, dim, slots, seed=rows, bf16=bf16)
+    scale = 1 / math.sqrt(dim)
+    got = emulated_mma_attention(tmp_path, q, k, v, offsets, scale, bf16=bf16)
+    want = reference_attention(q, k, v, offsets, scale, bf16=bf16)
+    assert np.isfinite(got).all()
+    assert np.abs(got - want).max() < 1e-2  # the weights rounded to bf16 before they weigh the values
+
+
+@needs_gxx
+def test_the_mma_form_emulated_rounds_each_verify_row_as_its_one_row_call(tmp_path):
+    """Row i of a 4-row call equals, bit for bit, the 1-row call at offset + i: keys masked for
+    a pair add exact zeros (and slots past the call's rows are staged as zeros, never as the
+    stage's earlier contents)."""
+    import numpy as np
+
+    q, k, v = half_precision_inputs(1, 16, 2, 4, 128, 600, seed=9)
+    offset, scale = 509, 1 / math.sqrt(128)  # rows 509-512: a chunk's end and a warp's step crossed
+    verify = emulated_mma_attention(tmp_path, q, k, v, [offset], scale)
+    for i in range(4):
+        step = emulated_mma_attention(tmp_path, np.ascontiguousarray(q[:, :, i:i + 1]), k, v, [offset + i], scale)
+        assert np.array_equal(verify[:, :, i:i + 1], step), f"row {i}"
