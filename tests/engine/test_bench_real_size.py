@@ -482,7 +482,7 @@ def test_decode_only_with_attention_forms_and_no_kernel_reports_them_at_the_top(
 def test_an_unknown_attention_form_is_refused(capsys):
     with pytest.raises(SystemExit):
         real_size.main(["--sizes", "tiny", "--attention-forms", "one-pass,fast"])
-    assert ("--attention-forms: choose from 0, auto, one-pass, split, two-pass (each may go on with "
+    assert ("--attention-forms: choose from 0, auto, one-pass, split, two-pass, mma (each may go on with "
             "+pool, +in_place, +bias_once, +hoist, +mma_decode, +persistent)") in capsys.readouterr().err
     with pytest.raises(SystemExit):
         real_size.main(["--sizes", "tiny", "--attention-forms", "auto+in_place+unrolled"])

@@ -8,7 +8,8 @@ and the asynchronous copies are plain copies. `__shared__` variables become func
 statics (one block runs at a time), and the dynamic shared memory a buffer that starts filled
 with 0xFF bytes (NaN in 16 and 32 bits), so a kernel that reads a stage it never wrote shows
 it. The fake sits at the hardware boundary only: the kernel's own source is compiled as it
-is written, after `custom_kernels.compact`.
+is written, after `custom_kernels.compact`. A kernel whose threads leave while others wait at
+a barrier (undefined on a GPU) hangs here: the engine's kernels return block- or warp-uniformly.
 
 `mma.sync.m16n8k16` is emulated from the PTX ISA's fragment layouts (the comment on
 `mtplx_mma` in custom_kernels.TENSOR_CORE_HEADER states them), independently of any kernel
