@@ -343,7 +343,7 @@ def test_the_split_forms_rows_do_not_depend_on_the_buffers_capacity(form):
     ("two_pass", 64, 8, 4, 8000, 8256),
     ("two_pass", 8, 2, 9, 300, 556),
     # mma: across a chunk's end; 24 pairs (two slices), 72 (five), and a verify's rows at 8k
-    # tokens in both halves of one warp's 16-slot step (8,000 = 16 x 500: rows 0-7 in one step)
+    # tokens (8,006-8,009) in both 8-slot halves of one warp's 16-slot step
     ("mma", 16, 4, 6, 2 * buffer_attention.MMA_SLOTS - 3, 1024),
     ("mma", 64, 8, 9, 2 * buffer_attention.MMA_SLOTS - 3, 1024),
     ("mma", 64, 8, 4, 8006, 8448),
@@ -414,9 +414,8 @@ def test_a_kernel_built_by_editing_another_fails_loudly_when_an_edit_misses():
 
 @needs_cuda
 def test_the_mma_form_takes_half_precision_and_views_off_a_16_byte_boundary():
-    """float16 inputs (the other tensor-core type), and buffers MLX passes at an odd offset
-    (a view one slot in, of a head size of 64: 128 bytes a slot, so 16-byte aligned; and of
-    one element in, which is not: those are staged by plain loads)."""
+    """float16 inputs (the other tensor-core type), and a key buffer that MLX passes one
+    element past a 16-byte boundary (a view into a flat array): staged by plain loads."""
     q, k, v = attention_inputs(8, 2, 3, 64, 700, seed=11)
     q, k, v = (x.astype(mx.float16) for x in (q, k, v))
     got = buffer_attention.mma_buffer_attention(q, k, v, mx.array(500, mx.int32), 0.125)
@@ -431,7 +430,8 @@ def test_the_mma_form_takes_half_precision_and_views_off_a_16_byte_boundary():
 
 
 def test_mma_shape_supported_is_the_mma_kernels_domain():
-    """16-bit queries and buffers of one dtype, a head size a multiple of 16 up to 128; its
+    """16-bit queries and buffers of one dtype, a head size up to 128 (a multiple of 32, as
+    every buffer kernel takes; the mma form's own need is 16); its
     shared memory: 4 warps' two stages of 16 keys and 16 values (69,632 bytes at 128 in bf16),
     which then hold the warps' results (33,792)."""
     q, k, _ = attention_inputs(64, 8, 4, 128, 512)

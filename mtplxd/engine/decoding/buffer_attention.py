@@ -1100,8 +1100,8 @@ def mma_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, of
 
 
 def mma_shape_supported(queries: mx.array, keys: mx.array) -> bool:
-    """The mma form's domain, within `rows_shape_supported`'s: 16-bit queries and buffers (the
-    tensor cores' inputs) and a head size a multiple of 16 up to MMA_MAX_DIM."""
+    """The mma form's domain, within `rows_shape_supported`'s (a head size a multiple of 32):
+    16-bit queries and buffers (the tensor cores' inputs), a head size up to MMA_MAX_DIM."""
     dim = queries.shape[-1]
     return (rows_shape_supported(queries, keys) and queries.dtype in (mx.bfloat16, mx.float16)
             and keys.dtype == queries.dtype and dim % 16 == 0 and dim <= MMA_MAX_DIM)
