@@ -882,10 +882,10 @@ TWO_PASS_BLOCKS = 32  # blocks of keys per query head (and group of rows) in the
 # (NVRTC for sm_90: 40 registers at 1 row of 128 in bf16, 80 at 4, 125 at 8; a head size of
 # 256 takes half as many rows, 128 registers at 4).
 TWO_PASS_MAX_ROWS = 8
-# The mma form (_MMA_SOURCE): key slots a block takes (MLX's parts a row: a 1-row step at
-# 8,192 tokens writes 32 of them a head, half the split form's) and its warps, each taking
-# MMA_SLOTS / MMA_WARPS slots of them; 16-bit heads of up to 128 (acc holds a lane's D / 2
-# output floats: 64 registers at 128).
+# The mma form (_MMA_SOURCE): key slots a block takes (one part a chunk for the merge: a
+# 1-row step at 8,192 tokens writes 32 a head, half the split form's) and its warps, each
+# taking MMA_SLOTS / MMA_WARPS slots of them; 16-bit heads of up to 128 (acc holds a lane's
+# D / 2 output floats: 64 registers at 128).
 MMA_SLOTS = 256
 MMA_WARPS = 4
 MMA_MAX_DIM = 128
