@@ -11,6 +11,7 @@ import subprocess
 
 import mlx.core as mx
 import mlx_lm.models.qwen3 as mlx_lm_qwen3
+import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache
 
@@ -18,6 +19,7 @@ from mtplxd.engine import GenerationRequest, SamplingParams, load_model
 from mtplxd.engine.decoding import buffer_attention, fused
 from mtplxd.engine.model import custom_kernels
 from mtplxd.engine.model.kv_cache import fixed_shapes_wanted
+from tests.support import cuda_emulator
 
 needs_cuda = pytest.mark.skipif(not fixed_shapes_wanted(), reason="the kernel needs MLX's CUDA backend")
 
@@ -465,9 +467,7 @@ template <typename U> struct Limits { __device__ static constexpr U finite_min()
 def _mlx_kernel(name: str, source: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]],
                 constants: dict[str, object]) -> str:
     """`source` as mx.fast.cuda_kernel wraps it: typed inputs with their shapes, outputs, constants."""
-    from tests.support.cuda_emulator import signature
-
-    params, lines = signature(inputs, outputs, constants, "const __grid_constant__ Shape")
+    params, lines = cuda_emulator.signature(inputs, outputs, constants, "const __grid_constant__ Shape")
     return (f"namespace mlx::core::cu {{\nnamespace cg = cooperative_groups;\n"
             f"__global__ void {name}({', '.join(params)}) {{\n{lines}{custom_kernels.compact(source)}\n}}\n}}\n")
 
@@ -511,10 +511,6 @@ def emulated_mma_attention(tmp_path, q, k, v, offsets, scale, bf16=True):
     """The mma form's first pass, emulated, and the merge (`_MERGE_SOURCE`'s sums) in numpy:
     q (W, Hq, L, D), k and v (W, Hkv, S, D) as bf16 (or, not `bf16`, fp16) bit patterns, one
     offset a batch row."""
-    import numpy as np
-
-    from tests.support import cuda_emulator
-
     batch, heads, rows, dim = q.shape
     kv_heads, slots = k.shape[1], k.shape[2]
     chunk, warps = buffer_attention.MMA_SLOTS, buffer_attention.MMA_WARPS
@@ -545,11 +541,7 @@ def emulated_mma_attention(tmp_path, q, k, v, offsets, scale, bf16=True):
 
 def reference_attention(q, k, v, offsets, scale, bf16=True):
     """float64 attention over the bf16 (fp16) values, row r of batch row b seeing slots <= offset + r."""
-    import numpy as np
-
-    from tests.support.cuda_emulator import bf16_values
-
-    qf, kf, vf = ((bf16_values(x) if bf16 else x.view(np.float16)).astype(np.float64) for x in (q, k, v))
+    qf, kf, vf = ((cuda_emulator.bf16_values(x) if bf16 else x.view(np.float16)).astype(np.float64) for x in (q, k, v))
     group = q.shape[1] // k.shape[1]
     kf, vf = np.repeat(kf, group, axis=1), np.repeat(vf, group, axis=1)
     scores = np.einsum("bhrd,bhsd->bhrs", qf, kf) * scale
@@ -562,12 +554,8 @@ def reference_attention(q, k, v, offsets, scale, bf16=True):
 
 
 def half_precision_inputs(batch, heads, kv_heads, rows, dim, slots, seed, bf16=True):
-    import numpy as np
-
-    from tests.support.cuda_emulator import bf16_bits
-
     def bits(x):
-        return bf16_bits(x) if bf16 else x.astype(np.float16).view(np.uint16)
+        return cuda_emulator.bf16_bits(x) if bf16 else x.astype(np.float16).view(np.uint16)
 
     rng = np.random.default_rng(seed)
     return [bits(rng.standard_normal(shape).astype(np.float32))
@@ -582,8 +570,6 @@ def half_precision_inputs(batch, heads, kv_heads, rows, dim, slots, seed, bf16=T
     (8, 2, 2, 64, [400], 520, False),  # float16
 ])
 def test_the_mma_form_emulated_matches_attention(tmp_path, heads, kv_heads, rows, dim, offsets, slots, bf16):
-    import numpy as np
-
     q, k, v = half_precision_inputs(len(offsets), heads, kv_heads, rows, dim, slots, seed=rows, bf16=bf16)
     scale = 1 / math.sqrt(dim)
     got = emulated_mma_attention(tmp_path, q, k, v, offsets, scale, bf16=bf16)
@@ -597,8 +583,6 @@ def test_the_mma_form_emulated_rounds_each_verify_row_as_its_one_row_call(tmp_pa
     """Row i of a 4-row call equals, bit for bit, the 1-row call at offset + i: keys masked for
     a pair add exact zeros (and slots past the call's rows are staged as zeros, never as the
     stage's earlier contents)."""
-    import numpy as np
-
     q, k, v = half_precision_inputs(1, 16, 2, 4, 128, 600, seed=9)
     offset, scale = 509, 1 / math.sqrt(128)  # rows 509-512: a chunk's end and a warp's step crossed
     verify = emulated_mma_attention(tmp_path, q, k, v, [offset], scale)

@@ -26,6 +26,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
 from mtplxd.engine.model import custom_kernels
@@ -221,11 +222,10 @@ def launch(library: ctypes.CDLL, inputs: list[np.ndarray], outputs: list[np.ndar
 
 
 def bf16_bits(values: np.ndarray) -> np.ndarray:
-    """float32 values rounded to bfloat16 (nearest even), as uint16 bit patterns."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    """float32 values rounded to bfloat16 (MLX's conversion: nearest even), as uint16 bit patterns."""
+    return np.array(mx.array(np.asarray(values, np.float32)).astype(mx.bfloat16).view(mx.uint16))
 
 
 def bf16_values(bits: np.ndarray) -> np.ndarray:
     """uint16 bfloat16 bit patterns as float32."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    return np.array(mx.array(bits).view(mx.bfloat16).astype(mx.float32))

@@ -978,13 +978,22 @@ def buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset
     array (the cache position of query row 0). CUDA only: see `usable`.
     """
     form = form_for(queries, keys)
-    if form == "mma" and mma_usable():
-        return mma_buffer_attention(queries, keys, values, offset, scale)
-    if form == "split" and split_usable():
-        return split_buffer_attention(queries, keys, values, offset, scale)
+    batched = _batched_form(form)
+    if batched is not None:
+        return batched(queries, keys, values, offset, scale)
     if form == "two-pass" and two_pass_usable():
         return two_pass_buffer_attention(queries, keys, values, offset, scale)
     return one_pass_buffer_attention(queries, keys, values, offset, scale)
+
+
+def _batched_form(form: str) -> Callable[..., mx.array] | None:
+    """The attention of `form` where it takes a single stream's row and a cohort's W rows
+    alike and its kernels passed their probe (the mma and split forms), else None."""
+    if form == "mma" and mma_usable():
+        return mma_buffer_attention
+    if form == "split" and split_usable():
+        return split_buffer_attention
+    return None
 
 
 def one_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
@@ -1140,12 +1149,9 @@ def form_for(queries: mx.array, keys: mx.array) -> str:
     if form == AUTO:
         form = "split" if keys.shape[2] >= SPLIT_FROM_SLOTS else "one-pass"
     if form == "mma":
-        if not mma_shape_supported(queries, keys):
-            form = "split"  # (a head of 256, float32): the split form's rule below
-        elif keys.shape[2] <= MMA_SLOTS:
-            return "one-pass"
-        else:
-            return "mma"
+        if mma_shape_supported(queries, keys):
+            return "mma" if keys.shape[2] > MMA_SLOTS else "one-pass"
+        form = "split"  # (a head of 256, float32): the split form's rule below
     if form == "split" and not (keys.shape[2] > SPLIT_SLOTS and split_shape_supported(queries, keys)):
         return "one-pass"
     return form
@@ -1165,11 +1171,9 @@ def rows_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array,
     buffer's capacity takes (`form_for`: the split form from SPLIT_FROM_SLOTS by default; the
     two-pass form has no W-row kernel, so there the one-pass one serves), so a cohort row
     rounds as its solo cycle wherever their buffers take one form. CUDA only: see `rows_usable`."""
-    form = form_for(queries, keys)
-    if form == "mma" and mma_usable():
-        return mma_buffer_attention(queries, keys, values, offsets, scale)
-    if form == "split" and split_usable():
-        return split_buffer_attention(queries, keys, values, offsets, scale)
+    batched = _batched_form(form_for(queries, keys))
+    if batched is not None:
+        return batched(queries, keys, values, offsets, scale)
     batch, heads, rows, dim = queries.shape
     return _rows_buffer_kernel()(
         inputs=[queries, keys, values, kernel_offsets(offsets), kernel_scale(scale)],
