@@ -416,8 +416,9 @@ def test_a_kernel_built_by_editing_another_fails_loudly_when_an_edit_misses():
 
 @needs_cuda
 def test_the_mma_form_takes_half_precision_and_views_off_a_16_byte_boundary():
-    """float16 inputs (the other tensor-core type), and a key buffer that MLX passes one
-    element past a 16-byte boundary (a view into a flat array): staged by plain loads."""
+    """float16 inputs (the other tensor-core type), and a key buffer and queries that MLX
+    passes one element past a 16-byte boundary (views into flat arrays): the keys staged by
+    plain loads, the queries read 16 bits at a time."""
     q, k, v = attention_inputs(8, 2, 3, 64, 700, seed=11)
     q, k, v = (x.astype(mx.float16) for x in (q, k, v))
     got = buffer_attention.mma_buffer_attention(q, k, v, mx.array(500, mx.int32), 0.125)
@@ -426,6 +427,7 @@ def test_the_mma_form_takes_half_precision_and_views_off_a_16_byte_boundary():
     flat = mx.concatenate([mx.zeros((1,), mx.bfloat16), attention_inputs(8, 2, 3, 64, 700, seed=12)[1].reshape(-1)])
     k_odd = flat[1:].reshape(1, 2, 700, 64)  # one element past the start
     q2, _, v2 = attention_inputs(8, 2, 3, 64, 700, seed=12)
+    q2 = mx.concatenate([mx.zeros((1,), mx.bfloat16), q2.reshape(-1)])[1:].reshape(q2.shape)
     got = buffer_attention.mma_buffer_attention(q2, k_odd, v2, mx.array(500, mx.int32), 0.125)
     want = masked_attention(q2, k_odd, v2, 500, 0.125)
     assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=2e-2, rtol=2e-2)

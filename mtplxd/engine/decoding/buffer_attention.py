@@ -451,23 +451,26 @@ _MMA_SOURCE = r"""
     const float q_scale = (float)((double)at_scale * 1.4426950408889634);  // * log2(e)
 
     // This lane's two pairs (rows g and g + 8 of the tile): their queries as A fragments, and
-    // one past the last slot each sees (0 for a pair past the call's: every key masked).
+    // one past the last slot each sees (0 for a pair past the call's: every key masked). The
+    // queries are read 16 bits at a time (once a call): a view MLX passes at an odd element
+    // stays a legal read.
     int limit[2];
     uint32_t qa[DK][4];
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int p = slice * 16 + g + 8 * h;
-        const uint32_t* q = nullptr;
+        const uint16_t* q = nullptr;
         limit[h] = 0;
         if (p < pairs) {
-            q = reinterpret_cast<const uint32_t*>(
+            q = reinterpret_cast<const uint16_t*>(
                 queries + (((size_t)batch * queries_shape[1] + kv_head * group + p / rows) * rows + p % rows) * D);
             limit[h] = min(at_offset + p % rows + 1, slots);
         }
         #pragma unroll
         for (int ks = 0; ks < DK; ++ks) {
-            qa[ks][h] = q ? q[ks * 8 + t] : 0u;          // elements 16 ks + 2t, + 1
-            qa[ks][2 + h] = q ? q[ks * 8 + 4 + t] : 0u;  // elements 16 ks + 8 + 2t, + 1
+            const int lo = 16 * ks + 2 * t, hi = lo + 8;  // elements lo, lo + 1 and hi, hi + 1
+            qa[ks][h] = q ? (uint32_t)q[lo] | ((uint32_t)q[lo + 1] << 16) : 0u;
+            qa[ks][2 + h] = q ? (uint32_t)q[hi] | ((uint32_t)q[hi + 1] << 16) : 0u;
         }
     }
 
