@@ -48,7 +48,9 @@
 #                 hybrid-27b; one a run: the hybrid's took 122 s in the fused loop) and DTYPES
 #                 (4bit; f32 is the rounding control, 2026-12-04 fifth session); since 2026-12-04
 #                 every divergence, MTP resynchronised on AR after each; NORM_ROPE=1: with the
-#                 query and key norms and rope as one kernel a layer (qk_norm_rope.py)
+#                 query and key norms and rope as one kernel a layer (qk_norm_rope.py); CONTEXT:
+#                 from a prompt of that many tokens (512 unless set; 8192: the buffer attention's
+#                 mma form, the default from 2,048 slots since 2026-12-07's eighth session)
 #   PART=hybrid-parity  issue 22 point 5 for the hybrid, whose single decode figures swing
 #                 19-32 ms between processes: bench.ar_parity (our AR and mlx-lm's generate_step
 #                 interleaved, CPU time beside wall) on the hybrid 27B at DTYPES (4bit,8bit)
@@ -207,9 +209,10 @@
 #                 session: the 4B's step swung 4.0-6.2 ms between processes, its host the bound):
 #                 the 4-bit Qwen3-4B as served (kernel) against stacked projections and one
 #                 norm-and-rope kernel a layer, together and apart (fewer kernels: less host
-#                 time); the 32B 8-bit as served (MLX's decode op by op) against its decode steps on
-#                 the tensor-core layout in the compiled loop (kernel+row-invariant: its compiled
-#                 1-token forward so took 15.8 ms against a 17.4 ms decode step) and MLX's compiled;
+#                 time); the 32B 8-bit as served (since 2026-12-07, eighth session: row-invariant,
+#                 its decode steps on the tensor-core layout in the compiled loop, which this PART
+#                 then found 0.79-0.85x the mixed routing's time) against the mixed routing (MLX's
+#                 decode op by op: kernel+mixed) and MLX's decode compiled (kernel+mixed+compiled-ar);
 #                 the 32B 4-bit as served against row-invariant and against stacked + norm-rope.
 #                 ROUNDS (4) rounds
 # Usage, from the repository root on the GPU machine (MLX CUDA under /root/site):
@@ -323,7 +326,7 @@ elif [ "$PART" = arms ]; then
   step arms-4b 200 "${sa[@]}" --size qwen3-4b --dtype 4bit --steps 256 \
     --arms kernel,kernel+stacked+norm-rope,kernel+stacked,kernel+norm-rope --json-out "$work/arms-4b.json"
   step arms-32b-8bit 200 "${sa[@]}" --size qwen3-32b --dtype 8bit --steps 64 \
-    --arms kernel,kernel+row-invariant,kernel+compiled-ar --json-out "$work/arms-32b-8bit.json"
+    --arms kernel,kernel+mixed,kernel+mixed+compiled-ar --json-out "$work/arms-32b-8bit.json"
   step arms-32b-4bit 200 "${sa[@]}" --size qwen3-32b --dtype 4bit --steps 64 \
     --arms kernel,kernel+row-invariant,kernel+stacked+norm-rope --json-out "$work/arms-32b-4bit.json"
 elif [ "$PART" = norm-rope ]; then
@@ -339,8 +342,8 @@ elif [ "$PART" = norm-rope ]; then
 elif [ "$PART" = divergence ]; then
   step "divergence-${SIZE:?set SIZE}-${DTYPES:-4bit}" 560 python3 -m mtplxd.engine.bench.real_size \
     --sizes "$SIZE" --dtypes "${DTYPES:-4bit}" --depths "" --cycle-temperatures 0 --decode-tokens 16 \
-    --repeats 2 --divergence-tokens "${TOKENS:-2000}" ${NORM_ROPE:+--qk-norm-rope} \
-    --json-out "$work/divergence-$SIZE-${DTYPES:-4bit}${NORM_ROPE:+-norm-rope}.json"
+    --repeats 2 --divergence-tokens "${TOKENS:-2000}" ${NORM_ROPE:+--qk-norm-rope} ${CONTEXT:+--context "$CONTEXT"} \
+    --json-out "$work/divergence-$SIZE-${DTYPES:-4bit}${NORM_ROPE:+-norm-rope}${CONTEXT:+-$CONTEXT}.json"
 elif [ "$PART" = hybrid-parity ]; then
   step hybrid-parity 540 python3 -m mtplxd.engine.bench.ar_parity --size hybrid-27b \
     --dtypes "${DTYPES:-4bit,8bit}" --tokens 64 --repeats 6 --budget-s $(( BUDGET - 80 )) \

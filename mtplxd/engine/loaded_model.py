@@ -156,9 +156,9 @@ def load_model(path: str | os.PathLike, *, model_id: str | None = None,
     current one (`MTPLX_CPU_ATTENTION`, else auto).
     `small_m_kernel` True or False routes quantized layers through small_m_qmm's CUDA kernel
     or not; None keeps its default (`small_m_qmm.default_wanted`: 27B/32B-class 4- and 8-bit
-    models, dense 4-bit ones of Qwen3-4B's size for their decode steps; a hybrid's every
-    1..7-row product on its tensor-core layout, row-invariant:
-    `small_m_qmm.row_invariant_wanted`; a dense model's so inside its MTP cycles only:
+    models, dense 4-bit ones of Qwen3-4B's size for their decode steps; a hybrid's and a dense
+    8-bit one's every 1..7-row product on its tensor-core layout, row-invariant:
+    `small_m_qmm.row_invariant_wanted`; a dense 4-bit one's so inside its MTP cycles only:
     `small_m_qmm.cycle_row_invariant_wanted`).
     `info.kernels` says which runs.
     `compute` "auto" upcasts where loader.compute_dtype says (float32 on the Linux CPU,

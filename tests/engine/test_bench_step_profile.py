@@ -30,6 +30,8 @@ def test_summary_adds_the_durations_in_their_units_per_step():
     top = summary["top_workloads"]
     assert [w["name"] for w in top] == ["graph 12", "graph 13", "qmv_kernel"]
     assert top[0]["count"] == 2 and top[0]["ms_per_step"] == pytest.approx(1.25)
+    assert top[0]["median_ms"] == pytest.approx(1.25) and top[0]["max_ms"] == pytest.approx(1.2505)
+    assert top[2]["median_ms"] == top[2]["max_ms"] == pytest.approx(0.04)
 
 
 def test_summary_refuses_output_without_durations():

@@ -232,12 +232,13 @@ def test_a_forwards_layers_share_one_padded_offset():
 
 
 @pytest.mark.parametrize("value,heads,kv_heads,rows,dim,slots,dtype,form", [
-    # the default: split from SPLIT_FROM_SLOTS slots, one-pass below
-    (None, 64, 8, 1, 128, 2048, mx.bfloat16, "split"),
-    (None, 64, 8, 4, 128, 8448, mx.bfloat16, "split"),
+    # the default: from SPLIT_FROM_SLOTS slots mma where it takes the head, else split; one-pass below
+    (None, 64, 8, 1, 128, 2048, mx.bfloat16, "mma"),
+    (None, 64, 8, 4, 128, 8448, mx.bfloat16, "mma"),
     (None, 64, 8, 1, 128, 2047, mx.bfloat16, "one-pass"),
-    (None, 8, 2, 1, 64, 2048, mx.float16, "split"),
-    (None, 24, 4, 4, 256, 8448, mx.bfloat16, "split"),  # the hybrid's attention
+    (None, 8, 2, 1, 64, 2048, mx.float16, "mma"),
+    (None, 24, 4, 4, 256, 8448, mx.bfloat16, "split"),  # the hybrid's attention: a head of 256
+    (None, 8, 2, 2, 128, 8448, mx.float32, "split"),  # float32: no tensor-core input
     (None, 4, 2, 2, 256, 8448, mx.float32, "one-pass"),  # a key row past 512 bytes: outside the split kernel
     # a form asked for by name holds at every size, within its kernel's domain
     ("one-pass", 64, 8, 1, 128, 8448, mx.bfloat16, "one-pass"),
@@ -263,19 +264,34 @@ def test_the_form_follows_the_variable_and_the_shapes(monkeypatch, value, heads,
     assert buffer_attention.form_for(*shapes(heads, kv_heads, rows, dim, slots, dtype)) == form
 
 
+def test_where_the_mma_forms_probe_failed_its_calls_take_the_split_form(monkeypatch):
+    """The default picks the mma form by shape; a machine where its kernel did not pass its
+    probe (the probe's answer is the GPU's, faked here) computes the same parts by the split
+    form, and with neither probed in, the caller's one-pass kernel serves."""
+    monkeypatch.setattr(buffer_attention, "mma_usable", lambda: False)
+    monkeypatch.setattr(buffer_attention, "split_usable", lambda: True)
+    assert buffer_attention._batched_form("mma") is buffer_attention.split_buffer_attention
+    monkeypatch.setattr(buffer_attention, "split_usable", lambda: False)
+    assert buffer_attention._batched_form("mma") is None
+    monkeypatch.setattr(buffer_attention, "mma_usable", lambda: True)
+    assert buffer_attention._batched_form("mma") is buffer_attention.mma_buffer_attention
+    assert buffer_attention._batched_form("split") is None
+
+
 def test_a_cohorts_rows_take_the_form_a_single_stream_with_their_buffers_would(monkeypatch):
     """W rows (fused cohorts) follow the same rule as a batch of one: a cohort row's form is
     its solo cycle's wherever their buffers have the same capacity."""
     monkeypatch.delenv(buffer_attention.KERNEL_ENV, raising=False)
-    for slots, form in [(2048, "split"), (2047, "one-pass")]:
+    for slots, form in [(2048, "mma"), (2047, "one-pass")]:
         q, k = mx.zeros((3, 64, 4, 128), mx.bfloat16), mx.zeros((3, 8, slots, 128), mx.bfloat16)
-        assert buffer_attention.split_shape_supported(q, k)  # a batch of 3 is in the split form's domain
+        assert buffer_attention.mma_shape_supported(q, k)  # a batch of 3 is in the mma form's domain
         assert buffer_attention.form_for(q, k) == form
 
 
 @pytest.mark.parametrize("form,name", [
-    ("auto", f"buffer CUDA kernel: one pass below {buffer_attention.SPLIT_FROM_SLOTS} slots, from there split "
-             f"into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head"),
+    ("auto", f"buffer CUDA kernel: one pass below {buffer_attention.SPLIT_FROM_SLOTS} slots, from there on the "
+             f"tensor cores in {buffer_attention.MMA_SLOTS}-slot chunks per KV head (16-bit heads of up to "
+             f"{buffer_attention.MMA_MAX_DIM}), else split into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head"),
     ("split", f"buffer CUDA kernel, split into {buffer_attention.SPLIT_SLOTS}-slot chunks per KV head"),
     ("two-pass", f"buffer CUDA kernel, two passes over {buffer_attention.TWO_PASS_BLOCKS} key blocks per query head"),
     ("mma", f"buffer CUDA kernel on the tensor cores, {buffer_attention.MMA_SLOTS}-slot chunks per KV head")])
@@ -376,21 +392,24 @@ def test_buffer_attention_takes_the_asked_form(monkeypatch, form):
 
 
 @needs_cuda
-def test_by_default_a_cohorts_large_buffers_take_the_split_form_too(monkeypatch):
+def test_by_default_a_cohorts_large_buffers_take_the_mma_form_too(monkeypatch):
     monkeypatch.delenv(buffer_attention.KERNEL_ENV, raising=False)
     q, k, v = rows_inputs(2, 8, 2, 3, 128, buffer_attention.SPLIT_FROM_SLOTS, seed=10)
     offsets = mx.array([buffer_attention.SPLIT_FROM_SLOTS - 300, 40], mx.int32)
     assert mx.array_equal(buffer_attention.rows_buffer_attention(q, k, v, offsets, 0.125),
-                          buffer_attention.split_buffer_attention(q, k, v, offsets, 0.125))
+                          buffer_attention.mma_buffer_attention(q, k, v, offsets, 0.125))
 
 
 @needs_cuda
-def test_by_default_a_large_buffer_takes_the_split_form(monkeypatch):
+def test_by_default_a_large_buffer_takes_the_mma_form_or_for_a_head_of_256_the_split_form(monkeypatch):
     monkeypatch.delenv(buffer_attention.KERNEL_ENV, raising=False)
     q, k, v = attention_inputs(8, 2, 2, 128, buffer_attention.SPLIT_FROM_SLOTS, seed=9)
     offset = mx.array(buffer_attention.SPLIT_FROM_SLOTS - 300, mx.int32)
     assert mx.array_equal(buffer_attention.buffer_attention(q, k, v, offset, 0.125),
-                          buffer_attention.split_buffer_attention(q, k, v, offset, 0.125))
+                          buffer_attention.mma_buffer_attention(q, k, v, offset, 0.125))
+    q2, k2, v2 = attention_inputs(6, 1, 2, 256, buffer_attention.SPLIT_FROM_SLOTS, seed=11)  # the hybrid's head
+    assert mx.array_equal(buffer_attention.buffer_attention(q2, k2, v2, offset, 0.0625),
+                          buffer_attention.split_buffer_attention(q2, k2, v2, offset, 0.0625))
     small = buffer_attention.buffer_attention(q, k[:, :, :1024], v[:, :, :1024], mx.array(700, mx.int32), 0.125)
     assert mx.array_equal(small, buffer_attention.one_pass_buffer_attention(
         q, k[:, :, :1024], v[:, :, :1024], mx.array(700, mx.int32), 0.125))

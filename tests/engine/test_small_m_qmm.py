@@ -96,6 +96,8 @@ def test_the_kernel_is_on_by_default_only_for_large_quantized_models(tiny_model_
     assert not small_m_qmm.default_wanted(model(_quantized(2048, 6144, 4)))  # Qwen3-1.7B's: 12.6M
     assert small_m_qmm.verify_wanted(model(_quantized(*q_proj, 4)))
     assert small_m_qmm.cycle_row_invariant_wanted(model(_quantized(*q_proj, 4)))
+    assert not small_m_qmm.row_invariant_wanted(model(_quantized(*q_proj, 4)))  # dense 4-bit: in its cycles only
+    assert small_m_qmm.row_invariant_wanted(model(_quantized(*q_proj, 8), _quantized(*k_proj, 8)))  # dense 8-bit
     assert not small_m_qmm.default_wanted(model(nn.Linear(64, 64)))
     assert not small_m_qmm.default_wanted(load_model(tiny_model_factory("qwen3", quantize_bits=4)).model)
 
@@ -401,13 +403,15 @@ def test_row_invariant_install_takes_the_environment_and_status_says_so(tiny_mod
 @pytest.mark.parametrize("family, quantize, everywhere", [
     ("qwen3_5", "4bit", True),  # a hybrid: measured exact and as fast (H200)
     ("qwen3_5", "8bit", True),  # cycles cheaper, decode level, exact over 300 tokens (H100)
-    ("qwen3", "4bit", False),  # dense: its AR decode faster mixed, its cycles row-invariant
+    ("qwen3", "4bit", False),  # dense 4-bit: its AR decode as fast mixed, its cycles row-invariant
+    ("qwen3", "8bit", True),  # dense 8-bit: its AR decode faster on the mma layout, compiled (H100)
 ])
 def test_the_routing_a_model_loads_with_and_the_environment_decides_over_it(
         tiny_model_factory, monkeypatch, family, quantize, everywhere):
-    """Unless MTPLX_ROW_INVARIANT says "1" or "0", a hybrid that the kernel serves (27B/32B-class
-    matrices: here the tiny model's, the threshold lowered) loads row-invariant everywhere, a
-    dense model row-invariant inside its MTP cycles only, and /health says which; "1" routes
+    """Unless MTPLX_ROW_INVARIANT says "1" or "0", a hybrid or a dense 8-bit model that the
+    kernel serves (27B/32B-class matrices: here the tiny model's, the threshold lowered) loads
+    row-invariant everywhere, a dense 4-bit model row-invariant inside its MTP cycles only,
+    and /health says which; "1" routes
     every model row-invariantly everywhere, "0" nowhere."""
     monkeypatch.setattr(small_m_qmm, "_usable", True)
     monkeypatch.setattr(small_m_qmm, "_mma_usable", True)

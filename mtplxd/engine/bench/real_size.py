@@ -54,7 +54,7 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     buffer attention (`MTPLX_BUFFER_ATTENTION`'s values; `0`: MLX's masked attention), in
     two rounds (the second in reverse order) in this process, `by_attention_form`: between
     processes whole steps swung more than the forms differ (2026-12-06, sixth session);
-    `auto` is the default, split from 2,048 slots (buffer_attention.form_for); a form ending
+    `auto` is the default, mma (split for other heads) from 2,048 slots (buffer_attention.form_for); a form ending
     in `+pool` (`auto+pool`) runs with the loops' offsets and the kernels' scale left in
     MLX's managed small-array pool (buffer_attention.scalars_in_pool), as before they were
     moved to device memory; `+in_place`, `+bias_once` and `+hoist` (any of them, after the

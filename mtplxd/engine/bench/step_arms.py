@@ -14,6 +14,8 @@ the first arm compares steps run seconds apart on the same host.
 An arm is features joined by "+" ("stock" for none):
   kernel         the small-M kernel installed as served (small_m_qmm.install)
   row-invariant  with kernel: every 1..7-row product on its tensor-core layout, decode steps too
+  mixed          with kernel: the mixed routing (layouts by row count) whatever is served (a
+                 dense 8-bit 27B/32B-class model is served row-invariant since 2026-12-07)
   stacked        the projections that read one input as one product (stacked.py)
   norm-rope      the query and key norms and rope as one kernel a layer (qk_norm_rope.py)
   compiled-ar    the AR loop compiled (fused_ar.py) whatever fused_ar_wanted says
@@ -38,7 +40,7 @@ from mtplxd.engine.bench.harness import bench_parser, command_line, machine, wri
 from mtplxd.engine.bench.step_profile import build_for_steps, prompt_for, time_loop
 
 PROG = "python -m mtplxd.engine.bench.step_arms"
-FEATURES = ("kernel", "row-invariant", "stacked", "norm-rope", "compiled-ar", "op-by-op-ar")
+FEATURES = ("kernel", "row-invariant", "mixed", "stacked", "norm-rope", "compiled-ar", "op-by-op-ar")
 MODEL_FEATURES = frozenset({"stacked", "norm-rope"})  # these change the weights: a model each
 
 
@@ -50,8 +52,11 @@ def parse_arm(text: str) -> frozenset[str]:
         raise ValueError(f"arm {text!r}: unknown feature(s) {sorted(unknown)}; known: stock, {', '.join(FEATURES)}")
     if {"compiled-ar", "op-by-op-ar"} <= features:
         raise ValueError(f"arm {text!r}: compiled-ar and op-by-op-ar both")
-    if "row-invariant" in features and "kernel" not in features:
-        raise ValueError(f"arm {text!r}: row-invariant routes the kernel: add kernel")
+    if {"row-invariant", "mixed"} <= features:
+        raise ValueError(f"arm {text!r}: row-invariant and mixed both")
+    for routing in ("row-invariant", "mixed"):
+        if routing in features and "kernel" not in features:
+            raise ValueError(f"arm {text!r}: {routing} routes the kernel: add kernel")
     return features
 
 
@@ -72,8 +77,7 @@ def run_arms(size: str, dtype: str, arms: list[str], *, depth: int = 0, steps: i
             model, trunk, _ = model_of[arm]
             wanted = features[arm]
             # The kernel in for the turn, out after, the compiled graphs dropped both ways.
-            routing = (kernel_installed(model, trunk, force=True,
-                                        row_invariant=True if "row-invariant" in wanted else None)
+            routing = (kernel_installed(model, trunk, force=True, row_invariant=_routing(wanted))
                        if "kernel" in wanted else contextlib.nullcontext(0))
             fused_ar.force(True if "compiled-ar" in wanted else False if "op-by-op-ar" in wanted else None)
             try:
@@ -86,6 +90,11 @@ def run_arms(size: str, dtype: str, arms: list[str], *, depth: int = 0, steps: i
             "context": context,
             "arms": {arm: _arm_report(features[arm], timed[arm], model_of[arm][2]) for arm in arms},
             "ratio_to_first": _ratios(arms, timed)}
+
+
+def _routing(features: frozenset[str]) -> bool | None:
+    """install's `row_invariant` for an arm: True, False (mixed) or None (as served)."""
+    return True if "row-invariant" in features else False if "mixed" in features else None
 
 
 def _arm_report(features: frozenset[str], rounds: list[dict[str, Any]], built: dict[str, int]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import csv
 import ctypes
 import io
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -52,7 +53,10 @@ UNIT_TO_MS = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond
 def summarize_ncu_csv(text: str, steps: int, top: int = 12) -> dict[str, Any]:
     """Device ms per step from ncu's `--csv` output of DURATION_METRIC: the workloads'
     durations summed over all profiled steps, divided by `steps`; the largest workloads by
-    name. Lines before ncu's header row (its ==PROF== log) are skipped."""
+    name, each with its median and longest launch (on an H100 on 2026-12-07 a kernel's
+    launches under ncu were bimodal, most at one time and a few 5-30x longer, in no order:
+    the median is its steady cost, the mean per step is not).
+    Lines before ncu's header row (its ==PROF== log) are skipped."""
     by_name = durations_by(text, lambda row: row.get("Kernel Name") or "?")
     if not by_name:
         raise ValueError(f"no {DURATION_METRIC} rows in the ncu output")
@@ -65,7 +69,8 @@ def summarize_ncu_csv(text: str, steps: int, top: int = 12) -> dict[str, Any]:
         "workloads_per_step": workloads / steps,
         "device_ms_total": total_ms,
         "device_ms_per_step": total_ms / steps,
-        "top_workloads": [{"name": name, "count": len(values), "ms_per_step": sum(values) / steps}
+        "top_workloads": [{"name": name, "count": len(values), "ms_per_step": sum(values) / steps,
+                           "median_ms": statistics.median(values), "max_ms": max(values)}
                           for name, values in ranked],
     }
 

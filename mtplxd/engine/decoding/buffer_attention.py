@@ -18,8 +18,9 @@ can round apart, as they could before). Other backends keep
 mx.fast.scaled_dot_product_attention with the mask.
 
 Three more forms. By default (`MTPLX_BUFFER_ATTENTION` unset) buffers of SPLIT_FROM_SLOTS slots
-or more take the split form, smaller ones the one-pass kernel (`form_for`); `one-pass`, `split`,
-`two-pass` or `mma` asks for that form at every size, "0" turns every buffer kernel off. The one-pass
+or more take the mma form where its domain holds the head (16-bit, 64-128) and the split form
+elsewhere, smaller ones the one-pass kernel (`form_for`); `one-pass`, `split`, `two-pass` or
+`mma` asks for that form at every size, "0" turns every buffer kernel off. The one-pass
 kernel gives each query row one
 block, whose 32 warps walk all of that row's keys one after the other and reduce each key's
 score across the warp, and every query head of a GQA group reads the same keys again; so its
@@ -55,10 +56,13 @@ on L2 for the repeats. A warp's keys are fixed by slot, so a verify row rounds a
 call at its position here too. On the H200 it took 118 us at one row and 266 at four: the
 one-pass kernel's arithmetic per key, spread wider.
 
-The mma form (`_MMA_SOURCE`, opt-in) computes the split form's parts on the tensor cores:
-scores and weighed values of 16 (query head, row) pairs by 16 keys a pass of mma.sync, so a
-verify's rows cost what a decode step's do; the split form's merge adds them. Not yet timed on
-a GPU (docs/engine.md, "The mma form").
+The mma form (`_MMA_SOURCE`) computes the split form's parts on the tensor cores: scores and
+weighed values of 16 (query head, row) pairs by 16 keys a pass of mma.sync, so a verify's rows
+cost little more than a decode step's; the split form's merge adds them. On an H100 (2026-12-07,
+eighth session) a Qwen3-32B layer's first pass took 22 us (one row) and 41 (four) at 8,192
+tokens where the split form's took 35 and 101, 14 and 18 at 2,048 where it took 22 and 44; the
+32B 4-bit's depth-3 cycle at 8,192 tokens 23.8-24.0 ms against 25.5-27.7 (docs/benchmarks.md,
+"The buffer attention on the tensor cores timed"; docs/engine.md, "The mma form").
 """
 
 from __future__ import annotations
@@ -391,7 +395,7 @@ _SPLIT_SOURCE = r"""
     }
 """
 
-# The mma form's first pass (2026-12-07, seventh session; opt-in, `MTPLX_BUFFER_ATTENTION=mma`):
+# The mma form's first pass (2026-12-07, seventh session; the default from SPLIT_FROM_SLOTS since the eighth):
 # the split form's parts, its scores and weighed values on the tensor cores. The split form's
 # scalar lanes spend 128 multiply-adds a (pair, key) on each of the scores and the values, so
 # its time grows with the pairs a call has (on an H100 at 8,192 tokens a Qwen3-32B layer took
@@ -837,8 +841,8 @@ SPLIT_SLOTS = 128
 SPLIT_WARPS = 4  # warps a block of the split form's first pass has (its WARPS template)
 SPLIT_MAX_PAIRS = 4  # pairs a warp of it serves at most where shared memory allows (split_max_pairs)
 SPLIT_SHARED_BYTES = 48 * 1024  # the static shared memory a block may declare
-# The default form (KERNEL_ENV unset): the split form for buffers of SPLIT_FROM_SLOTS slots or
-# more, the one-pass kernel below. On an H100 (2026-12-06, eighth session), with the kernels'
+# The default form's threshold (KERNEL_ENV unset): a form of parts for buffers of
+# SPLIT_FROM_SLOTS slots or more (the split form until the mma form below), the one-pass kernel below. On an H100 (2026-12-06, eighth session), with the kernels'
 # scalars in device memory (below), a Qwen3-32B layer at 8,192 tokens took 54 us (one row)
 # and 118 (four) split, 190 and 240 in one pass; at 1,024 tokens 32 and 52 split, 32 and 46 in
 # one pass (docs/benchmarks.md, "The offset in device memory"): the lines cross near 1,000
@@ -847,6 +851,9 @@ SPLIT_SHARED_BYTES = 48 * 1024  # the static shared memory a block may declare
 # query heads, 4 KV heads) gained more: 63 us against 368 at 8,192 tokens, 48 against 55 at
 # 1,024. Whole steps at 8,192 tokens agreed (the 32B 4-bit's compiled AR step 14.9-15.1 ms
 # split against 23.2-23.3 in one pass, its depth-3 cycle 24.9-26.6 against 30.0-38.3).
+# Since the eighth session of 2026-12-07 the mma form takes those buffers where it holds the
+# head (`form_for`): on an H100 it was 1.5-2.4x faster than the split form at 2,048 and 8,192
+# tokens, one and four rows. Below, one-pass against mma is untimed side by side.
 SPLIT_FROM_SLOTS = 2048
 # MLX (0.32.4, CUDA) keeps arrays of 8 bytes or less in a pool of managed memory that the GPU
 # reaches through a mapping, and a kernel reading its offset or scale from there paid for it:
@@ -893,8 +900,8 @@ MMA_SLOTS = 256
 MMA_WARPS = 4
 MMA_MAX_DIM = 128
 # Which buffer kernel the fused loops attend with: "0" none (MLX's masked attention), one of
-# FORMS for that form at every buffer size, else ("", "1", "auto") the default: split from
-# SPLIT_FROM_SLOTS slots, one-pass below (`form_for`).
+# FORMS for that form at every buffer size, else ("", "1", "auto") the default: mma (split for
+# the heads it does not take) from SPLIT_FROM_SLOTS slots, one-pass below (`form_for`).
 KERNEL_ENV = "MTPLX_BUFFER_ATTENTION"
 FORMS = ("one-pass", "split", "two-pass", "mma")
 AUTO = "auto"
@@ -991,10 +998,11 @@ def buffer_attention(queries: mx.array, keys: mx.array, values: mx.array, offset
 
 def _batched_form(form: str) -> Callable[..., mx.array] | None:
     """The attention of `form` where it takes a single stream's row and a cohort's W rows
-    alike and its kernels passed their probe (the mma and split forms), else None."""
+    alike and its kernels passed their probe (the mma and split forms; the split form where
+    the mma form's probe failed: the same parts, computed without the tensor cores), else None."""
     if form == "mma" and mma_usable():
         return mma_buffer_attention
-    if form == "split" and split_usable():
+    if form in ("mma", "split") and split_usable():
         return split_buffer_attention
     return None
 
@@ -1144,13 +1152,14 @@ def form_wanted() -> str | None:
 
 def form_for(queries: mx.array, keys: mx.array) -> str:
     """The form a call of these shapes asks for (`form_wanted`, AUTO resolved): by default
-    the split form for buffers of SPLIT_FROM_SLOTS slots or more, else one-pass; a buffer of
+    for buffers of SPLIT_FROM_SLOTS slots or more the mma form, or the split form where
+    `mma_shape_supported` does not hold (a head of 256, float32), else one-pass; a buffer of
     one chunk, or a shape outside `split_shape_supported`, keeps one-pass whatever was
     asked. Fixed by the shapes, so a traced loop takes one form for all its calls (a
     capacity bucket is one shape)."""
     form = form_wanted() or "one-pass"
     if form == AUTO:
-        form = "split" if keys.shape[2] >= SPLIT_FROM_SLOTS else "one-pass"
+        form = "mma" if keys.shape[2] >= SPLIT_FROM_SLOTS else "one-pass"
     if form == "mma":
         if mma_shape_supported(queries, keys):
             return "mma" if keys.shape[2] > MMA_SLOTS else "one-pass"
@@ -1171,7 +1180,7 @@ def rows_buffer_attention(queries: mx.array, keys: mx.array, values: mx.array,
                           offsets: mx.array, scale: float) -> mx.array:
     """`buffer_attention` for W rows: queries (W, Hq, L, D), buffers (W, Hkv, S, D), row w's
     query i seeing key slots 0..offsets[w]+i, each row in the form a single stream with its
-    buffer's capacity takes (`form_for`: the split form from SPLIT_FROM_SLOTS by default; the
+    buffer's capacity takes (`form_for`: mma or split from SPLIT_FROM_SLOTS by default; the
     two-pass form has no W-row kernel, so there the one-pass one serves), so a cohort row
     rounds as its solo cycle wherever their buffers take one form. CUDA only: see `rows_usable`."""
     batched = _batched_form(form_for(queries, keys))
@@ -1262,8 +1271,11 @@ def prepare_form() -> bool:
 
 def _form_usable(form: str | None) -> bool:
     """Whether `form`'s own kernels passed their probe (the one-pass kernel: `usable`'s; AUTO:
-    the split form's, which it takes for large buffers)."""
-    if form in ("split", AUTO):
+    the mma or split form's, which it takes for large buffers; both probed before a trace)."""
+    if form == AUTO:
+        mma, split = mma_usable(), split_usable()
+        return mma or split
+    if form == "split":
         return split_usable()
     if form == "mma":
         return mma_usable()
@@ -1276,8 +1288,10 @@ def path_name() -> str:
         return "mlx scaled_dot_product_attention"
     form = form_wanted()
     if form == AUTO and _form_usable(form):
-        return (f"buffer CUDA kernel: one pass below {SPLIT_FROM_SLOTS} slots, from there split into "
-                f"{SPLIT_SLOTS}-slot chunks per KV head")
+        tensor_cores = (f"on the tensor cores in {MMA_SLOTS}-slot chunks per KV head (16-bit heads of "
+                        f"up to {MMA_MAX_DIM}), else " if mma_usable() else "")
+        return (f"buffer CUDA kernel: one pass below {SPLIT_FROM_SLOTS} slots, from there {tensor_cores}"
+                f"split into {SPLIT_SLOTS}-slot chunks per KV head")
     if form == "split" and _form_usable(form):
         return f"buffer CUDA kernel, split into {SPLIT_SLOTS}-slot chunks per KV head"
     if form == "mma" and _form_usable(form):

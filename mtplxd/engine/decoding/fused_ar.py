@@ -46,7 +46,7 @@ _forced: bool | None = None
 # The longest prompt for which a dense model whose decode steps take the small-M kernel
 # decodes AR in this loop; longer ones keep the op-by-op loop, whose cuDNN attention grows
 # slowly with the context. This loop's attention is the buffer kernel (buffer_attention.py),
-# split by KV head from 2,048 slots. On an H100 (the 32B 4-bit at 8,192 tokens, one process,
+# in parts by KV head from 2,048 slots (split then; the mma form since 2026-12-07). On an H100 (the 32B 4-bit at 8,192 tokens, one process,
 # 2026-12-06, eighth session) this loop took 14.9-15.1 ms a token with the split form, where
 # the op-by-op loop took 16.2-30.6 (seven figures: its host-bound steps swing between rounds)
 # and this loop with the one-pass kernel 23.2-23.3 (docs/benchmarks.md, "The offset in device
@@ -59,9 +59,10 @@ def fused_ar_wanted(trunk: Trunk, cache: list[Any], prompt_tokens: int = 0) -> b
     """Whether an AR request of `prompt_tokens` on `trunk` decodes in this loop: on CUDA,
     where the fused loops run (`decode_loop` "fused"), a hybrid (Gated DeltaNet layers in its
     cache), or a model whose decode steps take the small-M kernel (`small_m_qmm.decode_routed`:
-    a dense 4-bit model of Qwen3-4B's size or larger; or any model routed row-invariantly,
-    `MTPLX_ROW_INVARIANT=1`) for prompts of at most DENSE_PROMPT_TOKENS (timed at 8,192 tokens
-    on the 32B; the 4B's were timed at 512).
+    a dense 4-bit model of Qwen3-4B's size or larger; or any model routed row-invariantly: a
+    27B/32B-class dense 8-bit one by default, any with `MTPLX_ROW_INVARIANT=1`) for prompts of
+    at most DENSE_PROMPT_TOKENS (timed at 8,192 tokens on the 32B 4-bit; the 4B's and the 32B
+    8-bit's at 512).
     `MTPLX_FUSED_AR` "0" turns it off, "1" on for any model the loop takes (benches); `force`
     overrides both."""
     if not fused_supported(trunk, cache, hybrid=True):

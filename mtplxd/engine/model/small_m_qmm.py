@@ -35,8 +35,8 @@ usable (Metal, CPU, a failed compile, a probe that disagrees) everything stays o
 mx.quantized_matmul, and `path_name()` says which is active (`/health`, `mtplxctl status`).
 By default it serves only the models where whole forwards measured it faster on the H200:
 4- and 8-bit models with matrices of a 27B/32B model's size (`default_wanted`); a hybrid
-model (Gated DeltaNet) row-invariantly (below: `row_invariant_wanted`), a dense one so in
-its MTP cycles (`cycle_row_invariant_wanted`); and, since an H100 measured it (2026-12-07),
+model (Gated DeltaNet) or a dense 8-bit one row-invariantly (below: `row_invariant_wanted`),
+a dense 4-bit one so in its MTP cycles (`cycle_row_invariant_wanted`); and, since an H100 measured it (2026-12-07),
 a dense 4-bit model of Qwen3-4B's size for its decode steps (its MTP cycles keep the mixed
 routing); elsewhere it is off (on the embedded model it made decoding slower).
 `load_model(path, small_m_kernel=True or False)` decides instead (the benches'
@@ -60,10 +60,12 @@ decode steps (an AR request's) ran 3-34% slower there than MLX's matvec, and 8% 
 another process ("Both routings in one process"). Since 2026-12-05 (fifth session, an H100) an 8-bit hybrid takes it too: in one process its
 depth-3 cycles took 1.66 / 1.44 decode steps (T=0 / 0.6) against the mixed routing's 2.04 /
 1.78, its decode steps level (16.6 against 16.4 ms), and greedy MTP equalled AR over 300
-tokens. A dense model routes row-invariantly inside its MTP cycles only (`cycle_routed`):
-its AR decode steps keep the mixed routing, which reads them faster (Qwen3-32B 4-bit on the
-H100: 13.5-14.7 ms against 19.3-20.8 row-invariant), while its cycles are cheaper
-row-invariant (depth 3: 1.26-1.38 decode steps at T=0 against 1.60-1.68; 8-bit 1.31 against
+tokens. A dense 8-bit model takes it too since the eighth session of 2026-12-07 (an H100:
+the 32B's AR decode step 0.79-0.85x the mixed routing's time in each of four rounds, in the
+compiled AR loop). A dense 4-bit model routes row-invariantly inside its MTP cycles only
+(`cycle_routed`): its AR decode steps keep the mixed routing, which reads them at least as
+fast (Qwen3-32B 4-bit on the H100: 13.5-14.7 ms against 19.3-20.8 row-invariant op by op;
+1.04x compiled, 2026-12-07), while its cycles are cheaper row-invariant (depth 3: 1.26-1.38 decode steps at T=0 against 1.60-1.68; 8-bit 1.31 against
 1.56). Its greedy divergences were near-ties either way (32 in 289 tokens mixed, 18 in 300
 row-invariant, all within 0.031).
 """
@@ -1101,17 +1103,24 @@ def decode_wanted(model: nn.Module) -> bool:
 
 def row_invariant_wanted(model: nn.Module | None = None) -> bool:
     """Whether `install` routes `model` row-invariantly unless told: MTPLX_ROW_INVARIANT "1"
-    or "0" decides; else a hybrid model (Gated DeltaNet) whose quantized layers are all
-    4-bit whose verify blocks take the kernel (`verify_wanted`). There it made greedy MTP
-    equal AR (the mixed routing diverged 32 times in 40-43 tokens, row-invariant none in
-    2,000) with cycles as fast as the mixed routing's in the same process (H200, hybrid 27B
-    4-bit, depth 3: 29.0 / 28.9 ms at T=0 / 0.6 against 29.9 / 32.0; docs/benchmarks.md,
-    "Both routings in one process"); at 8-bit since an H100 measured it (module docstring).
-    Not dense models, whose AR decode steps run faster in the mixed routing: they route
-    row-invariantly inside their MTP cycles only (`cycle_row_invariant_wanted`)."""
+    or "0" decides; else a model whose verify blocks take the kernel (`verify_wanted`) that is
+    a hybrid (Gated DeltaNet) or 8-bit.
+    A hybrid 27B at 4-bit went from 32 greedy divergences in 40-43 tokens (mixed routing) to
+    none in 2,000, its cycles as fast as the mixed routing's in the same process (H200, depth
+    3: 29.0 / 28.9 ms at T=0 / 0.6 against 29.9 / 32.0; docs/benchmarks.md, "Both routings in
+    one process"); at 8-bit since an H100 measured it (module docstring).
+    A dense 8-bit 32B's AR decode step took 15.7 ms so (every product on the mma layout, in the
+    compiled AR loop) against 19.4 in the mixed routing (op by op, its decode products on
+    MLX's matvec: `decode_wanted`) and 18.6 with MLX's matvec compiled, 0.79-0.85x in each of
+    four rounds in one process (H100, 2026-12-07, eighth session; docs/benchmarks.md, "The
+    buffer attention on the tensor cores timed"); its MTP cycles were routed so already.
+    Not dense 4-bit models, whose AR decode steps took the vector layout at least as fast
+    (the 32B in that process: 1.04x with row-invariant routing, slower in three rounds of four;
+    before, 13.5-14.7 ms against 19.3-20.8 op by op): they route row-invariantly inside their
+    MTP cycles only (`cycle_row_invariant_wanted`)."""
     if (asked := _row_invariant_asked()) is not None:
         return asked
-    return model is not None and _hybrid(model) and verify_wanted(model)
+    return model is not None and verify_wanted(model) and (_hybrid(model) or _quantized_bits(model) == {8})
 
 
 def cycle_row_invariant_wanted(model: nn.Module | None = None) -> bool:
