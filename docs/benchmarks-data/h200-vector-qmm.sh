@@ -150,7 +150,8 @@
 #                 CONTEXTS (512 2048 8192): wall per call and the device's time per call
 #                 (`-ncu.json`; `-device.json` before 2026-12-06's eighth session); FORMS (one-pass split two-pass mlx masked; split-N[-wW][-pP]:
 #                 the split form in N-slot chunks, blocks of W warps, at most P pairs a warp,
-#                 e.g. "split-64 split-128-w8-p1"); ARGS="--scalars-in-pool" (any more
+#                 e.g. "split-64 split-128-w8-p1"; mma-N[-wW]: the mma form so, N a multiple
+#                 of 16 x W, e.g. "mma-128-w8 mma-512"); ARGS="--scalars-in-pool" (any more
 #                 attention_profile arguments) with TAG=pool (appended to the files' names);
 #                 SHAPE_ARGS="--heads 24 --kv-heads 4 --dim 256" for the hybrid 27B's attention
 #   PART=in-place  the vector layout's forms with fewer instructions a weight (small_m_qmm.VECTOR_IN_PLACE
@@ -478,15 +479,15 @@ elif [ "$PART" = attention-profile ]; then
     tests/engine/test_buffer_attention.py tests/engine/test_bench_attention_profile.py
   for context in ${CONTEXTS:-512 2048 8192}; do
     for rows in 1 4; do
-      for pick in ${FORMS:-one-pass split two-pass mlx masked}; do  # split-N[-wW][-pP]: the split form's knobs
+      for pick in ${FORMS:-one-pass split two-pass mlx masked}; do  # split-N[-wW][-pP], mma-N[-wW]: their knobs
         form=${pick%%-[0-9]*}
         knobs=()  # else the shipped chunk, warps and pairs
         IFS=- read -ra parts <<< "${pick#"$form"}"
         for part in "${parts[@]}"; do
           case $part in
-            w*) knobs+=(--split-warps "${part#w}") ;;
+            w*) knobs+=(--"$form"-warps "${part#w}") ;;
             p*) knobs+=(--split-pairs "${part#p}") ;;
-            [0-9]*) knobs+=(--split-slots "$part") ;;
+            [0-9]*) knobs+=(--"$form"-slots "$part") ;;
           esac
         done
         name="attention-$pick-$context-$rows${TAG:+-$TAG}"

@@ -80,24 +80,30 @@ def test_main_takes_another_shape_and_refuses_partial_groups(tmp_path):
         attention_profile.main(["--form", "mlx", "--heads", "6", "--kv-heads", "4"])
 
 
-def test_split_shape_holds_for_the_run_only_and_must_be_whole_tiles(tmp_path, monkeypatch):
+def test_the_kernels_shape_holds_for_the_run_only_and_must_be_whole_tiles(tmp_path, monkeypatch):
     """`--split-slots`, `--split-warps` and `--split-pairs` set the split form's chunk, warps
-    a block and pairs a warp for this run (its report says which) and put the shipped ones
-    back; a chunk that is not whole 32-slot tiles, or warps the kernel does not take, is refused."""
+    a block and pairs a warp, `--mma-slots` and `--mma-warps` the mma form's chunk and warps,
+    for this run (its report says which) and put the shipped ones back; a chunk that is not
+    whole tiles (32 slots; 16 a warp for the mma form), or warps the kernel does not take, is
+    refused."""
+    names = ("SPLIT_SLOTS", "SPLIT_WARPS", "SPLIT_MAX_PAIRS", "MMA_SLOTS", "MMA_WARPS")
     seen = []
     real_run = attention_profile.run
     def run(*args, **kwargs):
-        seen.append((buffer_attention.SPLIT_SLOTS, buffer_attention.SPLIT_WARPS, buffer_attention.SPLIT_MAX_PAIRS))
+        seen.append(tuple(getattr(buffer_attention, name) for name in names))
         return real_run(*args, **kwargs)
     monkeypatch.setattr(attention_profile, "run", run)
-    shipped = buffer_attention.SPLIT_SLOTS, buffer_attention.SPLIT_WARPS, buffer_attention.SPLIT_MAX_PAIRS
+    shipped = tuple(getattr(buffer_attention, name) for name in names)
     out = tmp_path / "s.json"
     assert attention_profile.main(["--form", "mlx", "--context", "8", "--split-slots", "64", "--split-warps", "8",
-                                   "--split-pairs", "1", "--calls", "1", "--repeats", "1",
-                                   "--json-out", str(out)]) == 0
+                                   "--split-pairs", "1", "--mma-slots", "128", "--mma-warps", "8",
+                                   "--calls", "1", "--repeats", "1", "--json-out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert seen == [(64, 8, 1)] and (report["split_slots"], report["split_warps"], report["split_pairs"]) == (64, 8, 1)
-    assert (buffer_attention.SPLIT_SLOTS, buffer_attention.SPLIT_WARPS, buffer_attention.SPLIT_MAX_PAIRS) == shipped
-    for bad in (["--split-slots", "48"], ["--split-warps", "3"], ["--split-pairs", "3"]):
+    assert seen == [(64, 8, 1, 128, 8)]
+    assert [report[key] for key in ("split_slots", "split_warps", "split_pairs", "mma_slots", "mma_warps")] == [
+        64, 8, 1, 128, 8]
+    assert tuple(getattr(buffer_attention, name) for name in names) == shipped
+    for bad in (["--split-slots", "48"], ["--split-warps", "3"], ["--split-pairs", "3"], ["--mma-slots", "96"],
+                ["--mma-slots", "64", "--mma-warps", "8"], ["--mma-warps", "3"]):
         with pytest.raises(SystemExit):
             attention_profile.main(["--form", "mlx", *bad])

@@ -528,13 +528,14 @@ def test_the_split_and_mma_forms_compile_for_the_h200_without_spills(tmp_path):
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed here")
 
 
-def emulated_mma_attention(tmp_path, q, k, v, offsets, scale, bf16=True):
+def emulated_mma_attention(tmp_path, q, k, v, offsets, scale, bf16=True, chunk=None, warps=None):
     """The mma form's first pass, emulated, and the merge (`_MERGE_SOURCE`'s sums) in numpy:
     q (W, Hq, L, D), k and v (W, Hkv, S, D) as bf16 (or, not `bf16`, fp16) bit patterns, one
-    offset a batch row."""
+    offset a batch row; in chunks of `chunk` slots and blocks of `warps` warps (MMA_SLOTS and
+    MMA_WARPS unless told)."""
     batch, heads, rows, dim = q.shape
     kv_heads, slots = k.shape[1], k.shape[2]
-    chunk, warps = buffer_attention.MMA_SLOTS, buffer_attention.MMA_WARPS
+    chunk, warps = chunk or buffer_attention.MMA_SLOTS, warps or buffer_attention.MMA_WARPS
     chunks, slices = -(-slots // chunk), -(-(heads // kv_heads * rows) // 16)
     library = cuda_emulator.build(
         "mma", buffer_attention._MMA_SOURCE, buffer_attention._HEADER + buffer_attention._MMA_HEADER,
@@ -548,7 +549,7 @@ def emulated_mma_attention(tmp_path, q, k, v, offsets, scale, bf16=True):
     at = np.array(list(offsets) + [0] * 3, np.int32)
     cuda_emulator.launch(library, [q, k, v, at, np.full(4, scale, np.float32)], [part_max, part_sum, part_acc],
                          (batch * kv_heads * slices, chunks, 1), 32 * warps,
-                         buffer_attention.mma_shared_bytes(dim, 2))
+                         buffer_attention.mma_shared_bytes(dim, 2, warps))
     out = np.zeros((batch, heads, rows, dim), np.float32)
     for b in range(batch):
         for r in range(rows):
@@ -597,6 +598,18 @@ def test_the_mma_form_emulated_matches_attention(tmp_path, heads, kv_heads, rows
     want = reference_attention(q, k, v, offsets, scale, bf16=bf16)
     assert np.isfinite(got).all()
     assert np.abs(got - want).max() < 1e-2  # the weights rounded to bf16 before they weigh the values
+
+
+@needs_gxx
+@pytest.mark.parametrize("chunk,warps", [(128, 8), (64, 4), (512, 2), (256, 8)])
+def test_the_mma_forms_other_chunks_and_warps_emulated_match_attention(tmp_path, chunk, warps):
+    """The chunk and the warps a block has are the kernel's template (attention_profile's
+    --mma-slots and --mma-warps time them): a warp's 16-slot steps from one (128 slots over 8
+    warps) to eight (512 over 2), over chunk ends and a short last chunk."""
+    q, k, v = half_precision_inputs(1, 16, 2, 4, 128, 600, seed=chunk + warps)
+    offsets, scale = [500], 1 / math.sqrt(128)
+    got = emulated_mma_attention(tmp_path, q, k, v, offsets, scale, chunk=chunk, warps=warps)
+    assert np.abs(got - reference_attention(q, k, v, offsets, scale)).max() < 1e-2
 
 
 @needs_gxx

@@ -3,8 +3,8 @@ per call, and under Nsight Compute the device's own time (issue 22: the fused lo
 attention grows with the context; docs/benchmarks.md, "The KV scatter timed").
 
     python -m mtplxd.engine.bench.attention_profile --form split --context 8192 --rows 4 \\
-        [--split-slots 256] [--split-warps 8] [--split-pairs 1] [--scalars-in-pool] \\
-        [--calls 16] [--json-out FILE]
+        [--split-slots 256] [--split-warps 8] [--split-pairs 1] [--mma-slots 128] [--mma-warps 8] \\
+        [--scalars-in-pool] [--calls 16] [--json-out FILE]
     ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \\
         python -m mtplxd.engine.bench.attention_profile ... --profiled > ncu.csv
     python -m mtplxd.engine.bench.step_profile --summarize ncu.csv --steps 16
@@ -17,7 +17,9 @@ with 256 slots to spare, as the fused loops allocate it. Forms:
             pairs at most (buffer_attention's SPLIT_SLOTS, SPLIT_WARPS and SPLIT_MAX_PAIRS
             unless told: knobs for this bench only)
   two-pass  its two-pass form (two_pass_buffer_attention; CUDA)
-  mma       its mma form (mma_buffer_attention; CUDA): the split form's parts on the tensor cores
+  mma       its mma form (mma_buffer_attention; CUDA): the split form's parts on the tensor cores,
+            in chunks of --mma-slots key slots, blocks of --mma-warps warps (each warp taking
+            slots / warps of them, a multiple of 16; MMA_SLOTS and MMA_WARPS unless told)
   mlx       mx.fast.scaled_dot_product_attention over the keys the last row sees, causal for
             several rows: what an op-by-op AR step runs (cuDNN on CUDA past 256 keys)
   masked    mx.fast.scaled_dot_product_attention over the whole buffer with a boolean mask:
@@ -117,15 +119,18 @@ def _run(form: str, context: int, rows: int, calls: int, repeats: int, profiled:
 
 
 @contextmanager
-def split_shape(slots: int, warps: int, pairs: int) -> Iterator[None]:
-    """The split form's chunk, warps a block and pairs a warp at most at these inside (a
-    kernel reads them when called), the shipped ones back after."""
-    shipped = buffer_attention.SPLIT_SLOTS, buffer_attention.SPLIT_WARPS, buffer_attention.SPLIT_MAX_PAIRS
-    buffer_attention.SPLIT_SLOTS, buffer_attention.SPLIT_WARPS, buffer_attention.SPLIT_MAX_PAIRS = slots, warps, pairs
+def kernel_shape(**values: int) -> Iterator[None]:
+    """buffer_attention's knobs (SPLIT_SLOTS, SPLIT_WARPS, SPLIT_MAX_PAIRS, MMA_SLOTS,
+    MMA_WARPS) at these values inside (a kernel reads them when called), the shipped ones
+    back after."""
+    shipped = {name: getattr(buffer_attention, name) for name in values}
+    for name, value in values.items():
+        setattr(buffer_attention, name, value)
     try:
         yield
     finally:
-        buffer_attention.SPLIT_SLOTS, buffer_attention.SPLIT_WARPS, buffer_attention.SPLIT_MAX_PAIRS = shipped
+        for name, value in shipped.items():
+            setattr(buffer_attention, name, value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="warps a block of the split form's first pass has")
     parser.add_argument("--split-pairs", type=int, choices=(1, 2, 4), default=buffer_attention.SPLIT_MAX_PAIRS,
                         help="(query head, row) pairs a warp of it serves at most (fewer where shared memory is short)")
+    parser.add_argument("--mma-slots", type=int, default=buffer_attention.MMA_SLOTS,
+                        help="key slots a block of the mma form takes (a multiple of 16 x --mma-warps)")
+    parser.add_argument("--mma-warps", type=int, choices=(1, 2, 4, 8), default=buffer_attention.MMA_WARPS,
+                        help="warps a block of the mma form has")
     parser.add_argument("--scalars-in-pool", action="store_true",
                         help="the kernels' offset and scale in MLX's managed small-array pool, as before "
                              "they were padded (the module docstring)")
@@ -158,10 +167,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--heads must be a multiple of --kv-heads (whole GQA groups)")
     if args.split_slots < 32 or args.split_slots % 32:
         parser.error("--split-slots must be a positive multiple of 32 (the split form's tile)")
+    if args.mma_slots < 16 * args.mma_warps or args.mma_slots % (16 * args.mma_warps):
+        parser.error("--mma-slots must be a positive multiple of 16 x --mma-warps (a warp's 16-slot steps)")
     shape = {"heads": args.heads, "kv_heads": args.kv_heads, "dim": args.dim}
-    with split_shape(args.split_slots, args.split_warps, args.split_pairs):
+    with kernel_shape(SPLIT_SLOTS=args.split_slots, SPLIT_WARPS=args.split_warps, SPLIT_MAX_PAIRS=args.split_pairs,
+                      MMA_SLOTS=args.mma_slots, MMA_WARPS=args.mma_warps):
         report = {**machine(), "command": command_line(PROG, argv), "split_slots": args.split_slots,
                   "split_warps": args.split_warps, "split_pairs": args.split_pairs,
+                  "mma_slots": args.mma_slots, "mma_warps": args.mma_warps,
                   **run(args.form, args.context, args.rows, args.calls, args.repeats, args.profiled, shape,
                         args.scalars_in_pool)}
     print(f"{args.form} context {args.context} rows {args.rows}: "

@@ -1087,11 +1087,13 @@ def two_pass_buffer_attention(queries: mx.array, keys: mx.array, values: mx.arra
         (heads * 32 * TWO_PASS_WARPS, -(-rows // per_block), TWO_PASS_BLOCKS), TWO_PASS_WARPS, 0)
 
 
-def mma_shared_bytes(dim: int, itemsize: int) -> int:
-    """The mma form's dynamic shared memory: its warps' double-buffered stages (16 keys and 16
-    values, rows padded by 16 bytes), which then hold the warps' results for the block's sum."""
-    stages = MMA_WARPS * 2 * 2 * 16 * (dim + 8) * itemsize
-    results = MMA_WARPS * 16 * (dim + 2) * 4
+def mma_shared_bytes(dim: int, itemsize: int, warps: int | None = None) -> int:
+    """The mma form's dynamic shared memory for blocks of `warps` warps (MMA_WARPS unless
+    told): their double-buffered stages (16 keys and 16 values, rows padded by 16 bytes), which
+    then hold the warps' results for the block's sum."""
+    warps = warps or MMA_WARPS
+    stages = warps * 2 * 2 * 16 * (dim + 8) * itemsize
+    results = warps * 16 * (dim + 2) * 4
     return max(stages, results)
 
 
