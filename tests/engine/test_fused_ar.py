@@ -135,9 +135,10 @@ def test_a_dense_model_whose_decode_steps_take_the_kernel_decodes_in_it_on_cuda(
             f"compiled for prompts up to {fused_ar.DENSE_PROMPT_TOKENS:,} tokens, op by op beyond"
             if wanted[bits] else "op by op")
     assert wanted == {"4bit": True, "8bit": False}
-    # Routed row-invariantly (MTPLX_ROW_INVARIANT=1), the 8-bit model's decode steps take the
-    # kernel's mma layout where the GPU has it: a step of custom kernels, so it decodes
-    # compiled too; without the layout its products stay MLX's, and so does its loop.
+    # Routed row-invariantly (a 27B/32B-class 8-bit model's default, MTPLX_ROW_INVARIANT=1),
+    # the 8-bit model's decode steps take the kernel's mma layout where the GPU has it: a step
+    # of custom kernels, so it decodes compiled, whatever the prompt's length (op by op such a
+    # step binds the host); without the layout its products stay MLX's, and so does its loop.
     small_m_qmm.uninstall(model.model)
     assert small_m_qmm.install(model.model, force=True, row_invariant=True) > 0
     assert not small_m_qmm.decode_routed(model.model)
@@ -146,6 +147,8 @@ def test_a_dense_model_whose_decode_steps_take_the_kernel_decodes_in_it_on_cuda(
     assert not fused_ar_wanted(model.trunk, cache, fused_ar.DENSE_PROMPT_TOKENS)
     monkeypatch.setattr(small_m_qmm, "_mma_usable", True)
     assert fused_ar_wanted(model.trunk, cache, fused_ar.DENSE_PROMPT_TOKENS)
+    assert fused_ar_wanted(model.trunk, cache, fused_ar.DENSE_PROMPT_TOKENS + 1)  # a long prompt too
+    assert fused_ar.path_name(model.trunk) == "compiled"
 
 
 def complete(model, max_tokens=40, **sampling):

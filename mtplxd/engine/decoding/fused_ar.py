@@ -43,26 +43,34 @@ from mtplxd.engine.interface import SamplingParams
 from mtplxd.engine.model.trunk import Trunk
 
 _forced: bool | None = None
-# The longest prompt for which a dense model whose decode steps take the small-M kernel
-# decodes AR in this loop; longer ones keep the op-by-op loop, whose cuDNN attention grows
-# slowly with the context. This loop's attention is the buffer kernel (buffer_attention.py),
-# in parts by KV head from 2,048 slots (split then; the mma form since 2026-12-07). On an H100 (the 32B 4-bit at 8,192 tokens, one process,
-# 2026-12-06, eighth session) this loop took 14.9-15.1 ms a token with the split form, where
-# the op-by-op loop took 16.2-30.6 (seven figures: its host-bound steps swing between rounds)
-# and this loop with the one-pass kernel 23.2-23.3 (docs/benchmarks.md, "The offset in device
-# memory"); below 2,048 slots the one-pass kernel's layer costs less than the split form's at
-# 8,192 tokens. Past 8,192 tokens it is untimed.
+# The longest prompt for which a dense model whose decode steps take the small-M kernel's
+# vector layout decodes AR in this loop; longer ones keep the op-by-op loop, whose cuDNN
+# attention grows slowly with the context. This loop's attention is the buffer kernel
+# (buffer_attention.py), in parts by KV head from 2,048 slots (split then; the mma form since
+# 2026-12-07). On an H100 (the 32B 4-bit at 8,192 tokens, one process, 2026-12-06, eighth
+# session) this loop took 14.9-15.1 ms a token with the split form, where the op-by-op loop
+# took 16.2-30.6 (seven figures: its host-bound steps swing between rounds) and this loop with
+# the one-pass kernel 23.2-23.3 (docs/benchmarks.md, "The offset in device memory"); below
+# 2,048 slots the one-pass kernel's layer costs less than the split form's at 8,192 tokens.
+# Past 8,192 tokens it is untimed. A dense model routed row-invariantly has no such limit
+# (`fused_ar_wanted`).
 DENSE_PROMPT_TOKENS = 8192
 
 
 def fused_ar_wanted(trunk: Trunk, cache: list[Any], prompt_tokens: int = 0) -> bool:
     """Whether an AR request of `prompt_tokens` on `trunk` decodes in this loop: on CUDA,
     where the fused loops run (`decode_loop` "fused"), a hybrid (Gated DeltaNet layers in its
-    cache), or a model whose decode steps take the small-M kernel (`small_m_qmm.decode_routed`:
-    a dense 4-bit model of Qwen3-4B's size or larger; or any model routed row-invariantly: a
-    27B/32B-class dense 8-bit one by default, any with `MTPLX_ROW_INVARIANT=1`) for prompts of
-    at most DENSE_PROMPT_TOKENS (timed at 8,192 tokens on the 32B 4-bit; the 4B's and the 32B
-    8-bit's at 512).
+    cache), a model routed row-invariantly (a 27B/32B-class dense 8-bit one by default, any with
+    `MTPLX_ROW_INVARIANT=1`) where the GPU has the kernel's mma layout, or a model whose decode
+    steps take the kernel's vector layout (`small_m_qmm.decode_routed`: a dense 4-bit model of
+    Qwen3-4B's size or larger) for prompts of at most DENSE_PROMPT_TOKENS (timed at 8,192
+    tokens on the 32B 4-bit; the 4B's at 512).
+    A row-invariant model takes it at any prompt length, as a hybrid does: its op-by-op steps
+    are custom kernels launched one by one, bound by the host (the 32B 8-bit's op by op took
+    1.11x the mixed routing's, which took 1.24x this loop's row-invariant step at 512 tokens:
+    H100, 2026-12-05 and 2026-12-07), while this loop's attention, the buffer kernel's mma
+    form from 2,048 slots, took less than cuDNN's over the keys seen at 8,192 tokens (22 + 6
+    us a 32B layer against 30 + 5). Past 8,192 tokens both are untimed.
     `MTPLX_FUSED_AR` "0" turns it off, "1" on for any model the loop takes (benches); `force`
     overrides both."""
     if not fused_supported(trunk, cache, hybrid=True):
@@ -79,12 +87,11 @@ def fused_ar_wanted(trunk: Trunk, cache: list[Any], prompt_tokens: int = 0) -> b
         return False
     if "gdn" in cache_layout(cache):
         return True
-    # Decode steps on the kernel either way: its vector layout, or every product on its mma
-    # layout when routed row-invariantly and the GPU has it (a step of custom kernels op by op
-    # is host-bound; without the mma layout row-invariant routing leaves MLX's matmuls).
-    kernel_steps = small_m_qmm.decode_routed(trunk.model) or (
-        small_m_qmm.routed_row_invariant(trunk.model) and small_m_qmm.mma_usable())
-    return prompt_tokens <= DENSE_PROMPT_TOKENS and kernel_steps
+    # Every product on the mma layout (without it row-invariant routing leaves MLX's matmuls),
+    # or the decode steps' large products on the vector layout.
+    if small_m_qmm.routed_row_invariant(trunk.model) and small_m_qmm.mma_usable():
+        return True
+    return prompt_tokens <= DENSE_PROMPT_TOKENS and small_m_qmm.decode_routed(trunk.model)
 
 
 def path_name(trunk: Trunk) -> str:
