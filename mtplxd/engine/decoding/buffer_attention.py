@@ -842,8 +842,9 @@ SPLIT_WARPS = 4  # warps a block of the split form's first pass has (its WARPS t
 SPLIT_MAX_PAIRS = 4  # pairs a warp of it serves at most where shared memory allows (split_max_pairs)
 SPLIT_SHARED_BYTES = 48 * 1024  # the static shared memory a block may declare
 # The default form's threshold (KERNEL_ENV unset): a form of parts for buffers of
-# SPLIT_FROM_SLOTS slots or more (the split form until the mma form below), the one-pass kernel below. On an H100 (2026-12-06, eighth session), with the kernels'
-# scalars in device memory (below), a Qwen3-32B layer at 8,192 tokens took 54 us (one row)
+# SPLIT_FROM_SLOTS slots or more (the split form until the mma form below), the one-pass
+# kernel below. On an H100 (2026-12-06, eighth session), with the kernels' scalars in device
+# memory (below), a Qwen3-32B layer at 8,192 tokens took 54 us (one row)
 # and 118 (four) split, 190 and 240 in one pass; at 1,024 tokens 32 and 52 split, 32 and 46 in
 # one pass (docs/benchmarks.md, "The offset in device memory"): the lines cross near 1,000
 # tokens at one row and 1,400 at four; buffers grow 256 slots at a time (fused.capacity_for),

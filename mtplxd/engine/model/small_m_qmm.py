@@ -65,9 +65,9 @@ the 32B's AR decode step 0.79-0.85x the mixed routing's time in each of four rou
 compiled AR loop). A dense 4-bit model routes row-invariantly inside its MTP cycles only
 (`cycle_routed`): its AR decode steps keep the mixed routing, which reads them at least as
 fast (Qwen3-32B 4-bit on the H100: 13.5-14.7 ms against 19.3-20.8 row-invariant op by op;
-1.04x compiled, 2026-12-07), while its cycles are cheaper row-invariant (depth 3: 1.26-1.38 decode steps at T=0 against 1.60-1.68; 8-bit 1.31 against
-1.56). Its greedy divergences were near-ties either way (32 in 289 tokens mixed, 18 in 300
-row-invariant, all within 0.031).
+1.04x compiled, 2026-12-07), while its cycles are cheaper row-invariant (depth 3: 1.26-1.38
+decode steps at T=0 against 1.60-1.68; 8-bit 1.31 against 1.56). Its greedy divergences
+were near-ties either way (32 in 289 tokens mixed, 18 in 300 row-invariant, all within 0.031).
 """
 
 from __future__ import annotations
