@@ -54,12 +54,13 @@ float32 copy. Sizes: `qwen3-4b` and `qwen3-32b` (dense qwen3, the releases' conf
     buffer attention (`MTPLX_BUFFER_ATTENTION`'s values; `0`: MLX's masked attention), in
     two rounds (the second in reverse order) in this process, `by_attention_form`: between
     processes whole steps swung more than the forms differ (2026-12-06, sixth session);
-    `auto` is the default, mma (split for other heads) from 2,048 slots (buffer_attention.form_for); a form ending
-    in `+pool` (`auto+pool`) runs with the loops' offsets and the kernels' scale left in
-    MLX's managed small-array pool (buffer_attention.scalars_in_pool), as before they were
-    moved to device memory; `+in_place`, `+bias_once` and `+hoist` (any of them, after the
-    form or its `+pool`) turn on the small-M kernel's forms with fewer instructions a weight
-    (small_m_qmm.VECTOR_IN_PLACE, VECTOR_BIAS_ONCE, MMA_HOIST), `+mma_decode` its decode
+    `auto` is the default, mma (split for other heads) from 2,048 slots
+    (buffer_attention.form_for); a form ending in `+pool` (`auto+pool`) runs with the loops'
+    offsets and the kernels' scale left in MLX's managed small-array pool
+    (buffer_attention.scalars_in_pool), as before they were moved to device memory;
+    `+in_place`, `+bias_once` and `+hoist` (any of them, after the form or its `+pool`) turn
+    on the small-M kernel's forms with fewer instructions a weight (small_m_qmm.VECTOR_IN_PLACE,
+    VECTOR_BIAS_ONCE, MMA_HOIST), `+mma_decode` its decode
     steps' products of 64M weights or more on the tensor cores (DECODE_MMA_VALUES),
     `+persistent` the vector layout's persistent form in 264 blocks (VECTOR_PERSISTENT_BLOCKS);
     each is off where not named, so `auto+in_place+hoist,auto+in_place+hoist+persistent`

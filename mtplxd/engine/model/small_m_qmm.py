@@ -36,9 +36,10 @@ mx.quantized_matmul, and `path_name()` says which is active (`/health`, `mtplxct
 By default it serves only the models where whole forwards measured it faster on the H200:
 4- and 8-bit models with matrices of a 27B/32B model's size (`default_wanted`); a hybrid
 model (Gated DeltaNet) or a dense 8-bit one row-invariantly (below: `row_invariant_wanted`),
-a dense 4-bit one so in its MTP cycles (`cycle_row_invariant_wanted`); and, since an H100 measured it (2026-12-07),
-a dense 4-bit model of Qwen3-4B's size for its decode steps (its MTP cycles keep the mixed
-routing); elsewhere it is off (on the embedded model it made decoding slower).
+a dense 4-bit one so in its MTP cycles (`cycle_row_invariant_wanted`); and, since an H100
+measured it (2026-12-07), a dense 4-bit model of Qwen3-4B's size for its decode steps (its MTP
+cycles keep the mixed routing); elsewhere it is off (on the embedded model it made decoding
+slower).
 `load_model(path, small_m_kernel=True or False)` decides instead (the benches'
 `--small-m-kernel`).
 
